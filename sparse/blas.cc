@@ -1,0 +1,110 @@
+#include "sparse/blas.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc);
+void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const double* alpha, const double* a, const int* lda, const double* b,
+            const int* ldb, const double* beta, double* c, const int* ldc);
+}
+
+namespace trainsup::sparse {
+namespace {
+
+template <typename Fn>
+Fn Lookup(const char* name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
+}  // namespace
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: call the
+// Fortran routine with the operands swapped.
+template <>
+void Gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
+  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
+  const int ilda = static_cast<int>(lda), ildb = static_cast<int>(ldb), ildc = static_cast<int>(ldc);
+  const float alpha = 1.0f;
+  sgemm_(&tb, &ta, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
+}
+
+template <>
+void Gemm<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const double* a,
+                  int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+                  int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
+  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
+  const int ilda = static_cast<int>(lda), ildb = static_cast<int>(ldb), ildc = static_cast<int>(ldc);
+  const double alpha = 1.0;
+  dgemm_(&tb, &ta, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
+}
+
+std::string BlasCoreName() {
+  auto fn = Lookup<char* (*)()>("openblas_get_corename");
+  return fn ? std::string(fn()) : std::string("unknown");
+}
+
+std::string BlasLibraryPath() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&sgemm_), &info) != 0 && info.dli_fname != nullptr) {
+    char resolved[4096];
+    if (realpath(info.dli_fname, resolved) != nullptr) return resolved;
+    return info.dli_fname;
+  }
+  return "unknown";
+}
+
+int BlasThreads() {
+  auto fn = Lookup<int (*)()>("openblas_get_num_threads");
+  return fn ? fn() : -1;
+}
+
+void SetBlasThreads(int n) {
+  auto fn = Lookup<void (*)(int)>("openblas_set_num_threads");
+  if (fn) fn(n);
+}
+
+BlasSingleThreadGuard::BlasSingleThreadGuard() : previous_(BlasThreads()) {
+  if (previous_ > 1) SetBlasThreads(1);
+}
+
+BlasSingleThreadGuard::~BlasSingleThreadGuard() {
+  if (previous_ > 1) SetBlasThreads(previous_);
+}
+
+void EnsureFastBlasKernels(int argc, char** argv) {
+  (void)argc;
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  const char* keep = std::getenv("TRAINSUP_KEEP_BLAS_CORETYPE");
+  if (keep != nullptr && std::strcmp(keep, "1") == 0) return;
+  if (BlasCoreName() != "Prescott") return;
+  const char* core = nullptr;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+    core = "SkylakeX";
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    core = "Haswell";
+  }
+#endif
+  if (core == nullptr) return;
+  setenv("OPENBLAS_CORETYPE", core, 1);
+  // The marker stops a loop should the library ignore the variable.
+  setenv("TRAINSUP_KEEP_BLAS_CORETYPE", "1", 1);
+  execv("/proc/self/exe", argv);
+  // execv returned: carry on with the kernels we have.
+}
+
+}  // namespace trainsup::sparse

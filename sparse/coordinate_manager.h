@@ -1,0 +1,123 @@
+// The coordinate manager owns the coordinate sets of one batch (one per
+// tensor stride and origin), their hash maps, and the kernel maps between
+// them. Layers with the same geometry share one kernel map: it is built once
+// and served from the cache afterwards.
+#ifndef TRAINSUP_SPARSE_COORDINATE_MANAGER_H_
+#define TRAINSUP_SPARSE_COORDINATE_MANAGER_H_
+
+#include <ATen/Tensor.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "sparse/coordinates.h"
+
+namespace trainsup::sparse {
+
+using CoordinateSetId = int64_t;
+
+// Offsets of a cubic kernel of `kernel_size` per axis, in units of
+// dilation * input tensor stride. Odd sizes are centred ([-r, r]); even sizes
+// run [0, k-1], as MinkowskiEngine does for its stride-2 downsampling
+// kernels. Offsets are ordered x-major, then y, then z, so for odd sizes
+// offset i and offset volume-1-i are opposite.
+std::vector<std::array<int32_t, 3>> KernelOffsets(int kernel_size);
+
+// One coordinate set: N unique coordinates at one tensor stride.
+struct CoordinateSet {
+  at::Tensor coordinates;  // N x 4 int32, contiguous: batch, x, y, z.
+  int32_t stride = 1;      // Every spatial coordinate is a multiple of it.
+  CoordinateHashMap map;   // key -> row.
+  int32_t batch_size = 0;  // Largest batch index + 1 (0 when empty).
+  bool sorted = false;     // Rows are in key order already.
+  CoordinateSetId parent = -1;  // The set this one was downsampled from.
+  int64_t size() const { return coordinates.size(0); }
+};
+
+// Gather/scatter pairs per kernel offset: for offset k, pairs
+// [begin[k], begin[k+1]) map input row in_rows[p] to output row out_rows[p].
+// Within one offset every output row and every input row appears at most
+// once, so a scatter over one offset never collides. Pairs of one offset
+// are ordered by output row, or by the output's canonical (key) order when
+// the map was built in deterministic mode.
+struct KernelMap {
+  int32_t kernel_size = 0;
+  int32_t dilation = 1;
+  int64_t volume = 0;
+  std::vector<int64_t> begin;  // volume + 1 entries.
+  at::Tensor in_rows;          // int32 [pairs]
+  at::Tensor out_rows;         // int32 [pairs]
+  int64_t num_in = 0;          // rows of the input set
+  int64_t num_out = 0;         // rows of the output set
+  // Offset whose pairs are (p, p) for every row p in order (the centre of
+  // an odd kernel on one set, built outside deterministic mode), or -1.
+  int64_t identity_offset = -1;
+  int64_t pairs() const { return begin.empty() ? 0 : begin.back(); }
+  int64_t count(int64_t k) const { return begin[k + 1] - begin[k]; }
+};
+
+struct CoordinateManagerStats {
+  int64_t kernel_map_builds = 0;
+  int64_t kernel_map_hits = 0;
+  int64_t coordinate_sets = 0;
+};
+
+class CoordinateManager {
+ public:
+  CoordinateManager() = default;
+  CoordinateManager(const CoordinateManager&) = delete;
+  CoordinateManager& operator=(const CoordinateManager&) = delete;
+
+  // Registers `coordinates` (N x 4, int32 or int64, on the CPU) at tensor
+  // stride `stride`. Every spatial value must be a multiple of `stride` and
+  // within [kMinCoordinate, kMaxCoordinate]; batch indices within
+  // [0, kMaxBatchIndex]; rows unique. Throws c10::Error naming the first
+  // offending row otherwise.
+  CoordinateSetId AddCoordinates(const at::Tensor& coordinates, int32_t stride);
+
+  const CoordinateSet& Set(CoordinateSetId id) const;
+
+  // The set at stride Set(id).stride * factor: every coordinate floored to
+  // the coarser grid, duplicates merged, rows in key order. Cached per
+  // (id, factor).
+  CoordinateSetId Downsample(CoordinateSetId id, int32_t factor);
+
+  // The kernel map from input set `in` to output set `out` for a cubic
+  // kernel. The input offset of output coordinate u for kernel offset k is
+  // u + k * dilation * Set(in).stride. `out` is `in` itself (stride 1) or a
+  // set at a coarser stride. Built once per key, then served from the cache.
+  std::shared_ptr<const KernelMap> GetKernelMap(CoordinateSetId in, CoordinateSetId out,
+                                                int32_t kernel_size, int32_t dilation);
+
+  // Row permutation that sorts Set(id) by key (int64, length N). Identity
+  // for sets that are sorted already. Cached.
+  at::Tensor CanonicalOrder(CoordinateSetId id);
+
+  CoordinateManagerStats stats() const;
+
+ private:
+  std::shared_ptr<const KernelMap> BuildKernelMap(const CoordinateSet& in,
+                                                  const CoordinateSet& out,
+                                                  const at::Tensor& out_order,
+                                                  int32_t kernel_size,
+                                                  int32_t dilation) const;
+  CoordinateSetId AddValidated(at::Tensor coordinates, int32_t stride, bool check);
+
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<CoordinateSet>> sets_;
+  std::map<std::pair<CoordinateSetId, int32_t>, CoordinateSetId> downsampled_;
+  std::map<std::tuple<CoordinateSetId, CoordinateSetId, int32_t, int32_t, bool>,
+           std::shared_ptr<const KernelMap>>
+      kernel_maps_;
+  std::map<CoordinateSetId, at::Tensor> canonical_orders_;
+  CoordinateManagerStats stats_;
+};
+
+}  // namespace trainsup::sparse
+
+#endif  // TRAINSUP_SPARSE_COORDINATE_MANAGER_H_

@@ -1,0 +1,261 @@
+#include "sparse/kernels_cpu.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "sparse/blas.h"
+
+namespace trainsup::sparse::cpu {
+namespace {
+
+// Rows per GEMM: a chunk's gathered operands stay in the core's L2 cache.
+constexpr int64_t kChunkRows = 1024;
+// Chunks per task of the weight-gradient reduction. Fixed, so the partial
+// sums (and the result, bit for bit) do not depend on the thread count.
+constexpr int64_t kTaskChunks = 8;
+
+template <typename T>
+T* ThreadBuffer(int which, int64_t elements) {
+  thread_local std::vector<T> buffers[3];
+  auto& b = buffers[which];
+  if (static_cast<int64_t>(b.size()) < elements) b.resize(elements);
+  return b.data();
+}
+
+template <typename T>
+void GatherRows(const T* src, int64_t cols, const int32_t* rows, int64_t n, T* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(dst + i * cols, src + static_cast<int64_t>(rows[i]) * cols, cols * sizeof(T));
+  }
+}
+
+template <typename T>
+void AddRow(T* __restrict d, const T* __restrict s, int64_t cols) {
+  for (int64_t c = 0; c < cols; ++c) d[c] += s[c];
+}
+
+template <typename T>
+void ScatterAddRows(const T* src, int64_t cols, const int32_t* rows, int64_t n, T* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    AddRow(dst + static_cast<int64_t>(rows[i]) * cols, src + i * cols, cols);
+  }
+}
+
+int64_t Count(const PairLists& p, int64_t k) { return p.begin[k + 1] - p.begin[k]; }
+
+}  // namespace
+
+template <typename T>
+void ConvForward(const T* in, int64_t num_in, int64_t cin, const T* weight, int64_t cout,
+                 const PairLists& pairs, T* out, int64_t num_out) {
+  (void)num_in;
+  BlasSingleThreadGuard single_threaded_blas;
+  if (pairs.identity_offset >= 0) {
+    // out = in @ W_centre, row blocks in parallel; no gather, no scatter.
+    const T* w = weight + pairs.identity_offset * cin * cout;
+    at::parallel_for(0, num_out, kChunkRows, [&](int64_t b, int64_t e) {
+      Gemm<T>(false, false, e - b, cout, cin, in + b * cin, cin, w, cout, T(0), out + b * cout,
+              cout);
+    });
+  } else {
+    at::parallel_for(0, num_out, kChunkRows, [&](int64_t b, int64_t e) {
+      std::fill(out + b * cout, out + e * cout, T(0));
+    });
+  }
+  for (int64_t k = 0; k < pairs.volume; ++k) {
+    if (k == pairs.identity_offset) continue;
+    const int64_t n = Count(pairs, k);
+    if (n == 0) continue;
+    const int32_t* src = pairs.src + pairs.begin[k];
+    const int32_t* dst = pairs.dst + pairs.begin[k];
+    const T* w = weight + k * cin * cout;
+    const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
+    at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+      T* a = ThreadBuffer<T>(0, kChunkRows * cin);
+      T* c = ThreadBuffer<T>(1, kChunkRows * cout);
+      for (int64_t ch = cb; ch < ce; ++ch) {
+        const int64_t p0 = ch * kChunkRows;
+        const int64_t m = std::min(kChunkRows, n - p0);
+        GatherRows(in, cin, src + p0, m, a);
+        Gemm<T>(false, false, m, cout, cin, a, cin, w, cout, T(0), c, cout);
+        ScatterAddRows(c, cout, dst + p0, m, out);
+      }
+    });
+  }
+}
+
+template <typename T>
+void ConvBackward(const T* in, int64_t num_in, int64_t cin, const T* weight, int64_t cout,
+                  const PairLists& pairs, const T* grad_out, int64_t num_out, T* grad_in,
+                  T* grad_weight) {
+  BlasSingleThreadGuard single_threaded_blas;
+  const int64_t task_rows = kChunkRows * kTaskChunks;
+  if (grad_weight != nullptr) std::fill(grad_weight, grad_weight + pairs.volume * cin * cout, T(0));
+  if (grad_in != nullptr) {
+    if (pairs.identity_offset >= 0) {
+      const T* w = weight + pairs.identity_offset * cin * cout;
+      at::parallel_for(0, num_in, kChunkRows, [&](int64_t b, int64_t e) {
+        Gemm<T>(false, true, e - b, cin, cout, grad_out + b * cout, cout, w, cout, T(0),
+                grad_in + b * cin, cin);
+      });
+    } else {
+      at::parallel_for(0, num_in, kChunkRows, [&](int64_t b, int64_t e) {
+        std::fill(grad_in + b * cin, grad_in + e * cin, T(0));
+      });
+    }
+  }
+  std::vector<T> partial;
+  for (int64_t k = 0; k < pairs.volume; ++k) {
+    const int64_t n = Count(pairs, k);
+    if (n == 0) continue;
+    const bool identity = (k == pairs.identity_offset);
+    if (identity && grad_weight == nullptr) continue;
+    const int32_t* src = pairs.src + pairs.begin[k];
+    const int32_t* dst = pairs.dst + pairs.begin[k];
+    const T* w = weight + k * cin * cout;
+    const int64_t tasks = (n + task_rows - 1) / task_rows;
+    if (grad_weight != nullptr) partial.assign(static_cast<size_t>(tasks * cin * cout), T(0));
+    at::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
+      T* a = ThreadBuffer<T>(0, kChunkRows * cin);
+      T* g = ThreadBuffer<T>(1, kChunkRows * cout);
+      T* d = ThreadBuffer<T>(2, kChunkRows * cin);
+      for (int64_t t = tb; t < te; ++t) {
+        const int64_t t_end = std::min(n, (t + 1) * task_rows);
+        for (int64_t p0 = t * task_rows; p0 < t_end; p0 += kChunkRows) {
+          const int64_t m = std::min(kChunkRows, t_end - p0);
+          const T* g_rows;
+          const T* a_rows;
+          if (identity) {
+            // Rows p0.. map to themselves: use them in place.
+            g_rows = grad_out + p0 * cout;
+            a_rows = in + p0 * cin;
+          } else {
+            GatherRows(grad_out, cout, dst + p0, m, g);
+            g_rows = g;
+            a_rows = a;
+            if (grad_in != nullptr) {
+              Gemm<T>(false, true, m, cin, cout, g, cout, w, cout, T(0), d, cin);
+              ScatterAddRows(d, cin, src + p0, m, grad_in);
+            }
+            if (grad_weight != nullptr) GatherRows(in, cin, src + p0, m, a);
+          }
+          if (grad_weight != nullptr) {
+            Gemm<T>(true, false, cin, cout, m, a_rows, cin, g_rows, cout, T(1),
+                    partial.data() + t * cin * cout, cout);
+          }
+        }
+      }
+    });
+    if (grad_weight != nullptr) {
+      T* gw = grad_weight + k * cin * cout;
+      for (int64_t t = 0; t < tasks; ++t) AddRow(gw, partial.data() + t * cin * cout, cin * cout);
+    }
+  }
+  (void)num_out;
+}
+
+template <typename T>
+void MaxPoolForward(const T* in, int64_t c, const PairLists& pairs, T* out, int32_t* argmax,
+                    int64_t num_out) {
+  std::fill(out, out + num_out * c, -std::numeric_limits<T>::infinity());
+  std::fill(argmax, argmax + num_out * c, -1);
+  for (int64_t k = 0; k < pairs.volume; ++k) {
+    const int64_t n = Count(pairs, k);
+    const int32_t* src = pairs.src + pairs.begin[k];
+    const int32_t* dst = pairs.dst + pairs.begin[k];
+    at::parallel_for(0, n, kChunkRows, [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        const T* s = in + static_cast<int64_t>(src[p]) * c;
+        T* o = out + static_cast<int64_t>(dst[p]) * c;
+        int32_t* am = argmax + static_cast<int64_t>(dst[p]) * c;
+        for (int64_t j = 0; j < c; ++j) {
+          if (s[j] > o[j] || am[j] < 0) {
+            o[j] = s[j];
+            am[j] = src[p];
+          }
+        }
+      }
+    });
+  }
+  at::parallel_for(0, num_out * c, kChunkRows * 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (argmax[i] < 0) out[i] = T(0);
+    }
+  });
+}
+
+template <typename T>
+void MaxPoolBackward(const T* grad_out, const int32_t* argmax, int64_t num_out, int64_t c,
+                     T* grad_in) {
+  // One input can be the maximum of several windows: split by channel so no
+  // two threads add to the same element, and add in output-row order.
+  at::parallel_for(0, c, 1, [&](int64_t jb, int64_t je) {
+    for (int64_t i = 0; i < num_out; ++i) {
+      for (int64_t j = jb; j < je; ++j) {
+        const int32_t r = argmax[i * c + j];
+        if (r >= 0) grad_in[static_cast<int64_t>(r) * c + j] += grad_out[i * c + j];
+      }
+    }
+  });
+}
+
+template <typename T>
+void WindowSumForward(const T* in, int64_t c, const PairLists& pairs, const T* inv_divisor,
+                      T* out, int64_t num_out) {
+  std::fill(out, out + num_out * c, T(0));
+  for (int64_t k = 0; k < pairs.volume; ++k) {
+    const int64_t n = Count(pairs, k);
+    const int32_t* src = pairs.src + pairs.begin[k];
+    const int32_t* dst = pairs.dst + pairs.begin[k];
+    at::parallel_for(0, n, kChunkRows, [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        AddRow(out + static_cast<int64_t>(dst[p]) * c, in + static_cast<int64_t>(src[p]) * c, c);
+      }
+    });
+  }
+  at::parallel_for(0, num_out, kChunkRows, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      for (int64_t j = 0; j < c; ++j) out[i * c + j] *= inv_divisor[i];
+    }
+  });
+}
+
+template <typename T>
+void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs,
+                       const T* inv_divisor, T* grad_in, int64_t num_in) {
+  std::fill(grad_in, grad_in + num_in * c, T(0));
+  for (int64_t k = 0; k < pairs.volume; ++k) {
+    const int64_t n = Count(pairs, k);
+    const int32_t* src = pairs.src + pairs.begin[k];
+    const int32_t* dst = pairs.dst + pairs.begin[k];
+    at::parallel_for(0, n, kChunkRows, [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        const T* g = grad_out + static_cast<int64_t>(dst[p]) * c;
+        T* d = grad_in + static_cast<int64_t>(src[p]) * c;
+        const T s = inv_divisor[dst[p]];
+        for (int64_t j = 0; j < c; ++j) d[j] += g[j] * s;
+      }
+    });
+  }
+}
+
+#define TRAINSUP_INSTANTIATE(T)                                                                 \
+  template void ConvForward<T>(const T*, int64_t, int64_t, const T*, int64_t, const PairLists&, \
+                               T*, int64_t);                                                    \
+  template void ConvBackward<T>(const T*, int64_t, int64_t, const T*, int64_t,                  \
+                                const PairLists&, const T*, int64_t, T*, T*);                   \
+  template void MaxPoolForward<T>(const T*, int64_t, const PairLists&, T*, int32_t*, int64_t);  \
+  template void MaxPoolBackward<T>(const T*, const int32_t*, int64_t, int64_t, T*);             \
+  template void WindowSumForward<T>(const T*, int64_t, const PairLists&, const T*, T*,          \
+                                    int64_t);                                                   \
+  template void WindowSumBackward<T>(const T*, int64_t, const PairLists&, const T*, T*, int64_t);
+
+TRAINSUP_INSTANTIATE(float)
+TRAINSUP_INSTANTIATE(double)
+#undef TRAINSUP_INSTANTIATE
+
+}  // namespace trainsup::sparse::cpu

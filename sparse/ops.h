@@ -1,0 +1,81 @@
+// The engine's differentiable operations on SparseTensors (CPU backend).
+//
+// Conventions. A cubic kernel of size K has volume K^3 offsets (see
+// KernelOffsets); weights are laid out [volume, C_in, C_out]. For an output
+// coordinate u the input of offset k is u + k * dilation * input_stride.
+// Strided convolution and pooling produce the input's coordinates floored to
+// the grid of stride input_stride * stride (CoordinateManager::Downsample).
+// Transposed convolution maps back onto a finer coordinate set with the
+// transpose of the strided kernel map. Every op throws c10::Error on bad
+// input (shapes, dtypes, mismatched coordinate sets) before touching data.
+#ifndef TRAINSUP_SPARSE_OPS_H_
+#define TRAINSUP_SPARSE_OPS_H_
+
+#include <ATen/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <string>
+#include <vector>
+
+#include "sparse/sparse_tensor.h"
+
+namespace trainsup::sparse {
+
+struct ConvOptions {
+  int32_t kernel_size = 3;
+  int32_t stride = 1;
+  int32_t dilation = 1;
+};
+
+// Sparse convolution. weight: [K^3, C_in, C_out]; bias: [C_out] or undefined.
+// stride 1 keeps the coordinates; stride s > 1 downsamples.
+SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                  const ConvOptions& options);
+
+// Transposed sparse convolution onto `target` coordinates, a set of the same
+// manager at stride x.stride() / options.stride (typically the skip
+// connection's). Without a target, the set `x` was downsampled from is used.
+// weight: [K^3, C_in, C_out].
+SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight,
+                           const at::Tensor& bias, const ConvOptions& options,
+                           const SparseTensor* target = nullptr);
+
+enum class PoolMode { kMax, kAverage, kSum };
+std::string ToString(PoolMode mode);
+// Parses "max", "average"/"avg", "sum"; throws c10::Error otherwise.
+PoolMode PoolModeFromString(const std::string& name);
+
+// Max or average pooling over the existing inputs of each window (empty
+// sites do not count). An output with no input in its window gets 0.
+SparseTensor Pool(const SparseTensor& x, PoolMode mode, const ConvOptions& options);
+
+// Pools every batch item to one row: returns a dense [batch_size, C] tensor.
+// An item without points gets zeros.
+at::Tensor GlobalPool(const SparseTensor& x, PoolMode mode);
+
+// Concatenates features of tensors on the same coordinate set (U-Net skips).
+SparseTensor Cat(const std::vector<SparseTensor>& xs);
+
+// BatchNorm over the rows of x.F(). running_mean/running_var may be
+// undefined (no running statistics). In deterministic mode the statistics
+// are reduced in coordinate key order.
+SparseTensor BatchNorm(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                       const at::Tensor& running_mean, const at::Tensor& running_var,
+                       bool training, double momentum, double eps);
+
+SparseTensor Relu(const SparseTensor& x);
+SparseTensor LeakyRelu(const SparseTensor& x, double negative_slope = 0.01);
+SparseTensor Elu(const SparseTensor& x, double alpha = 1.0);
+SparseTensor Sigmoid(const SparseTensor& x);
+SparseTensor Tanh(const SparseTensor& x);
+
+// Lower-level: the gather -> GEMM -> scatter convolution over a kernel map,
+// differentiable in features and weight. Without `transposed`, rows of
+// `features` are the map's input rows and the result has map.num_out rows;
+// with it, the roles swap.
+at::Tensor KernelMapConv(const at::Tensor& features, const at::Tensor& weight,
+                         const KernelMap& map, bool transposed);
+
+}  // namespace trainsup::sparse
+
+#endif  // TRAINSUP_SPARSE_OPS_H_

@@ -1,0 +1,16 @@
+# Fails if a source under ROOT/<DIRS> includes LibTorch headers.
+set(bad "")
+foreach(dir IN LISTS DIRS)
+  file(GLOB_RECURSE files "${ROOT}/${dir}/*.h" "${ROOT}/${dir}/*.cc" "${ROOT}/${dir}/*.cpp"
+       "${ROOT}/${dir}/*.proto")
+  foreach(f IN LISTS files)
+    file(STRINGS "${f}" hits REGEX "#include[ \t]*[<\"](torch|ATen|c10)/")
+    if(hits)
+      list(APPEND bad "${f}: ${hits}")
+    endif()
+  endforeach()
+endforeach()
+if(bad)
+  string(REPLACE ";" "\n  " bad "${bad}")
+  message(FATAL_ERROR "LibTorch headers on the supervisor side:\n  ${bad}")
+endif()
