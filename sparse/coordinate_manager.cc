@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <numeric>
 
 #include "sparse/determinism.h"
@@ -74,14 +75,10 @@ CoordinateSetId CoordinateManager::AddValidated(at::Tensor coords, int32_t strid
   TORCH_CHECK(n < std::numeric_limits<int32_t>::max(), "too many coordinates: ", n);
   set->coordinates = coords;
   set->stride = stride;
-  set->map.Reserve(n);
   const int32_t* c = coords.data_ptr<int32_t>();
-  int32_t max_batch = -1;
-  bool sorted = true;
-  uint64_t previous = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t* r = c + 4 * i;
-    if (check) {
+  if (check) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t* r = c + 4 * i;
       TORCH_CHECK(BatchInRange(r[0]), "batch index out of range at row ", i, ": ",
                   CoordinateString(r), "; batch indices must be in [0, ", kMaxBatchIndex, "]");
       for (int a = 1; a < 4; ++a) {
@@ -92,13 +89,40 @@ CoordinateSetId CoordinateManager::AddValidated(at::Tensor coords, int32_t strid
                     " is not a multiple of the tensor stride ", stride);
       }
     }
-    const uint64_t key = PackKey(r[0], r[1], r[2], r[3]);
-    const int32_t previous_row = set->map.Insert(key, static_cast<int32_t>(i));
-    TORCH_CHECK(previous_row < 0, "duplicate coordinate ", CoordinateString(r), " at rows ",
-                previous_row, " and ", i, " (quantize the points first)");
-    if (i > 0 && key < previous) sorted = false;
-    previous = key;
+  }
+  std::vector<uint64_t>& keys = set->sorted_keys;
+  keys.resize(n);
+  int32_t max_batch = -1;
+  for (int a = 0; a < 3; ++a) {
+    set->min[a] = n > 0 ? kMaxCoordinate : 0;
+    set->max[a] = n > 0 ? kMinCoordinate : 0;
+  }
+  bool sorted = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t* r = c + 4 * i;
+    keys[i] = PackKey(r[0], r[1], r[2], r[3]);
+    if (i > 0 && keys[i] <= keys[i - 1]) sorted = false;
     max_batch = std::max(max_batch, r[0]);
+    for (int a = 0; a < 3; ++a) {
+      set->min[a] = std::min(set->min[a], r[a + 1]);
+      set->max[a] = std::max(set->max[a], r[a + 1]);
+    }
+  }
+  if (!sorted) {
+    std::vector<int32_t>& rows = set->sorted_rows;
+    rows.resize(n);
+    std::iota(rows.begin(), rows.end(), 0);
+    std::sort(rows.begin(), rows.end(), [&](int32_t a, int32_t b) {
+      return keys[a] < keys[b] || (keys[a] == keys[b] && a < b);
+    });
+    std::vector<uint64_t> ordered(n);
+    for (int64_t p = 0; p < n; ++p) ordered[p] = keys[rows[p]];
+    for (int64_t p = 1; p < n; ++p) {
+      TORCH_CHECK(ordered[p] != ordered[p - 1], "duplicate coordinate ",
+                  CoordinateString(c + 4 * static_cast<int64_t>(rows[p])), " at rows ",
+                  rows[p - 1], " and ", rows[p], " (quantize the points first)");
+    }
+    keys.swap(ordered);
   }
   set->batch_size = max_batch + 1;
   set->sorted = sorted;
@@ -161,27 +185,8 @@ CoordinateSetId CoordinateManager::Downsample(CoordinateSetId id, int32_t factor
 
 at::Tensor CoordinateManager::CanonicalOrder(CoordinateSetId id) {
   const CoordinateSet& set = Set(id);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = canonical_orders_.find(id);
-    if (it != canonical_orders_.end()) return it->second;
-  }
-  const int64_t n = set.size();
-  at::Tensor order = at::arange(n, at::kLong);
-  if (!set.sorted) {
-    const int32_t* c = set.coordinates.data_ptr<int32_t>();
-    std::vector<uint64_t> keys(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t* r = c + 4 * i;
-      keys[i] = PackKey(r[0], r[1], r[2], r[3]);
-    }
-    int64_t* o = order.data_ptr<int64_t>();
-    // Keys are unique, so the order is total and any sort gives one answer.
-    std::sort(o, o + n, [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  canonical_orders_[id] = order;
-  return order;
+  if (set.sorted) return at::arange(set.size(), at::kLong);
+  return at::tensor(at::ArrayRef<int32_t>(set.sorted_rows), at::kInt).to(at::kLong);
 }
 
 std::shared_ptr<const KernelMap> CoordinateManager::GetKernelMap(CoordinateSetId in,
@@ -204,9 +209,7 @@ std::shared_ptr<const KernelMap> CoordinateManager::GetKernelMap(CoordinateSetId
   const CoordinateSet& out_set = Set(out);
   TORCH_CHECK(out_set.stride % in_set.stride == 0, "kernel map: output stride ",
               out_set.stride, " is not a multiple of input stride ", in_set.stride);
-  at::Tensor order;
-  if (deterministic && !out_set.sorted) order = CanonicalOrder(out);
-  auto map = BuildKernelMap(in_set, out_set, order, kernel_size, dilation);
+  auto map = BuildKernelMap(in_set, out_set, kernel_size, dilation, deterministic);
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.kernel_map_builds;
   kernel_maps_[key] = map;
@@ -214,79 +217,117 @@ std::shared_ptr<const KernelMap> CoordinateManager::GetKernelMap(CoordinateSetId
 }
 
 std::shared_ptr<const KernelMap> CoordinateManager::BuildKernelMap(
-    const CoordinateSet& in, const CoordinateSet& out, const at::Tensor& out_order,
-    int32_t kernel_size, int32_t dilation) const {
+    const CoordinateSet& in, const CoordinateSet& out, int32_t kernel_size, int32_t dilation,
+    bool deterministic) const {
   const auto offsets = KernelOffsets(kernel_size);
   const int64_t volume = static_cast<int64_t>(offsets.size());
   const int64_t n_out = out.size();
+  const int64_t n_in = in.size();
   const int64_t step = static_cast<int64_t>(dilation) * in.stride;
   TORCH_CHECK(step * (kernel_size - 1) <= kMaxCoordinate, "kernel extent ",
               step * (kernel_size - 1), " is too large");
-  // For an odd kernel on one set, offset k from row i finding row j means
-  // offset volume-1-k from row j finds row i: look up half the offsets and
-  // fill the other half by symmetry.
+  // For an odd kernel on one set, offset k from u finding v means offset
+  // volume-1-k from v finds u: look up half the offsets and mirror.
   const bool symmetric = (&in == &out) && (kernel_size % 2 == 1);
   const int64_t center = volume / 2;
   const int64_t lookups = symmetric ? center + 1 : volume;
 
-  const int64_t* order = out_order.defined() ? out_order.data_ptr<int64_t>() : nullptr;
-  // rank[row]: position of an output row in build order (for symmetric fills).
-  std::vector<int32_t> rank;
-  if (symmetric && order != nullptr) {
-    rank.resize(n_out);
-    for (int64_t r = 0; r < n_out; ++r) rank[order[r]] = static_cast<int32_t>(r);
+  // Shifting every coordinate by one offset keeps key order, so each
+  // offset is a merge of two sorted key lists. Adding the packed offset to
+  // a key is exact while no field leaves its range; outside that (sets near
+  // the range limits) targets are computed field by field.
+  int64_t lo = 0, hi = 0;
+  for (const auto& o : offsets) {
+    for (int a = 0; a < 3; ++a) {
+      lo = std::min<int64_t>(lo, o[a] * step);
+      hi = std::max<int64_t>(hi, o[a] * step);
+    }
   }
-  // table[r * volume + k]: input row for output rank r and offset k, or -1.
-  std::vector<int32_t> table(static_cast<size_t>(n_out * volume), -1);
-  const int32_t* oc = out.coordinates.data_ptr<int32_t>();
-  at::parallel_for(0, n_out, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const int64_t i = order ? order[r] : r;
-      const int32_t* u = oc + 4 * i;
-      int32_t* row = table.data() + r * volume;
+  bool packed_add = true;
+  for (int a = 0; a < 3 && n_out > 0; ++a) {
+    packed_add = packed_add && out.min[a] + lo >= kMinCoordinate && out.max[a] + hi <= kMaxCoordinate;
+  }
+  std::vector<uint64_t> delta(volume);
+  for (int64_t k = 0; k < volume; ++k) {
+    const int64_t d = offsets[k][0] * step * (int64_t{1} << (2 * kCoordinateBits)) +
+                      offsets[k][1] * step * (int64_t{1} << kCoordinateBits) +
+                      offsets[k][2] * step;
+    delta[k] = static_cast<uint64_t>(d);
+  }
+  const uint64_t* ok = out.sorted_keys.data();
+  const uint64_t* ik = in.sorted_keys.data();
+  auto target = [&](int64_t p, int64_t k, uint64_t* t) -> bool {
+    if (packed_add) {
+      *t = ok[p] + delta[k];
+      return true;
+    }
+    int32_t u[4];
+    UnpackKey(ok[p], u);
+    int64_t v[3];
+    for (int a = 0; a < 3; ++a) {
+      v[a] = u[a + 1] + offsets[k][a] * step;
+      if (v[a] < kMinCoordinate || v[a] > kMaxCoordinate) return false;
+    }
+    *t = PackKey(u[0], static_cast<int32_t>(v[0]), static_cast<int32_t>(v[1]),
+                 static_cast<int32_t>(v[2]));
+    return true;
+  };
+
+  // Stage: pairs of chunk ch for offset k go to slots [k][ch * kChunk, ...);
+  // a chunk adds at most one pair per row to each offset. Only the slots
+  // written are touched.
+  constexpr int64_t kChunk = 4096;
+  const int64_t chunks = (n_out + kChunk - 1) / kChunk;
+  const int64_t padded = chunks * kChunk;
+  std::unique_ptr<int32_t[]> stage_in(new int32_t[static_cast<size_t>(volume * padded)]);
+  std::unique_ptr<int32_t[]> stage_out(new int32_t[static_cast<size_t>(volume * padded)]);
+  std::vector<int64_t> counts(static_cast<size_t>(chunks * volume), 0);
+  at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t ch = cb; ch < ce; ++ch) {
+      const int64_t p0 = ch * kChunk, p1 = std::min(n_out, p0 + kChunk);
+      int64_t* cnt = counts.data() + ch * volume;
       for (int64_t k = 0; k < lookups; ++k) {
-        const int64_t x = u[1] + offsets[k][0] * step;
-        const int64_t y = u[2] + offsets[k][1] * step;
-        const int64_t z = u[3] + offsets[k][2] * step;
-        if (x < kMinCoordinate || x > kMaxCoordinate || y < kMinCoordinate ||
-            y > kMaxCoordinate || z < kMinCoordinate || z > kMaxCoordinate) {
-          continue;
+        const bool mirror = symmetric && k != center;
+        const int64_t mk = volume - 1 - k;
+        int32_t* si = stage_in.get() + k * padded + ch * kChunk;
+        int32_t* so = stage_out.get() + k * padded + ch * kChunk;
+        int32_t* mi = stage_in.get() + mk * padded + ch * kChunk;
+        int32_t* mo = stage_out.get() + mk * padded + ch * kChunk;
+        int64_t c = 0, mc = 0;
+        int64_t j = -1;
+        for (int64_t p = p0; p < p1; ++p) {
+          uint64_t t;
+          if (!target(p, k, &t)) continue;
+          if (j < 0) j = std::lower_bound(ik, ik + n_in, t) - ik;
+          while (j < n_in && ik[j] < t) ++j;
+          if (j == n_in) break;
+          if (ik[j] != t) continue;
+          const int32_t row_in = in.RowAt(j), row_out = out.RowAt(p);
+          si[c] = row_in;
+          so[c] = row_out;
+          ++c;
+          if (mirror) {
+            mi[mc] = row_out;
+            mo[mc] = row_in;
+            ++mc;
+          }
         }
-        const int32_t j = in.map.Find(PackKey(u[0], static_cast<int32_t>(x),
-                                              static_cast<int32_t>(y), static_cast<int32_t>(z)));
-        if (j < 0) continue;
-        row[k] = j;
-        if (symmetric && k != center) {
-          const int64_t rj = order ? rank[j] : j;
-          table[rj * volume + (volume - 1 - k)] = static_cast<int32_t>(i);
-        }
+        cnt[k] = c;
+        if (mirror) cnt[mk] = mc;
       }
     }
   });
 
-  // Compact per offset, preserving build order: count per (chunk, offset),
-  // prefix-sum offset-major, then fill.
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>((n_out + kGrain - 1) / kGrain,
-                                                                 4 * at::get_num_threads()));
-  const int64_t chunk_rows = (n_out + chunks - 1) / std::max<int64_t>(chunks, 1);
-  std::vector<int64_t> counts(static_cast<size_t>(chunks * volume), 0);
-  at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t ch = b; ch < e; ++ch) {
-      int64_t* cnt = counts.data() + ch * volume;
-      const int64_t r_end = std::min(n_out, (ch + 1) * chunk_rows);
-      for (int64_t r = ch * chunk_rows; r < r_end; ++r) {
-        const int32_t* row = table.data() + r * volume;
-        for (int64_t k = 0; k < volume; ++k) cnt[k] += row[k] >= 0;
-      }
-    }
-  });
   auto map = std::make_shared<KernelMap>();
   map->kernel_size = kernel_size;
   map->dilation = dilation;
   map->volume = volume;
-  map->num_in = in.size();
+  map->num_in = n_in;
   map->num_out = n_out;
-  if (symmetric && order == nullptr && !IsDeterministic()) map->identity_offset = center;
+  // The centre of an odd kernel on one set maps every row to itself; in row
+  // order when the set is sorted. Deterministic mode keeps to the gathered
+  // path, so its arithmetic is the same whatever the input's row order.
+  if (symmetric && out.sorted && !deterministic) map->identity_offset = center;
   map->begin.assign(volume + 1, 0);
   std::vector<int64_t> start(static_cast<size_t>(chunks * volume));
   int64_t total = 0;
@@ -302,20 +343,14 @@ std::shared_ptr<const KernelMap> CoordinateManager::BuildKernelMap(
   map->out_rows = at::empty({total}, at::kInt);
   int32_t* in_rows = map->in_rows.data_ptr<int32_t>();
   int32_t* out_rows = map->out_rows.data_ptr<int32_t>();
-  at::parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t ch = b; ch < e; ++ch) {
-      int64_t* pos = start.data() + ch * volume;
-      const int64_t r_end = std::min(n_out, (ch + 1) * chunk_rows);
-      for (int64_t r = ch * chunk_rows; r < r_end; ++r) {
-        const int32_t* row = table.data() + r * volume;
-        const int32_t i = static_cast<int32_t>(order ? order[r] : r);
-        for (int64_t k = 0; k < volume; ++k) {
-          if (row[k] < 0) continue;
-          const int64_t p = pos[k]++;
-          in_rows[p] = row[k];
-          out_rows[p] = i;
-        }
-      }
+  at::parallel_for(0, chunks * volume, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t ch = i / volume, k = i % volume;
+      const int64_t c = counts[i];
+      if (c == 0) continue;
+      const int64_t src = k * padded + ch * kChunk;
+      std::memcpy(in_rows + start[i], stage_in.get() + src, c * sizeof(int32_t));
+      std::memcpy(out_rows + start[i], stage_out.get() + src, c * sizeof(int32_t));
     }
   });
   return map;

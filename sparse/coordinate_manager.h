@@ -32,19 +32,26 @@ std::vector<std::array<int32_t, 3>> KernelOffsets(int kernel_size);
 struct CoordinateSet {
   at::Tensor coordinates;  // N x 4 int32, contiguous: batch, x, y, z.
   int32_t stride = 1;      // Every spatial coordinate is a multiple of it.
-  CoordinateHashMap map;   // key -> row.
+  // The keys in ascending order, and the row of each (empty when the rows
+  // are in key order already, i.e. sorted_rows[p] == p).
+  std::vector<uint64_t> sorted_keys;
+  std::vector<int32_t> sorted_rows;
+  int32_t min[3] = {0, 0, 0};  // Bounding box of the spatial coordinates.
+  int32_t max[3] = {0, 0, 0};
   int32_t batch_size = 0;  // Largest batch index + 1 (0 when empty).
   bool sorted = false;     // Rows are in key order already.
   CoordinateSetId parent = -1;  // The set this one was downsampled from.
   int64_t size() const { return coordinates.size(0); }
+  int32_t RowAt(int64_t p) const { return sorted ? static_cast<int32_t>(p) : sorted_rows[p]; }
 };
 
 // Gather/scatter pairs per kernel offset: for offset k, pairs
 // [begin[k], begin[k+1]) map input row in_rows[p] to output row out_rows[p].
 // Within one offset every output row and every input row appears at most
-// once, so a scatter over one offset never collides. Pairs of one offset
-// are ordered by output row, or by the output's canonical (key) order when
-// the map was built in deterministic mode.
+// once, so a scatter over one offset never collides. The pairs of one
+// offset are in key order of the coordinates (for the mirrored half of an
+// odd kernel on one set, of the input coordinates), so the map depends on
+// the coordinates alone, never on the order of the rows.
 struct KernelMap {
   int32_t kernel_size = 0;
   int32_t dilation = 1;
@@ -103,9 +110,8 @@ class CoordinateManager {
  private:
   std::shared_ptr<const KernelMap> BuildKernelMap(const CoordinateSet& in,
                                                   const CoordinateSet& out,
-                                                  const at::Tensor& out_order,
-                                                  int32_t kernel_size,
-                                                  int32_t dilation) const;
+                                                  int32_t kernel_size, int32_t dilation,
+                                                  bool deterministic) const;
   CoordinateSetId AddValidated(at::Tensor coordinates, int32_t stride, bool check);
 
   mutable std::mutex mu_;
@@ -114,7 +120,6 @@ class CoordinateManager {
   std::map<std::tuple<CoordinateSetId, CoordinateSetId, int32_t, int32_t, bool>,
            std::shared_ptr<const KernelMap>>
       kernel_maps_;
-  std::map<CoordinateSetId, at::Tensor> canonical_orders_;
   CoordinateManagerStats stats_;
 };
 
