@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "sparse/canonical_order.h"
 #include "sparse/kernels_cpu.h"
 #include "sparse/ops.h"
 
@@ -189,6 +190,12 @@ void CheckWeight(const at::Tensor& features, const at::Tensor& weight, const at:
   }
 }
 
+// The bias gradient sums over rows: in key order under deterministic mode.
+SparseTensor AddBias(const SparseTensor& y, const at::Tensor& bias) {
+  if (!bias.defined()) return y;
+  return y.WithFeatures(InCanonicalOrder(y, [&](const at::Tensor& f) { return f + bias; }));
+}
+
 }  // namespace
 
 at::Tensor KernelMapConv(const at::Tensor& features, const at::Tensor& weight,
@@ -210,9 +217,8 @@ SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Ten
   auto& manager = x.manager();
   const CoordinateSetId out_set = manager->Downsample(x.set_id(), options.stride);
   auto map = manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation);
-  at::Tensor out = KernelMapConvFunction::apply(x.F(), weight, map.get(), false);
-  if (bias.defined()) out = out + bias;
-  return SparseTensor(out, out_set, manager);
+  SparseTensor y(KernelMapConvFunction::apply(x.F(), weight, map.get(), false), out_set, manager);
+  return AddBias(y, bias);
 }
 
 SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight,
@@ -240,9 +246,8 @@ SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight,
               " must equal the input's tensor stride ", x.stride());
   // The transpose of the map from the fine set to the input's coarse set.
   auto map = manager->GetKernelMap(fine, x.set_id(), options.kernel_size, options.dilation);
-  at::Tensor out = KernelMapConvFunction::apply(x.F(), weight, map.get(), true);
-  if (bias.defined()) out = out + bias;
-  return SparseTensor(out, fine, manager);
+  SparseTensor y(KernelMapConvFunction::apply(x.F(), weight, map.get(), true), fine, manager);
+  return AddBias(y, bias);
 }
 
 SparseTensor Pool(const SparseTensor& x, PoolMode mode, const ConvOptions& options) {

@@ -2,27 +2,11 @@
 // activations.
 #include <ATen/ATen.h>
 
+#include "sparse/canonical_order.h"
 #include "sparse/determinism.h"
 #include "sparse/ops.h"
 
 namespace trainsup::sparse {
-namespace {
-
-// Applies `fn` to the features in coordinate key order when deterministic
-// mode is on (so reductions over rows see one order whatever the input's),
-// and in row order otherwise.
-template <typename Fn>
-at::Tensor InCanonicalOrder(const SparseTensor& x, Fn fn) {
-  if (!IsDeterministic() || x.manager()->Set(x.set_id()).sorted) return fn(x.F());
-  at::Tensor order = x.manager()->CanonicalOrder(x.set_id());
-  at::Tensor y = fn(x.F().index_select(0, order));
-  // Rows return to their places: y_out[order[r]] = y[r].
-  at::Tensor inverse = at::empty_like(order);
-  inverse.index_put_({order}, at::arange(order.size(0), order.options()));
-  return y.index_select(0, inverse);
-}
-
-}  // namespace
 
 at::Tensor GlobalPool(const SparseTensor& x, PoolMode mode) {
   TORCH_CHECK(x.defined(), "GlobalPool: undefined SparseTensor");

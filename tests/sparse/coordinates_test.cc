@@ -1,1 +1,170 @@
+// Packed keys, the hash map, downsampling and kernel maps against brute
+// force.
 #include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "sparse/coordinate_manager.h"
+#include "sparse/coordinates.h"
+#include "sparse/determinism.h"
+#include "tests/sparse/test_util.h"
+
+namespace trainsup::sparse {
+namespace {
+
+using testing::MakeRandomInput;
+
+TEST(PackKey, RoundTripsAndOrdersLexicographically) {
+  const int32_t cases[][4] = {{0, 0, 0, 0},
+                              {kMaxBatchIndex, kMaxCoordinate, kMinCoordinate, -1},
+                              {3, -5, 7, kMaxCoordinate},
+                              {1, kMinCoordinate, kMinCoordinate, kMinCoordinate}};
+  for (const auto& c : cases) {
+    int32_t out[4];
+    UnpackKey(PackKey(c[0], c[1], c[2], c[3]), out);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(out[i], c[i]);
+  }
+  EXPECT_LT(PackKey(0, -1, 5, 5), PackKey(0, 0, -5, -5));
+  EXPECT_LT(PackKey(0, 9, 9, 9), PackKey(1, -9, -9, -9));
+  EXPECT_LT(PackKey(0, 0, 0, -2), PackKey(0, 0, 0, -1));
+  EXPECT_NE(PackKey(kMaxBatchIndex, kMaxCoordinate, kMaxCoordinate, kMaxCoordinate), kEmptyKey);
+}
+
+TEST(FloorDiv, RoundsTowardNegativeInfinity) {
+  EXPECT_EQ(FloorDiv(7, 2), 3);
+  EXPECT_EQ(FloorDiv(-7, 2), -4);
+  EXPECT_EQ(FloorDiv(-8, 2), -4);
+  EXPECT_EQ(FloorDiv(-1, 4), -1);
+  EXPECT_EQ(FloorDiv(0, 4), 0);
+}
+
+TEST(CoordinateHashMap, InsertFindAndGrow) {
+  CoordinateHashMap map(2);
+  for (int32_t i = 0; i < 1000; ++i) EXPECT_EQ(map.Insert(PackKey(0, i, -i, 2 * i), i), -1);
+  EXPECT_EQ(map.size(), 1000);
+  EXPECT_GE(map.capacity(), 2000);
+  for (int32_t i = 0; i < 1000; ++i) EXPECT_EQ(map.Find(PackKey(0, i, -i, 2 * i)), i);
+  EXPECT_EQ(map.Find(PackKey(0, 1, 1, 1)), -1);
+  EXPECT_EQ(map.Insert(PackKey(0, 5, -5, 10), 77), 5);
+  EXPECT_EQ(map.Find(PackKey(0, 5, -5, 10)), 5);
+}
+
+std::set<std::tuple<int, int, int, int>> Rows(const at::Tensor& c) {
+  std::set<std::tuple<int, int, int, int>> s;
+  auto a = c.accessor<int32_t, 2>();
+  for (int64_t i = 0; i < c.size(0); ++i) s.insert({a[i][0], a[i][1], a[i][2], a[i][3]});
+  return s;
+}
+
+TEST(CoordinateManager, DownsampleFloorsToTheCoarserGrid) {
+  auto in = MakeRandomInput(2, 9, 0.3, 1, at::kFloat, 3, -9);
+  CoordinateManager m;
+  const CoordinateSetId id = m.AddCoordinates(in.coordinates, 1);
+  const CoordinateSetId d2 = m.Downsample(id, 2);
+  const CoordinateSetId d4 = m.Downsample(d2, 2);
+  EXPECT_EQ(m.Downsample(id, 2), d2);  // cached
+  EXPECT_EQ(m.Set(d2).stride, 2);
+  EXPECT_EQ(m.Set(d4).stride, 4);
+  EXPECT_EQ(m.Set(d2).parent, id);
+  EXPECT_TRUE(m.Set(d2).sorted);
+  for (int s : {2, 4}) {
+    std::set<std::tuple<int, int, int, int>> want;
+    auto a = in.coordinates.accessor<int32_t, 2>();
+    for (int64_t i = 0; i < in.coordinates.size(0); ++i) {
+      want.insert({a[i][0], FloorDiv(a[i][1], s) * s, FloorDiv(a[i][2], s) * s,
+                   FloorDiv(a[i][3], s) * s});
+    }
+    EXPECT_EQ(Rows(m.Set(s == 2 ? d2 : d4).coordinates), want) << "stride " << s;
+  }
+}
+
+// Every (kernel offset, input row, output row) triple, by brute force.
+std::set<std::tuple<int64_t, int32_t, int32_t>> BruteForce(const at::Tensor& in, const at::Tensor& out,
+                                                            int kernel, int step) {
+  std::map<std::tuple<int, int, int, int>, int32_t> rows;
+  auto a = in.accessor<int32_t, 2>();
+  for (int64_t i = 0; i < in.size(0); ++i) rows[{a[i][0], a[i][1], a[i][2], a[i][3]}] = i;
+  std::set<std::tuple<int64_t, int32_t, int32_t>> pairs;
+  auto offsets = KernelOffsets(kernel);
+  auto o = out.accessor<int32_t, 2>();
+  for (int64_t j = 0; j < out.size(0); ++j) {
+    for (size_t k = 0; k < offsets.size(); ++k) {
+      auto it = rows.find({o[j][0], o[j][1] + offsets[k][0] * step, o[j][2] + offsets[k][1] * step,
+                           o[j][3] + offsets[k][2] * step});
+      if (it != rows.end()) pairs.insert({static_cast<int64_t>(k), it->second, static_cast<int32_t>(j)});
+    }
+  }
+  return pairs;
+}
+
+std::set<std::tuple<int64_t, int32_t, int32_t>> Pairs(const KernelMap& map) {
+  std::set<std::tuple<int64_t, int32_t, int32_t>> pairs;
+  const int32_t* in = map.in_rows.data_ptr<int32_t>();
+  const int32_t* out = map.out_rows.data_ptr<int32_t>();
+  for (int64_t k = 0; k < map.volume; ++k) {
+    std::set<int32_t> outs, ins;
+    for (int64_t p = map.begin[k]; p < map.begin[k + 1]; ++p) {
+      pairs.insert({k, in[p], out[p]});
+      EXPECT_TRUE(outs.insert(out[p]).second) << "output row repeated within offset " << k;
+      EXPECT_TRUE(ins.insert(in[p]).second) << "input row repeated within offset " << k;
+    }
+  }
+  return pairs;
+}
+
+TEST(CoordinateManager, KernelMapsMatchBruteForce) {
+  for (bool deterministic : {false, true}) {
+    DeterministicGuard guard(deterministic);
+    for (int kernel : {1, 2, 3, 5}) {
+      for (int dilation : {1, 2}) {
+        for (int stride : {1, 2}) {
+          SCOPED_TRACE("kernel " + std::to_string(kernel) + " dilation " + std::to_string(dilation) +
+                       " stride " + std::to_string(stride) + (deterministic ? " deterministic" : ""));
+          auto in = MakeRandomInput(2, 10, 0.25, 1, at::kFloat, kernel * 10 + dilation, -5);
+          CoordinateManager m;
+          const CoordinateSetId id = m.AddCoordinates(in.coordinates, 1);
+          const CoordinateSetId out = m.Downsample(id, stride);
+          auto map = m.GetKernelMap(id, out, kernel, dilation);
+          EXPECT_EQ(Pairs(*map), BruteForce(in.coordinates, m.Set(out).coordinates, kernel, dilation));
+          EXPECT_EQ(map->num_in, in.coordinates.size(0));
+          EXPECT_EQ(map->num_out, m.Set(out).size());
+        }
+      }
+    }
+  }
+}
+
+TEST(CoordinateManager, KernelMapNearTheRangeLimitsMatchesBruteForce) {
+  // Points on the edges of the representable range take the field-by-field
+  // path; nothing may wrap into a neighbouring field.
+  std::vector<int32_t> c;
+  for (int32_t x : {kMinCoordinate, kMinCoordinate + 1, 0, kMaxCoordinate - 1, kMaxCoordinate}) {
+    for (int32_t y : {kMinCoordinate, kMaxCoordinate}) {
+      for (int32_t z : {kMaxCoordinate - 1, kMaxCoordinate, kMinCoordinate}) c.insert(c.end(), {0, x, y, z});
+    }
+  }
+  at::Tensor coords = at::from_blob(c.data(), {static_cast<int64_t>(c.size() / 4), 4}, at::kInt).clone();
+  CoordinateManager m;
+  const CoordinateSetId id = m.AddCoordinates(coords, 1);
+  auto map = m.GetKernelMap(id, id, 3, 1);
+  EXPECT_EQ(Pairs(*map), BruteForce(coords, coords, 3, 1));
+}
+
+TEST(CoordinateManager, CanonicalOrderSortsByKey) {
+  auto in = MakeRandomInput(2, 6, 0.3, 1, at::kFloat, 9);
+  CoordinateManager m;
+  const CoordinateSetId id = m.AddCoordinates(in.coordinates, 1);
+  EXPECT_FALSE(m.Set(id).sorted);
+  at::Tensor order = m.CanonicalOrder(id);
+  at::Tensor sorted = in.coordinates.index_select(0, order);
+  auto a = sorted.accessor<int32_t, 2>();
+  for (int64_t i = 1; i < sorted.size(0); ++i) {
+    EXPECT_LT(PackKey(a[i - 1][0], a[i - 1][1], a[i - 1][2], a[i - 1][3]),
+              PackKey(a[i][0], a[i][1], a[i][2], a[i][3]));
+  }
+}
+
+}  // namespace
+}  // namespace trainsup::sparse

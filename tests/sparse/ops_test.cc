@@ -1,1 +1,153 @@
+// Feature ops (BatchNorm, global pooling, concatenation, activations) and
+// deterministic mode across a small U-Net-shaped network.
 #include <gtest/gtest.h>
+
+#include "sparse/determinism.h"
+#include "sparse/ops.h"
+#include "tests/sparse/test_util.h"
+
+namespace trainsup::sparse {
+namespace {
+
+using testing::GradCheck;
+using testing::MakeRandomInput;
+
+TEST(BatchNorm, MatchesLibTorchAndUpdatesRunningStatistics) {
+  auto in = MakeRandomInput(2, 6, 0.4, 5, at::kDouble, 3);
+  SparseTensor x(in.features, in.coordinates);
+  at::Tensor w = at::randn({5}, at::kDouble), b = at::randn({5}, at::kDouble);
+  at::Tensor rm = at::zeros({5}, at::kDouble), rv = at::ones({5}, at::kDouble);
+  at::Tensor rm2 = rm.clone(), rv2 = rv.clone();
+  SparseTensor y = BatchNorm(x, w, b, rm, rv, true, 0.1, 1e-5);
+  at::Tensor want = at::batch_norm(in.features, w, b, rm2, rv2, true, 0.1, 1e-5, false);
+  EXPECT_TRUE(at::allclose(y.F(), want));
+  EXPECT_TRUE(at::allclose(rm, rm2));
+  EXPECT_TRUE(at::allclose(rv, rv2));
+  EXPECT_FALSE(at::allclose(rm, at::zeros({5}, at::kDouble)));
+  SparseTensor e = BatchNorm(x, w, b, rm, rv, false, 0.1, 1e-5);
+  EXPECT_TRUE(at::allclose(e.F(), at::batch_norm(in.features, w, b, rm, rv, false, 0.1, 1e-5, false)));
+  auto bn = [&](const std::vector<at::Tensor>& t) {
+    return BatchNorm(x.WithFeatures(t[0]), t[1], t[2], {}, {}, true, 0.1, 1e-5).F();
+  };
+  EXPECT_LT(GradCheck(bn, {in.features.slice(1, 0, 2), w.slice(0, 0, 2), b.slice(0, 0, 2)}), 1e-5);
+}
+
+TEST(BatchNorm, RejectsParametersOfTheWrongSize) {
+  auto in = MakeRandomInput(1, 5, 0.4, 3, at::kFloat, 3);
+  SparseTensor x(in.features, in.coordinates);
+  EXPECT_THROW(BatchNorm(x, at::ones({4}), at::zeros({3}), {}, {}, true, 0.1, 1e-5), c10::Error);
+  EXPECT_THROW(BatchNorm(x, at::ones({3}), at::zeros({3}), {}, {}, false, 0.1, 1e-5), c10::Error);
+}
+
+TEST(GlobalPool, PoolsEachBatchItem) {
+  auto in = MakeRandomInput(3, 5, 0.3, 4, at::kDouble, 8);
+  SparseTensor x(in.features, in.coordinates);
+  at::Tensor batch = in.coordinates.select(1, 0);
+  for (PoolMode mode : {PoolMode::kMax, PoolMode::kAverage, PoolMode::kSum}) {
+    at::Tensor got = GlobalPool(x, mode);
+    ASSERT_EQ(got.sizes(), (at::IntArrayRef{3, 4}));
+    for (int64_t b = 0; b < 3; ++b) {
+      at::Tensor rows = in.features.index({batch == b});
+      at::Tensor want = mode == PoolMode::kMax       ? std::get<0>(rows.max(0))
+                        : mode == PoolMode::kAverage ? rows.mean(0)
+                                                     : rows.sum(0);
+      EXPECT_TRUE(at::allclose(got[b], want)) << ToString(mode) << " batch " << b;
+    }
+    auto pool = [&](const std::vector<at::Tensor>& t) { return GlobalPool(x.WithFeatures(t[0]), mode); };
+    EXPECT_LT(GradCheck(pool, {in.features}), 1e-6) << ToString(mode);
+  }
+}
+
+TEST(GlobalPool, EmptyBatchItemGetsZeros) {
+  at::Tensor c = at::tensor({0, 0, 0, 0, 2, 1, 1, 1}, at::kInt).view({2, 4});
+  SparseTensor x(at::ones({2, 2}), c);
+  at::Tensor got = GlobalPool(x, PoolMode::kAverage);
+  ASSERT_EQ(got.size(0), 3);
+  EXPECT_TRUE(at::equal(got[1], at::zeros({2})));
+}
+
+TEST(Cat, ConcatenatesOnTheSameCoordinatesOnly) {
+  auto in = MakeRandomInput(1, 6, 0.3, 3, at::kFloat, 4);
+  SparseTensor x(in.features, in.coordinates);
+  SparseTensor y = Relu(x);
+  SparseTensor z = Cat({x, y});
+  EXPECT_EQ(z.channels(), 6);
+  EXPECT_EQ(z.set_id(), x.set_id());
+  EXPECT_TRUE(at::equal(z.F().slice(1, 3, 6), at::relu(in.features)));
+  SparseTensor other(in.features, in.coordinates);
+  EXPECT_THROW(Cat({x, other}), c10::Error);
+  SparseTensor down = Conv(x, at::randn({8, 3, 3}), {}, {2, 2, 1});
+  EXPECT_THROW(Cat({x, down}), c10::Error);
+}
+
+TEST(Activations, ApplyToFeatures) {
+  auto in = MakeRandomInput(1, 5, 0.4, 3, at::kFloat, 6);
+  SparseTensor x(in.features, in.coordinates);
+  EXPECT_TRUE(at::equal(LeakyRelu(x, 0.2).F(), at::leaky_relu(in.features, 0.2)));
+  EXPECT_TRUE(at::equal(Sigmoid(x).F(), at::sigmoid(in.features)));
+  EXPECT_TRUE(at::equal(Tanh(x).F(), at::tanh(in.features)));
+  EXPECT_TRUE(at::equal(Elu(x).F(), at::elu(in.features)));
+  EXPECT_EQ(Relu(x).set_id(), x.set_id());
+}
+
+// A small U-Net: conv, BN, ReLU, strided conv, pooling, transposed conv,
+// skip concatenation, global pooling. Returns the output features (rows in
+// the order of the input) and the global pool.
+struct NetOutput {
+  at::Tensor features, pooled;
+};
+
+NetOutput RunNet(const SparseTensor& x, const std::vector<at::Tensor>& p) {
+  SparseTensor a = Relu(BatchNorm(Conv(x, p[0], p[1], {3, 1, 1}), p[2], p[3], {}, {}, true, 0.1, 1e-5));
+  SparseTensor d = Conv(a, p[4], {}, {2, 2, 1});
+  SparseTensor m = Pool(d, PoolMode::kMax, {3, 1, 1});
+  SparseTensor u = ConvTranspose(m, p[5], p[6], {2, 2, 1}, &a);
+  SparseTensor s = Cat({a, u});
+  SparseTensor o = Conv(s, p[7], {}, {3, 1, 1});
+  return {o.F(), GlobalPool(o, PoolMode::kAverage)};
+}
+
+TEST(Deterministic, ResultsDoNotDependOnRowOrderBitForBit) {
+  DeterministicGuard deterministic(true);
+  auto in = MakeRandomInput(2, 12, 0.3, 8, at::kFloat, 17, -6);
+  const int64_t n = in.coordinates.size(0);
+  at::Tensor perm = at::randperm(n, at::TensorOptions().dtype(at::kLong));
+  std::vector<at::Tensor> params = {at::randn({27, 8, 16}) / 10, at::randn({16}),
+                                    at::rand({16}) + 0.5,         at::randn({16}),
+                                    at::randn({8, 16, 16}) / 10,  at::randn({8, 16, 16}) / 10,
+                                    at::randn({16}),              at::randn({27, 32, 4}) / 10};
+  auto run = [&](const at::Tensor& coords, const at::Tensor& feats) {
+    std::vector<at::Tensor> p;
+    for (auto& t : params) p.push_back(t.clone().requires_grad_(true));
+    at::Tensor f = feats.clone().requires_grad_(true);
+    NetOutput out = RunNet(SparseTensor(f, coords), p);
+    (out.features.square().sum() + out.pooled.sum()).backward();
+    std::vector<at::Tensor> grads;
+    for (auto& t : p) grads.push_back(t.grad());
+    return std::make_tuple(out, f.grad(), grads);
+  };
+  auto [out_a, gf_a, gp_a] = run(in.coordinates, in.features);
+  auto [out_b, gf_b, gp_b] = run(in.coordinates.index_select(0, perm), in.features.index_select(0, perm));
+  EXPECT_TRUE(at::equal(out_a.features.index_select(0, perm), out_b.features));
+  EXPECT_TRUE(at::equal(out_a.pooled, out_b.pooled));
+  EXPECT_TRUE(at::equal(gf_a.index_select(0, perm), gf_b));
+  for (size_t i = 0; i < gp_a.size(); ++i) {
+    EXPECT_TRUE(at::equal(gp_a[i], gp_b[i])) << "parameter " << i;
+  }
+}
+
+TEST(Deterministic, RepeatedRunsAreIdentical) {
+  DeterministicGuard deterministic(true);
+  auto in = MakeRandomInput(1, 10, 0.3, 4, at::kFloat, 5);
+  at::Tensor w = at::randn({27, 4, 4}).requires_grad_(true);
+  std::vector<at::Tensor> grads;
+  for (int i = 0; i < 2; ++i) {
+    w.mutable_grad() = at::Tensor();
+    Conv(SparseTensor(in.features, in.coordinates), w, {}, {3, 1, 1}).F().square().sum().backward();
+    grads.push_back(w.grad().clone());
+  }
+  EXPECT_TRUE(at::equal(grads[0], grads[1]));
+}
+
+}  // namespace
+}  // namespace trainsup::sparse

@@ -1,0 +1,28 @@
+// Internal to sparse/: runs a row-wise function over features in coordinate
+// key order when deterministic mode is on, so reductions over rows see one
+// order whatever the input's row order.
+#ifndef TRAINSUP_SPARSE_CANONICAL_ORDER_H_
+#define TRAINSUP_SPARSE_CANONICAL_ORDER_H_
+
+#include <ATen/ATen.h>
+
+#include "sparse/determinism.h"
+#include "sparse/sparse_tensor.h"
+
+namespace trainsup::sparse {
+
+// fn maps N x C rows to N x C' rows, row i of the result belonging to row i
+// of its argument. Returns fn(x.F()) with rows in x's order.
+template <typename Fn>
+at::Tensor InCanonicalOrder(const SparseTensor& x, Fn fn) {
+  if (!IsDeterministic() || x.manager()->Set(x.set_id()).sorted) return fn(x.F());
+  at::Tensor order = x.manager()->CanonicalOrder(x.set_id());
+  at::Tensor y = fn(x.F().index_select(0, order));
+  at::Tensor inverse = at::empty_like(order);
+  inverse.index_put_({order}, at::arange(order.size(0), order.options()));
+  return y.index_select(0, inverse);
+}
+
+}  // namespace trainsup::sparse
+
+#endif  // TRAINSUP_SPARSE_CANONICAL_ORDER_H_
