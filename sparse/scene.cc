@@ -147,9 +147,23 @@ Scene GenerateScene(const SceneOptions& opt) {
   for (size_t i = 0; assigned < opt.num_points; i = (i + 1) % surfaces.size(), ++assigned) ++counts[i];
   for (size_t si = 0; si < surfaces.size(); ++si) {
     const Surface& s = surfaces[si];
-    for (int64_t n = 0; n < counts[si]; ++n) {
+    const int64_t count = counts[si];
+    if (count == 0) continue;
+    // A jittered grid of nu x nv cells shaped like the surface.
+    double la = 1, lb = 1;
+    if (s.kind == Surface::kRect) {
+      la = std::sqrt(s.a[0] * s.a[0] + s.a[1] * s.a[1] + s.a[2] * s.a[2]);
+      lb = std::sqrt(s.b[0] * s.b[0] + s.b[1] * s.b[1] + s.b[2] * s.b[2]);
+    } else if (s.kind == Surface::kCylinderSide) {
+      la = 2 * kPi * s.radius;
+      lb = s.height;
+    }
+    const int64_t nu = std::max<int64_t>(1, std::llround(std::sqrt(count * la / lb)));
+    const int64_t nv = (count + nu - 1) / nu;
+    for (int64_t n = 0; n < count; ++n) {
       double p[3];
-      const double u = u01(rng), v = u01(rng);
+      const double u = (static_cast<double>(n % nu) + u01(rng)) / nu;
+      const double v = (static_cast<double>(n / nu) + u01(rng)) / nv;
       switch (s.kind) {
         case Surface::kRect:
           for (int i = 0; i < 3; ++i) p[i] = s.o[i] + u * s.a[i] + v * s.b[i];

@@ -1,6 +1,8 @@
 // A seeded synthetic indoor-scene generator: a room (floor, walls) with
-// boxes and cylinders, points sampled uniformly on the surfaces, with
-// colours and per-point class labels. Tests, benchmarks and the demo share
+// boxes and cylinders, points spread over the surfaces in proportion to
+// their area on a jittered grid (like the even vertex density of a
+// reconstructed mesh, so surfaces are covered without holes), with colours
+// and per-point class labels. Tests, benchmarks and the demo share
 // it. Torch-free: plain vectors.
 #ifndef TRAINSUP_SPARSE_SCENE_H_
 #define TRAINSUP_SPARSE_SCENE_H_
@@ -18,18 +20,18 @@ std::string ToString(SceneClass c);
 
 struct SceneOptions {
   uint64_t seed = 0;
-  double size_x = 7.0;  // metres
-  double size_y = 5.0;
-  double height = 3.0;
-  int32_t boxes = 8;
-  int32_t cylinders = 4;
+  double size_x = 4.2;  // metres
+  double size_y = 3.4;
+  double height = 2.5;
+  int32_t boxes = 3;
+  int32_t cylinders = 2;
   int64_t num_points = 200000;
   double noise = 0.002;  // metres, Gaussian, along every axis
 };
 
-// Room sizes from small to very large. `scale` multiplies the floor's sides
-// and the point count by the area ratio, so density stays the same.
-// Names: "small" (0.5), "default" (1), "large" (2), "huge" (4).
+// Room sizes from small to very large: the floor's sides scale by 0.5
+// ("small"), 1 ("default": about 200k points, 170k voxels at 2 cm), 2
+// ("large") or 4 ("huge"); points, boxes and cylinders by the square.
 SceneOptions ScenePreset(const std::string& name, uint64_t seed = 0);
 
 struct Scene {

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine (deploy/bootstrap.sh), builds trainsup
+# and runs the whole test suite with ctest. The last lines are ctest's
+# summary. Usage: bash deploy/run-tests.sh   (root, or a user with sudo)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash deploy/bootstrap.sh
+build=${TRAINSUP_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$build"
+cd "$build"
+exec ctest --output-on-failure --timeout 600 -j "$(nproc)"
