@@ -3,7 +3,9 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <cstring>
 
 extern "C" {
@@ -31,9 +33,18 @@ template <>
 void Gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // An empty sum: BLAS may reject the call, so scale C here.
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == float(0) ? float(0) : beta * c[i * ldc + j];
+    }
+    return;
+  }
   const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
   const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
-  const int ilda = static_cast<int>(lda), ildb = static_cast<int>(ldb), ildc = static_cast<int>(ldc);
+  const int ilda = static_cast<int>(std::max<int64_t>(1, lda));
+  const int ildb = static_cast<int>(std::max<int64_t>(1, ldb));
+  const int ildc = static_cast<int>(std::max<int64_t>(1, ldc));
   const float alpha = 1.0f;
   sgemm_(&tb, &ta, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
 }
@@ -43,9 +54,18 @@ void Gemm<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
                   int64_t lda, const double* b, int64_t ldb, double beta, double* c,
                   int64_t ldc) {
   if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // An empty sum: BLAS may reject the call, so scale C here.
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == double(0) ? double(0) : beta * c[i * ldc + j];
+    }
+    return;
+  }
   const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
   const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
-  const int ilda = static_cast<int>(lda), ildb = static_cast<int>(ldb), ildc = static_cast<int>(ldc);
+  const int ilda = static_cast<int>(std::max<int64_t>(1, lda));
+  const int ildb = static_cast<int>(std::max<int64_t>(1, ldb));
+  const int ildc = static_cast<int>(std::max<int64_t>(1, ldc));
   const double alpha = 1.0;
   dgemm_(&tb, &ta, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
 }
@@ -75,12 +95,25 @@ void SetBlasThreads(int n) {
   if (fn) fn(n);
 }
 
-BlasSingleThreadGuard::BlasSingleThreadGuard() : previous_(BlasThreads()) {
-  if (previous_ > 1) SetBlasThreads(1);
+namespace {
+// The thread count is one setting for the whole process: guards on several
+// threads share it, the first saving it and the last restoring it.
+std::mutex g_guard_mu;
+int g_guard_depth = 0;
+int g_guard_saved = -1;
+}  // namespace
+
+BlasSingleThreadGuard::BlasSingleThreadGuard() {
+  std::lock_guard<std::mutex> lock(g_guard_mu);
+  if (g_guard_depth++ == 0) {
+    g_guard_saved = BlasThreads();
+    if (g_guard_saved > 1) SetBlasThreads(1);
+  }
 }
 
 BlasSingleThreadGuard::~BlasSingleThreadGuard() {
-  if (previous_ > 1) SetBlasThreads(previous_);
+  std::lock_guard<std::mutex> lock(g_guard_mu);
+  if (--g_guard_depth == 0 && g_guard_saved > 1) SetBlasThreads(g_guard_saved);
 }
 
 void EnsureFastBlasKernels(int argc, char** argv) {

@@ -26,16 +26,14 @@ int BlasThreads();
 void SetBlasThreads(int n);
 
 // Runs BLAS single-threaded for a scope (the engine parallelises around its
-// own calls), restoring the previous count after.
+// own calls), restoring the previous count when the last guard alive in the
+// process ends. Safe to hold on several threads at once.
 class BlasSingleThreadGuard {
  public:
   BlasSingleThreadGuard();
   ~BlasSingleThreadGuard();
   BlasSingleThreadGuard(const BlasSingleThreadGuard&) = delete;
   BlasSingleThreadGuard& operator=(const BlasSingleThreadGuard&) = delete;
-
- private:
-  int previous_;
 };
 
 // OpenBLAS 0.3.21 does not recognise recent Xeons and falls back to its

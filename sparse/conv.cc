@@ -94,8 +94,10 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
 
 class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
  public:
+  // order: int32 output rows in key order (deterministic mode, unsorted
+  // output set), or empty for row order.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& features,
-                            const KernelMap* map) {
+                            const KernelMap* map, const at::Tensor& order) {
     at::Tensor f = features.contiguous();
     at::Tensor out = at::empty({map->num_out, f.size(1)}, f.options());
     at::Tensor argmax = at::empty({map->num_out, f.size(1)}, f.options().dtype(at::kInt));
@@ -105,21 +107,25 @@ class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
                                     out.data_ptr<scalar_t>(), argmax.data_ptr<int32_t>(),
                                     map->num_out);
     });
-    ctx->save_for_backward({argmax});
+    ctx->save_for_backward({argmax, order});
     ctx->saved_data["num_in"] = f.size(0);
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const at::Tensor argmax = ctx->get_saved_variables()[0];
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& argmax = saved[0];
+    const at::Tensor& order = saved[1];
     at::Tensor grad = grad_outputs[0].contiguous();
     at::Tensor grad_in = at::zeros({ctx->saved_data["num_in"].toInt(), grad.size(1)},
                                    grad.options());
     AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "sparse_max_pool_backward", [&] {
       cpu::MaxPoolBackward<scalar_t>(grad.data_ptr<scalar_t>(), argmax.data_ptr<int32_t>(),
-                                     grad.size(0), grad.size(1), grad_in.data_ptr<scalar_t>());
+                                     grad.size(0), grad.size(1),
+                                     order.numel() > 0 ? order.data_ptr<int32_t>() : nullptr,
+                                     grad_in.data_ptr<scalar_t>());
     });
-    return {grad_in, at::Tensor()};
+    return {grad_in, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -258,7 +264,12 @@ SparseTensor Pool(const SparseTensor& x, PoolMode mode, const ConvOptions& optio
   auto map = manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation);
   at::Tensor out;
   if (mode == PoolMode::kMax) {
-    out = MaxPoolFunction::apply(x.F(), map.get());
+    at::Tensor order = at::empty({0}, at::kInt);
+    const CoordinateSet& out_coords = manager->Set(out_set);
+    if (IsDeterministic() && !out_coords.sorted) {
+      order = at::tensor(at::ArrayRef<int32_t>(out_coords.sorted_rows), at::kInt);
+    }
+    out = MaxPoolFunction::apply(x.F(), map.get(), order);
   } else {
     at::Tensor inv = at::ones({map->num_out}, x.F().options().requires_grad(false));
     if (mode == PoolMode::kAverage) {

@@ -66,7 +66,11 @@ CoordinateSetId CoordinateManager::AddCoordinates(const at::Tensor& coordinates,
     }
     c = c.to(at::kInt);
   }
-  return AddValidated(c.contiguous(), stride, /*check=*/true);
+  // The set keeps its own copy: later writes to the caller's tensor (or
+  // freeing a from_blob buffer) must not change it.
+  c = c.contiguous();
+  if (c.data_ptr() == coordinates.data_ptr()) c = c.clone();
+  return AddValidated(c, stride, /*check=*/true);
 }
 
 CoordinateSetId CoordinateManager::AddValidated(at::Tensor coords, int32_t stride, bool check) {

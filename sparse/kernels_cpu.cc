@@ -190,11 +190,12 @@ void MaxPoolForward(const T* in, int64_t c, const PairLists& pairs, T* out, int3
 
 template <typename T>
 void MaxPoolBackward(const T* grad_out, const int32_t* argmax, int64_t num_out, int64_t c,
-                     T* grad_in) {
+                     const int32_t* order, T* grad_in) {
   // One input can be the maximum of several windows: split by channel so no
-  // two threads add to the same element, and add in output-row order.
+  // two threads add to the same element, and add in the given row order.
   at::parallel_for(0, c, 1, [&](int64_t jb, int64_t je) {
-    for (int64_t i = 0; i < num_out; ++i) {
+    for (int64_t r = 0; r < num_out; ++r) {
+      const int64_t i = order != nullptr ? order[r] : r;
       for (int64_t j = jb; j < je; ++j) {
         const int32_t r = argmax[i * c + j];
         if (r >= 0) grad_in[static_cast<int64_t>(r) * c + j] += grad_out[i * c + j];
@@ -249,7 +250,8 @@ void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs,
   template void ConvBackward<T>(const T*, int64_t, int64_t, const T*, int64_t,                  \
                                 const PairLists&, const T*, int64_t, T*, T*);                   \
   template void MaxPoolForward<T>(const T*, int64_t, const PairLists&, T*, int32_t*, int64_t);  \
-  template void MaxPoolBackward<T>(const T*, const int32_t*, int64_t, int64_t, T*);             \
+  template void MaxPoolBackward<T>(const T*, const int32_t*, int64_t, int64_t, const int32_t*, \
+                                   T*);             \
   template void WindowSumForward<T>(const T*, int64_t, const PairLists&, const T*, T*,          \
                                     int64_t);                                                   \
   template void WindowSumBackward<T>(const T*, int64_t, const PairLists&, const T*, T*, int64_t);

@@ -41,9 +41,12 @@ void ConvBackward(const T* in, int64_t num_in, int64_t cin, const T* weight, int
 template <typename T>
 void MaxPoolForward(const T* in, int64_t c, const PairLists& pairs, T* out, int32_t* argmax,
                     int64_t num_out);
+// Adds grad_out into grad_in at the argmax rows, visiting output rows in
+// `order` (num_out rows; null: row order), so a shared maximum sums its
+// windows' gradients in one fixed order.
 template <typename T>
 void MaxPoolBackward(const T* grad_out, const int32_t* argmax, int64_t num_out, int64_t c,
-                     T* grad_in);
+                     const int32_t* order, T* grad_in);
 
 // Sum over the window divided by divisor[dst] (1 for sum pooling, the
 // window's count for average pooling; 0 counts give 0).

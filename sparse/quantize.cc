@@ -110,19 +110,29 @@ Quantized Quantize(const at::Tensor& points, double voxel_size, const at::Tensor
                   " is negative and not the ignore label ", ignore_label);
       num_classes = std::max(num_classes, ld[i] + 1);
     }
-    TORCH_CHECK(num_classes <= 65536, "Quantize: label values up to ", num_classes - 1,
-                " are too large (at most 65535)");
-    // votes[row * num_classes + label]; the first maximum is the smallest label.
-    std::vector<int32_t> votes(static_cast<size_t>(v * std::max<int64_t>(num_classes, 1)), 0);
+    TORCH_CHECK(num_classes <= 65536, "Quantize: label ", num_classes - 1,
+                " is too large (labels must be at most 65535)");
+    // Sort (voxel, label) pairs and take each voxel's longest run; runs are
+    // in label order, so ties go to the smaller label.
+    std::vector<uint64_t> votes;
+    votes.reserve(n);
     for (int64_t i = 0; i < n; ++i) {
-      if (ld[i] != ignore_label) ++votes[inv[i] * num_classes + ld[i]];
+      if (ld[i] != ignore_label) votes.push_back(static_cast<uint64_t>(inv[i]) << 16 | ld[i]);
     }
+    std::sort(votes.begin(), votes.end());
     out.labels = at::full({v}, ignore_label, at::kLong);
     int64_t* ol = out.labels.data_ptr<int64_t>();
-    for (int64_t r = 0; r < v && num_classes > 0; ++r) {
-      const int32_t* row = votes.data() + r * num_classes;
-      const int32_t* best = std::max_element(row, row + num_classes);
-      if (*best > 0) ol[r] = best - row;
+    std::vector<int64_t> best(v, 0);
+    for (size_t i = 0; i < votes.size();) {
+      size_t j = i;
+      while (j < votes.size() && votes[j] == votes[i]) ++j;
+      const int64_t row = static_cast<int64_t>(votes[i] >> 16);
+      const int64_t run = static_cast<int64_t>(j - i);
+      if (run > best[row]) {
+        best[row] = run;
+        ol[row] = static_cast<int64_t>(votes[i] & 0xFFFF);
+      }
+      i = j;
     }
   }
   return out;

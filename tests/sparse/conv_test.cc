@@ -166,12 +166,17 @@ TEST(Pool, MatchesDenseMaxAndAveragePooling) {
         want = Extract(at::max_pool3d(dense, {c.kernel}, {c.stride}, {0}, {c.dilation}), y.C(),
                        in.origin, c.stride);
       } else {
-        // Sums over the window by a ones kernel per channel; the average
-        // divides by the number of existing sites.
+        // Window sums (empty sites are zeros); the average divides by the
+        // number of existing sites in the window.
         at::Tensor dense = at::constant_pad_nd(Densify(in.coordinates, fd, c.batch, in.origin, grid), pad);
+        // avg_pool3d has no dilation: dilated windows sum through a ones
+        // kernel per channel instead.
         at::Tensor ones = at::ones({c.cin, 1, c.kernel, c.kernel, c.kernel}, at::kDouble);
-        at::Tensor sums = at::conv3d(dense, ones, {}, at::IntArrayRef{c.stride},
-                                       at::IntArrayRef{0}, at::IntArrayRef{c.dilation}, c.cin);
+        at::Tensor sums =
+            c.dilation == 1
+                ? at::avg_pool3d(dense, {c.kernel}, {c.stride}, {0}, false, true, /*divisor=*/1)
+                : at::conv3d(dense, ones, {}, at::IntArrayRef{c.stride}, at::IntArrayRef{0},
+                             at::IntArrayRef{c.dilation}, c.cin);
         want = Extract(sums, y.C(), in.origin, c.stride);
         if (mode == PoolMode::kAverage) {
           at::Tensor mask = at::constant_pad_nd(

@@ -151,3 +151,52 @@ TEST(Deterministic, RepeatedRunsAreIdentical) {
 
 }  // namespace
 }  // namespace trainsup::sparse
+
+namespace trainsup::sparse {
+namespace {
+
+TEST(Deterministic, MaxPoolGradientOfASharedMaximumIgnoresRowOrder) {
+  // Five voxels in a row, the peak at x = 2: the stride-1 windows at x = 1,
+  // 2 and 3 share it, and their gradients (1e8, 1, -1e8) in float32 sum to
+  // 0 in key order but to 1 in the order x = 3, 1, 2.
+  DeterministicGuard deterministic(true);
+  auto grad_at_peak = [](const std::vector<int32_t>& xs) {
+    std::vector<int32_t> c;
+    std::vector<float> f, g;
+    for (int32_t x : xs) {
+      c.insert(c.end(), {0, x, 0, 0});
+      f.push_back(x == 2 ? 10.0f : static_cast<float>(x));
+      g.push_back(x == 1 ? 1e8f : x == 2 ? 1.0f : x == 3 ? -1e8f : 0.0f);
+    }
+    const int64_t n = static_cast<int64_t>(xs.size());
+    at::Tensor feats = at::from_blob(f.data(), {n, 1}, at::kFloat).clone().requires_grad_(true);
+    SparseTensor x(feats, at::from_blob(c.data(), {n, 4}, at::kInt));
+    SparseTensor y = Pool(x, PoolMode::kMax, {3, 1, 1});
+    y.F().backward(at::from_blob(g.data(), {n, 1}, at::kFloat).clone());
+    for (int64_t i = 0; i < n; ++i) {
+      if (xs[i] == 2) return feats.grad()[i][0].item<float>();
+    }
+    return -1.0f;
+  };
+  EXPECT_EQ(grad_at_peak({0, 1, 2, 3, 4}), 0.0f);
+  EXPECT_EQ(grad_at_peak({3, 1, 2, 0, 4}), 0.0f);
+}
+
+TEST(Conv, ZeroInputChannelsGiveZeros) {
+  auto in = MakeRandomInput(1, 5, 0.4, 0, at::kFloat, 2);
+  SparseTensor x(in.features, in.coordinates);
+  for (int stride : {1, 2}) {
+    SparseTensor y = Conv(x, at::randn({27, 0, 8}), {}, {3, stride, 1});
+    EXPECT_TRUE(at::equal(y.F(), at::zeros({y.size(), 8}))) << "stride " << stride;
+  }
+}
+
+TEST(SparseTensor, KeepsItsOwnCopyOfTheCoordinates) {
+  at::Tensor c = at::tensor({0, 1, 2, 3, 0, 4, 5, 6}, at::kInt).view({2, 4});
+  SparseTensor x(at::zeros({2, 1}), c);
+  c.fill_(0);
+  EXPECT_TRUE(at::equal(x.C(), at::tensor({0, 1, 2, 3, 0, 4, 5, 6}, at::kInt).view({2, 4})));
+}
+
+}  // namespace
+}  // namespace trainsup::sparse
