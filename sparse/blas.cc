@@ -27,16 +27,24 @@ Fn Lookup(const char* name) {
 
 }  // namespace
 
+namespace {
+
+template <typename T>
+using FortranGemm = void (*)(const char*, const char*, const int*, const int*, const int*,
+                             const T*, const T*, const int*, const T*, const int*, const T*, T*,
+                             const int*);
+
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: call the
 // Fortran routine with the operands swapped.
-template <>
-void Gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+template <typename T>
+void RowMajorGemm(FortranGemm<T> gemm, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                  int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+                  int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     // An empty sum: BLAS may reject the call, so scale C here.
     for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == float(0) ? float(0) : beta * c[i * ldc + j];
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
     }
     return;
   }
@@ -45,29 +53,23 @@ void Gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, co
   const int ilda = static_cast<int>(std::max<int64_t>(1, lda));
   const int ildb = static_cast<int>(std::max<int64_t>(1, ldb));
   const int ildc = static_cast<int>(std::max<int64_t>(1, ldc));
-  const float alpha = 1.0f;
-  sgemm_(&tb, &ta, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
+  const T alpha = T(1);
+  gemm(&tb, &ta, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
+}
+
+}  // namespace
+
+template <>
+void Gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  RowMajorGemm<float>(sgemm_, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
 template <>
 void Gemm<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const double* a,
                   int64_t lda, const double* b, int64_t ldb, double beta, double* c,
                   int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    // An empty sum: BLAS may reject the call, so scale C here.
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == double(0) ? double(0) : beta * c[i * ldc + j];
-    }
-    return;
-  }
-  const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
-  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
-  const int ilda = static_cast<int>(std::max<int64_t>(1, lda));
-  const int ildb = static_cast<int>(std::max<int64_t>(1, ldb));
-  const int ildc = static_cast<int>(std::max<int64_t>(1, ldc));
-  const double alpha = 1.0;
-  dgemm_(&tb, &ta, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
+  RowMajorGemm<double>(dgemm_, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
 std::string BlasCoreName() {

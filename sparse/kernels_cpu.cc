@@ -47,6 +47,20 @@ void ScatterAddRows(const T* src, int64_t cols, const int32_t* rows, int64_t n, 
 
 int64_t Count(const PairLists& p, int64_t k) { return p.begin[k + 1] - p.begin[k]; }
 
+// Calls fn(src_row, dst_row) for every pair: offsets one after another,
+// the pairs of one offset in parallel (their dst rows, and src rows, are
+// unique, so fn may write to either row without a race).
+template <typename Fn>
+void ForEachPair(const PairLists& pairs, const Fn& fn) {
+  for (int64_t k = 0; k < pairs.volume; ++k) {
+    const int32_t* src = pairs.src + pairs.begin[k];
+    const int32_t* dst = pairs.dst + pairs.begin[k];
+    at::parallel_for(0, Count(pairs, k), kChunkRows, [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) fn(static_cast<int64_t>(src[p]), static_cast<int64_t>(dst[p]));
+    });
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -163,24 +177,17 @@ void MaxPoolForward(const T* in, int64_t c, const PairLists& pairs, T* out, int3
                     int64_t num_out) {
   std::fill(out, out + num_out * c, -std::numeric_limits<T>::infinity());
   std::fill(argmax, argmax + num_out * c, -1);
-  for (int64_t k = 0; k < pairs.volume; ++k) {
-    const int64_t n = Count(pairs, k);
-    const int32_t* src = pairs.src + pairs.begin[k];
-    const int32_t* dst = pairs.dst + pairs.begin[k];
-    at::parallel_for(0, n, kChunkRows, [&](int64_t b, int64_t e) {
-      for (int64_t p = b; p < e; ++p) {
-        const T* s = in + static_cast<int64_t>(src[p]) * c;
-        T* o = out + static_cast<int64_t>(dst[p]) * c;
-        int32_t* am = argmax + static_cast<int64_t>(dst[p]) * c;
-        for (int64_t j = 0; j < c; ++j) {
-          if (s[j] > o[j] || am[j] < 0) {
-            o[j] = s[j];
-            am[j] = src[p];
-          }
-        }
+  ForEachPair(pairs, [&](int64_t src, int64_t dst) {
+    const T* s = in + src * c;
+    T* o = out + dst * c;
+    int32_t* am = argmax + dst * c;
+    for (int64_t j = 0; j < c; ++j) {
+      if (s[j] > o[j] || am[j] < 0) {
+        o[j] = s[j];
+        am[j] = static_cast<int32_t>(src);
       }
-    });
-  }
+    }
+  });
   at::parallel_for(0, num_out * c, kChunkRows * 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       if (argmax[i] < 0) out[i] = T(0);
@@ -197,8 +204,8 @@ void MaxPoolBackward(const T* grad_out, const int32_t* argmax, int64_t num_out, 
     for (int64_t r = 0; r < num_out; ++r) {
       const int64_t i = order != nullptr ? order[r] : r;
       for (int64_t j = jb; j < je; ++j) {
-        const int32_t r = argmax[i * c + j];
-        if (r >= 0) grad_in[static_cast<int64_t>(r) * c + j] += grad_out[i * c + j];
+        const int32_t row = argmax[i * c + j];
+        if (row >= 0) grad_in[static_cast<int64_t>(row) * c + j] += grad_out[i * c + j];
       }
     }
   });
@@ -208,16 +215,7 @@ template <typename T>
 void WindowSumForward(const T* in, int64_t c, const PairLists& pairs, const T* inv_divisor,
                       T* out, int64_t num_out) {
   std::fill(out, out + num_out * c, T(0));
-  for (int64_t k = 0; k < pairs.volume; ++k) {
-    const int64_t n = Count(pairs, k);
-    const int32_t* src = pairs.src + pairs.begin[k];
-    const int32_t* dst = pairs.dst + pairs.begin[k];
-    at::parallel_for(0, n, kChunkRows, [&](int64_t b, int64_t e) {
-      for (int64_t p = b; p < e; ++p) {
-        AddRow(out + static_cast<int64_t>(dst[p]) * c, in + static_cast<int64_t>(src[p]) * c, c);
-      }
-    });
-  }
+  ForEachPair(pairs, [&](int64_t src, int64_t dst) { AddRow(out + dst * c, in + src * c, c); });
   at::parallel_for(0, num_out, kChunkRows, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       for (int64_t j = 0; j < c; ++j) out[i * c + j] *= inv_divisor[i];
@@ -229,19 +227,12 @@ template <typename T>
 void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs,
                        const T* inv_divisor, T* grad_in, int64_t num_in) {
   std::fill(grad_in, grad_in + num_in * c, T(0));
-  for (int64_t k = 0; k < pairs.volume; ++k) {
-    const int64_t n = Count(pairs, k);
-    const int32_t* src = pairs.src + pairs.begin[k];
-    const int32_t* dst = pairs.dst + pairs.begin[k];
-    at::parallel_for(0, n, kChunkRows, [&](int64_t b, int64_t e) {
-      for (int64_t p = b; p < e; ++p) {
-        const T* g = grad_out + static_cast<int64_t>(dst[p]) * c;
-        T* d = grad_in + static_cast<int64_t>(src[p]) * c;
-        const T s = inv_divisor[dst[p]];
-        for (int64_t j = 0; j < c; ++j) d[j] += g[j] * s;
-      }
-    });
-  }
+  ForEachPair(pairs, [&](int64_t src, int64_t dst) {
+    const T* g = grad_out + dst * c;
+    T* d = grad_in + src * c;
+    const T scale = inv_divisor[dst];
+    for (int64_t j = 0; j < c; ++j) d[j] += g[j] * scale;
+  });
 }
 
 #define TRAINSUP_INSTANTIATE(T)                                                                 \

@@ -283,14 +283,7 @@ TEST(Conv, DuplicateCoordinatesAreRejected) {
 TEST(Conv, BadInputGetsAClearError) {
   auto in = MakeRandomInput(1, 6, 0.3, 4, at::kFloat, 1);
   SparseTensor x(in.features, in.coordinates);
-  auto message = [](const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const c10::Error& e) {
-      return std::string(e.what_without_backtrace());
-    }
-    return std::string("no error");
-  };
+  const auto message = testing::ErrorMessage;
   EXPECT_NE(message([&] { Conv(x, at::randn({26, 4, 4}), {}, {3, 1, 1}); }).find("27"),
             std::string::npos);
   EXPECT_NE(message([&] { Conv(x, at::randn({27, 5, 4}), {}, {3, 1, 1}); }).find("C_in"),

@@ -5,6 +5,7 @@
 
 #include "sparse/quantize.h"
 #include "sparse/scene.h"
+#include "tests/sparse/test_util.h"
 
 namespace trainsup::sparse {
 namespace {
@@ -36,14 +37,7 @@ TEST(Quantize, MajorityVoteIgnoresTheIgnoreLabelAndBreaksTiesLow) {
 }
 
 TEST(Quantize, RejectsBadInputNamingTheProblem) {
-  auto message = [](const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const c10::Error& e) {
-      return std::string(e.what_without_backtrace());
-    }
-    return std::string("no error");
-  };
+  const auto message = testing::ErrorMessage;
   at::Tensor p = at::zeros({3, 3});
   p[1][2] = std::nan("");
   EXPECT_NE(message([&] { Quantize(p, 0.1); }).find("point 1 is not finite"), std::string::npos);

@@ -10,6 +10,7 @@
 #include <functional>
 #include <random>
 #include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -128,6 +129,16 @@ inline double GradCheck(const std::function<at::Tensor(const std::vector<at::Ten
     }
   }
   return worst;
+}
+
+// The message of the c10::Error that fn throws, or "no error".
+inline std::string ErrorMessage(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "no error";
 }
 
 }  // namespace trainsup::sparse::testing
