@@ -17,7 +17,7 @@ packages=(
   # engine and worker: LibTorch (CPU) with Gloo for c10d, optimised BLAS
   libtorch-dev libgloo-dev libopenblas0-pthread libopenblas-dev
   # API and daemon
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libboost1.81-dev libboost-filesystem1.81-dev
   libsqlite3-dev libsystemd-dev prometheus-cpp-dev
   # shared libraries

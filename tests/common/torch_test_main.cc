@@ -1,5 +1,6 @@
-// Test main for the engine: the fast BLAS kernels where the CPU has them, and
-// an explicit thread count (Debian's LibTorch starts with one).
+// Test main for every suite that runs LibTorch: the fast BLAS kernels where
+// the CPU has them, and an explicit thread count (Debian's LibTorch starts
+// with one; TRAINSUP_THREADS overrides the default of 2).
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 

@@ -1,0 +1,372 @@
+#include "checkpoint/state.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace trainsup::ckpt {
+namespace {
+
+std::string ToHex(const std::string& bytes) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char b : bytes) {
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 15]);
+  }
+  return out;
+}
+
+bool FromHex(const std::string& hex, std::string* out) {
+  if (hex.size() % 2 != 0) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  out->clear();
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out->push_back(static_cast<char>(hi << 4 | lo));
+  }
+  return true;
+}
+
+std::string StateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+enum class OptimizerKind { kSgd, kAdamW };
+
+absl::StatusOr<OptimizerKind> KindOf(const torch::optim::Optimizer& o) {
+  if (dynamic_cast<const torch::optim::SGD*>(&o) != nullptr) return OptimizerKind::kSgd;
+  if (dynamic_cast<const torch::optim::AdamW*>(&o) != nullptr) return OptimizerKind::kAdamW;
+  return absl::InvalidArgumentError("checkpoints support torch::optim::SGD and AdamW only");
+}
+
+const char* KindName(OptimizerKind k) { return k == OptimizerKind::kSgd ? "sgd" : "adamw"; }
+
+NamedTensors ModelTensors(const torch::nn::Module& model) {
+  NamedTensors out;
+  for (const auto& p : model.named_parameters(true)) out.emplace_back(p.key(), p.value());
+  for (const auto& b : model.named_buffers(true)) out.emplace_back(b.key(), b.value());
+  return out;
+}
+
+at::Tensor HostCopy(const at::Tensor& t) {
+  return t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+}
+
+std::string TrainerJson(const TrainerState& t) {
+  nlohmann::json j;
+  j["step"] = t.step;
+  j["epoch"] = t.epoch;
+  j["cursor"] = t.cursor;
+  j["cpu_rng_state"] = ToHex(t.cpu_rng_state);
+  j["data_rng_state"] = ToHex(t.data_rng_state);
+  nlohmann::json extra = nlohmann::json::parse(t.extra_json, nullptr, false);
+  j["extra"] = extra.is_discarded() ? nlohmann::json::object() : extra;
+  return j.dump(2) + "\n";
+}
+
+absl::StatusOr<TrainerState> ParseTrainer(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return absl::DataLossError("trainer.json is not a JSON object");
+  TrainerState t;
+  for (const char* k : {"step", "epoch", "cursor"}) {
+    if (!j.contains(k) || !j[k].is_number_integer()) {
+      return absl::DataLossError(absl::StrCat("trainer.json: '", k, "' missing or not an integer"));
+    }
+  }
+  t.step = j["step"].get<int64_t>();
+  t.epoch = j["epoch"].get<int64_t>();
+  t.cursor = j["cursor"].get<int64_t>();
+  for (auto [key, dest] : {std::pair{"cpu_rng_state", &t.cpu_rng_state},
+                           std::pair{"data_rng_state", &t.data_rng_state}}) {
+    if (!j.contains(key) || !j[key].is_string() || !FromHex(j[key].get<std::string>(), dest)) {
+      return absl::DataLossError(absl::StrCat("trainer.json: '", key, "' missing or not hex"));
+    }
+  }
+  t.extra_json = j.contains("extra") ? j["extra"].dump() : "{}";
+  return t;
+}
+
+}  // namespace
+
+uint64_t StateSnapshot::bytes() const {
+  uint64_t n = 0;
+  for (const auto* list : {&model, &optimizer}) {
+    for (const auto& [name, t] : *list) n += static_cast<uint64_t>(t.numel()) * t.element_size();
+  }
+  return n;
+}
+
+absl::StatusOr<StateSnapshot> Snapshot(const torch::nn::Module& model,
+                                       const torch::optim::Optimizer& optimizer,
+                                       TrainerState trainer) {
+  auto kind = KindOf(optimizer);
+  if (!kind.ok()) return kind.status();
+  StateSnapshot s;
+  s.step = trainer.step;
+  for (const auto& [name, t] : ModelTensors(model)) s.model.emplace_back(name, HostCopy(t));
+  s.optimizer_metadata["optimizer"] = KindName(*kind);
+  nlohmann::json groups = nlohmann::json::array();
+  int64_t index = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    groups.push_back({{"lr", group.options().get_lr()}, {"params", group.params().size()}});
+    for (const auto& p : group.params()) {
+      const std::string prefix = absl::StrCat("param.", index++, ".");
+      auto it = optimizer.state().find(StateKey(p));
+      if (it == optimizer.state().end()) continue;
+      if (*kind == OptimizerKind::kSgd) {
+        const auto& st = static_cast<const torch::optim::SGDParamState&>(*it->second);
+        if (st.momentum_buffer().defined()) {
+          s.optimizer.emplace_back(prefix + "momentum_buffer", HostCopy(st.momentum_buffer()));
+        }
+      } else {
+        const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+        s.optimizer.emplace_back(prefix + "step", at::tensor(std::vector<int64_t>{st.step()}, at::kLong));
+        s.optimizer.emplace_back(prefix + "exp_avg", HostCopy(st.exp_avg()));
+        s.optimizer.emplace_back(prefix + "exp_avg_sq", HostCopy(st.exp_avg_sq()));
+        if (st.max_exp_avg_sq().defined()) {
+          s.optimizer.emplace_back(prefix + "max_exp_avg_sq", HostCopy(st.max_exp_avg_sq()));
+        }
+      }
+    }
+  }
+  s.optimizer_metadata["param_groups"] = groups.dump();
+  at::Tensor rng;
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    rng = gen.get_state();
+  }
+  trainer.cpu_rng_state.assign(static_cast<const char*>(rng.data_ptr()), rng.numel());
+  s.trainer = std::move(trainer);
+  return s;
+}
+
+absl::Status WriteSnapshot(CheckpointStore& store, const StateSnapshot& snapshot) {
+  auto pending = store.Begin(snapshot.step);
+  if (!pending.ok()) return pending.status();
+  absl::Status s = (*pending)->WriteFile(kModelFile, [&](const ByteSink& sink) {
+    return WriteSafetensors(snapshot.model, {{"format", "pt"}}, sink);
+  });
+  if (s.ok()) {
+    s = (*pending)->WriteFile(kOptimizerFile, [&](const ByteSink& sink) {
+      return WriteSafetensors(snapshot.optimizer, snapshot.optimizer_metadata, sink);
+    });
+  }
+  if (s.ok()) s = (*pending)->WriteFile(kTrainerFile, TrainerJson(snapshot.trainer));
+  if (!s.ok()) {
+    store.Abort(std::move(*pending));
+    return s;
+  }
+  return store.Commit(std::move(*pending));
+}
+
+absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
+                       torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                       TrainerState* trainer) {
+  auto kind = KindOf(optimizer);
+  if (!kind.ok()) return kind.status();
+  FileSystem* fs = store.fs();
+  auto weights = ReadSafetensors(fs, JoinPath(checkpoint.path, kModelFile));
+  if (!weights.ok()) return weights.status();
+  auto opt = ReadSafetensors(fs, JoinPath(checkpoint.path, kOptimizerFile));
+  if (!opt.ok()) return opt.status();
+  auto trainer_text = fs->ReadSmallFile(JoinPath(checkpoint.path, kTrainerFile));
+  if (!trainer_text.ok()) return trainer_text.status();
+  auto parsed_trainer = ParseTrainer(*trainer_text);
+  if (!parsed_trainer.ok()) return parsed_trainer.status();
+
+  // Check everything before changing anything.
+  const NamedTensors targets = ModelTensors(model);
+  std::set<std::string> expected;
+  for (const auto& [name, t] : targets) {
+    expected.insert(name);
+    auto it = weights->tensors.find(name);
+    if (it == weights->tensors.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint has no tensor '", name, "' that the model needs"));
+    }
+    if (it->second.sizes() != t.sizes() || it->second.scalar_type() != t.scalar_type()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor '", name, "': checkpoint has ", c10::toString(it->second.scalar_type()), " ",
+          c10::str(it->second.sizes()), ", the model ", c10::toString(t.scalar_type()), " ", c10::str(t.sizes())));
+    }
+  }
+  for (const auto& [name, t] : weights->tensors) {
+    if (!expected.count(name)) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint tensor '", name, "' is not in the model"));
+    }
+  }
+  auto kind_it = opt->metadata.find("optimizer");
+  if (kind_it == opt->metadata.end() || kind_it->second != KindName(*kind)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint optimizer is '", kind_it == opt->metadata.end() ? "unknown" : kind_it->second,
+        "', the trainer's is '", KindName(*kind), "'"));
+  }
+  nlohmann::json groups = nlohmann::json::parse(opt->metadata["param_groups"], nullptr, false);
+  if (groups.is_discarded() || !groups.is_array() || groups.size() != optimizer.param_groups().size()) {
+    return absl::FailedPreconditionError("checkpoint optimizer has a different number of parameter groups");
+  }
+  std::vector<at::Tensor> params;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& group = optimizer.param_groups()[g];
+    if (!groups[g].contains("params") || groups[g]["params"].get<size_t>() != group.params().size()) {
+      return absl::FailedPreconditionError(absl::StrCat("optimizer group ", g, " has another parameter count"));
+    }
+    for (const auto& p : group.params()) params.push_back(p);
+  }
+  std::set<std::string> used;
+  auto state_tensor = [&](int64_t i, const char* field, const at::Tensor& like,
+                          at::Tensor* out) -> absl::Status {
+    const std::string key = absl::StrCat("param.", i, ".", field);
+    auto it = opt->tensors.find(key);
+    if (it == opt->tensors.end()) {
+      *out = at::Tensor();
+      return absl::OkStatus();
+    }
+    used.insert(key);
+    if (like.defined() && (it->second.sizes() != like.sizes() || it->second.scalar_type() != like.scalar_type())) {
+      return absl::FailedPreconditionError(absl::StrCat("optimizer tensor '", key, "' has shape ",
+                                                        c10::str(it->second.sizes()), ", the parameter ",
+                                                        c10::str(like.sizes())));
+    }
+    *out = it->second;
+    return absl::OkStatus();
+  };
+  struct Loaded {
+    at::Tensor a, b, c;
+    int64_t step = -1;
+  };
+  std::vector<Loaded> loaded(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    absl::Status s;
+    if (*kind == OptimizerKind::kSgd) {
+      s = state_tensor(i, "momentum_buffer", params[i], &loaded[i].a);
+    } else {
+      at::Tensor step;
+      s = state_tensor(i, "step", at::Tensor(), &step);
+      if (s.ok() && step.defined()) {
+        if (step.numel() != 1 || step.scalar_type() != at::kLong) {
+          return absl::FailedPreconditionError(absl::StrCat("optimizer tensor 'param.", i, ".step' is not one int64"));
+        }
+        loaded[i].step = step.item<int64_t>();
+        s = state_tensor(i, "exp_avg", params[i], &loaded[i].a);
+        if (s.ok()) s = state_tensor(i, "exp_avg_sq", params[i], &loaded[i].b);
+        if (s.ok()) s = state_tensor(i, "max_exp_avg_sq", params[i], &loaded[i].c);
+        if (s.ok() && (!loaded[i].a.defined() || !loaded[i].b.defined())) {
+          return absl::FailedPreconditionError(absl::StrCat("optimizer state of parameter ", i, " is incomplete"));
+        }
+      }
+    }
+    if (!s.ok()) return s;
+  }
+  for (const auto& [name, t] : opt->tensors) {
+    if (!used.count(name)) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint optimizer tensor '", name, "' matches no parameter"));
+    }
+  }
+  at::Tensor rng = at::empty({static_cast<int64_t>(parsed_trainer->cpu_rng_state.size())}, at::kByte);
+  std::memcpy(rng.data_ptr(), parsed_trainer->cpu_rng_state.data(), parsed_trainer->cpu_rng_state.size());
+  if (rng.numel() != at::detail::getDefaultCPUGenerator().get_state().numel()) {
+    return absl::FailedPreconditionError("trainer.json: the CPU generator state has the wrong size");
+  }
+
+  // Apply.
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, t] : targets) const_cast<at::Tensor&>(t).copy_(weights->tensors.at(name));
+  }
+  optimizer.state().clear();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    if (*kind == OptimizerKind::kSgd) {
+      if (!loaded[i].a.defined()) continue;
+      auto st = std::make_unique<torch::optim::SGDParamState>();
+      st->momentum_buffer(loaded[i].a.to(p.device()));
+      optimizer.state()[StateKey(p)] = std::move(st);
+    } else {
+      if (loaded[i].step < 0) continue;
+      auto st = std::make_unique<torch::optim::AdamWParamState>();
+      st->step(loaded[i].step);
+      st->exp_avg(loaded[i].a.to(p.device()));
+      st->exp_avg_sq(loaded[i].b.to(p.device()));
+      if (loaded[i].c.defined()) st->max_exp_avg_sq(loaded[i].c.to(p.device()));
+      optimizer.state()[StateKey(p)] = std::move(st);
+    }
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].contains("lr") && groups[g]["lr"].is_number()) {
+      optimizer.param_groups()[g].options().set_lr(groups[g]["lr"].get<double>());
+    }
+  }
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng);
+  }
+  if (trainer != nullptr) *trainer = *parsed_trainer;
+  return absl::OkStatus();
+}
+
+AsyncCheckpointer::AsyncCheckpointer(CheckpointStore* store)
+    : store_(store), thread_([this] { Run(); }) {}
+
+AsyncCheckpointer::~AsyncCheckpointer() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+absl::Status AsyncCheckpointer::Save(StateSnapshot snapshot) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !busy_; });
+  absl::Status previous = last_status_;
+  last_status_ = absl::OkStatus();
+  next_ = std::make_unique<StateSnapshot>(std::move(snapshot));
+  busy_ = true;
+  cv_.notify_all();
+  return previous;
+}
+
+absl::Status AsyncCheckpointer::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !busy_; });
+  return last_status_;
+}
+
+double AsyncCheckpointer::last_write_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_write_seconds_;
+}
+
+void AsyncCheckpointer::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || next_ != nullptr; });
+    if (next_ == nullptr) return;
+    std::unique_ptr<StateSnapshot> job = std::move(next_);
+    lock.unlock();
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status s = WriteSnapshot(*store_, *job);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    job.reset();
+    lock.lock();
+    last_status_ = s;
+    last_write_seconds_ = seconds;
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace trainsup::ckpt

@@ -1,0 +1,105 @@
+// Training state in a checkpoint: the model's parameters and buffers
+// (model.safetensors), the optimizer's state (optimizer.safetensors: SGD
+// momentum buffers, AdamW moments and step counts, every group's learning
+// rate) and the trainer's (trainer.json: step, epoch, data cursor, RNG
+// states). Saving is split in two: Snapshot() copies to host memory on the
+// training thread; writing happens elsewhere (AsyncCheckpointer).
+// LibTorch part of checkpoint/.
+#ifndef TRAINSUP_CHECKPOINT_STATE_H_
+#define TRAINSUP_CHECKPOINT_STATE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/store.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace trainsup::ckpt {
+
+inline constexpr char kModelFile[] = "model.safetensors";
+inline constexpr char kOptimizerFile[] = "optimizer.safetensors";
+inline constexpr char kTrainerFile[] = "trainer.json";
+
+struct TrainerState {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t cursor = 0;            // position in the epoch's data order
+  std::string cpu_rng_state;     // LibTorch's default CPU generator (bytes)
+  std::string data_rng_state;    // the data pipeline's RNG, opaque bytes
+  std::string extra_json = "{}";  // anything else the trainer keeps (a JSON object)
+};
+
+// Everything a checkpoint holds, as host copies owned by the snapshot.
+struct StateSnapshot {
+  int64_t step = 0;
+  NamedTensors model;
+  NamedTensors optimizer;
+  std::map<std::string, std::string> optimizer_metadata;
+  TrainerState trainer;
+  uint64_t bytes() const;
+};
+
+// Copies the state; the training loop may go on changing the originals.
+// Supports torch::optim::SGD and torch::optim::AdamW; anything else gives
+// InvalidArgument. Fills trainer.cpu_rng_state from LibTorch's generator.
+absl::StatusOr<StateSnapshot> Snapshot(const torch::nn::Module& model,
+                                       const torch::optim::Optimizer& optimizer,
+                                       TrainerState trainer);
+
+// Writes and commits a snapshot as checkpoint `snapshot.step`.
+absl::Status WriteSnapshot(CheckpointStore& store, const StateSnapshot& snapshot);
+
+// Loads a committed (verified) checkpoint into `model`, `optimizer` and
+// `trainer`, and restores LibTorch's CPU generator. Everything is read and
+// checked against the model and optimizer first (every key present, no
+// extra key, shapes and dtypes equal): on error nothing has been changed,
+// and the message names the offending key.
+absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
+                       torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                       TrainerState* trainer);
+
+// Writes snapshots on a background thread, at most one in flight.
+class AsyncCheckpointer {
+ public:
+  explicit AsyncCheckpointer(CheckpointStore* store);
+  ~AsyncCheckpointer();  // waits for the save in flight
+  AsyncCheckpointer(const AsyncCheckpointer&) = delete;
+  AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
+
+  // Waits for the previous save, then hands `snapshot` to the writer.
+  // Returns the previous save's status (so a failure is seen at the next
+  // save at the latest), OK if there was none.
+  absl::Status Save(StateSnapshot snapshot);
+  // Waits for the save in flight and returns its status.
+  absl::Status Wait();
+  // Seconds the last completed save took on the writer thread.
+  double last_write_seconds() const;
+
+ private:
+  void Run();
+
+  CheckpointStore* store_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::unique_ptr<StateSnapshot> next_;
+  absl::Status last_status_;
+  double last_write_seconds_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace trainsup::ckpt
+
+#endif  // TRAINSUP_CHECKPOINT_STATE_H_

@@ -1,0 +1,263 @@
+#include "checkpoint/store.h"
+
+#include <algorithm>
+#include <ctime>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace trainsup::ckpt {
+namespace {
+
+constexpr char kTmpSuffix[] = ".tmp";
+constexpr char kQuarantineDir[] = "quarantine";
+constexpr char kQuarantineNote[] = "QUARANTINE.txt";
+
+absl::Status Annotate(const absl::Status& s, const std::string& what) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+}
+
+}  // namespace
+
+int64_t ParseStepDirName(std::string_view name) {
+  constexpr std::string_view kPrefix = "step-";
+  if (name.size() <= kPrefix.size() || name.substr(0, kPrefix.size()) != kPrefix) return -1;
+  int64_t v = 0;
+  for (char c : name.substr(kPrefix.size())) {
+    if (c < '0' || c > '9') return -1;
+    if (v > (INT64_MAX - 9) / 10) return -1;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+std::string StepDirName(int64_t step) { return absl::StrCat("step-", step); }
+
+absl::Status PendingCheckpoint::WriteFile(const std::string& name,
+                                          const std::function<absl::Status(const ByteSink&)>& producer) {
+  if (name.empty() || name.find('/') != std::string::npos || name == kManifestName) {
+    failed_ = true;
+    return absl::InvalidArgumentError(absl::StrCat("invalid checkpoint file name '", name, "'"));
+  }
+  for (const auto& f : files_) {
+    if (f.name == name) {
+      failed_ = true;
+      return absl::AlreadyExistsError(absl::StrCat("checkpoint file '", name, "' written twice"));
+    }
+  }
+  const std::string path = JoinPath(dir_, name);
+  auto file = fs_->NewWritableFile(path);
+  if (!file.ok()) {
+    failed_ = true;
+    return file.status();
+  }
+  Hasher hasher;
+  uint64_t size = 0;
+  absl::Status s = producer([&](std::string_view data) {
+    hasher.Update(data);
+    size += data.size();
+    return (*file)->Append(data);
+  });
+  if (s.ok()) s = (*file)->Sync();
+  absl::Status c = (*file)->Close();
+  if (s.ok()) s = c;
+  if (!s.ok()) {
+    failed_ = true;
+    return Annotate(s, absl::StrCat("writing ", path));
+  }
+  files_.push_back(ManifestEntry{name, size, hasher.HexDigest()});
+  return absl::OkStatus();
+}
+
+absl::Status PendingCheckpoint::WriteFile(const std::string& name, std::string_view data) {
+  return WriteFile(name, [&](const ByteSink& sink) { return sink(data); });
+}
+
+CheckpointStore::CheckpointStore(std::string root, FileSystem* fs, StoreOptions options)
+    : root_(std::move(root)), fs_(fs), options_(options) {
+  if (options_.keep_last < 1) options_.keep_last = 1;
+}
+
+absl::StatusOr<std::unique_ptr<PendingCheckpoint>> CheckpointStore::Begin(int64_t step) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("negative checkpoint step ", step));
+  absl::Status s = fs_->CreateDirs(root_);
+  if (!s.ok()) return s;
+  s = CleanLeftovers();
+  if (!s.ok()) return s;
+  const std::string dir = JoinPath(root_, StepDirName(step) + kTmpSuffix);
+  s = fs_->CreateDir(dir);
+  if (!s.ok()) return s;
+  return std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint(fs_, step, dir));
+}
+
+absl::Status CheckpointStore::Commit(std::unique_ptr<PendingCheckpoint> pending) {
+  if (pending == nullptr) return absl::InvalidArgumentError("no pending checkpoint");
+  auto abort = [&](absl::Status s) {
+    // Best effort: whatever stays behind is removed by the next Begin.
+    fs_->DeleteTree(pending->dir()).IgnoreError();
+    return s;
+  };
+  if (pending->failed_) {
+    return abort(absl::FailedPreconditionError(
+        absl::StrCat("checkpoint step ", pending->step(), " had a failed write; not committed")));
+  }
+  Manifest m;
+  m.step = pending->step();
+  m.created = NowRfc3339();
+  m.files = pending->files_;
+  absl::Status s = fs_->WriteSmallFile(JoinPath(pending->dir(), kManifestName), m.ToJson());
+  if (s.ok()) s = fs_->SyncDir(pending->dir());
+  if (!s.ok()) return abort(Annotate(s, "writing the manifest"));
+  const std::string final_dir = JoinPath(root_, StepDirName(pending->step()));
+  if (fs_->Exists(final_dir)) {
+    // Same step saved again: the old copy goes to a .tmp name first, so a
+    // crash leaves either one complete checkpoint or the other.
+    const std::string old = final_dir + ".replaced" + kTmpSuffix;
+    fs_->DeleteTree(old).IgnoreError();
+    s = fs_->Rename(final_dir, old);
+    if (!s.ok()) return abort(s);
+  }
+  s = fs_->Rename(pending->dir(), final_dir);
+  if (!s.ok()) return abort(s);
+  s = fs_->SyncDir(root_);
+  if (!s.ok()) return Annotate(s, "syncing the checkpoint directory after the rename");
+  fs_->DeleteTree(final_dir + ".replaced" + kTmpSuffix).IgnoreError();
+  return ApplyRetention();
+}
+
+void CheckpointStore::Abort(std::unique_ptr<PendingCheckpoint> pending) {
+  if (pending != nullptr) fs_->DeleteTree(pending->dir()).IgnoreError();
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> CheckpointStore::List() {
+  std::vector<CheckpointInfo> out;
+  if (!fs_->IsDir(root_)) return out;
+  auto names = fs_->ListDir(root_);
+  if (!names.ok()) return names.status();
+  for (const auto& name : *names) {
+    const int64_t step = ParseStepDirName(name);
+    const std::string path = JoinPath(root_, name);
+    if (step >= 0 && fs_->IsDir(path)) out.push_back(CheckpointInfo{step, path});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
+  return out;
+}
+
+absl::StatusOr<Manifest> CheckpointStore::ReadManifest(const CheckpointInfo& checkpoint) {
+  auto text = fs_->ReadSmallFile(JoinPath(checkpoint.path, kManifestName));
+  if (!text.ok()) return absl::DataLossError(absl::StrCat("manifest unreadable: ", text.status().message()));
+  auto m = Manifest::FromJson(*text);
+  if (!m.ok()) return absl::DataLossError(m.status().message());
+  return m;
+}
+
+absl::Status CheckpointStore::Verify(const CheckpointInfo& checkpoint) {
+  auto m = ReadManifest(checkpoint);
+  if (!m.ok()) return m.status();
+  if (m->format_version != kFormatVersion) {
+    return absl::DataLossError(absl::StrCat("manifest format version ", m->format_version,
+                                            "; this build reads version ", kFormatVersion));
+  }
+  if (m->step != checkpoint.step) {
+    return absl::DataLossError(
+        absl::StrCat("manifest says step ", m->step, " in directory of step ", checkpoint.step));
+  }
+  std::set<std::string> listed = {kManifestName};
+  for (const auto& f : m->files) {
+    if (!listed.insert(f.name).second) {
+      return absl::DataLossError(absl::StrCat("manifest lists '", f.name, "' twice"));
+    }
+  }
+  auto names = fs_->ListDir(checkpoint.path);
+  if (!names.ok()) return absl::DataLossError(names.status().message());
+  for (const auto& n : *names) {
+    if (!listed.count(n)) return absl::DataLossError(absl::StrCat("extra file '", n, "' not in the manifest"));
+  }
+  for (const auto& f : m->files) {
+    const std::string path = JoinPath(checkpoint.path, f.name);
+    auto size = fs_->FileSize(path);
+    if (!size.ok()) return absl::DataLossError(absl::StrCat("missing file '", f.name, "'"));
+    if (*size != f.size) {
+      return absl::DataLossError(absl::StrCat("file '", f.name, "' has ", *size,
+                                              " bytes; the manifest says ", f.size));
+    }
+    Hasher h;
+    absl::Status s = fs_->ReadFile(path, [&](std::string_view piece) {
+      h.Update(piece);
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return absl::DataLossError(absl::StrCat("reading '", f.name, "': ", s.message()));
+    if (h.HexDigest() != f.xxh3_128) {
+      return absl::DataLossError(absl::StrCat("file '", f.name, "' does not match its hash (xxh3-128 ",
+                                              h.HexDigest(), ", manifest ", f.xxh3_128, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointInfo> CheckpointStore::ChooseLatest(std::vector<QuarantineReport>* quarantined) {
+  auto all = List();
+  if (!all.ok()) return all.status();
+  for (auto it = all->rbegin(); it != all->rend(); ++it) {
+    absl::Status s = Verify(*it);
+    if (s.ok()) return *it;
+    auto report = Quarantine(*it, std::string(s.message()));
+    if (!report.ok()) return report.status();
+    if (quarantined != nullptr) quarantined->push_back(*report);
+  }
+  return absl::NotFoundError(absl::StrCat("no checkpoint in ", root_, " verifies"));
+}
+
+absl::StatusOr<QuarantineReport> CheckpointStore::Quarantine(const CheckpointInfo& checkpoint,
+                                                             const std::string& reason) {
+  const std::string qdir = JoinPath(root_, kQuarantineDir);
+  absl::Status s = fs_->CreateDirs(qdir);
+  if (!s.ok()) return s;
+  std::string dest = JoinPath(qdir, absl::StrCat(StepDirName(checkpoint.step), ".", std::time(nullptr)));
+  for (int i = 1; fs_->Exists(dest); ++i) {
+    dest = JoinPath(qdir, absl::StrCat(StepDirName(checkpoint.step), ".", std::time(nullptr), ".", i));
+  }
+  s = fs_->Rename(checkpoint.path, dest);
+  if (!s.ok()) return s;
+  // The note is best effort: the move itself already keeps it from loading.
+  fs_->WriteSmallFile(JoinPath(dest, kQuarantineNote),
+                      absl::StrCat("step ", checkpoint.step, " quarantined at ", NowRfc3339(), ": ",
+                                   reason, "\n"))
+      .IgnoreError();
+  fs_->SyncDir(qdir).IgnoreError();
+  fs_->SyncDir(root_).IgnoreError();
+  return QuarantineReport{checkpoint.step, reason, dest};
+}
+
+absl::Status CheckpointStore::ApplyRetention() {
+  auto all = List();
+  if (!all.ok()) return all.status();
+  const int64_t n = static_cast<int64_t>(all->size());
+  bool deleted = false;
+  for (int64_t i = 0; i + options_.keep_last < n; ++i) {
+    const CheckpointInfo& c = (*all)[i];
+    if (options_.keep_every > 0 && c.step % options_.keep_every == 0) continue;
+    absl::Status s = fs_->DeleteTree(c.path);
+    if (!s.ok()) return Annotate(s, "retention");
+    deleted = true;
+  }
+  return deleted ? fs_->SyncDir(root_) : absl::OkStatus();
+}
+
+absl::Status CheckpointStore::CleanLeftovers() {
+  if (!fs_->IsDir(root_)) return absl::OkStatus();
+  auto names = fs_->ListDir(root_);
+  if (!names.ok()) return names.status();
+  for (const auto& name : *names) {
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, kTmpSuffix) == 0 &&
+        name.rfind("step-", 0) == 0) {
+      absl::Status s = fs_->DeleteTree(JoinPath(root_, name));
+      if (!s.ok()) return Annotate(s, "removing an interrupted checkpoint");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace trainsup::ckpt

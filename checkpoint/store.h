@@ -1,0 +1,125 @@
+// The on-disk checkpoint layout and its life cycle: atomic commit,
+// verification, choosing the newest good checkpoint, quarantine and
+// retention. Torch-free: the supervisor links it to list and choose
+// checkpoints; the worker writes through it.
+//
+//   <root>/step-N/             a committed checkpoint: its files and MANIFEST.json
+//   <root>/step-N.tmp/         being written (or left by a crash; cleaned up)
+//   <root>/quarantine/step-N.<unix time>/   a checkpoint that failed
+//                              verification, with QUARANTINE.txt saying why
+//
+// Commit: every file written and fsynced under step-N.tmp, MANIFEST.json
+// written and fsynced, the directory fsynced, renamed to step-N, the root
+// fsynced. A checkpoint is therefore either complete or invisible.
+#ifndef TRAINSUP_CHECKPOINT_STORE_H_
+#define TRAINSUP_CHECKPOINT_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/file_system.h"
+#include "checkpoint/manifest.h"
+
+namespace trainsup::ckpt {
+
+struct StoreOptions {
+  int keep_last = 3;       // newest committed checkpoints kept (>= 1)
+  int64_t keep_every = 0;  // also keep every step that is a multiple (0: none)
+};
+
+struct CheckpointInfo {
+  int64_t step = 0;
+  std::string path;
+};
+
+struct QuarantineReport {
+  int64_t step = 0;
+  std::string reason;
+  std::string moved_to;
+};
+
+// Receives the bytes of one file, in order.
+using ByteSink = std::function<absl::Status(std::string_view)>;
+
+// A checkpoint being written. Made by CheckpointStore::Begin; finished by
+// Commit or Abort. Not thread-safe.
+class PendingCheckpoint {
+ public:
+  int64_t step() const { return step_; }
+  const std::string& dir() const { return dir_; }
+
+  // Writes file `name` with the bytes `producer` passes to its sink; sizes
+  // and hashes them on the way, then fsyncs and closes the file.
+  absl::Status WriteFile(const std::string& name,
+                         const std::function<absl::Status(const ByteSink&)>& producer);
+  absl::Status WriteFile(const std::string& name, std::string_view data);
+
+ private:
+  friend class CheckpointStore;
+  PendingCheckpoint(FileSystem* fs, int64_t step, std::string dir)
+      : fs_(fs), step_(step), dir_(std::move(dir)) {}
+  FileSystem* fs_;
+  int64_t step_;
+  std::string dir_;
+  std::vector<ManifestEntry> files_;
+  bool failed_ = false;
+};
+
+class CheckpointStore {
+ public:
+  // `root` is the run's checkpoints directory (created on first Begin).
+  explicit CheckpointStore(std::string root, FileSystem* fs = FileSystem::Default(),
+                           StoreOptions options = {});
+
+  const std::string& root() const { return root_; }
+  FileSystem* fs() const { return fs_; }
+
+  // Starts checkpoint `step`: removes leftovers of interrupted saves and
+  // creates step-N.tmp.
+  absl::StatusOr<std::unique_ptr<PendingCheckpoint>> Begin(int64_t step);
+  // Makes the checkpoint durable and visible, then applies retention.
+  // FailedPrecondition if a file write had failed. On error nothing that
+  // was committed before is touched and the .tmp directory is removed when
+  // possible (else the next Begin removes it).
+  absl::Status Commit(std::unique_ptr<PendingCheckpoint> pending);
+  // Drops an unfinished checkpoint.
+  void Abort(std::unique_ptr<PendingCheckpoint> pending);
+
+  // Committed checkpoints, oldest first (unverified).
+  absl::StatusOr<std::vector<CheckpointInfo>> List();
+  // OK, or DataLoss naming what is wrong (missing, extra, truncated or
+  // changed file, bad manifest, other format version, wrong step).
+  absl::Status Verify(const CheckpointInfo& checkpoint);
+  // The newest checkpoint that verifies. Each newer one that does not is
+  // quarantined and reported in `quarantined`. NotFound if none is left.
+  absl::StatusOr<CheckpointInfo> ChooseLatest(std::vector<QuarantineReport>* quarantined);
+  // Moves a committed checkpoint aside with the reason; never deletes it.
+  absl::StatusOr<QuarantineReport> Quarantine(const CheckpointInfo& checkpoint,
+                                              const std::string& reason);
+  // Deletes committed checkpoints beyond the policy (StoreOptions).
+  absl::Status ApplyRetention();
+  // Removes step-N.tmp leftovers.
+  absl::Status CleanLeftovers();
+
+  // Reads MANIFEST.json of a committed checkpoint.
+  absl::StatusOr<Manifest> ReadManifest(const CheckpointInfo& checkpoint);
+
+ private:
+  std::string root_;
+  FileSystem* fs_;
+  StoreOptions options_;
+};
+
+// Parses "step-N" (N decimal, no sign); -1 otherwise.
+int64_t ParseStepDirName(std::string_view name);
+std::string StepDirName(int64_t step);
+
+}  // namespace trainsup::ckpt
+
+#endif  // TRAINSUP_CHECKPOINT_STORE_H_

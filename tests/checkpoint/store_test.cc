@@ -1,0 +1,272 @@
+// The torch-free checkpoint core: layout, atomic commit, verification,
+// quarantine, retention, and faults injected through the file system.
+#include "checkpoint/store.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <fstream>
+#include <string>
+
+#include "checkpoint/manifest.h"
+#include "tests/checkpoint/fault_injection_fs.h"
+
+namespace trainsup::ckpt {
+namespace {
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/trainsup_store_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    root_ = dir_ + "/checkpoints";
+  }
+  void TearDown() override { FileSystem::Default()->DeleteTree(dir_).IgnoreError(); }
+
+  // Saves checkpoint `step` with two files whose contents depend on it.
+  absl::Status Save(CheckpointStore& store, int64_t step) {
+    auto p = store.Begin(step);
+    if (!p.ok()) return p.status();
+    absl::Status s = (*p)->WriteFile("weights.bin", std::string(1000 + step, static_cast<char>('a' + step % 26)));
+    if (s.ok()) s = (*p)->WriteFile("trainer.json", "{\"step\": " + std::to_string(step) + "}");
+    if (!s.ok()) {
+      store.Abort(std::move(*p));
+      return s;
+    }
+    return store.Commit(std::move(*p));
+  }
+
+  std::string Path(int64_t step, const std::string& file = "") {
+    std::string p = root_ + "/step-" + std::to_string(step);
+    return file.empty() ? p : p + "/" + file;
+  }
+
+  static void Overwrite(const std::string& path, const std::string& data) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
+  }
+
+  int64_t Latest(CheckpointStore& store, std::vector<QuarantineReport>* q = nullptr) {
+    auto c = store.ChooseLatest(q);
+    return c.ok() ? c->step : -1;
+  }
+
+  std::string dir_, root_;
+};
+
+TEST_F(StoreTest, CommitWritesTheLayoutAndAManifestThatVerifies) {
+  CheckpointStore store(root_);
+  ASSERT_TRUE(Save(store, 7).ok());
+  EXPECT_TRUE(FileSystem::Default()->IsDir(Path(7)));
+  EXPECT_FALSE(FileSystem::Default()->Exists(Path(7) + ".tmp"));
+  auto m = store.ReadManifest({7, Path(7)});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->format_version, kFormatVersion);
+  EXPECT_EQ(m->step, 7);
+  ASSERT_EQ(m->files.size(), 2u);
+  EXPECT_EQ(m->files[0].name, "weights.bin");
+  EXPECT_EQ(m->files[0].size, 1007u);
+  EXPECT_EQ(m->files[0].xxh3_128.size(), 32u);
+  EXPECT_TRUE(store.Verify({7, Path(7)}).ok());
+  EXPECT_EQ(Latest(store), 7);
+}
+
+TEST_F(StoreTest, RetentionKeepsTheNewestAndEveryMth) {
+  CheckpointStore store(root_, FileSystem::Default(), {/*keep_last=*/3, /*keep_every=*/4});
+  for (int64_t step = 1; step <= 9; ++step) ASSERT_TRUE(Save(store, step).ok());
+  auto list = store.List();
+  ASSERT_TRUE(list.ok());
+  std::vector<int64_t> steps;
+  for (const auto& c : *list) steps.push_back(c.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{4, 7, 8, 9}));
+  CheckpointStore plain(root_ + "2");
+  for (int64_t step = 1; step <= 5; ++step) ASSERT_TRUE(Save(plain, step).ok());
+  EXPECT_EQ(plain.List()->size(), 3u);
+}
+
+struct Damage {
+  const char* name;
+  std::function<void(StoreTest*, const std::string& dir)> apply;
+  const char* reason;  // part of the quarantine reason
+};
+
+TEST_F(StoreTest, DamagedCheckpointsAreQuarantinedAndThePreviousOneChosen) {
+  const Damage damages[] = {
+      {"truncated file", [](StoreTest*, const std::string& d) { truncate((d + "/weights.bin").c_str(), 10); },
+       "has 10 bytes"},
+      {"flipped byte",
+       [](StoreTest*, const std::string& d) {
+         std::fstream f(d + "/weights.bin", std::ios::in | std::ios::out | std::ios::binary);
+         f.seekp(500);
+         f.put('#');
+       },
+       "does not match its hash"},
+      {"missing file", [](StoreTest*, const std::string& d) { unlink((d + "/trainer.json").c_str()); },
+       "missing file 'trainer.json'"},
+      {"extra file", [](StoreTest*, const std::string& d) { Overwrite(d + "/stray.bin", "x"); },
+       "extra file 'stray.bin'"},
+      {"other format version",
+       [](StoreTest*, const std::string& d) {
+         auto text = FileSystem::Default()->ReadSmallFile(d + "/MANIFEST.json");
+         std::string t = *text;
+         t.replace(t.find("\"format_version\": 1"), 19, "\"format_version\": 2");
+         Overwrite(d + "/MANIFEST.json", t);
+       },
+       "format version 2"},
+      {"manifest lies about a size",
+       [](StoreTest*, const std::string& d) {
+         auto text = FileSystem::Default()->ReadSmallFile(d + "/MANIFEST.json");
+         std::string t = *text;
+         t.replace(t.find("\"size\": 1012"), 12, "\"size\": 1013");
+         Overwrite(d + "/MANIFEST.json", t);
+       },
+       "the manifest says 1013"},
+      {"garbage manifest", [](StoreTest*, const std::string& d) { Overwrite(d + "/MANIFEST.json", "{oops"); },
+       "not a JSON object"},
+  };
+  for (const Damage& damage : damages) {
+    SCOPED_TRACE(damage.name);
+    FileSystem::Default()->DeleteTree(root_).IgnoreError();
+    CheckpointStore store(root_);
+    ASSERT_TRUE(Save(store, 11).ok());
+    ASSERT_TRUE(Save(store, 12).ok());
+    damage.apply(this, Path(12));
+    std::vector<QuarantineReport> q;
+    EXPECT_EQ(Latest(store, &q), 11);
+    ASSERT_EQ(q.size(), 1u);
+    EXPECT_EQ(q[0].step, 12);
+    EXPECT_NE(q[0].reason.find(damage.reason), std::string::npos) << q[0].reason;
+    // Moved aside with the reason, not deleted, and no longer listed.
+    EXPECT_TRUE(FileSystem::Default()->Exists(q[0].moved_to + "/QUARANTINE.txt"));
+    EXPECT_TRUE(FileSystem::Default()->Exists(q[0].moved_to + "/weights.bin") || std::string(damage.name) == "missing file");
+    EXPECT_FALSE(FileSystem::Default()->Exists(Path(12)));
+    EXPECT_EQ(store.List()->size(), 1u);
+  }
+}
+
+TEST_F(StoreTest, NoCheckpointThatVerifiesIsNotFound) {
+  CheckpointStore store(root_);
+  EXPECT_EQ(store.ChooseLatest(nullptr).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(Save(store, 1).ok());
+  unlink(Path(1, "weights.bin").c_str());
+  std::vector<QuarantineReport> q;
+  EXPECT_EQ(store.ChooseLatest(&q).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(q.size(), 1u);
+}
+
+TEST_F(StoreTest, CrashBetweenWritingAndRenamingLeavesThePreviousCheckpoint) {
+  testing::FaultInjectionFileSystem fs;
+  CheckpointStore store(root_, &fs);
+  ASSERT_TRUE(Save(store, 5).ok());
+  fs.crash_before_rename = true;
+  EXPECT_FALSE(Save(store, 6).ok());
+  EXPECT_TRUE(FileSystem::Default()->IsDir(Path(6) + ".tmp"));  // the leftover
+  fs.crash_before_rename = false;
+  // A restarted process: the leftover is invisible, then cleaned by the next save.
+  CheckpointStore restarted(root_, &fs);
+  EXPECT_EQ(Latest(restarted), 5);
+  ASSERT_TRUE(Save(restarted, 7).ok());
+  EXPECT_FALSE(FileSystem::Default()->Exists(Path(6) + ".tmp"));
+  EXPECT_EQ(Latest(restarted), 7);
+}
+
+TEST_F(StoreTest, DiskFullDuringASaveIsAStatusAndKeepsThePreviousCheckpoint) {
+  testing::FaultInjectionFileSystem fs;
+  CheckpointStore store(root_, &fs);
+  ASSERT_TRUE(Save(store, 1).ok());
+  fs.space_left = 500;
+  absl::Status s = Save(store, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(std::string(s.message()).find("No space left"), std::string::npos) << s;
+  EXPECT_FALSE(FileSystem::Default()->Exists(Path(2)));
+  EXPECT_FALSE(FileSystem::Default()->Exists(Path(2) + ".tmp"));
+  fs.space_left = -1;
+  EXPECT_EQ(Latest(store), 1);
+  EXPECT_TRUE(store.Verify({1, Path(1)}).ok());
+}
+
+TEST_F(StoreTest, ShortWriteIsAnErrorNotASilentTruncation) {
+  testing::FaultInjectionFileSystem fs;
+  CheckpointStore store(root_, &fs);
+  ASSERT_TRUE(Save(store, 1).ok());
+  fs.appends = 0;
+  fs.short_write_at = 1;
+  EXPECT_FALSE(Save(store, 2).ok());
+  fs.short_write_at = 0;
+  EXPECT_EQ(Latest(store), 1);
+}
+
+TEST_F(StoreTest, FailedFsyncKeepsThePreviousCheckpoint) {
+  for (int at : {1, 2, 3, 4}) {  // a file, the manifest, the directory
+    SCOPED_TRACE("fsync " + std::to_string(at));
+    FileSystem::Default()->DeleteTree(root_).IgnoreError();
+    testing::FaultInjectionFileSystem fs;
+    CheckpointStore store(root_, &fs);
+    ASSERT_TRUE(Save(store, 1).ok());
+    fs.syncs = 0;
+    fs.fail_sync_at = at;
+    absl::Status s = Save(store, 2);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(std::string(s.message()).find("fsync"), std::string::npos) << s;
+    fs.fail_sync_at = 0;
+    EXPECT_EQ(Latest(store), 1);
+    EXPECT_FALSE(FileSystem::Default()->Exists(Path(2)));
+  }
+}
+
+TEST_F(StoreTest, SavingTheSameStepAgainReplacesIt) {
+  CheckpointStore store(root_);
+  ASSERT_TRUE(Save(store, 3).ok());
+  ASSERT_TRUE(Save(store, 3).ok());
+  EXPECT_EQ(store.List()->size(), 1u);
+  EXPECT_TRUE(store.Verify({3, Path(3)}).ok());
+}
+
+TEST_F(StoreTest, BadFileNamesAreRejected) {
+  CheckpointStore store(root_);
+  auto p = store.Begin(1);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ((*p)->WriteFile("../escape", "x").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*p)->WriteFile("MANIFEST.json", "x").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Commit(std::move(*p)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(FileSystem::Default()->Exists(Path(1)));
+}
+
+TEST(StepDirName, ParsesOnlyStepDirectories) {
+  EXPECT_EQ(ParseStepDirName("step-0"), 0);
+  EXPECT_EQ(ParseStepDirName("step-12345"), 12345);
+  EXPECT_EQ(ParseStepDirName("step-12.tmp"), -1);
+  EXPECT_EQ(ParseStepDirName("step--1"), -1);
+  EXPECT_EQ(ParseStepDirName("quarantine"), -1);
+  EXPECT_EQ(StepDirName(42), "step-42");
+}
+
+TEST(Manifest, RoundTripsAndRejectsMalformedJson) {
+  Manifest m;
+  m.step = 9;
+  m.created = "2026-11-29T00:00:00Z";
+  m.files.push_back({"a.bin", 3, std::string(32, 'f')});
+  auto back = Manifest::FromJson(m.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->step, 9);
+  EXPECT_EQ(back->files[0].name, "a.bin");
+  EXPECT_FALSE(Manifest::FromJson("[]").ok());
+  EXPECT_FALSE(Manifest::FromJson(R"({"format": "trainsup-checkpoint", "format_version": 1})").ok());
+  std::string bad = m.ToJson();
+  bad.replace(bad.find("a.bin"), 5, "../..");
+  EXPECT_FALSE(Manifest::FromJson(bad).ok());
+}
+
+TEST(Hasher, IsXxh3OfTheBytesWhateverThePieces) {
+  Hasher one, two;
+  one.Update("hello world");
+  two.Update("hello ");
+  two.Update("world");
+  EXPECT_EQ(one.HexDigest(), two.HexDigest());
+  Hasher other;
+  other.Update("hello worle");
+  EXPECT_NE(one.HexDigest(), other.HexDigest());
+}
+
+}  // namespace
+}  // namespace trainsup::ckpt
