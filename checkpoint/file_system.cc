@@ -181,8 +181,12 @@ class PosixFileSystem final : public FileSystem {
     return DeleteFile(path);
   }
 
-  absl::Status SyncDir(const std::string& path) override {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  absl::Status SyncDir(const std::string& path) override { return SyncPath(path, O_DIRECTORY); }
+  absl::Status SyncFile(const std::string& path) override { return SyncPath(path, 0); }
+
+ private:
+  absl::Status SyncPath(const std::string& path, int flags) {
+    const int fd = ::open(path.c_str(), O_RDONLY | flags | O_CLOEXEC);
     if (fd < 0) return PosixError("open", path, errno);
     absl::Status status;
     if (::fsync(fd) != 0) status = PosixError("fsync", path, errno);

@@ -60,6 +60,8 @@ class FileSystem {
   virtual absl::Status DeleteTree(const std::string& path) = 0;
   // fsync of a directory, so renames and new entries in it are durable.
   virtual absl::Status SyncDir(const std::string& path) = 0;
+  // fsync of a closed file's data and metadata.
+  virtual absl::Status SyncFile(const std::string& path) = 0;
 
   // Reads a whole (small) file.
   absl::StatusOr<std::string> ReadSmallFile(const std::string& path);

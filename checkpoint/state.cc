@@ -57,8 +57,8 @@ NamedTensors ModelTensors(const torch::nn::Module& model) {
   return out;
 }
 
-at::Tensor HostCopy(const at::Tensor& t) {
-  return t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+at::Tensor HostCopy(const at::Tensor& t, bool copy) {
+  return t.detach().to(at::kCPU, /*non_blocking=*/false, copy).contiguous();
 }
 
 std::string TrainerJson(const TrainerState& t) {
@@ -107,12 +107,12 @@ uint64_t StateSnapshot::bytes() const {
 
 absl::StatusOr<StateSnapshot> Snapshot(const torch::nn::Module& model,
                                        const torch::optim::Optimizer& optimizer,
-                                       TrainerState trainer) {
+                                       TrainerState trainer, bool copy) {
   auto kind = KindOf(optimizer);
   if (!kind.ok()) return kind.status();
   StateSnapshot s;
   s.step = trainer.step;
-  for (const auto& [name, t] : ModelTensors(model)) s.model.emplace_back(name, HostCopy(t));
+  for (const auto& [name, t] : ModelTensors(model)) s.model.emplace_back(name, HostCopy(t, copy));
   s.optimizer_metadata["optimizer"] = KindName(*kind);
   nlohmann::json groups = nlohmann::json::array();
   int64_t index = 0;
@@ -125,15 +125,15 @@ absl::StatusOr<StateSnapshot> Snapshot(const torch::nn::Module& model,
       if (*kind == OptimizerKind::kSgd) {
         const auto& st = static_cast<const torch::optim::SGDParamState&>(*it->second);
         if (st.momentum_buffer().defined()) {
-          s.optimizer.emplace_back(prefix + "momentum_buffer", HostCopy(st.momentum_buffer()));
+          s.optimizer.emplace_back(prefix + "momentum_buffer", HostCopy(st.momentum_buffer(), copy));
         }
       } else {
         const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
         s.optimizer.emplace_back(prefix + "step", at::tensor(std::vector<int64_t>{st.step()}, at::kLong));
-        s.optimizer.emplace_back(prefix + "exp_avg", HostCopy(st.exp_avg()));
-        s.optimizer.emplace_back(prefix + "exp_avg_sq", HostCopy(st.exp_avg_sq()));
+        s.optimizer.emplace_back(prefix + "exp_avg", HostCopy(st.exp_avg(), copy));
+        s.optimizer.emplace_back(prefix + "exp_avg_sq", HostCopy(st.exp_avg_sq(), copy));
         if (st.max_exp_avg_sq().defined()) {
-          s.optimizer.emplace_back(prefix + "max_exp_avg_sq", HostCopy(st.max_exp_avg_sq()));
+          s.optimizer.emplace_back(prefix + "max_exp_avg_sq", HostCopy(st.max_exp_avg_sq(), copy));
         }
       }
     }
@@ -148,6 +148,13 @@ absl::StatusOr<StateSnapshot> Snapshot(const torch::nn::Module& model,
   trainer.cpu_rng_state.assign(static_cast<const char*>(rng.data_ptr()), rng.numel());
   s.trainer = std::move(trainer);
   return s;
+}
+
+absl::Status SaveState(CheckpointStore& store, const torch::nn::Module& model,
+                       const torch::optim::Optimizer& optimizer, TrainerState trainer) {
+  auto snapshot = Snapshot(model, optimizer, std::move(trainer), /*copy=*/false);
+  if (!snapshot.ok()) return snapshot.status();
+  return WriteSnapshot(store, *snapshot);
 }
 
 absl::Status WriteSnapshot(CheckpointStore& store, const StateSnapshot& snapshot) {

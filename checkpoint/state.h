@@ -50,12 +50,19 @@ struct StateSnapshot {
   uint64_t bytes() const;
 };
 
-// Copies the state; the training loop may go on changing the originals.
-// Supports torch::optim::SGD and torch::optim::AdamW; anything else gives
+// Copies the state to host memory; the training loop may go on changing
+// the originals. With copy = false, CPU tensors are shared instead (for a
+// synchronous save that finishes before training goes on). Supports
+// torch::optim::SGD and torch::optim::AdamW; anything else gives
 // InvalidArgument. Fills trainer.cpu_rng_state from LibTorch's generator.
 absl::StatusOr<StateSnapshot> Snapshot(const torch::nn::Module& model,
                                        const torch::optim::Optimizer& optimizer,
-                                       TrainerState trainer);
+                                       TrainerState trainer, bool copy = true);
+
+// Synchronous save: writes the live state (no copy) as checkpoint
+// trainer.step.
+absl::Status SaveState(CheckpointStore& store, const torch::nn::Module& model,
+                       const torch::optim::Optimizer& optimizer, TrainerState trainer);
 
 // Writes and commits a snapshot as checkpoint `snapshot.step`.
 absl::Status WriteSnapshot(CheckpointStore& store, const StateSnapshot& snapshot);

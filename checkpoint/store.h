@@ -8,7 +8,7 @@
 //   <root>/quarantine/step-N.<unix time>/   a checkpoint that failed
 //                              verification, with QUARANTINE.txt saying why
 //
-// Commit: every file written and fsynced under step-N.tmp, MANIFEST.json
+// Commit: every file written under step-N.tmp and fsynced, MANIFEST.json
 // written and fsynced, the directory fsynced, renamed to step-N, the root
 // fsynced. A checkpoint is therefore either complete or invisible.
 #ifndef TRAINSUP_CHECKPOINT_STORE_H_

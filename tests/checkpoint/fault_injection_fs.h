@@ -56,6 +56,12 @@ class FaultInjectionFileSystem final : public FileSystem {
     if (crash_before_rename) return absl::AbortedError("injected crash");
     return base_->DeleteTree(path);
   }
+  absl::Status SyncFile(const std::string& path) override {
+    if (fail_sync_at > 0 && ++syncs >= fail_sync_at) {
+      return absl::InternalError("injected fsync failure: Input/output error");
+    }
+    return base_->SyncFile(path);
+  }
   absl::Status SyncDir(const std::string& path) override {
     if (fail_sync_at > 0 && ++syncs >= fail_sync_at) return absl::InternalError("injected fsync failure");
     return base_->SyncDir(path);
