@@ -80,10 +80,17 @@ CheckpointStore::CheckpointStore(std::string root, FileSystem* fs, StoreOptions 
   if (options_.keep_last < 1) options_.keep_last = 1;
 }
 
+CheckpointStore::~CheckpointStore() { WaitForDeletions(); }
+
+void CheckpointStore::WaitForDeletions() {
+  if (deleter_.joinable()) deleter_.join();
+}
+
 absl::StatusOr<std::unique_ptr<PendingCheckpoint>> CheckpointStore::Begin(int64_t step) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("negative checkpoint step ", step));
   absl::Status s = fs_->CreateDirs(root_);
   if (!s.ok()) return s;
+  WaitForDeletions();
   s = CleanLeftovers();
   if (!s.ok()) return s;
   const std::string dir = JoinPath(root_, StepDirName(step) + kTmpSuffix);
@@ -241,12 +248,23 @@ absl::Status CheckpointStore::ApplyRetention() {
   auto all = List();
   if (!all.ok()) return all.status();
   const int64_t n = static_cast<int64_t>(all->size());
+  std::vector<std::string> doomed;
   for (int64_t i = 0; i + options_.keep_last < n; ++i) {
     const CheckpointInfo& c = (*all)[i];
     if (options_.keep_every > 0 && c.step % options_.keep_every == 0) continue;
-    absl::Status s = fs_->DeleteTree(c.path);
+    const std::string trash = c.path + ".deleting" + kTmpSuffix;
+    absl::Status s = fs_->Rename(c.path, trash);
     if (!s.ok()) return Annotate(s, "retention");
+    doomed.push_back(trash);
   }
+  if (doomed.empty()) return absl::OkStatus();
+  // Deleting large files costs about as much as writing them on ext4; the
+  // caller need not wait for it.
+  WaitForDeletions();
+  FileSystem* fs = fs_;
+  deleter_ = std::thread([fs, doomed = std::move(doomed)] {
+    for (const auto& path : doomed) fs->DeleteTree(path).IgnoreError();
+  });
   return absl::OkStatus();
 }
 

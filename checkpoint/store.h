@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -76,6 +77,10 @@ class CheckpointStore {
   // `root` is the run's checkpoints directory (created on first Begin).
   explicit CheckpointStore(std::string root, FileSystem* fs = FileSystem::Default(),
                            StoreOptions options = {});
+  // Waits for checkpoints being deleted in the background.
+  ~CheckpointStore();
+  CheckpointStore(const CheckpointStore&) = delete;
+  CheckpointStore& operator=(const CheckpointStore&) = delete;
 
   const std::string& root() const { return root_; }
   FileSystem* fs() const { return fs_; }
@@ -102,8 +107,13 @@ class CheckpointStore {
   // Moves a committed checkpoint aside with the reason; never deletes it.
   absl::StatusOr<QuarantineReport> Quarantine(const CheckpointInfo& checkpoint,
                                               const std::string& reason);
-  // Deletes committed checkpoints beyond the policy (StoreOptions).
+  // Removes committed checkpoints beyond the policy (StoreOptions): each is
+  // renamed to step-N.deleting.tmp at once (so it is no longer listed) and
+  // deleted on a background thread, off the save's critical path. A
+  // deletion cut short by a crash is finished by the next Begin.
   absl::Status ApplyRetention();
+  // Waits until background deletions are done.
+  void WaitForDeletions();
   // Removes step-N.tmp leftovers.
   absl::Status CleanLeftovers();
 
@@ -114,6 +124,7 @@ class CheckpointStore {
   std::string root_;
   FileSystem* fs_;
   StoreOptions options_;
+  std::thread deleter_;
 };
 
 // Parses "step-N" (N decimal, no sign); -1 otherwise.

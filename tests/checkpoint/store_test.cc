@@ -79,6 +79,11 @@ TEST_F(StoreTest, RetentionKeepsTheNewestAndEveryMth) {
   std::vector<int64_t> steps;
   for (const auto& c : *list) steps.push_back(c.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{4, 7, 8, 9}));
+  // The rest was renamed out of sight at once and deleted in the background.
+  store.WaitForDeletions();
+  auto names = FileSystem::Default()->ListDir(root_);
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(*names, (std::vector<std::string>{"step-4", "step-7", "step-8", "step-9"}));
   CheckpointStore plain(root_ + "2");
   for (int64_t step = 1; step <= 5; ++step) ASSERT_TRUE(Save(plain, step).ok());
   EXPECT_EQ(plain.List()->size(), 3u);
