@@ -1,0 +1,32 @@
+// Accounting of LibTorch's CPU memory: a wrapper around the CPU allocator
+// that counts every tensor allocation (current and peak bytes) and can
+// enforce a budget, raising the same out-of-memory error a GPU would
+// (c10::OutOfMemoryError) for an allocation past it.
+#ifndef TRAINSUP_SPARSE_MEMORY_H_
+#define TRAINSUP_SPARSE_MEMORY_H_
+
+#include <cstdint>
+
+namespace trainsup::sparse {
+
+struct MemoryStats {
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
+  int64_t budget_bytes = 0;  // 0: none
+  int64_t allocations = 0;
+  int64_t refused = 0;  // allocations that raised out-of-memory
+};
+
+// Installs the counting allocator as LibTorch's CPU allocator (once per
+// process; later calls do nothing). Memory allocated before is not counted.
+void InstallCountingAllocator();
+bool CountingAllocatorInstalled();
+MemoryStats GetMemoryStats();
+// Peak back to the current use.
+void ResetPeakMemory();
+// 0 removes the budget.
+void SetMemoryBudget(int64_t bytes);
+
+}  // namespace trainsup::sparse
+
+#endif  // TRAINSUP_SPARSE_MEMORY_H_

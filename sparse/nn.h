@@ -1,0 +1,115 @@
+// Modules over the engine's ops (torch::nn::Module subclasses), the
+// ResNet-style sparse blocks, and gradient checkpointing per block.
+#ifndef TRAINSUP_SPARSE_NN_H_
+#define TRAINSUP_SPARSE_NN_H_
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <optional>
+
+#include "sparse/ops.h"
+#include "sparse/sparse_tensor.h"
+
+namespace trainsup::sparse {
+
+// Weights [K^3, C_in, C_out], optional bias, initialised as MinkowskiEngine's
+// ResNets do: Kaiming normal, fan-out mode, for ReLU (std sqrt(2 / (K^3 C_out))).
+class ConvLayerImpl : public torch::nn::Module {
+ public:
+  ConvLayerImpl(int64_t in_channels, int64_t out_channels, ConvOptions options, bool bias = false,
+           bool transposed = false);
+  // Transposed convolutions go onto `target` (default: the set x was
+  // downsampled from).
+  SparseTensor forward(const SparseTensor& x, const SparseTensor* target = nullptr);
+  const ConvOptions& options() const { return options_; }
+
+  at::Tensor weight;
+  at::Tensor bias;  // undefined without bias
+
+ private:
+  ConvOptions options_;
+  bool transposed_;
+};
+TORCH_MODULE(ConvLayer);
+
+// BatchNorm over the features. momentum: nullopt for a cumulative moving
+// average (PyTorch's momentum=None); num_batches_tracked counts training
+// forwards.
+class BatchNormLayerImpl : public torch::nn::Module {
+ public:
+  explicit BatchNormLayerImpl(int64_t channels, double eps = 1e-5,
+                         std::optional<double> momentum = 0.1, bool track_running_stats = true);
+  SparseTensor forward(const SparseTensor& x);
+
+  at::Tensor weight, bias;
+  at::Tensor running_mean, running_var, num_batches_tracked;  // undefined without tracking
+
+ private:
+  double eps_;
+  std::optional<double> momentum_;
+};
+TORCH_MODULE(BatchNormLayer);
+
+// A block that can be a gradient-checkpoint boundary: with checkpointing on,
+// in training mode and with gradients enabled, its forward keeps only its
+// input; backward runs the block again (reusing the coordinate manager's
+// kernel maps) and backpropagates through that. BatchNorm running statistics
+// inside the block are updated once, by the first forward: they are
+// snapshotted before the recomputation and restored after it, also when it
+// throws. The CPU generator's state is replayed so recomputed dropout
+// matches.
+class CheckpointableBlock : public torch::nn::Module {
+ public:
+  SparseTensor forward(const SparseTensor& x);
+  void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
+  bool gradient_checkpointing() const { return checkpointing_; }
+  // The block's computation.
+  virtual SparseTensor ForwardImpl(const SparseTensor& x) = 0;
+
+ private:
+  bool checkpointing_ = false;
+};
+
+// conv3-BN-ReLU-conv3-BN, plus the input (through a 1x1 conv + BN when the
+// channels or the stride change), then ReLU. expansion 1.
+class BasicBlockImpl : public CheckpointableBlock {
+ public:
+  static constexpr int64_t kExpansion = 1;
+  BasicBlockImpl(int64_t in_channels, int64_t planes, int32_t stride = 1, int32_t dilation = 1,
+                 double bn_momentum = 0.1);
+  SparseTensor ForwardImpl(const SparseTensor& x) override;
+
+  ConvLayer conv1{nullptr}, conv2{nullptr};
+  BatchNormLayer norm1{nullptr}, norm2{nullptr};
+  ConvLayer downsample_conv{nullptr};
+  BatchNormLayer downsample_norm{nullptr};
+};
+TORCH_MODULE(BasicBlock);
+
+// conv1-BN-ReLU-conv3-BN-ReLU-conv1(x4)-BN, plus the input (projected when
+// needed), then ReLU. expansion 4.
+class BottleneckBlockImpl : public CheckpointableBlock {
+ public:
+  static constexpr int64_t kExpansion = 4;
+  BottleneckBlockImpl(int64_t in_channels, int64_t planes, int32_t stride = 1, int32_t dilation = 1,
+                      double bn_momentum = 0.1);
+  SparseTensor ForwardImpl(const SparseTensor& x) override;
+
+  ConvLayer conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
+  BatchNormLayer norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
+  ConvLayer downsample_conv{nullptr};
+  BatchNormLayer downsample_norm{nullptr};
+};
+TORCH_MODULE(BottleneckBlock);
+
+// Walks the module tree and switches every checkpoint boundary; returns how
+// many it switched. With `strict`, a model without any boundary is an
+// error (c10::Error).
+int64_t EnableGradientCheckpointing(torch::nn::Module& model, bool strict = true);
+int64_t DisableGradientCheckpointing(torch::nn::Module& model);
+bool IsGradientCheckpointing(const torch::nn::Module& model);
+
+}  // namespace trainsup::sparse
+
+#endif  // TRAINSUP_SPARSE_NN_H_
