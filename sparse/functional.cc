@@ -78,6 +78,10 @@ SparseTensor BatchNorm(const SparseTensor& x, const at::Tensor& weight, const at
 }
 
 SparseTensor Relu(const SparseTensor& x) { return x.WithFeatures(at::relu(x.F())); }
+SparseTensor ReluInPlace(const SparseTensor& x) {
+  at::Tensor f = x.F();
+  return x.WithFeatures(at::relu_(f));
+}
 SparseTensor LeakyRelu(const SparseTensor& x, double negative_slope) {
   return x.WithFeatures(at::leaky_relu(x.F(), negative_slope));
 }

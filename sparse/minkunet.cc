@@ -96,23 +96,23 @@ MinkUNetImpl::MinkUNetImpl(const MinkUNetConfig& config) : config_(config) {
 SparseTensor MinkUNetImpl::forward(const SparseTensor& x) {
   TORCH_CHECK(x.channels() == config_.in_channels, "MinkUNet expects ", config_.in_channels,
               " input channels, got ", x.channels());
-  SparseTensor out_p1 = Relu(bn0(conv0(x)));
-  SparseTensor out = Relu(bn1(conv1(out_p1)));
+  SparseTensor out_p1 = ReluInPlace(bn0(conv0(x)));
+  SparseTensor out = ReluInPlace(bn1(conv1(out_p1)));
   SparseTensor out_b1p2 = RunLayer(block1, out);
-  out = Relu(bn2(conv2(out_b1p2)));
+  out = ReluInPlace(bn2(conv2(out_b1p2)));
   SparseTensor out_b2p4 = RunLayer(block2, out);
-  out = Relu(bn3(conv3(out_b2p4)));
+  out = ReluInPlace(bn3(conv3(out_b2p4)));
   SparseTensor out_b3p8 = RunLayer(block3, out);
-  out = Relu(bn4(conv4(out_b3p8)));
+  out = ReluInPlace(bn4(conv4(out_b3p8)));
   out = RunLayer(block4, out);
 
-  out = Relu(bntr4(convtr4(out, &out_b3p8)));
+  out = ReluInPlace(bntr4(convtr4(out, &out_b3p8)));
   out = RunLayer(block5, Cat({out, out_b3p8}));
-  out = Relu(bntr5(convtr5(out, &out_b2p4)));
+  out = ReluInPlace(bntr5(convtr5(out, &out_b2p4)));
   out = RunLayer(block6, Cat({out, out_b2p4}));
-  out = Relu(bntr6(convtr6(out, &out_b1p2)));
+  out = ReluInPlace(bntr6(convtr6(out, &out_b1p2)));
   out = RunLayer(block7, Cat({out, out_b1p2}));
-  out = Relu(bntr7(convtr7(out, &out_p1)));
+  out = ReluInPlace(bntr7(convtr7(out, &out_p1)));
   out = RunLayer(block8, Cat({out, out_p1}));
   return final(out);
 }

@@ -203,11 +203,12 @@ BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t planes, int32_t stri
 }
 
 SparseTensor BasicBlockImpl::ForwardImpl(const SparseTensor& x) {
-  SparseTensor out = Relu(norm1(conv1(x)));
+  SparseTensor out = ReluInPlace(norm1(conv1(x)));
   out = norm2(conv2(out));
   SparseTensor residual = downsample_conv ? downsample_norm(downsample_conv(x)) : x;
   CheckSameCoordinates(out, residual, "BasicBlock residual");
-  return out.WithFeatures(at::relu(out.F() + residual.F()));
+  // The sum is fresh and addition keeps no inputs for backward: ReLU in place.
+  return out.WithFeatures((out.F() + residual.F()).relu_());
 }
 
 BottleneckBlockImpl::BottleneckBlockImpl(int64_t in_channels, int64_t planes, int32_t stride,
@@ -226,12 +227,12 @@ BottleneckBlockImpl::BottleneckBlockImpl(int64_t in_channels, int64_t planes, in
 }
 
 SparseTensor BottleneckBlockImpl::ForwardImpl(const SparseTensor& x) {
-  SparseTensor out = Relu(norm1(conv1(x)));
-  out = Relu(norm2(conv2(out)));
+  SparseTensor out = ReluInPlace(norm1(conv1(x)));
+  out = ReluInPlace(norm2(conv2(out)));
   out = norm3(conv3(out));
   SparseTensor residual = downsample_conv ? downsample_norm(downsample_conv(x)) : x;
   CheckSameCoordinates(out, residual, "BottleneckBlock residual");
-  return out.WithFeatures(at::relu(out.F() + residual.F()));
+  return out.WithFeatures((out.F() + residual.F()).relu_());
 }
 
 namespace {

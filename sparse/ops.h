@@ -64,6 +64,9 @@ SparseTensor BatchNorm(const SparseTensor& x, const at::Tensor& weight, const at
                        bool training, double momentum, double eps);
 
 SparseTensor Relu(const SparseTensor& x);
+// ReLU overwriting x's features (they must not be needed elsewhere, e.g. the
+// fresh output of BatchNorm, whose backward does not read its output).
+SparseTensor ReluInPlace(const SparseTensor& x);
 SparseTensor LeakyRelu(const SparseTensor& x, double negative_slope = 0.01);
 SparseTensor Elu(const SparseTensor& x, double alpha = 1.0);
 SparseTensor Sigmoid(const SparseTensor& x);
