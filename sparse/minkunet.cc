@@ -74,20 +74,16 @@ MinkUNetImpl::MinkUNetImpl(const MinkUNetConfig& config) : config_(config) {
   bn4 = register_module("bn4", BatchNormLayer(inplanes_, 1e-5, m));
   block4 = MakeLayer("block4", p[3], config.layers[3]);
 
-  convtr4 = register_module("convtr4", ConvLayer(inplanes_, p[4], ConvOptions{2, 2, 1}, false, true));
-  bntr4 = register_module("bntr4", BatchNormLayer(p[4], 1e-5, m));
+  up4 = register_module("up4", UpStage(inplanes_, p[4], m));
   inplanes_ = p[4] + p[2] * e;
   block5 = MakeLayer("block5", p[4], config.layers[4]);
-  convtr5 = register_module("convtr5", ConvLayer(inplanes_, p[5], ConvOptions{2, 2, 1}, false, true));
-  bntr5 = register_module("bntr5", BatchNormLayer(p[5], 1e-5, m));
+  up5 = register_module("up5", UpStage(inplanes_, p[5], m));
   inplanes_ = p[5] + p[1] * e;
   block6 = MakeLayer("block6", p[5], config.layers[5]);
-  convtr6 = register_module("convtr6", ConvLayer(inplanes_, p[6], ConvOptions{2, 2, 1}, false, true));
-  bntr6 = register_module("bntr6", BatchNormLayer(p[6], 1e-5, m));
+  up6 = register_module("up6", UpStage(inplanes_, p[6], m));
   inplanes_ = p[6] + p[0] * e;
   block7 = MakeLayer("block7", p[6], config.layers[6]);
-  convtr7 = register_module("convtr7", ConvLayer(inplanes_, p[7], ConvOptions{2, 2, 1}, false, true));
-  bntr7 = register_module("bntr7", BatchNormLayer(p[7], 1e-5, m));
+  up7 = register_module("up7", UpStage(inplanes_, p[7], m));
   inplanes_ = p[7] + config.init_dim;
   block8 = MakeLayer("block8", p[7], config.layers[7]);
   final = register_module("final", ConvLayer(p[7] * e, config.out_channels, ConvOptions{1, 1, 1}, /*bias=*/true));
@@ -106,14 +102,10 @@ SparseTensor MinkUNetImpl::forward(const SparseTensor& x) {
   out = ReluInPlace(bn4(conv4(out_b3p8)));
   out = RunLayer(block4, out);
 
-  out = ReluInPlace(bntr4(convtr4(out, &out_b3p8)));
-  out = RunLayer(block5, Cat({out, out_b3p8}));
-  out = ReluInPlace(bntr5(convtr5(out, &out_b2p4)));
-  out = RunLayer(block6, Cat({out, out_b2p4}));
-  out = ReluInPlace(bntr6(convtr6(out, &out_b1p2)));
-  out = RunLayer(block7, Cat({out, out_b1p2}));
-  out = ReluInPlace(bntr7(convtr7(out, &out_p1)));
-  out = RunLayer(block8, Cat({out, out_p1}));
+  out = RunLayer(block5, up4->forward(out, &out_b3p8));
+  out = RunLayer(block6, up5->forward(out, &out_b2p4));
+  out = RunLayer(block7, up6->forward(out, &out_b1p2));
+  out = RunLayer(block8, up7->forward(out, &out_p1));
   return final(out);
 }
 

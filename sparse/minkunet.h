@@ -1,8 +1,9 @@
 // MinkUNet: the segmentation U-Nets of MinkowskiEngine's examples
 // (examples/minkunet.py) on our engine. A stem (5^3 conv), four stride-2
 // encoder stages (2^3 conv + blocks), four decoder stages (2^3 transposed
-// conv onto the skip's coordinates, concatenation, blocks) and a final 1^3
-// classifier with bias. Channel plan (32, 64, 128, 256, 256, 128, 96, 96),
+// conv onto the skip's coordinates, BN, ReLU, concatenation: an UpStage;
+// then blocks) and a final 1^3 classifier with bias. Blocks and UpStages are
+// the gradient-checkpoint boundaries. Channel plan (32, 64, 128, 256, 256, 128, 96, 96),
 // stem width 32.
 #ifndef TRAINSUP_SPARSE_MINKUNET_H_
 #define TRAINSUP_SPARSE_MINKUNET_H_
@@ -47,8 +48,7 @@ class MinkUNetImpl : public torch::nn::Module {
   int64_t inplanes_ = 0;
   ConvLayer conv0{nullptr}, conv1{nullptr}, conv2{nullptr}, conv3{nullptr}, conv4{nullptr};
   BatchNormLayer bn0{nullptr}, bn1{nullptr}, bn2{nullptr}, bn3{nullptr}, bn4{nullptr};
-  ConvLayer convtr4{nullptr}, convtr5{nullptr}, convtr6{nullptr}, convtr7{nullptr};
-  BatchNormLayer bntr4{nullptr}, bntr5{nullptr}, bntr6{nullptr}, bntr7{nullptr};
+  UpStage up4{nullptr}, up5{nullptr}, up6{nullptr}, up7{nullptr};
   torch::nn::ModuleList block1{nullptr}, block2{nullptr}, block3{nullptr}, block4{nullptr};
   torch::nn::ModuleList block5{nullptr}, block6{nullptr}, block7{nullptr}, block8{nullptr};
   ConvLayer final{nullptr};

@@ -68,32 +68,42 @@ at::Tensor GeneratorState() {
   return gen.get_state();
 }
 
-// What backward needs besides tensors: the block, the input's coordinates
+// What backward needs besides tensors: the block, the inputs' coordinates
 // (their manager keeps the kernel maps for the recomputation) and the
 // generator state at the first forward.
 struct CheckpointState : torch::CustomClassHolder {
   CheckpointableBlock* block = nullptr;
   std::shared_ptr<CoordinateManager> manager;
-  CoordinateSetId input_set = -1;
+  std::vector<CoordinateSetId> input_sets;
   at::Tensor rng_state;
 };
 
+// Runs the block on features `f` (one or two inputs) over the given sets.
+SparseTensor RunBlock(CheckpointableBlock* block, const std::shared_ptr<CoordinateManager>& manager,
+                      const std::vector<CoordinateSetId>& sets, const std::vector<at::Tensor>& f) {
+  SparseTensor x(f[0], sets[0], manager);
+  if (f.size() == 1) return block->ForwardImpl(x, nullptr);
+  SparseTensor skip(f[1], sets[1], manager);
+  return block->ForwardImpl(x, &skip);
+}
+
 class BlockCheckpointFunction : public torch::autograd::Function<BlockCheckpointFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& features, at::TensorList params,
-                            CheckpointableBlock* block, const SparseTensor* input,
+  // inputs: the features of x (and of the skip); params: the block's.
+  static at::Tensor forward(AutogradContext* ctx, at::TensorList inputs, at::TensorList params,
+                            CheckpointableBlock* block, const std::vector<SparseTensor>* meta,
                             CoordinateSetId* out_set) {
     (void)params;  // inputs of the graph; the block reads its own
     auto state = c10::make_intrusive<CheckpointState>();
     state->block = block;
-    state->manager = input->manager();
-    state->input_set = input->set_id();
+    state->manager = (*meta)[0].manager();
+    for (const auto& m : *meta) state->input_sets.push_back(m.set_id());
     state->rng_state = GeneratorState();
     // Runs without recording (custom forwards run in no-grad mode): no
     // activation is kept.
-    SparseTensor y = block->ForwardImpl(input->WithFeatures(features));
+    SparseTensor y = RunBlock(block, state->manager, state->input_sets, inputs.vec());
     *out_set = y.set_id();
-    ctx->save_for_backward({features});
+    ctx->save_for_backward(inputs.vec());
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     return y.F();
   }
@@ -101,27 +111,30 @@ class BlockCheckpointFunction : public torch::autograd::Function<BlockCheckpoint
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto holder = ctx->saved_data["state"].toCapsule();
     auto* state = static_cast<CheckpointState*>(holder.get());
-    const at::Tensor features = ctx->get_saved_variables()[0];
+    const variable_list saved = ctx->get_saved_variables();
     CheckpointableBlock* block = state->block;
     std::vector<at::Tensor> params = block->parameters();
-    const bool need_input = ctx->needs_input_grad(0);
-    variable_list result(params.size() + 4);
+    const size_t n_in = saved.size();
+    variable_list result(n_in + params.size() + 3);
     {
       BatchNormStatsGuard bn_stats(*block);
       GeneratorReplay replay(state->rng_state);
       at::AutoGradMode enable_grad(true);
-      at::Tensor x = features.detach().requires_grad_(need_input);
-      SparseTensor y = block->ForwardImpl(SparseTensor(x, state->input_set, state->manager));
+      std::vector<at::Tensor> f;
       variable_list inputs;
       std::vector<size_t> slots;
-      if (need_input) {
-        inputs.push_back(x);
-        slots.push_back(0);
+      for (size_t i = 0; i < n_in; ++i) {
+        f.push_back(saved[i].detach().requires_grad_(ctx->needs_input_grad(i)));
+        if (ctx->needs_input_grad(i)) {
+          inputs.push_back(f.back());
+          slots.push_back(i);
+        }
       }
+      SparseTensor y = RunBlock(block, state->manager, state->input_sets, f);
       for (size_t i = 0; i < params.size(); ++i) {
-        if (ctx->needs_input_grad(1 + i) && params[i].requires_grad()) {
+        if (ctx->needs_input_grad(n_in + i) && params[i].requires_grad()) {
           inputs.push_back(params[i]);
-          slots.push_back(1 + i);
+          slots.push_back(n_in + i);
         }
       }
       if (!inputs.empty() && y.F().requires_grad()) {
@@ -181,12 +194,31 @@ SparseTensor BatchNormLayerImpl::forward(const SparseTensor& x) {
   return BatchNorm(x, w, b, running_mean, running_var, is_training() || !tracking, factor, eps_);
 }
 
-SparseTensor CheckpointableBlock::forward(const SparseTensor& x) {
-  if (!checkpointing_ || !is_training() || !at::GradMode::is_enabled()) return ForwardImpl(x);
+SparseTensor CheckpointableBlock::forward(const SparseTensor& x, const SparseTensor* skip) {
+  if (!checkpointing_ || !is_training() || !at::GradMode::is_enabled()) return ForwardImpl(x, skip);
+  std::vector<SparseTensor> meta = {x};
+  std::vector<at::Tensor> features = {x.F()};
+  if (skip != nullptr) {
+    TORCH_CHECK(skip->manager() == x.manager(), name(), ": the skip belongs to another coordinate manager");
+    meta.push_back(*skip);
+    features.push_back(skip->F());
+  }
   std::vector<at::Tensor> params = parameters();
   CoordinateSetId out_set = -1;
-  at::Tensor out = BlockCheckpointFunction::apply(x.F(), at::TensorList(params), this, &x, &out_set);
+  at::Tensor out = BlockCheckpointFunction::apply(at::TensorList(features), at::TensorList(params), this,
+                                                  &meta, &out_set);
   return SparseTensor(out, out_set, x.manager());
+}
+
+UpStageImpl::UpStageImpl(int64_t in_channels, int64_t out_channels, double bn_momentum) {
+  conv = register_module("conv", ConvLayer(in_channels, out_channels, ConvOptions{2, 2, 1}, false, true));
+  norm = register_module("norm", BatchNormLayer(out_channels, 1e-5, bn_momentum));
+}
+
+SparseTensor UpStageImpl::ForwardImpl(const SparseTensor& x, const SparseTensor* skip) {
+  TORCH_CHECK(skip != nullptr, "UpStage needs the skip connection's tensor");
+  SparseTensor up = ReluInPlace(norm(conv(x, skip)));
+  return Cat({up, *skip});
 }
 
 BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t planes, int32_t stride,
@@ -202,7 +234,8 @@ BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t planes, int32_t stri
   }
 }
 
-SparseTensor BasicBlockImpl::ForwardImpl(const SparseTensor& x) {
+SparseTensor BasicBlockImpl::ForwardImpl(const SparseTensor& x, const SparseTensor* skip) {
+  TORCH_CHECK(skip == nullptr, "BasicBlock takes one input");
   SparseTensor out = ReluInPlace(norm1(conv1(x)));
   out = norm2(conv2(out));
   SparseTensor residual = downsample_conv ? downsample_norm(downsample_conv(x)) : x;
@@ -226,7 +259,8 @@ BottleneckBlockImpl::BottleneckBlockImpl(int64_t in_channels, int64_t planes, in
   }
 }
 
-SparseTensor BottleneckBlockImpl::ForwardImpl(const SparseTensor& x) {
+SparseTensor BottleneckBlockImpl::ForwardImpl(const SparseTensor& x, const SparseTensor* skip) {
+  TORCH_CHECK(skip == nullptr, "BottleneckBlock takes one input");
   SparseTensor out = ReluInPlace(norm1(conv1(x)));
   out = ReluInPlace(norm2(conv2(out)));
   out = norm3(conv3(out));

@@ -61,11 +61,13 @@ TORCH_MODULE(BatchNormLayer);
 // matches.
 class CheckpointableBlock : public torch::nn::Module {
  public:
-  SparseTensor forward(const SparseTensor& x);
+  // `skip`: the second input of a block that takes two (a decoder stage's
+  // skip connection); null for the others.
+  SparseTensor forward(const SparseTensor& x, const SparseTensor* skip = nullptr);
   void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
   bool gradient_checkpointing() const { return checkpointing_; }
   // The block's computation.
-  virtual SparseTensor ForwardImpl(const SparseTensor& x) = 0;
+  virtual SparseTensor ForwardImpl(const SparseTensor& x, const SparseTensor* skip) = 0;
 
  private:
   bool checkpointing_ = false;
@@ -78,7 +80,7 @@ class BasicBlockImpl : public CheckpointableBlock {
   static constexpr int64_t kExpansion = 1;
   BasicBlockImpl(int64_t in_channels, int64_t planes, int32_t stride = 1, int32_t dilation = 1,
                  double bn_momentum = 0.1);
-  SparseTensor ForwardImpl(const SparseTensor& x) override;
+  SparseTensor ForwardImpl(const SparseTensor& x, const SparseTensor* skip) override;
 
   ConvLayer conv1{nullptr}, conv2{nullptr};
   BatchNormLayer norm1{nullptr}, norm2{nullptr};
@@ -94,7 +96,7 @@ class BottleneckBlockImpl : public CheckpointableBlock {
   static constexpr int64_t kExpansion = 4;
   BottleneckBlockImpl(int64_t in_channels, int64_t planes, int32_t stride = 1, int32_t dilation = 1,
                       double bn_momentum = 0.1);
-  SparseTensor ForwardImpl(const SparseTensor& x) override;
+  SparseTensor ForwardImpl(const SparseTensor& x, const SparseTensor* skip) override;
 
   ConvLayer conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
   BatchNormLayer norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
@@ -102,6 +104,20 @@ class BottleneckBlockImpl : public CheckpointableBlock {
   BatchNormLayer downsample_norm{nullptr};
 };
 TORCH_MODULE(BottleneckBlock);
+
+// A U-Net decoder stage: transposed convolution (2^3, stride 2) onto the
+// skip's coordinates, BN, ReLU, then the skip's features concatenated. A
+// checkpoint boundary too: with checkpointing on it keeps only the coarse
+// input (the skip is kept by its producer anyway).
+class UpStageImpl : public CheckpointableBlock {
+ public:
+  UpStageImpl(int64_t in_channels, int64_t out_channels, double bn_momentum = 0.1);
+  SparseTensor ForwardImpl(const SparseTensor& x, const SparseTensor* skip) override;
+
+  ConvLayer conv{nullptr};
+  BatchNormLayer norm{nullptr};
+};
+TORCH_MODULE(UpStage);
 
 // Walks the module tree and switches every checkpoint boundary; returns how
 // many it switched. With `strict`, a model without any boundary is an

@@ -22,7 +22,7 @@ class CountingBlockImpl : public CheckpointableBlock {
     conv = register_module("conv", ConvLayer(c, c, ConvOptions{3, 1, 1}));
     norm = register_module("norm", BatchNormLayer(c, 1e-5, momentum, track));
   }
-  SparseTensor ForwardImpl(const SparseTensor& x) override {
+  SparseTensor ForwardImpl(const SparseTensor& x, const SparseTensor*) override {
     ++calls;
     SparseTensor y = Relu(norm(conv(x)));
     return y.WithFeatures(at::dropout(y.F(), dropout_, is_training()) + x.F());
@@ -96,7 +96,8 @@ TEST(GradientCheckpointing, EnablingReportsTheBoundariesAndStrictModeErrs) {
     MinkUNet net(MinkUNetPlan(depth, 3, 5));
     const int64_t n = EnableGradientCheckpointing(*net);
     const auto& l = net->config().layers;
-    EXPECT_EQ(n, std::accumulate(l.begin(), l.end(), int64_t{0})) << "MinkUNet" << depth;
+    // Every block and the four decoder stages.
+    EXPECT_EQ(n, std::accumulate(l.begin(), l.end(), int64_t{0}) + 4) << "MinkUNet" << depth;
     EXPECT_TRUE(IsGradientCheckpointing(*net));
     EXPECT_EQ(DisableGradientCheckpointing(*net), n);
     EXPECT_FALSE(IsGradientCheckpointing(*net));
@@ -109,6 +110,31 @@ TEST(GradientCheckpointing, EnablingReportsTheBoundariesAndStrictModeErrs) {
 TEST(GradientCheckpointing, OutputsAndGradientsEqualTheOrdinaryPath) {
   SparseTensor x = Input();
   ExpectSame(Step(false, 0.1, true, 0.0, x), Step(true, 0.1, true, 0.0, x));
+}
+
+TEST(GradientCheckpointing, DecoderStageWithASkipMatchesTheOrdinaryPath) {
+  SparseTensor fine = Input();
+  const CoordinateSetId coarse_id = fine.manager()->Downsample(fine.set_id(), 2);
+  at::Tensor coarse_features = at::randn({fine.manager()->Set(coarse_id).size(), 5}, at::kDouble);
+  auto run = [&](bool checkpointing) {
+    torch::manual_seed(5);
+    UpStage stage(5, 3);
+    stage->to(torch::kDouble);
+    stage->train();
+    stage->set_gradient_checkpointing(checkpointing);
+    at::Tensor c = coarse_features.clone().requires_grad_(true);
+    at::Tensor s = fine.F().clone().requires_grad_(true);
+    SparseTensor skip = fine.WithFeatures(s);
+    SparseTensor y = stage->forward(SparseTensor(c, coarse_id, fine.manager()), &skip);
+    EXPECT_EQ(y.set_id(), fine.set_id());
+    EXPECT_EQ(y.channels(), 3 + fine.channels());
+    y.F().square().sum().backward();
+    StepResult r{y.F().detach(), c.grad()};
+    r.grads = {s.grad(), stage->conv->weight.grad(), stage->norm->weight.grad()};
+    r.buffers = {stage->norm->running_mean.clone(), stage->norm->num_batches_tracked.clone()};
+    return r;
+  };
+  ExpectSame(run(false), run(true));
 }
 
 TEST(GradientCheckpointing, RecomputesOnceInBackward) {
@@ -189,7 +215,7 @@ TEST(GradientCheckpointing, BatchNormStatisticsAreRestoredWhenRecomputationThrow
   class ThrowingBlockImpl : public CheckpointableBlock {
    public:
     ThrowingBlockImpl() { norm = register_module("norm", BatchNormLayer(4)); }
-    SparseTensor ForwardImpl(const SparseTensor& x) override {
+    SparseTensor ForwardImpl(const SparseTensor& x, const SparseTensor*) override {
       SparseTensor y = norm(x);
       if (++calls == 2) throw std::runtime_error("recomputation failed");
       return y;
