@@ -105,8 +105,16 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(FileSystem* fs, const std::strin
   if (header.is_discarded() || !header.is_object()) return fail("header is not a JSON object");
   const uint64_t data_start = 8 + n;
   const uint64_t data_size = *size - data_start;
+  // Validate every entry (overflow-safe) and the ranges before allocating
+  // anything, so a hostile header cannot make us allocate more than the file holds.
+  struct Entry {
+    std::string name;
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin, end;
+  };
   SafetensorsFile out;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::vector<Entry> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it->is_object()) return fail("__metadata__ is not an object");
@@ -122,38 +130,52 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(FileSystem* fs, const std::strin
         e["data_offsets"].size() != 2) {
       return fail(absl::StrCat("malformed entry for tensor '", it.key(), "'"));
     }
-    at::ScalarType dtype;
-    if (!NameToDtype(e["dtype"].get<std::string>(), &dtype)) {
+    Entry entry;
+    entry.name = it.key();
+    if (!NameToDtype(e["dtype"].get<std::string>(), &entry.dtype)) {
       return fail(absl::StrCat("tensor '", it.key(), "' has unsupported dtype ", e["dtype"].get<std::string>()));
     }
-    std::vector<int64_t> shape;
-    uint64_t numel = 1;
+    uint64_t bytes = c10::elementSize(entry.dtype);
     for (const auto& d : e["shape"]) {
-      if (!d.is_number_unsigned()) return fail(absl::StrCat("tensor '", it.key(), "' has a bad shape"));
-      shape.push_back(d.get<int64_t>());
-      numel *= d.get<uint64_t>();
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) ||
+          __builtin_mul_overflow(bytes, d.get<uint64_t>(), &bytes)) {
+        return fail(absl::StrCat("tensor '", it.key(), "' has a bad or too large shape"));
+      }
+      entry.shape.push_back(d.get<int64_t>());
     }
     if (!e["data_offsets"][0].is_number_unsigned() || !e["data_offsets"][1].is_number_unsigned()) {
       return fail(absl::StrCat("tensor '", it.key(), "' has bad data_offsets"));
     }
-    const uint64_t begin = e["data_offsets"][0].get<uint64_t>();
-    const uint64_t end = e["data_offsets"][1].get<uint64_t>();
-    const uint64_t bytes = numel * c10::elementSize(dtype);
-    if (begin > end || end > data_size || end - begin != bytes) {
-      return fail(absl::StrCat("tensor '", it.key(), "' has data_offsets [", begin, ", ", end,
+    entry.begin = e["data_offsets"][0].get<uint64_t>();
+    entry.end = e["data_offsets"][1].get<uint64_t>();
+    if (entry.begin > entry.end || entry.end > data_size || entry.end - entry.begin != bytes) {
+      return fail(absl::StrCat("tensor '", it.key(), "' has data_offsets [", entry.begin, ", ", entry.end,
                                "] that do not fit its ", bytes, " bytes in ", data_size, " bytes of data"));
     }
-    ranges.push_back({begin, end});
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
-    if (bytes > 0) {
-      s = fs->ReadAt(path, data_start + begin, bytes, static_cast<char*>(t.data_ptr()));
-      if (!s.ok()) return s;
-    }
-    out.tensors[it.key()] = t;
+    entries.push_back(std::move(entry));
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& e : entries) {
+    if (e.end > e.begin) ranges.push_back({e.begin, e.end});
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].first < ranges[i - 1].second) return fail("tensor data ranges overlap");
+  }
+  // Non-overlapping ranges inside the data: the total fits in the file.
+  for (const auto& e : entries) {
+    at::Tensor t;
+    try {
+      t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+    } catch (const c10::Error& err) {
+      return absl::ResourceExhaustedError(absl::StrCat(path, ": cannot allocate tensor '", e.name, "': ",
+                                                       err.what_without_backtrace()));
+    }
+    if (e.end > e.begin) {
+      s = fs->ReadAt(path, data_start + e.begin, e.end - e.begin, static_cast<char*>(t.data_ptr()));
+      if (!s.ok()) return s;
+    }
+    out.tensors[e.name] = t;
   }
   return out;
 }

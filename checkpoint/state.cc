@@ -1,5 +1,6 @@
 #include "checkpoint/state.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -95,6 +96,12 @@ absl::StatusOr<TrainerState> ParseTrainer(const std::string& text) {
   return t;
 }
 
+at::Tensor GeneratorStateNow() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
 }  // namespace
 
 uint64_t StateSnapshot::bytes() const {
@@ -139,12 +146,7 @@ absl::StatusOr<StateSnapshot> Snapshot(const torch::nn::Module& model,
     }
   }
   s.optimizer_metadata["param_groups"] = groups.dump();
-  at::Tensor rng;
-  {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng = gen.get_state();
-  }
+  at::Tensor rng = GeneratorStateNow();
   trainer.cpu_rng_state.assign(static_cast<const char*>(rng.data_ptr()), rng.numel());
   s.trainer = std::move(trainer);
   return s;
@@ -224,7 +226,8 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
   std::vector<at::Tensor> params;
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& group = optimizer.param_groups()[g];
-    if (!groups[g].contains("params") || groups[g]["params"].get<size_t>() != group.params().size()) {
+    if (!groups[g].is_object() || !groups[g].contains("params") || !groups[g]["params"].is_number_unsigned() ||
+        groups[g]["params"].get<size_t>() != group.params().size()) {
       return absl::FailedPreconditionError(absl::StrCat("optimizer group ", g, " has another parameter count"));
     }
     for (const auto& p : group.params()) params.push_back(p);
@@ -281,8 +284,17 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
   }
   at::Tensor rng = at::empty({static_cast<int64_t>(parsed_trainer->cpu_rng_state.size())}, at::kByte);
   std::memcpy(rng.data_ptr(), parsed_trainer->cpu_rng_state.data(), parsed_trainer->cpu_rng_state.size());
-  if (rng.numel() != at::detail::getDefaultCPUGenerator().get_state().numel()) {
+  if (rng.numel() != GeneratorStateNow().numel()) {
     return absl::FailedPreconditionError("trainer.json: the CPU generator state has the wrong size");
+  }
+  try {
+    // LibTorch rejects some states (e.g. all zeros): try it on a scratch
+    // generator before anything is applied.
+    at::Generator scratch = at::make_generator<at::CPUGeneratorImpl>();
+    scratch.set_state(rng);
+  } catch (const c10::Error& e) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("trainer.json: invalid CPU generator state: ", e.what_without_backtrace()));
   }
 
   // Apply.
@@ -365,7 +377,12 @@ void AsyncCheckpointer::Run() {
     std::unique_ptr<StateSnapshot> job = std::move(next_);
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
-    absl::Status s = WriteSnapshot(*store_, *job);
+    absl::Status s;
+    try {
+      s = WriteSnapshot(*store_, *job);
+    } catch (const std::exception& e) {
+      s = absl::InternalError(absl::StrCat("checkpoint writer: ", e.what()));
+    }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     job.reset();
     lock.lock();

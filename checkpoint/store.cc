@@ -10,6 +10,7 @@ namespace trainsup::ckpt {
 namespace {
 
 constexpr char kTmpSuffix[] = ".tmp";
+constexpr char kReplacedSuffix[] = ".replaced.tmp";
 constexpr char kQuarantineDir[] = "quarantine";
 constexpr char kQuarantineNote[] = "QUARANTINE.txt";
 
@@ -122,21 +123,26 @@ absl::Status CheckpointStore::Commit(std::unique_ptr<PendingCheckpoint> pending)
   if (s.ok()) s = fs_->SyncDir(pending->dir());
   if (!s.ok()) return abort(Annotate(s, "writing the manifest"));
   const std::string final_dir = JoinPath(root_, StepDirName(pending->step()));
-  if (fs_->Exists(final_dir)) {
-    // Same step saved again: the old copy goes to a .tmp name first, so a
-    // crash leaves either one complete checkpoint or the other.
-    const std::string old = final_dir + ".replaced" + kTmpSuffix;
-    fs_->DeleteTree(old).IgnoreError();
-    s = fs_->Rename(final_dir, old);
+  const std::string replaced = final_dir + kReplacedSuffix;
+  const bool replacing = fs_->Exists(final_dir);
+  if (replacing) {
+    // Same step saved again: the old copy steps aside under a name that
+    // CleanLeftovers restores (not deletes) while no step-N exists, so a
+    // crash between the two renames keeps the old checkpoint.
+    fs_->DeleteTree(replaced).IgnoreError();
+    s = fs_->Rename(final_dir, replaced);
     if (!s.ok()) return abort(s);
   }
   s = fs_->Rename(pending->dir(), final_dir);
-  if (!s.ok()) return abort(s);
+  if (!s.ok()) {
+    if (replacing) fs_->Rename(replaced, final_dir).IgnoreError();
+    return abort(s);
+  }
   s = fs_->SyncDir(root_);
   if (!s.ok()) return Annotate(s, "syncing the checkpoint directory after the rename");
-  fs_->DeleteTree(final_dir + ".replaced" + kTmpSuffix).IgnoreError();
+  if (replacing) fs_->DeleteTree(replaced).IgnoreError();
   // Deletions need no fsync: one lost in a crash is redone by the next save.
-  return ApplyRetention();
+  return ApplyRetention(pending->step());
 }
 
 void CheckpointStore::Abort(std::unique_ptr<PendingCheckpoint> pending) {
@@ -211,6 +217,8 @@ absl::Status CheckpointStore::Verify(const CheckpointInfo& checkpoint) {
 }
 
 absl::StatusOr<CheckpointInfo> CheckpointStore::ChooseLatest(std::vector<QuarantineReport>* quarantined) {
+  absl::Status restored = RestoreInterruptedReplacements();
+  if (!restored.ok()) return restored;
   auto all = List();
   if (!all.ok()) return all.status();
   for (auto it = all->rbegin(); it != all->rend(); ++it) {
@@ -244,7 +252,7 @@ absl::StatusOr<QuarantineReport> CheckpointStore::Quarantine(const CheckpointInf
   return QuarantineReport{checkpoint.step, reason, dest};
 }
 
-absl::Status CheckpointStore::ApplyRetention() {
+absl::Status CheckpointStore::ApplyRetention(int64_t keep_step) {
   auto all = List();
   if (!all.ok()) return all.status();
   const int64_t n = static_cast<int64_t>(all->size());
@@ -252,6 +260,9 @@ absl::Status CheckpointStore::ApplyRetention() {
   for (int64_t i = 0; i + options_.keep_last < n; ++i) {
     const CheckpointInfo& c = (*all)[i];
     if (options_.keep_every > 0 && c.step % options_.keep_every == 0) continue;
+    // Never the checkpoint just committed, even when older steps number
+    // higher (a run restarted from an earlier step).
+    if (c.step == keep_step) continue;
     const std::string trash = c.path + ".deleting" + kTmpSuffix;
     absl::Status s = fs_->Rename(c.path, trash);
     if (!s.ok()) return Annotate(s, "retention");
@@ -268,7 +279,28 @@ absl::Status CheckpointStore::ApplyRetention() {
   return absl::OkStatus();
 }
 
+absl::Status CheckpointStore::RestoreInterruptedReplacements() {
+  if (!fs_->IsDir(root_)) return absl::OkStatus();
+  auto names = fs_->ListDir(root_);
+  if (!names.ok()) return names.status();
+  for (const auto& name : *names) {
+    const size_t r = name.size() - std::min(name.size(), sizeof(kReplacedSuffix) - 1);
+    if (name.rfind("step-", 0) != 0 || name.compare(r, std::string::npos, kReplacedSuffix) != 0) continue;
+    // A re-save of this step stopped between its two renames: the old copy
+    // is the checkpoint.
+    const std::string original = JoinPath(root_, name.substr(0, r));
+    if (!fs_->Exists(original)) {
+      absl::Status s = fs_->Rename(JoinPath(root_, name), original);
+      if (!s.ok()) return Annotate(s, "restoring a replaced checkpoint");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckpointStore::CleanLeftovers() {
+  WaitForDeletions();
+  absl::Status restored = RestoreInterruptedReplacements();
+  if (!restored.ok()) return restored;
   if (!fs_->IsDir(root_)) return absl::OkStatus();
   auto names = fs_->ListDir(root_);
   if (!names.ok()) return names.status();

@@ -107,15 +107,21 @@ class CheckpointStore {
   // Moves a committed checkpoint aside with the reason; never deletes it.
   absl::StatusOr<QuarantineReport> Quarantine(const CheckpointInfo& checkpoint,
                                               const std::string& reason);
-  // Removes committed checkpoints beyond the policy (StoreOptions): each is
-  // renamed to step-N.deleting.tmp at once (so it is no longer listed) and
-  // deleted on a background thread, off the save's critical path. A
-  // deletion cut short by a crash is finished by the next Begin.
-  absl::Status ApplyRetention();
+  // Removes committed checkpoints beyond the policy (StoreOptions), never
+  // `keep_step` (the one just committed): each is renamed to
+  // step-N.deleting.tmp at once (so it is no longer listed) and deleted on
+  // a background thread, off the save's critical path. A deletion cut
+  // short by a crash is finished by the next Begin.
+  absl::Status ApplyRetention(int64_t keep_step = -1);
   // Waits until background deletions are done.
   void WaitForDeletions();
-  // Removes step-N.tmp leftovers.
+  // Restores interrupted replacements, then removes step-N.*.tmp leftovers.
   absl::Status CleanLeftovers();
+
+  // Renames step-N.replaced.tmp back to step-N where step-N is missing (a
+  // re-save of step N that stopped between its two renames). ChooseLatest
+  // and Begin call it.
+  absl::Status RestoreInterruptedReplacements();
 
   // Reads MANIFEST.json of a committed checkpoint.
   absl::StatusOr<Manifest> ReadManifest(const CheckpointInfo& checkpoint);

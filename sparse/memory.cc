@@ -38,11 +38,17 @@ class CountingAllocator final : public c10::Allocator {
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU memory budget exceeded: tried to allocate ", bytes,
                        " bytes with ", now - bytes, " of ", budget, " bytes in use");
     }
+    c10::DataPtr inner;
+    try {
+      inner = base_->allocate(n);
+    } catch (...) {
+      g_current.fetch_sub(bytes);
+      throw;
+    }
     int64_t peak = g_peak.load();
     while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
     }
     g_allocations.fetch_add(1);
-    c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     auto* ctx = new Allocation{std::move(inner), bytes};
     return c10::DataPtr(data, ctx, &Release, c10::Device(c10::DeviceType::CPU));

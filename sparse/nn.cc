@@ -72,6 +72,9 @@ at::Tensor GeneratorState() {
 // (their manager keeps the kernel maps for the recomputation) and the
 // generator state at the first forward.
 struct CheckpointState : torch::CustomClassHolder {
+  // Owned, so the graph stays valid if the caller drops the model before
+  // calling backward.
+  std::shared_ptr<torch::nn::Module> owner;
   CheckpointableBlock* block = nullptr;
   std::shared_ptr<CoordinateManager> manager;
   std::vector<CoordinateSetId> input_sets;
@@ -95,6 +98,12 @@ class BlockCheckpointFunction : public torch::autograd::Function<BlockCheckpoint
                             CoordinateSetId* out_set) {
     (void)params;  // inputs of the graph; the block reads its own
     auto state = c10::make_intrusive<CheckpointState>();
+    try {
+      state->owner = block->shared_from_this();
+    } catch (const std::bad_weak_ptr&) {
+      TORCH_CHECK(false, block->name(), ": a checkpointed block must be held by a shared_ptr "
+                  "(a module holder or std::make_shared)");
+    }
     state->block = block;
     state->manager = (*meta)[0].manager();
     for (const auto& m : *meta) state->input_sets.push_back(m.set_id());

@@ -207,6 +207,43 @@ TEST(Safetensors, WritesTheDocumentedFormat) {
   ASSERT_TRUE(FileSystem::Default()->WriteSmallFile(dir + "/short.safetensors", bytes.substr(0, bytes.size() - 4)).ok());
   auto truncated = ReadSafetensors(FileSystem::Default(), dir + "/short.safetensors");
   EXPECT_NE(std::string(truncated.status().message()).find("'a'"), std::string::npos) << truncated.status();
+  // Hostile headers: overlapping ranges, and a shape whose size overflows.
+  auto hostile = [&](const std::string& json_header) {
+    std::string h = json_header;
+    h.append((8 - h.size() % 8) % 8, ' ');
+    uint64_t len = h.size();
+    std::string file(reinterpret_cast<const char*>(&len), 8);
+    file += h + std::string(64, '\0');
+    EXPECT_TRUE(FileSystem::Default()->WriteSmallFile(dir + "/hostile.safetensors", file).ok());
+    return ReadSafetensors(FileSystem::Default(), dir + "/hostile.safetensors").status();
+  };
+  absl::Status overlap = hostile(R"({"a": {"dtype": "U8", "shape": [64], "data_offsets": [0, 64]},
+                                    "b": {"dtype": "U8", "shape": [64], "data_offsets": [0, 64]}})");
+  EXPECT_NE(std::string(overlap.message()).find("overlap"), std::string::npos) << overlap;
+  absl::Status overflow =
+      hostile(R"({"a": {"dtype": "U8", "shape": [4611686018427387905, 4], "data_offsets": [0, 4]}})");
+  EXPECT_EQ(overflow.code(), absl::StatusCode::kDataLoss) << overflow;
+  FileSystem::Default()->DeleteTree(dir).IgnoreError();
+}
+
+TEST(LoadState, AnInvalidGeneratorStateChangesNothing) {
+  const std::string dir = TempDir();
+  CheckpointStore store(dir + "/checkpoints");
+  TinyNet net;
+  torch::optim::SGD sgd(net.parameters(), torch::optim::SGDOptions(0.1));
+  TrainerState t;
+  t.step = 1;
+  auto snap = Snapshot(net, sgd, t);
+  ASSERT_TRUE(snap.ok());
+  snap->trainer.cpu_rng_state.assign(snap->trainer.cpu_rng_state.size(), '\0');
+  ASSERT_TRUE(WriteSnapshot(store, *snap).ok());
+  torch::manual_seed(77);
+  TinyNet fresh;
+  at::Tensor before = fresh.w1.clone();
+  torch::optim::SGD fresh_sgd(fresh.parameters(), torch::optim::SGDOptions(0.1));
+  absl::Status s = LoadState(store, *store.ChooseLatest(nullptr), fresh, fresh_sgd, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(at::equal(fresh.w1, before));
   FileSystem::Default()->DeleteTree(dir).IgnoreError();
 }
 

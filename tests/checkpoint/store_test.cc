@@ -227,6 +227,35 @@ TEST_F(StoreTest, SavingTheSameStepAgainReplacesIt) {
   EXPECT_TRUE(store.Verify({3, Path(3)}).ok());
 }
 
+TEST_F(StoreTest, ACrashWhileReplacingAStepKeepsTheOldCopy) {
+  testing::FaultInjectionFileSystem fs;
+  CheckpointStore store(root_, &fs);
+  ASSERT_TRUE(Save(store, 4).ok());
+  fs.crash_before_rename = true;  // the old copy steps aside, then the process dies
+  EXPECT_FALSE(Save(store, 4).ok());
+  EXPECT_FALSE(FileSystem::Default()->Exists(Path(4)));
+  fs.crash_before_rename = false;
+  CheckpointStore restarted(root_, &fs);
+  EXPECT_EQ(Latest(restarted), 4);
+  EXPECT_TRUE(restarted.Verify({4, Path(4)}).ok());
+  ASSERT_TRUE(Save(restarted, 5).ok());
+  restarted.WaitForDeletions();
+  EXPECT_EQ(*FileSystem::Default()->ListDir(root_), (std::vector<std::string>{"step-4", "step-5"}));
+}
+
+TEST_F(StoreTest, RetentionNeverDeletesTheCheckpointJustCommitted) {
+  CheckpointStore store(root_, FileSystem::Default(), {/*keep_last=*/2, 0});
+  ASSERT_TRUE(Save(store, 100).ok());
+  ASSERT_TRUE(Save(store, 200).ok());
+  // A run restarted from scratch saves lower steps than the ones on disk.
+  ASSERT_TRUE(Save(store, 10).ok());
+  auto list = store.List();
+  ASSERT_TRUE(list.ok());
+  bool has10 = false;
+  for (const auto& c : *list) has10 = has10 || c.step == 10;
+  EXPECT_TRUE(has10);
+}
+
 TEST_F(StoreTest, BadFileNamesAreRejected) {
   CheckpointStore store(root_);
   auto p = store.Begin(1);

@@ -275,6 +275,10 @@ TEST(MemoryAccounting, CountsAndEnforcesABudget) {
   SetMemoryBudget(0);
   at::Tensor ok = at::empty({1 << 20}, at::kFloat);
   EXPECT_EQ(ok.numel(), 1 << 20);
+  // A failed allocation leaves the counters as they were.
+  const int64_t current = GetMemoryStats().current_bytes;
+  EXPECT_THROW(at::empty({int64_t{1} << 50}, at::kByte), c10::Error);
+  EXPECT_EQ(GetMemoryStats().current_bytes, current);
 }
 
 }  // namespace
