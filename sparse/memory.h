@@ -10,11 +10,13 @@
 namespace trainsup::sparse {
 
 struct MemoryStats {
-  int64_t current_bytes = 0;
+  int64_t current_bytes = 0;  // held by live tensors
   int64_t peak_bytes = 0;
   int64_t budget_bytes = 0;  // 0: none
   int64_t allocations = 0;
-  int64_t refused = 0;  // allocations that raised out-of-memory
+  int64_t refused = 0;       // allocations that raised out-of-memory
+  int64_t cached_bytes = 0;  // freed large blocks kept for reuse
+  int64_t cache_hits = 0;
 };
 
 // Installs the counting allocator as LibTorch's CPU allocator (once per
@@ -26,6 +28,13 @@ MemoryStats GetMemoryStats();
 void ResetPeakMemory();
 // 0 removes the budget.
 void SetMemoryBudget(int64_t bytes);
+// Freed blocks of at least 1 MiB are kept (up to `bytes` in all) and handed
+// out again for an allocation of the same size: training repeats the same
+// shapes every step, and a fresh large block costs page faults and zeroing
+// on every use. Cached blocks do not count as current use; the budget
+// applies to live tensors. 0 (the default) turns caching off and frees the
+// cache.
+void SetBlockCacheLimit(int64_t bytes);
 
 }  // namespace trainsup::sparse
 

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   bool json = false;
   std::vector<int> depths = {14, 34};
   std::string scene_name = "default";
+  int64_t cache_mib = 2048;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json") {
@@ -51,6 +52,8 @@ int main(int argc, char** argv) {
       repeats = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--threads" && i + 1 < argc) {
       threads = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--block-cache-mib" && i + 1 < argc) {
+      cache_mib = std::atoll(argv[++i]);
     } else if (a == "--scene" && i + 1 < argc) {
       scene_name = argv[++i];
     } else if (a == "--depths" && i + 1 < argc) {
@@ -59,12 +62,13 @@ int main(int argc, char** argv) {
       for (std::string x; std::getline(ss, x, ',');) depths.push_back(std::atoi(x.c_str()));
     } else {
       std::fprintf(stderr, "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
-                           "[--scene small|default|large|huge]\n");
+                           "[--scene small|default|large|huge] [--block-cache-mib N]\n");
       return 64;
     }
   }
   at::set_num_threads(threads);
   ts::InstallCountingAllocator();
+  ts::SetBlockCacheLimit(cache_mib << 20);
   torch::manual_seed(0);
 
   ts::Scene scene = ts::GenerateScene(ts::ScenePreset(scene_name, 1));
@@ -76,11 +80,12 @@ int main(int argc, char** argv) {
   at::Tensor coords = at::cat({at::zeros({n, 1}, at::kInt), q.coordinates}, 1);
 
   std::ostringstream js;
-  js << "{\"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName() << "\", \"voxels\": " << n;
+  js << "{\"block_cache_mib\": " << cache_mib << ", \"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName() << "\", \"voxels\": " << n;
   if (!json) {
-    std::printf("minkunet_bench: %d threads (at::set_num_threads), BLAS %s kernels; scene %s: %lld voxels at 2 cm; "
-                "medians of %d\n",
-                threads, ts::BlasCoreName().c_str(), scene_name.c_str(), static_cast<long long>(n), repeats);
+    std::printf("minkunet_bench: %d threads (at::set_num_threads), BLAS %s kernels, block cache %lld MiB; scene %s: "
+                "%lld voxels at 2 cm; medians of %d\n",
+                threads, ts::BlasCoreName().c_str(), static_cast<long long>(cache_mib), scene_name.c_str(),
+                static_cast<long long>(n), repeats);
   }
   for (int depth : depths) {
     ts::MinkUNet net(ts::MinkUNetPlan(depth, 3, 20));

@@ -279,6 +279,23 @@ TEST(MemoryAccounting, CountsAndEnforcesABudget) {
   const int64_t current = GetMemoryStats().current_bytes;
   EXPECT_THROW(at::empty({int64_t{1} << 50}, at::kByte), c10::Error);
   EXPECT_EQ(GetMemoryStats().current_bytes, current);
+  // The block cache hands a freed large block out again for the same size.
+  SetBlockCacheLimit(int64_t{64} << 20);
+  void* first;
+  {
+    at::Tensor big = at::empty({3 << 20}, at::kFloat);
+    first = big.data_ptr();
+  }
+  EXPECT_EQ(GetMemoryStats().cached_bytes, int64_t{12} << 20);
+  const int64_t hits = GetMemoryStats().cache_hits;
+  {
+    at::Tensor again = at::empty({3 << 20}, at::kFloat);
+    EXPECT_EQ(again.data_ptr(), first);
+    EXPECT_EQ(GetMemoryStats().cache_hits, hits + 1);
+    EXPECT_EQ(GetMemoryStats().cached_bytes, 0);
+  }
+  SetBlockCacheLimit(0);
+  EXPECT_EQ(GetMemoryStats().cached_bytes, 0);
 }
 
 }  // namespace
