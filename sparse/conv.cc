@@ -19,6 +19,7 @@ struct SavedPairs {
   std::vector<int64_t> begin;
   int64_t identity_offset;
   bool transposed;
+  bool sorted;
   cpu::PairLists View() const {
     cpu::PairLists p;
     const int32_t* in = in_rows.data_ptr<int32_t>();
@@ -28,6 +29,7 @@ struct SavedPairs {
     p.begin = begin.data();
     p.volume = static_cast<int64_t>(begin.size()) - 1;
     p.identity_offset = identity_offset;
+    p.sorted = sorted;
     return p;
   }
 };
@@ -36,17 +38,20 @@ void SaveMap(AutogradContext* ctx, const KernelMap& map, bool transposed) {
   ctx->saved_data["begin"] = map.begin;
   ctx->saved_data["identity"] = map.identity_offset;
   ctx->saved_data["transposed"] = transposed;
+  ctx->saved_data["sorted"] = map.rows_sorted;
   ctx->saved_data["num_in"] = transposed ? map.num_out : map.num_in;
   ctx->saved_data["num_out"] = transposed ? map.num_in : map.num_out;
 }
 
 SavedPairs LoadMap(AutogradContext* ctx, const at::Tensor& in_rows, const at::Tensor& out_rows) {
   return SavedPairs{in_rows, out_rows, ctx->saved_data["begin"].toIntVector(),
-                    ctx->saved_data["identity"].toInt(), ctx->saved_data["transposed"].toBool()};
+                    ctx->saved_data["identity"].toInt(), ctx->saved_data["transposed"].toBool(),
+                    ctx->saved_data["sorted"].toBool()};
 }
 
 SavedPairs PairsOf(const KernelMap& map, bool transposed) {
-  return SavedPairs{map.in_rows, map.out_rows, map.begin, map.identity_offset, transposed};
+  return SavedPairs{map.in_rows, map.out_rows, map.begin, map.identity_offset, transposed,
+                    map.rows_sorted};
 }
 
 class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunction> {

@@ -332,6 +332,7 @@ std::shared_ptr<const KernelMap> CoordinateManager::BuildKernelMap(
   // order when the set is sorted. Deterministic mode keeps to the gathered
   // path, so its arithmetic is the same whatever the input's row order.
   if (symmetric && out.sorted && !deterministic) map->identity_offset = center;
+  map->rows_sorted = in.sorted && out.sorted && !deterministic;
   map->begin.assign(volume + 1, 0);
   std::vector<int64_t> start(static_cast<size_t>(chunks * volume));
   int64_t total = 0;

@@ -64,6 +64,9 @@ struct KernelMap {
   // Offset whose pairs are (p, p) for every row p in order (the centre of
   // an odd kernel on one set, built outside deterministic mode), or -1.
   int64_t identity_offset = -1;
+  // Input and output rows ascend within every offset (both sets sorted);
+  // left false in deterministic mode, which keeps to one arithmetic path.
+  bool rows_sorted = false;
   int64_t pairs() const { return begin.empty() ? 0 : begin.back(); }
   int64_t count(int64_t k) const { return begin[k + 1] - begin[k]; }
 };

@@ -3,7 +3,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <vector>
 
@@ -65,6 +68,140 @@ void ForEachPair(const PairLists& pairs, const Fn& fn) {
   }
 }
 
+// TRAINSUP_ROW_RANGES=0 turns the sorted path off (for A/B measurements).
+bool RowRangesEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("TRAINSUP_ROW_RANGES");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
+
+// Row ranges for the sorted path: fixed by the row count alone (not the
+// thread count), so sums over them do not depend on the number of threads.
+int64_t NumRanges(int64_t rows) { return std::clamp<int64_t>((rows + 4095) / 4096, 1, 512); }
+int64_t RangeStart(int64_t r, int64_t ranges, int64_t rows) { return r * rows / ranges; }
+
+// Calls fn(r) for r in [0, ranges), handing ranges to the threads as they
+// become free: the pairs per range vary (floors and walls are denser than
+// open space), and a static split would leave a thread idle.
+template <typename Fn>
+void ForEachRange(int64_t ranges, const Fn& fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), ranges));
+  at::parallel_for(0, workers, 1, [&](int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w) {
+      for (int64_t r = next.fetch_add(1); r < ranges; r = next.fetch_add(1)) fn(r);
+    }
+  });
+}
+
+// The pairs [lo, hi) of one offset whose rows (ascending) lie in [a, b).
+std::pair<int64_t, int64_t> PairsInRows(const int32_t* rows, int64_t n, int64_t a, int64_t b) {
+  const int64_t lo = std::lower_bound(rows, rows + n, static_cast<int32_t>(a)) - rows;
+  const int64_t hi = std::lower_bound(rows + lo, rows + n, static_cast<int32_t>(b)) - rows;
+  return {lo, hi};
+}
+
+// Sorted path of ConvForward: each task owns a range of output rows and
+// runs every offset's pairs into it.
+template <typename T>
+void ConvForwardByRows(const T* in, int64_t cin, const T* weight, int64_t cout,
+                       const PairLists& pairs, T* out, int64_t num_out) {
+  const int64_t ranges = NumRanges(num_out);
+  ForEachRange(ranges, [&](int64_t r) {
+    T* a = ThreadBuffer<T>(0, kChunkRows * cin);
+    T* c = ThreadBuffer<T>(1, kChunkRows * cout);
+    {
+      const int64_t row0 = RangeStart(r, ranges, num_out);
+      const int64_t row1 = RangeStart(r + 1, ranges, num_out);
+      if (pairs.identity_offset >= 0) {
+        const T* w = weight + pairs.identity_offset * cin * cout;
+        for (int64_t b = row0; b < row1; b += kChunkRows) {
+          const int64_t m = std::min(kChunkRows, row1 - b);
+          Gemm<T>(false, false, m, cout, cin, in + b * cin, cin, w, cout, T(0), out + b * cout,
+                  cout);
+        }
+      } else {
+        std::fill(out + row0 * cout, out + row1 * cout, T(0));
+      }
+      for (int64_t k = 0; k < pairs.volume; ++k) {
+        if (k == pairs.identity_offset) continue;
+        const int32_t* src = pairs.src + pairs.begin[k];
+        const int32_t* dst = pairs.dst + pairs.begin[k];
+        const auto [lo, hi] = PairsInRows(dst, Count(pairs, k), row0, row1);
+        const T* w = weight + k * cin * cout;
+        for (int64_t p0 = lo; p0 < hi; p0 += kChunkRows) {
+          const int64_t m = std::min(kChunkRows, hi - p0);
+          GatherRows(in, cin, src + p0, m, a);
+          Gemm<T>(false, false, m, cout, cin, a, cin, w, cout, T(0), c, cout);
+          ScatterAddRows(c, cout, dst + p0, m, out);
+        }
+      }
+    }
+  });
+}
+
+// Sorted path of ConvBackward: each task owns a range of input rows (the
+// rows grad_in is scattered into); weight gradients are summed per range,
+// then over the ranges in order.
+template <typename T>
+void ConvBackwardByRows(const T* in, int64_t num_in, int64_t cin, const T* weight, int64_t cout,
+                        const PairLists& pairs, const T* grad_out, T* grad_in, T* grad_weight) {
+  const int64_t ranges = NumRanges(num_in);
+  const int64_t wsize = pairs.volume * cin * cout;
+  std::vector<T> partial(grad_weight != nullptr ? static_cast<size_t>(ranges * wsize) : 0, T(0));
+  ForEachRange(ranges, [&](int64_t r) {
+    T* a = ThreadBuffer<T>(0, kChunkRows * cin);
+    T* g = ThreadBuffer<T>(1, kChunkRows * cout);
+    T* d = ThreadBuffer<T>(2, kChunkRows * cin);
+    {
+      const int64_t row0 = RangeStart(r, ranges, num_in);
+      const int64_t row1 = RangeStart(r + 1, ranges, num_in);
+      T* pw = grad_weight != nullptr ? partial.data() + r * wsize : nullptr;
+      if (pairs.identity_offset >= 0) {
+        const T* w = weight + pairs.identity_offset * cin * cout;
+        for (int64_t b = row0; b < row1; b += kChunkRows) {
+          const int64_t m = std::min(kChunkRows, row1 - b);
+          if (grad_in != nullptr) {
+            Gemm<T>(false, true, m, cin, cout, grad_out + b * cout, cout, w, cout, T(0),
+                    grad_in + b * cin, cin);
+          }
+          if (pw != nullptr) {
+            Gemm<T>(true, false, cin, cout, m, in + b * cin, cin, grad_out + b * cout, cout, T(1),
+                    pw + pairs.identity_offset * cin * cout, cout);
+          }
+        }
+      } else if (grad_in != nullptr) {
+        std::fill(grad_in + row0 * cin, grad_in + row1 * cin, T(0));
+      }
+      for (int64_t k = 0; k < pairs.volume; ++k) {
+        if (k == pairs.identity_offset) continue;
+        const int32_t* src = pairs.src + pairs.begin[k];
+        const int32_t* dst = pairs.dst + pairs.begin[k];
+        const auto [lo, hi] = PairsInRows(src, Count(pairs, k), row0, row1);
+        const T* w = weight + k * cin * cout;
+        for (int64_t p0 = lo; p0 < hi; p0 += kChunkRows) {
+          const int64_t m = std::min(kChunkRows, hi - p0);
+          GatherRows(grad_out, cout, dst + p0, m, g);
+          if (grad_in != nullptr) {
+            Gemm<T>(false, true, m, cin, cout, g, cout, w, cout, T(0), d, cin);
+            ScatterAddRows(d, cin, src + p0, m, grad_in);
+          }
+          if (pw != nullptr) {
+            GatherRows(in, cin, src + p0, m, a);
+            Gemm<T>(true, false, cin, cout, m, a, cin, g, cout, T(1), pw + k * cin * cout, cout);
+          }
+        }
+      }
+    }
+  });
+  if (grad_weight != nullptr) {
+    std::fill(grad_weight, grad_weight + wsize, T(0));
+    for (int64_t r = 0; r < ranges; ++r) AddRow(grad_weight, partial.data() + r * wsize, wsize);
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -72,6 +209,10 @@ void ConvForward(const T* in, int64_t num_in, int64_t cin, const T* weight, int6
                  const PairLists& pairs, T* out, int64_t num_out) {
   (void)num_in;
   BlasSingleThreadGuard single_threaded_blas;
+  if (pairs.sorted && RowRangesEnabled()) {
+    ConvForwardByRows(in, cin, weight, cout, pairs, out, num_out);
+    return;
+  }
   if (pairs.identity_offset >= 0) {
     // out = in @ W_centre, row blocks in parallel; no gather, no scatter.
     const T* w = weight + pairs.identity_offset * cin * cout;
@@ -111,6 +252,10 @@ void ConvBackward(const T* in, int64_t num_in, int64_t cin, const T* weight, int
                   const PairLists& pairs, const T* grad_out, int64_t num_out, T* grad_in,
                   T* grad_weight) {
   BlasSingleThreadGuard single_threaded_blas;
+  if (pairs.sorted && RowRangesEnabled()) {
+    ConvBackwardByRows(in, num_in, cin, weight, cout, pairs, grad_out, grad_in, grad_weight);
+    return;
+  }
   const int64_t task_rows = kChunkRows * kTaskChunks;
   if (grad_weight != nullptr) std::fill(grad_weight, grad_weight + pairs.volume * cin * cout, T(0));
   if (grad_in != nullptr) {

@@ -19,6 +19,11 @@ struct PairLists {
   // an odd stride-1 kernel in build order); -1 if none. Lets that offset run
   // as one GEMM without gather or scatter.
   int64_t identity_offset = -1;
+  // src and dst rows ascend within every offset (both coordinate sets in
+  // key order). Then the kernels give each task a range of rows and all
+  // offsets at once: one parallel region per call instead of one per
+  // offset, and no task writes another's rows.
+  bool sorted = false;
 };
 
 // out[num_out x cout] = sum_k scatter_dst(gather_src(in) @ W_k).

@@ -44,12 +44,14 @@ void ExpectClose(const at::Tensor& got, const at::Tensor& want, double tol, cons
   EXPECT_LE(err, tol) << what << ": max abs error " << err;
 }
 
+// Sorted inputs take the row-range kernels, shuffled ones the per-offset
+// kernels: both against the dense reference.
 TEST(Conv, MatchesDenseConv3dForwardAndGradients) {
-  for (const ConvCase& c : kConvCases) {
-    SCOPED_TRACE(Describe(c));
+  for (const ConvCase& c : kConvCases) for (bool shuffle : {true, false}) {
+    SCOPED_TRACE(Describe(c) + (shuffle ? " shuffled rows" : " sorted rows"));
     const int64_t grid = 8;
     auto in = MakeRandomInput(c.batch, grid, 0.3, c.cin, at::kDouble, 7 + c.kernel * 3 + c.stride,
-                              c.origin);
+                              c.origin, shuffle);
     const int64_t volume = c.kernel * c.kernel * c.kernel;
     at::Tensor w = at::randn({volume, c.cin, c.cout}, at::kDouble).requires_grad_(true);
     at::Tensor b = at::randn({c.cout}, at::kDouble).requires_grad_(true);
@@ -95,10 +97,10 @@ TEST(ConvTranspose, MatchesDenseConvTranspose3dForwardAndGradients) {
   const ConvCase cases[] = {{3, 2, 1, 4, 3, 2, -8}, {2, 2, 1, 3, 5, 1, 0},
                             {3, 2, 2, 2, 2, 2, 0},  {1, 2, 1, 3, 3, 1, -4},
                             {3, 1, 1, 3, 4, 1, 0},  {5, 2, 1, 2, 3, 1, 0}};
-  for (const ConvCase& c : cases) {
-    SCOPED_TRACE(Describe(c));
+  for (const ConvCase& c : cases) for (bool shuffle : {true, false}) {
+    SCOPED_TRACE(Describe(c) + (shuffle ? " shuffled rows" : " sorted rows"));
     const int64_t grid = 8;
-    auto in = MakeRandomInput(c.batch, grid, 0.3, 1, at::kDouble, 11 + c.kernel, c.origin);
+    auto in = MakeRandomInput(c.batch, grid, 0.3, 1, at::kDouble, 11 + c.kernel, c.origin, shuffle);
     auto manager = std::make_shared<CoordinateManager>();
     SparseTensor fine(in.features, in.coordinates, 1, manager);
     const CoordinateSetId coarse_id = manager->Downsample(fine.set_id(), c.stride);
@@ -198,7 +200,9 @@ TEST(Pool, MatchesDenseMaxAndAveragePooling) {
 }
 
 TEST(GradCheck, ConvolutionFamilyInFloat64) {
-  auto in = MakeRandomInput(2, 5, 0.25, 2, at::kDouble, 99, -2);
+  for (bool shuffle : {true, false}) {
+  SCOPED_TRACE(shuffle ? "shuffled rows" : "sorted rows");
+  auto in = MakeRandomInput(2, 5, 0.25, 2, at::kDouble, 99, -2, shuffle);
   auto manager = std::make_shared<CoordinateManager>();
   SparseTensor x(in.features, in.coordinates, 1, manager);
   auto conv = [&](const std::vector<at::Tensor>& t) {
@@ -225,6 +229,7 @@ TEST(GradCheck, ConvolutionFamilyInFloat64) {
       return Pool(x.WithFeatures(t[0]), mode, {3, 2, 1}).F();
     };
     EXPECT_LT(GradCheck(pool, {in.features}), 1e-6);
+  }
   }
 }
 

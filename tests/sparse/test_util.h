@@ -25,8 +25,11 @@ struct RandomInput {
   int64_t grid = 8;
 };
 
+// Rows are shuffled unless `shuffle` is false (then they are in key order,
+// as Quantize and Downsample produce them).
 inline RandomInput MakeRandomInput(int64_t batch, int64_t grid, double density, int64_t channels,
-                                   at::ScalarType dtype, uint64_t seed, int64_t origin = 0) {
+                                   at::ScalarType dtype, uint64_t seed, int64_t origin = 0,
+                                   bool shuffle = true) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(0, 1);
   std::vector<int32_t> c;
@@ -47,7 +50,8 @@ inline RandomInput MakeRandomInput(int64_t batch, int64_t grid, double density, 
   in.coordinates = at::from_blob(c.data(), {n, 4}, at::kInt).clone();
   // Shuffle rows so nothing relies on sorted input.
   at::Generator gen = at::detail::createCPUGenerator(seed);
-  at::Tensor perm = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
+  at::Tensor perm = shuffle ? at::randperm(n, gen, at::TensorOptions().dtype(at::kLong))
+                           : at::arange(n, at::kLong);
   in.coordinates = in.coordinates.index_select(0, perm).contiguous();
   in.features = at::randn({n, channels}, gen, at::TensorOptions().dtype(dtype));
   in.batch = batch;
