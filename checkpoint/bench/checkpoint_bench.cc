@@ -19,20 +19,15 @@
 #include <vector>
 
 #include "checkpoint/state.h"
+#include "sparse/bench/bench_util.h"
 #include "sparse/blas.h"
 
 namespace ck = trainsup::ckpt;
 
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using trainsup::bench::Median;
+using trainsup::bench::Now;
 
 struct Net : torch::nn::Module {
   explicit Net(int64_t floats) {

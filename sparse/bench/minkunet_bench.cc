@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "sparse/bench/bench_util.h"
 #include "sparse/blas.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
@@ -25,14 +26,8 @@ namespace ts = trainsup::sparse;
 
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using trainsup::bench::Median;
+using trainsup::bench::Now;
 
 }  // namespace
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "sparse/bench/bench_util.h"
 #include "sparse/blas.h"
 #include "sparse/ops.h"
 #include "sparse/quantize.h"
@@ -74,9 +75,9 @@ Args Parse(int argc, char** argv) {
 }
 
 double Seconds(const std::function<void()>& fn) {
-  auto t0 = std::chrono::steady_clock::now();
+  const double t0 = trainsup::bench::Now();
   fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return trainsup::bench::Now() - t0;
 }
 
 // Median of `repeats` timed runs after one warm-up run.
@@ -84,8 +85,7 @@ double Median(int repeats, const std::function<void()>& fn) {
   fn();
   std::vector<double> t;
   for (int i = 0; i < repeats; ++i) t.push_back(Seconds(fn));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return trainsup::bench::Median(t);
 }
 
 class Report {
@@ -161,9 +161,7 @@ int main(int argc, char** argv) {
       t_map.push_back(tm);
     }
   }
-  std::sort(t_hash.begin(), t_hash.end());
-  std::sort(t_map.begin(), t_map.end());
-  const double hash_s = t_hash[t_hash.size() / 2], map_s = t_map[t_map.size() / 2];
+  const double hash_s = trainsup::bench::Median(t_hash), map_s = trainsup::bench::Median(t_map);
   r.Add("hash_build_ms", hash_s * 1e3);
   r.Add("kernel_map_ms", map_s * 1e3);
   r.Add("kernel_map_mvoxels_per_s", n / map_s / 1e6);
