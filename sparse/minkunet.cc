@@ -49,8 +49,14 @@ torch::nn::ModuleList MinkUNetImpl::MakeLayer(const std::string& name, int64_t p
   return register_module(name, layer);
 }
 
-SparseTensor MinkUNetImpl::RunLayer(torch::nn::ModuleList& layer, SparseTensor x) {
-  for (const auto& m : *layer) x = m->as<CheckpointableBlock>()->forward(x);
+SparseTensor MinkUNetImpl::RunLayer(torch::nn::ModuleList& layer, SparseTensor x, bool final_layer) {
+  for (size_t i = 0; i < layer->size(); ++i) {
+    auto* block = layer[i]->as<CheckpointableBlock>();
+    // The network's last block runs right before the loss: its activations
+    // are needed at the start of backward, so recomputing them would cost a
+    // forward of the largest block and lower no peak. It always keeps them.
+    x = (final_layer && i + 1 == layer->size()) ? block->ForwardImpl(x, nullptr) : block->forward(x);
+  }
   return x;
 }
 
@@ -105,7 +111,7 @@ SparseTensor MinkUNetImpl::forward(const SparseTensor& x) {
   out = RunLayer(block5, up4->forward(out, &out_b3p8));
   out = RunLayer(block6, up5->forward(out, &out_b2p4));
   out = RunLayer(block7, up6->forward(out, &out_b1p2));
-  out = RunLayer(block8, up7->forward(out, &out_p1));
+  out = RunLayer(block8, up7->forward(out, &out_p1), /*final_layer=*/true);
   return final(out);
 }
 

@@ -42,7 +42,7 @@ class MinkUNetImpl : public torch::nn::Module {
 
  private:
   torch::nn::ModuleList MakeLayer(const std::string& name, int64_t planes, int64_t blocks);
-  SparseTensor RunLayer(torch::nn::ModuleList& layer, SparseTensor x);
+  SparseTensor RunLayer(torch::nn::ModuleList& layer, SparseTensor x, bool final_layer = false);
 
   MinkUNetConfig config_;
   int64_t inplanes_ = 0;

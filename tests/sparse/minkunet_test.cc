@@ -50,5 +50,34 @@ TEST(MinkUNet, SegmentsEveryVoxelAndTrains) {
   EXPECT_THROW(net->forward(x.WithFeatures(at::zeros({x.size(), 4}))), c10::Error);
 }
 
+TEST(MinkUNet, CheckpointingGivesTheSameStep) {
+  SceneOptions o = ScenePreset("small", 9);
+  o.num_points = 6000;
+  Scene s = GenerateScene(o);
+  at::Tensor p = at::from_blob(s.points.data(), {s.size(), 3}, at::kFloat).to(at::kDouble);
+  at::Tensor c = at::from_blob(s.colors.data(), {s.size(), 3}, at::kFloat).to(at::kDouble);
+  at::Tensor l = at::from_blob(s.labels.data(), {s.size()}, at::kInt).to(at::kLong);
+  Quantized q = Quantize(p, 0.08, c, l);
+  at::Tensor coords = at::cat({at::zeros({q.coordinates.size(0), 1}, at::kInt), q.coordinates}, 1);
+  auto step = [&](bool checkpointing) {
+    torch::manual_seed(4);
+    MinkUNet net(MinkUNetPlan(14, 3, kNumSceneClasses));
+    net->to(torch::kDouble);
+    net->train();
+    if (checkpointing) EXPECT_EQ(EnableGradientCheckpointing(*net), 12);
+    SparseTensor y = net->forward(SparseTensor(q.features, coords));
+    at::cross_entropy_loss(y.F(), q.labels).backward();
+    std::vector<at::Tensor> out = {y.F().detach()};
+    for (const auto& t : net->parameters()) out.push_back(t.grad());
+    for (const auto& t : net->buffers()) out.push_back(t.clone());
+    return out;
+  };
+  auto plain = step(false), checkpointed = step(true);
+  ASSERT_EQ(plain.size(), checkpointed.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(at::allclose(plain[i], checkpointed[i], 1e-9, 1e-11)) << "tensor " << i;
+  }
+}
+
 }  // namespace
 }  // namespace trainsup::sparse
