@@ -15,12 +15,9 @@ namespace trainsup::sparse {
 // of its argument. Returns fn(x.F()) with rows in x's order.
 template <typename Fn>
 at::Tensor InCanonicalOrder(const SparseTensor& x, Fn fn) {
-  if (!IsDeterministic() || x.manager()->Set(x.set_id()).sorted) return fn(x.F());
-  at::Tensor order = x.manager()->CanonicalOrder(x.set_id());
-  at::Tensor y = fn(x.F().index_select(0, order));
-  at::Tensor inverse = at::empty_like(order);
-  inverse.index_put_({order}, at::arange(order.size(0), order.options()));
-  return y.index_select(0, inverse);
+  const CoordinateSet& set = x.manager()->Set(x.set_id());
+  if (!IsDeterministic() || set.sorted) return fn(x.F());
+  return fn(x.F().index_select(0, set.order)).index_select(0, set.rank);
 }
 
 }  // namespace trainsup::sparse

@@ -99,7 +99,7 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
 
 class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
  public:
-  // order: int32 output rows in key order (deterministic mode, unsorted
+  // order: int64 output rows in key order (deterministic mode, unsorted
   // output set), or empty for row order.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& features,
                             const KernelMap* map, const at::Tensor& order) {
@@ -127,7 +127,7 @@ class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
     AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "sparse_max_pool_backward", [&] {
       cpu::MaxPoolBackward<scalar_t>(grad.data_ptr<scalar_t>(), argmax.data_ptr<int32_t>(),
                                      grad.size(0), grad.size(1),
-                                     order.numel() > 0 ? order.data_ptr<int32_t>() : nullptr,
+                                     order.numel() > 0 ? order.data_ptr<int64_t>() : nullptr,
                                      grad_in.data_ptr<scalar_t>());
     });
     return {grad_in, at::Tensor(), at::Tensor()};
@@ -269,11 +269,9 @@ SparseTensor Pool(const SparseTensor& x, PoolMode mode, const ConvOptions& optio
   auto map = manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation);
   at::Tensor out;
   if (mode == PoolMode::kMax) {
-    at::Tensor order = at::empty({0}, at::kInt);
     const CoordinateSet& out_coords = manager->Set(out_set);
-    if (IsDeterministic() && !out_coords.sorted) {
-      order = at::tensor(at::ArrayRef<int32_t>(out_coords.sorted_rows), at::kInt);
-    }
+    const at::Tensor order = IsDeterministic() && !out_coords.sorted ? out_coords.order
+                                                                     : at::empty({0}, at::kLong);
     out = MaxPoolFunction::apply(x.F(), map.get(), order);
   } else {
     at::Tensor inv = at::ones({map->num_out}, x.F().options().requires_grad(false));

@@ -127,6 +127,9 @@ CoordinateSetId CoordinateManager::AddValidated(at::Tensor coords, int32_t strid
                   rows[p - 1], " and ", rows[p], " (quantize the points first)");
     }
     keys.swap(ordered);
+    set->order = at::tensor(at::ArrayRef<int32_t>(rows), at::kInt).to(at::kLong);
+    set->rank = at::empty_like(set->order);
+    set->rank.index_put_({set->order}, at::arange(n, at::kLong));
   }
   set->batch_size = max_batch + 1;
   set->sorted = sorted;
@@ -190,7 +193,7 @@ CoordinateSetId CoordinateManager::Downsample(CoordinateSetId id, int32_t factor
 at::Tensor CoordinateManager::CanonicalOrder(CoordinateSetId id) {
   const CoordinateSet& set = Set(id);
   if (set.sorted) return at::arange(set.size(), at::kLong);
-  return at::tensor(at::ArrayRef<int32_t>(set.sorted_rows), at::kInt).to(at::kLong);
+  return set.order;
 }
 
 std::shared_ptr<const KernelMap> CoordinateManager::GetKernelMap(CoordinateSetId in,

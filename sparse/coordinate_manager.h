@@ -36,6 +36,9 @@ struct CoordinateSet {
   // are in key order already, i.e. sorted_rows[p] == p).
   std::vector<uint64_t> sorted_keys;
   std::vector<int32_t> sorted_rows;
+  // The same permutation as int64 tensors, and its inverse (rank[row] =
+  // position in key order); undefined for sorted sets.
+  at::Tensor order, rank;
   int32_t min[3] = {0, 0, 0};  // Bounding box of the spatial coordinates.
   int32_t max[3] = {0, 0, 0};
   int32_t batch_size = 0;  // Largest batch index + 1 (0 when empty).
@@ -105,7 +108,7 @@ class CoordinateManager {
                                                 int32_t kernel_size, int32_t dilation);
 
   // Row permutation that sorts Set(id) by key (int64, length N). Identity
-  // for sets that are sorted already. Cached.
+  // for sets that are sorted already.
   at::Tensor CanonicalOrder(CoordinateSetId id);
 
   CoordinateManagerStats stats() const;

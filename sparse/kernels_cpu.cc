@@ -103,6 +103,61 @@ std::pair<int64_t, int64_t> PairsInRows(const int32_t* rows, int64_t n, int64_t 
   return {lo, hi};
 }
 
+// The per-thread buffers of one chunk of pairs.
+template <typename T>
+struct ChunkBuffers {
+  T* a;  // gathered input rows, kChunkRows x cin
+  T* c;  // GEMM result (forward) or gathered output gradients (backward), kChunkRows x cout
+  T* d;  // input-gradient rows (backward), kChunkRows x cin
+};
+
+template <typename T>
+ChunkBuffers<T> Buffers(int64_t cin, int64_t cout) {
+  return {ThreadBuffer<T>(0, kChunkRows * cin), ThreadBuffer<T>(1, kChunkRows * cout),
+          ThreadBuffer<T>(2, kChunkRows * cin)};
+}
+
+// Forward of m pairs of one offset: out[dst] += in[src] @ w.
+template <typename T>
+void ForwardChunk(const T* in, int64_t cin, const T* w, int64_t cout, const int32_t* src,
+                  const int32_t* dst, int64_t m, const ChunkBuffers<T>& buf, T* out) {
+  GatherRows(in, cin, src, m, buf.a);
+  Gemm<T>(false, false, m, cout, cin, buf.a, cin, w, cout, T(0), buf.c, cout);
+  ScatterAddRows(buf.c, cout, dst, m, out);
+}
+
+// Backward of m pairs of one offset: grad_in[src] += grad_out[dst] @ w^T
+// (if grad_in), dw += in[src]^T grad_out[dst] (if dw).
+template <typename T>
+void BackwardChunk(const T* in, int64_t cin, const T* w, int64_t cout, const T* grad_out,
+                   const int32_t* src, const int32_t* dst, int64_t m, const ChunkBuffers<T>& buf,
+                   T* grad_in, T* dw) {
+  GatherRows(grad_out, cout, dst, m, buf.c);
+  if (grad_in != nullptr) {
+    Gemm<T>(false, true, m, cin, cout, buf.c, cout, w, cout, T(0), buf.d, cin);
+    ScatterAddRows(buf.d, cin, src, m, grad_in);
+  }
+  if (dw != nullptr) {
+    GatherRows(in, cin, src, m, buf.a);
+    Gemm<T>(true, false, cin, cout, m, buf.a, cin, buf.c, cout, T(1), dw, cout);
+  }
+}
+
+// The identity offset on rows [b, b + m), which map to themselves: no
+// gather or scatter. grad_in rows are overwritten (it is the first
+// contribution), dw accumulates.
+template <typename T>
+void BackwardIdentityRows(const T* in, int64_t cin, const T* w, int64_t cout, const T* grad_out,
+                          int64_t b, int64_t m, T* grad_in, T* dw) {
+  if (grad_in != nullptr) {
+    Gemm<T>(false, true, m, cin, cout, grad_out + b * cout, cout, w, cout, T(0), grad_in + b * cin,
+            cin);
+  }
+  if (dw != nullptr) {
+    Gemm<T>(true, false, cin, cout, m, in + b * cin, cin, grad_out + b * cout, cout, T(1), dw, cout);
+  }
+}
+
 // Sorted path of ConvForward: each task owns a range of output rows and
 // runs every offset's pairs into it.
 template <typename T>
@@ -110,33 +165,26 @@ void ConvForwardByRows(const T* in, int64_t cin, const T* weight, int64_t cout,
                        const PairLists& pairs, T* out, int64_t num_out) {
   const int64_t ranges = NumRanges(num_out);
   ForEachRange(ranges, [&](int64_t r) {
-    T* a = ThreadBuffer<T>(0, kChunkRows * cin);
-    T* c = ThreadBuffer<T>(1, kChunkRows * cout);
-    {
-      const int64_t row0 = RangeStart(r, ranges, num_out);
-      const int64_t row1 = RangeStart(r + 1, ranges, num_out);
-      if (pairs.identity_offset >= 0) {
-        const T* w = weight + pairs.identity_offset * cin * cout;
-        for (int64_t b = row0; b < row1; b += kChunkRows) {
-          const int64_t m = std::min(kChunkRows, row1 - b);
-          Gemm<T>(false, false, m, cout, cin, in + b * cin, cin, w, cout, T(0), out + b * cout,
-                  cout);
-        }
-      } else {
-        std::fill(out + row0 * cout, out + row1 * cout, T(0));
+    const ChunkBuffers<T> buf = Buffers<T>(cin, cout);
+    const int64_t row0 = RangeStart(r, ranges, num_out);
+    const int64_t row1 = RangeStart(r + 1, ranges, num_out);
+    if (pairs.identity_offset >= 0) {
+      const T* w = weight + pairs.identity_offset * cin * cout;
+      for (int64_t b = row0; b < row1; b += kChunkRows) {
+        const int64_t m = std::min(kChunkRows, row1 - b);
+        Gemm<T>(false, false, m, cout, cin, in + b * cin, cin, w, cout, T(0), out + b * cout, cout);
       }
-      for (int64_t k = 0; k < pairs.volume; ++k) {
-        if (k == pairs.identity_offset) continue;
-        const int32_t* src = pairs.src + pairs.begin[k];
-        const int32_t* dst = pairs.dst + pairs.begin[k];
-        const auto [lo, hi] = PairsInRows(dst, Count(pairs, k), row0, row1);
-        const T* w = weight + k * cin * cout;
-        for (int64_t p0 = lo; p0 < hi; p0 += kChunkRows) {
-          const int64_t m = std::min(kChunkRows, hi - p0);
-          GatherRows(in, cin, src + p0, m, a);
-          Gemm<T>(false, false, m, cout, cin, a, cin, w, cout, T(0), c, cout);
-          ScatterAddRows(c, cout, dst + p0, m, out);
-        }
+    } else {
+      std::fill(out + row0 * cout, out + row1 * cout, T(0));
+    }
+    for (int64_t k = 0; k < pairs.volume; ++k) {
+      if (k == pairs.identity_offset) continue;
+      const int32_t* src = pairs.src + pairs.begin[k];
+      const int32_t* dst = pairs.dst + pairs.begin[k];
+      const auto [lo, hi] = PairsInRows(dst, Count(pairs, k), row0, row1);
+      for (int64_t p0 = lo; p0 < hi; p0 += kChunkRows) {
+        ForwardChunk(in, cin, weight + k * cin * cout, cout, src + p0, dst + p0,
+                     std::min(kChunkRows, hi - p0), buf, out);
       }
     }
   });
@@ -152,47 +200,29 @@ void ConvBackwardByRows(const T* in, int64_t num_in, int64_t cin, const T* weigh
   const int64_t wsize = pairs.volume * cin * cout;
   std::vector<T> partial(grad_weight != nullptr ? static_cast<size_t>(ranges * wsize) : 0, T(0));
   ForEachRange(ranges, [&](int64_t r) {
-    T* a = ThreadBuffer<T>(0, kChunkRows * cin);
-    T* g = ThreadBuffer<T>(1, kChunkRows * cout);
-    T* d = ThreadBuffer<T>(2, kChunkRows * cin);
-    {
-      const int64_t row0 = RangeStart(r, ranges, num_in);
-      const int64_t row1 = RangeStart(r + 1, ranges, num_in);
-      T* pw = grad_weight != nullptr ? partial.data() + r * wsize : nullptr;
-      if (pairs.identity_offset >= 0) {
-        const T* w = weight + pairs.identity_offset * cin * cout;
-        for (int64_t b = row0; b < row1; b += kChunkRows) {
-          const int64_t m = std::min(kChunkRows, row1 - b);
-          if (grad_in != nullptr) {
-            Gemm<T>(false, true, m, cin, cout, grad_out + b * cout, cout, w, cout, T(0),
-                    grad_in + b * cin, cin);
-          }
-          if (pw != nullptr) {
-            Gemm<T>(true, false, cin, cout, m, in + b * cin, cin, grad_out + b * cout, cout, T(1),
-                    pw + pairs.identity_offset * cin * cout, cout);
-          }
-        }
-      } else if (grad_in != nullptr) {
-        std::fill(grad_in + row0 * cin, grad_in + row1 * cin, T(0));
+    const ChunkBuffers<T> buf = Buffers<T>(cin, cout);
+    const int64_t row0 = RangeStart(r, ranges, num_in);
+    const int64_t row1 = RangeStart(r + 1, ranges, num_in);
+    T* pw = grad_weight != nullptr ? partial.data() + r * wsize : nullptr;
+    if (pairs.identity_offset >= 0) {
+      const int64_t k = pairs.identity_offset;
+      for (int64_t b = row0; b < row1; b += kChunkRows) {
+        BackwardIdentityRows(in, cin, weight + k * cin * cout, cout, grad_out, b,
+                             std::min(kChunkRows, row1 - b), grad_in,
+                             pw != nullptr ? pw + k * cin * cout : nullptr);
       }
-      for (int64_t k = 0; k < pairs.volume; ++k) {
-        if (k == pairs.identity_offset) continue;
-        const int32_t* src = pairs.src + pairs.begin[k];
-        const int32_t* dst = pairs.dst + pairs.begin[k];
-        const auto [lo, hi] = PairsInRows(src, Count(pairs, k), row0, row1);
-        const T* w = weight + k * cin * cout;
-        for (int64_t p0 = lo; p0 < hi; p0 += kChunkRows) {
-          const int64_t m = std::min(kChunkRows, hi - p0);
-          GatherRows(grad_out, cout, dst + p0, m, g);
-          if (grad_in != nullptr) {
-            Gemm<T>(false, true, m, cin, cout, g, cout, w, cout, T(0), d, cin);
-            ScatterAddRows(d, cin, src + p0, m, grad_in);
-          }
-          if (pw != nullptr) {
-            GatherRows(in, cin, src + p0, m, a);
-            Gemm<T>(true, false, cin, cout, m, a, cin, g, cout, T(1), pw + k * cin * cout, cout);
-          }
-        }
+    } else if (grad_in != nullptr) {
+      std::fill(grad_in + row0 * cin, grad_in + row1 * cin, T(0));
+    }
+    for (int64_t k = 0; k < pairs.volume; ++k) {
+      if (k == pairs.identity_offset) continue;
+      const int32_t* src = pairs.src + pairs.begin[k];
+      const int32_t* dst = pairs.dst + pairs.begin[k];
+      const auto [lo, hi] = PairsInRows(src, Count(pairs, k), row0, row1);
+      for (int64_t p0 = lo; p0 < hi; p0 += kChunkRows) {
+        BackwardChunk(in, cin, weight + k * cin * cout, cout, grad_out, src + p0, dst + p0,
+                      std::min(kChunkRows, hi - p0), buf, grad_in,
+                      pw != nullptr ? pw + k * cin * cout : nullptr);
       }
     }
   });
@@ -231,17 +261,13 @@ void ConvForward(const T* in, int64_t num_in, int64_t cin, const T* weight, int6
     if (n == 0) continue;
     const int32_t* src = pairs.src + pairs.begin[k];
     const int32_t* dst = pairs.dst + pairs.begin[k];
-    const T* w = weight + k * cin * cout;
     const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
     at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
-      T* a = ThreadBuffer<T>(0, kChunkRows * cin);
-      T* c = ThreadBuffer<T>(1, kChunkRows * cout);
+      const ChunkBuffers<T> buf = Buffers<T>(cin, cout);
       for (int64_t ch = cb; ch < ce; ++ch) {
         const int64_t p0 = ch * kChunkRows;
-        const int64_t m = std::min(kChunkRows, n - p0);
-        GatherRows(in, cin, src + p0, m, a);
-        Gemm<T>(false, false, m, cout, cin, a, cin, w, cout, T(0), c, cout);
-        ScatterAddRows(c, cout, dst + p0, m, out);
+        ForwardChunk(in, cin, weight + k * cin * cout, cout, src + p0, dst + p0,
+                     std::min(kChunkRows, n - p0), buf, out);
       }
     });
   }
@@ -251,6 +277,7 @@ template <typename T>
 void ConvBackward(const T* in, int64_t num_in, int64_t cin, const T* weight, int64_t cout,
                   const PairLists& pairs, const T* grad_out, int64_t num_out, T* grad_in,
                   T* grad_weight) {
+  (void)num_out;
   BlasSingleThreadGuard single_threaded_blas;
   if (pairs.sorted && RowRangesEnabled()) {
     ConvBackwardByRows(in, num_in, cin, weight, cout, pairs, grad_out, grad_in, grad_weight);
@@ -262,8 +289,7 @@ void ConvBackward(const T* in, int64_t num_in, int64_t cin, const T* weight, int
     if (pairs.identity_offset >= 0) {
       const T* w = weight + pairs.identity_offset * cin * cout;
       at::parallel_for(0, num_in, kChunkRows, [&](int64_t b, int64_t e) {
-        Gemm<T>(false, true, e - b, cin, cout, grad_out + b * cout, cout, w, cout, T(0),
-                grad_in + b * cin, cin);
+        BackwardIdentityRows<T>(in, cin, w, cout, grad_out, b, e - b, grad_in, nullptr);
       });
     } else {
       at::parallel_for(0, num_in, kChunkRows, [&](int64_t b, int64_t e) {
@@ -283,32 +309,17 @@ void ConvBackward(const T* in, int64_t num_in, int64_t cin, const T* weight, int
     const int64_t tasks = (n + task_rows - 1) / task_rows;
     if (grad_weight != nullptr) partial.assign(static_cast<size_t>(tasks * cin * cout), T(0));
     at::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
-      T* a = ThreadBuffer<T>(0, kChunkRows * cin);
-      T* g = ThreadBuffer<T>(1, kChunkRows * cout);
-      T* d = ThreadBuffer<T>(2, kChunkRows * cin);
+      const ChunkBuffers<T> buf = Buffers<T>(cin, cout);
       for (int64_t t = tb; t < te; ++t) {
+        T* dw = grad_weight != nullptr ? partial.data() + t * cin * cout : nullptr;
         const int64_t t_end = std::min(n, (t + 1) * task_rows);
         for (int64_t p0 = t * task_rows; p0 < t_end; p0 += kChunkRows) {
           const int64_t m = std::min(kChunkRows, t_end - p0);
-          const T* g_rows;
-          const T* a_rows;
           if (identity) {
-            // Rows p0.. map to themselves: use them in place.
-            g_rows = grad_out + p0 * cout;
-            a_rows = in + p0 * cin;
+            // grad_in of the identity offset was written above.
+            BackwardIdentityRows<T>(in, cin, w, cout, grad_out, p0, m, nullptr, dw);
           } else {
-            GatherRows(grad_out, cout, dst + p0, m, g);
-            g_rows = g;
-            a_rows = a;
-            if (grad_in != nullptr) {
-              Gemm<T>(false, true, m, cin, cout, g, cout, w, cout, T(0), d, cin);
-              ScatterAddRows(d, cin, src + p0, m, grad_in);
-            }
-            if (grad_weight != nullptr) GatherRows(in, cin, src + p0, m, a);
-          }
-          if (grad_weight != nullptr) {
-            Gemm<T>(true, false, cin, cout, m, a_rows, cin, g_rows, cout, T(1),
-                    partial.data() + t * cin * cout, cout);
+            BackwardChunk(in, cin, w, cout, grad_out, src + p0, dst + p0, m, buf, grad_in, dw);
           }
         }
       }
@@ -318,7 +329,6 @@ void ConvBackward(const T* in, int64_t num_in, int64_t cin, const T* weight, int
       for (int64_t t = 0; t < tasks; ++t) AddRow(gw, partial.data() + t * cin * cout, cin * cout);
     }
   }
-  (void)num_out;
 }
 
 template <typename T>
@@ -346,7 +356,7 @@ void MaxPoolForward(const T* in, int64_t c, const PairLists& pairs, T* out, int3
 
 template <typename T>
 void MaxPoolBackward(const T* grad_out, const int32_t* argmax, int64_t num_out, int64_t c,
-                     const int32_t* order, T* grad_in) {
+                     const int64_t* order, T* grad_in) {
   // One input can be the maximum of several windows: split by channel so no
   // two threads add to the same element, and add in the given row order.
   at::parallel_for(0, c, 1, [&](int64_t jb, int64_t je) {
@@ -390,7 +400,7 @@ void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs,
   template void ConvBackward<T>(const T*, int64_t, int64_t, const T*, int64_t,                  \
                                 const PairLists&, const T*, int64_t, T*, T*);                   \
   template void MaxPoolForward<T>(const T*, int64_t, const PairLists&, T*, int32_t*, int64_t);  \
-  template void MaxPoolBackward<T>(const T*, const int32_t*, int64_t, int64_t, const int32_t*, \
+  template void MaxPoolBackward<T>(const T*, const int32_t*, int64_t, int64_t, const int64_t*, \
                                    T*);             \
   template void WindowSumForward<T>(const T*, int64_t, const PairLists&, const T*, T*,          \
                                     int64_t);                                                   \

@@ -51,7 +51,7 @@ void MaxPoolForward(const T* in, int64_t c, const PairLists& pairs, T* out, int3
 // windows' gradients in one fixed order.
 template <typename T>
 void MaxPoolBackward(const T* grad_out, const int32_t* argmax, int64_t num_out, int64_t c,
-                     const int32_t* order, T* grad_in);
+                     const int64_t* order, T* grad_in);
 
 // Sum over the window divided by divisor[dst] (1 for sum pooling, the
 // window's count for average pooling; 0 counts give 0).

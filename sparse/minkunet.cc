@@ -67,51 +67,35 @@ MinkUNetImpl::MinkUNetImpl(const MinkUNetConfig& config) : config_(config) {
   inplanes_ = config.init_dim;
   conv0 = register_module("conv0", ConvLayer(config.in_channels, inplanes_, ConvOptions{5, 1, 1}));
   bn0 = register_module("bn0", BatchNormLayer(inplanes_, 1e-5, m));
-  conv1 = register_module("conv1", ConvLayer(inplanes_, inplanes_, ConvOptions{2, 2, 1}));
-  bn1 = register_module("bn1", BatchNormLayer(inplanes_, 1e-5, m));
-  block1 = MakeLayer("block1", p[0], config.layers[0]);
-  conv2 = register_module("conv2", ConvLayer(inplanes_, inplanes_, ConvOptions{2, 2, 1}));
-  bn2 = register_module("bn2", BatchNormLayer(inplanes_, 1e-5, m));
-  block2 = MakeLayer("block2", p[1], config.layers[1]);
-  conv3 = register_module("conv3", ConvLayer(inplanes_, inplanes_, ConvOptions{2, 2, 1}));
-  bn3 = register_module("bn3", BatchNormLayer(inplanes_, 1e-5, m));
-  block3 = MakeLayer("block3", p[2], config.layers[2]);
-  conv4 = register_module("conv4", ConvLayer(inplanes_, inplanes_, ConvOptions{2, 2, 1}));
-  bn4 = register_module("bn4", BatchNormLayer(inplanes_, 1e-5, m));
-  block4 = MakeLayer("block4", p[3], config.layers[3]);
-
-  up4 = register_module("up4", UpStage(inplanes_, p[4], m));
-  inplanes_ = p[4] + p[2] * e;
-  block5 = MakeLayer("block5", p[4], config.layers[4]);
-  up5 = register_module("up5", UpStage(inplanes_, p[5], m));
-  inplanes_ = p[5] + p[1] * e;
-  block6 = MakeLayer("block6", p[5], config.layers[5]);
-  up6 = register_module("up6", UpStage(inplanes_, p[6], m));
-  inplanes_ = p[6] + p[0] * e;
-  block7 = MakeLayer("block7", p[6], config.layers[6]);
-  up7 = register_module("up7", UpStage(inplanes_, p[7], m));
-  inplanes_ = p[7] + config.init_dim;
-  block8 = MakeLayer("block8", p[7], config.layers[7]);
+  for (int i = 0; i < 4; ++i) {
+    const std::string n = std::to_string(i + 1);
+    down_conv[i] = register_module("conv" + n, ConvLayer(inplanes_, inplanes_, ConvOptions{2, 2, 1}));
+    down_bn[i] = register_module("bn" + n, BatchNormLayer(inplanes_, 1e-5, m));
+    blocks[i] = MakeLayer("block" + n, p[i], config.layers[i]);
+  }
+  // Channels of the skips the decoder stages concatenate, deepest first.
+  const int64_t skip_channels[4] = {p[2] * e, p[1] * e, p[0] * e, config.init_dim};
+  for (int i = 0; i < 4; ++i) {
+    up[i] = register_module("up" + std::to_string(i + 4), UpStage(inplanes_, p[4 + i], m));
+    inplanes_ = p[4 + i] + skip_channels[i];
+    blocks[4 + i] = MakeLayer("block" + std::to_string(i + 5), p[4 + i], config.layers[4 + i]);
+  }
   final = register_module("final", ConvLayer(p[7] * e, config.out_channels, ConvOptions{1, 1, 1}, /*bias=*/true));
 }
 
 SparseTensor MinkUNetImpl::forward(const SparseTensor& x) {
   TORCH_CHECK(x.channels() == config_.in_channels, "MinkUNet expects ", config_.in_channels,
               " input channels, got ", x.channels());
-  SparseTensor out_p1 = ReluInPlace(bn0(conv0(x)));
-  SparseTensor out = ReluInPlace(bn1(conv1(out_p1)));
-  SparseTensor out_b1p2 = RunLayer(block1, out);
-  out = ReluInPlace(bn2(conv2(out_b1p2)));
-  SparseTensor out_b2p4 = RunLayer(block2, out);
-  out = ReluInPlace(bn3(conv3(out_b2p4)));
-  SparseTensor out_b3p8 = RunLayer(block3, out);
-  out = ReluInPlace(bn4(conv4(out_b3p8)));
-  out = RunLayer(block4, out);
-
-  out = RunLayer(block5, up4->forward(out, &out_b3p8));
-  out = RunLayer(block6, up5->forward(out, &out_b2p4));
-  out = RunLayer(block7, up6->forward(out, &out_b1p2));
-  out = RunLayer(block8, up7->forward(out, &out_p1), /*final_layer=*/true);
+  // skips[i]: the input of encoder stage i (stem output, then each stage's).
+  std::array<SparseTensor, 4> skips;
+  SparseTensor out = ReluInPlace(bn0(conv0(x)));
+  for (int i = 0; i < 4; ++i) {
+    skips[i] = out;
+    out = RunLayer(blocks[i], ReluInPlace(down_bn[i](down_conv[i](out))));
+  }
+  for (int i = 0; i < 4; ++i) {
+    out = RunLayer(blocks[4 + i], up[i]->forward(out, &skips[3 - i]), /*final_layer=*/i == 3);
+  }
   return final(out);
 }
 

@@ -46,11 +46,16 @@ class MinkUNetImpl : public torch::nn::Module {
 
   MinkUNetConfig config_;
   int64_t inplanes_ = 0;
-  ConvLayer conv0{nullptr}, conv1{nullptr}, conv2{nullptr}, conv3{nullptr}, conv4{nullptr};
-  BatchNormLayer bn0{nullptr}, bn1{nullptr}, bn2{nullptr}, bn3{nullptr}, bn4{nullptr};
-  UpStage up4{nullptr}, up5{nullptr}, up6{nullptr}, up7{nullptr};
-  torch::nn::ModuleList block1{nullptr}, block2{nullptr}, block3{nullptr}, block4{nullptr};
-  torch::nn::ModuleList block5{nullptr}, block6{nullptr}, block7{nullptr}, block8{nullptr};
+  ConvLayer conv0{nullptr};  // the 5^3 stem
+  BatchNormLayer bn0{nullptr};
+  // Encoder stage i: 2^3 stride-2 conv (conv1..conv4), BN, blocks (block1..block4).
+  std::array<ConvLayer, 4> down_conv{ConvLayer(nullptr), ConvLayer(nullptr), ConvLayer(nullptr),
+                                     ConvLayer(nullptr)};
+  std::array<BatchNormLayer, 4> down_bn{BatchNormLayer(nullptr), BatchNormLayer(nullptr),
+                                        BatchNormLayer(nullptr), BatchNormLayer(nullptr)};
+  // Decoder stage i: UpStage (up4..up7), then blocks (block5..block8).
+  std::array<UpStage, 4> up{UpStage(nullptr), UpStage(nullptr), UpStage(nullptr), UpStage(nullptr)};
+  std::array<torch::nn::ModuleList, 8> blocks;  // block1..block8
   ConvLayer final{nullptr};
 };
 TORCH_MODULE(MinkUNet);

@@ -230,27 +230,34 @@ SparseTensor UpStageImpl::ForwardImpl(const SparseTensor& x, const SparseTensor*
   return Cat({up, *skip});
 }
 
+void ResidualBlock::InitProjection(int64_t in_channels, int64_t out_channels, int32_t stride,
+                                   double bn_momentum) {
+  if (stride == 1 && in_channels == out_channels) return;
+  downsample_conv = register_module("downsample_conv",
+                                    ConvLayer(in_channels, out_channels, ConvOptions{1, stride, 1}));
+  downsample_norm = register_module("downsample_norm", BatchNormLayer(out_channels, 1e-5, bn_momentum));
+}
+
+SparseTensor ResidualBlock::AddResidual(const SparseTensor& body, const SparseTensor& x) {
+  SparseTensor residual = downsample_conv ? downsample_norm(downsample_conv(x)) : x;
+  CheckSameCoordinates(body, residual, "residual block");
+  // The sum is fresh and addition keeps no inputs for backward: ReLU in place.
+  return body.WithFeatures((body.F() + residual.F()).relu_());
+}
+
 BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t planes, int32_t stride,
                                int32_t dilation, double bn_momentum) {
   conv1 = register_module("conv1", ConvLayer(in_channels, planes, ConvOptions{3, stride, dilation}));
   norm1 = register_module("norm1", BatchNormLayer(planes, 1e-5, bn_momentum));
   conv2 = register_module("conv2", ConvLayer(planes, planes, ConvOptions{3, 1, dilation}));
   norm2 = register_module("norm2", BatchNormLayer(planes, 1e-5, bn_momentum));
-  if (stride != 1 || in_channels != planes * kExpansion) {
-    downsample_conv = register_module(
-        "downsample_conv", ConvLayer(in_channels, planes * kExpansion, ConvOptions{1, stride, 1}));
-    downsample_norm = register_module("downsample_norm", BatchNormLayer(planes * kExpansion, 1e-5, bn_momentum));
-  }
+  InitProjection(in_channels, planes * kExpansion, stride, bn_momentum);
 }
 
 SparseTensor BasicBlockImpl::ForwardImpl(const SparseTensor& x, const SparseTensor* skip) {
   TORCH_CHECK(skip == nullptr, "BasicBlock takes one input");
   SparseTensor out = ReluInPlace(norm1(conv1(x)));
-  out = norm2(conv2(out));
-  SparseTensor residual = downsample_conv ? downsample_norm(downsample_conv(x)) : x;
-  CheckSameCoordinates(out, residual, "BasicBlock residual");
-  // The sum is fresh and addition keeps no inputs for backward: ReLU in place.
-  return out.WithFeatures((out.F() + residual.F()).relu_());
+  return AddResidual(norm2(conv2(out)), x);
 }
 
 BottleneckBlockImpl::BottleneckBlockImpl(int64_t in_channels, int64_t planes, int32_t stride,
@@ -261,21 +268,14 @@ BottleneckBlockImpl::BottleneckBlockImpl(int64_t in_channels, int64_t planes, in
   norm2 = register_module("norm2", BatchNormLayer(planes, 1e-5, bn_momentum));
   conv3 = register_module("conv3", ConvLayer(planes, planes * kExpansion, ConvOptions{1, 1, 1}));
   norm3 = register_module("norm3", BatchNormLayer(planes * kExpansion, 1e-5, bn_momentum));
-  if (stride != 1 || in_channels != planes * kExpansion) {
-    downsample_conv = register_module(
-        "downsample_conv", ConvLayer(in_channels, planes * kExpansion, ConvOptions{1, stride, 1}));
-    downsample_norm = register_module("downsample_norm", BatchNormLayer(planes * kExpansion, 1e-5, bn_momentum));
-  }
+  InitProjection(in_channels, planes * kExpansion, stride, bn_momentum);
 }
 
 SparseTensor BottleneckBlockImpl::ForwardImpl(const SparseTensor& x, const SparseTensor* skip) {
   TORCH_CHECK(skip == nullptr, "BottleneckBlock takes one input");
   SparseTensor out = ReluInPlace(norm1(conv1(x)));
   out = ReluInPlace(norm2(conv2(out)));
-  out = norm3(conv3(out));
-  SparseTensor residual = downsample_conv ? downsample_norm(downsample_conv(x)) : x;
-  CheckSameCoordinates(out, residual, "BottleneckBlock residual");
-  return out.WithFeatures((out.F() + residual.F()).relu_());
+  return AddResidual(norm3(conv3(out)), x);
 }
 
 namespace {

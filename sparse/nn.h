@@ -73,9 +73,22 @@ class CheckpointableBlock : public torch::nn::Module {
   bool checkpointing_ = false;
 };
 
-// conv3-BN-ReLU-conv3-BN, plus the input (through a 1x1 conv + BN when the
-// channels or the stride change), then ReLU. expansion 1.
-class BasicBlockImpl : public CheckpointableBlock {
+// A block whose output is ReLU(body + input), the input projected by a 1x1
+// conv + BN when the channels or the stride change.
+class ResidualBlock : public CheckpointableBlock {
+ public:
+  ConvLayer downsample_conv{nullptr};  // empty without a projection
+  BatchNormLayer downsample_norm{nullptr};
+
+ protected:
+  // Registers the projection if in_channels != out_channels or stride != 1.
+  void InitProjection(int64_t in_channels, int64_t out_channels, int32_t stride, double bn_momentum);
+  // ReLU(body + projected x), in place on the fresh sum.
+  SparseTensor AddResidual(const SparseTensor& body, const SparseTensor& x);
+};
+
+// conv3-BN-ReLU-conv3-BN, plus the input, then ReLU. expansion 1.
+class BasicBlockImpl : public ResidualBlock {
  public:
   static constexpr int64_t kExpansion = 1;
   BasicBlockImpl(int64_t in_channels, int64_t planes, int32_t stride = 1, int32_t dilation = 1,
@@ -84,14 +97,12 @@ class BasicBlockImpl : public CheckpointableBlock {
 
   ConvLayer conv1{nullptr}, conv2{nullptr};
   BatchNormLayer norm1{nullptr}, norm2{nullptr};
-  ConvLayer downsample_conv{nullptr};
-  BatchNormLayer downsample_norm{nullptr};
 };
 TORCH_MODULE(BasicBlock);
 
-// conv1-BN-ReLU-conv3-BN-ReLU-conv1(x4)-BN, plus the input (projected when
-// needed), then ReLU. expansion 4.
-class BottleneckBlockImpl : public CheckpointableBlock {
+// conv1-BN-ReLU-conv3-BN-ReLU-conv1(x4)-BN, plus the input, then ReLU.
+// expansion 4.
+class BottleneckBlockImpl : public ResidualBlock {
  public:
   static constexpr int64_t kExpansion = 4;
   BottleneckBlockImpl(int64_t in_channels, int64_t planes, int32_t stride = 1, int32_t dilation = 1,
@@ -100,8 +111,6 @@ class BottleneckBlockImpl : public CheckpointableBlock {
 
   ConvLayer conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
   BatchNormLayer norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
-  ConvLayer downsample_conv{nullptr};
-  BatchNormLayer downsample_norm{nullptr};
 };
 TORCH_MODULE(BottleneckBlock);
 
