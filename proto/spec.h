@@ -1,0 +1,110 @@
+// The run spec: what a user submits (TOML), what trainsupd validates before
+// it creates anything, and what the worker trains from. Both ends parse it
+// with ParseRunSpec so they can never disagree about what a field means.
+// docs/run-spec.md lists every field with its default and bounds.
+#ifndef TRAINSUP_PROTO_SPEC_H_
+#define TRAINSUP_PROTO_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace trainsup {
+
+struct ModelSpec {
+  std::string arch = "minkunet14";  // minkunet14 | minkunet18 | minkunet34 | minkunet50
+  int64_t in_channels = 3;          // 1..256
+  int64_t num_classes = 0;          // 0: from the data; else 2..1024
+  double voxel_size = 0.05;         // metres, (0, 10]
+  bool gradient_checkpointing = false;
+};
+
+struct DataSpec {
+  // synthetic | ply | las | semantickitti | s3dis
+  std::string format = "synthetic";
+  std::string path;            // file or directory; required unless synthetic
+  std::string label_file;      // ply: labels from a side file (one per line)
+  std::string label_property;  // ply: per-vertex property name ("" = auto)
+  int64_t ignore_label = -1;   // -1..65535
+  double val_fraction = 0.2;   // [0, 0.9]
+  bool augment = true;
+  // synthetic only
+  int64_t scenes = 8;                       // 1..100000
+  std::string scene_size = "small";         // small | default | large | huge
+  std::string size_distribution = "uniform";  // uniform | heavy_tailed
+};
+
+struct OptimizerSpec {
+  std::string kind = "sgd";  // sgd | adamw
+  double lr = 0.05;          // (0, 10]
+  double momentum = 0.9;     // [0, 1)
+  double weight_decay = 1e-4;  // [0, 1]
+  std::string schedule = "constant";  // constant | cosine | poly | step
+  int64_t warmup_steps = 0;  // 0..1e9
+};
+
+struct TrainSpec {
+  int64_t batch_size = 2;                 // 1..4096
+  int64_t steps = 100;                    // 1..1e9 (when epochs = 0)
+  int64_t epochs = 0;                     // 0..1e6 (0: use steps)
+  int64_t checkpoint_every_steps = 50;    // 0..1e9 (0: off)
+  double checkpoint_every_seconds = 0;    // 0..1e6 (0: off)
+  int64_t keep_checkpoints = 3;           // 1..1000
+  int64_t memory_budget_mb = 0;           // 0 (none)..1e7
+  int64_t eval_every_steps = 0;           // 0..1e9
+  bool deterministic = true;
+  int64_t seed = 1;                       // 0..2^63-1
+  int64_t threads = 2;                    // 1..256
+  bool predictive_split = true;
+  int64_t min_piece_points = 500;         // 1..1e9: the splitting floor
+};
+
+// Fault injection for tests and the demo (the [testing] table). -1: off.
+struct TestingSpec {
+  int64_t crash_at_step = -1;       // abort()
+  int64_t exit_at_step = -1;        // exit with exit_code
+  int64_t exit_code = 1;            // 0..255
+  int64_t signal_at_step = -1;      // raise(signal)
+  int64_t signal = 9;               // 1..64
+  int64_t hang_at_step = -1;        // keep heartbeating, stop progressing
+  int64_t freeze_at_step = -1;      // stop heartbeating (and progressing)
+  int64_t oom_at_step = -1;         // allocate past the memory budget
+  bool corrupt_checkpoint = false;  // corrupt the newest checkpoint at start
+  bool ignore_sigterm = false;
+  bool spawn_grandchild = false;    // leave a process in the group
+  int64_t step_ms = 0;              // test worker: time per step, 0..600000
+  int64_t only_attempt = 0;         // 0: faults on every attempt; N: only on attempt N
+  int64_t only_rank = -1;           // -1: faults on every rank; R: only on rank R
+};
+
+struct RunSpec {
+  std::string name = "run";  // 1..64 of [A-Za-z0-9._-]
+  int64_t priority = 0;      // -1000..1000, higher first
+  int64_t world_size = 1;    // 1..64
+  ModelSpec model;
+  DataSpec data;
+  OptimizerSpec optimizer;
+  TrainSpec train;
+  TestingSpec testing;
+};
+
+// Parses and validates `toml_text`. Errors are InvalidArgument naming the
+// field ("train.batch_size: must be in [1, 4096], got 0"), unknown keys and
+// tables included ("model.arhc: unknown key").
+absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text);
+
+// Checks that every path in the spec resolves (after symlinks) inside one of
+// `data_roots`. InvalidArgument naming the field when not, or when a path is
+// relative. An empty `data_roots` allows no paths at all.
+absl::Status CheckSpecPaths(const RunSpec& spec,
+                            const std::vector<std::string>& data_roots);
+
+// The total number of optimizer steps the run takes (steps, or epochs times
+// steps per epoch when that is known: `steps_per_epoch` > 0).
+int64_t TotalSteps(const RunSpec& spec, int64_t steps_per_epoch);
+
+}  // namespace trainsup
+
+#endif  // TRAINSUP_PROTO_SPEC_H_
