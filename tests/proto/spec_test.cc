@@ -1,0 +1,143 @@
+#include "proto/spec.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+namespace trainsup {
+namespace {
+
+std::string Error(const std::string& toml) {
+  absl::StatusOr<RunSpec> spec = ParseRunSpec(toml);
+  EXPECT_FALSE(spec.ok()) << toml;
+  if (spec.ok()) return "";
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(spec.status().message());
+}
+
+TEST(RunSpec, EmptyGivesDefaults) {
+  absl::StatusOr<RunSpec> spec = ParseRunSpec("");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name, "run");
+  EXPECT_EQ(spec->world_size, 1);
+  EXPECT_EQ(spec->model.arch, "minkunet14");
+  EXPECT_EQ(spec->data.format, "synthetic");
+  EXPECT_EQ(spec->train.steps, 100);
+  EXPECT_EQ(spec->testing.crash_at_step, -1);
+}
+
+TEST(RunSpec, ReadsEveryTable) {
+  absl::StatusOr<RunSpec> spec = ParseRunSpec(R"(
+name = "room-seg_2"
+priority = 5
+world_size = 2
+[model]
+arch = "minkunet34"
+in_channels = 6
+num_classes = 13
+voxel_size = 0.02
+gradient_checkpointing = true
+[data]
+format = "ply"
+path = "/data/b9.ply"
+label_property = "label"
+ignore_label = 255
+val_fraction = 0.1
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+weight_decay = 0.01
+schedule = "cosine"
+warmup_steps = 10
+[train]
+batch_size = 4
+steps = 1000
+checkpoint_every_steps = 100
+checkpoint_every_seconds = 600
+memory_budget_mb = 2048
+deterministic = false
+seed = 7
+[testing]
+exit_at_step = 3
+exit_code = 75
+step_ms = 20
+only_attempt = 1
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name, "room-seg_2");
+  EXPECT_EQ(spec->priority, 5);
+  EXPECT_EQ(spec->world_size, 2);
+  EXPECT_EQ(spec->model.arch, "minkunet34");
+  EXPECT_EQ(spec->model.num_classes, 13);
+  EXPECT_DOUBLE_EQ(spec->model.voxel_size, 0.02);
+  EXPECT_TRUE(spec->model.gradient_checkpointing);
+  EXPECT_EQ(spec->data.format, "ply");
+  EXPECT_EQ(spec->data.ignore_label, 255);
+  EXPECT_EQ(spec->optimizer.kind, "adamw");
+  EXPECT_DOUBLE_EQ(spec->optimizer.lr, 1e-3);
+  EXPECT_EQ(spec->train.memory_budget_mb, 2048);
+  EXPECT_FALSE(spec->train.deterministic);
+  EXPECT_EQ(spec->testing.exit_code, 75);
+  EXPECT_EQ(spec->testing.only_attempt, 1);
+}
+
+TEST(RunSpec, ErrorsNameTheField) {
+  EXPECT_EQ(Error("[train]\nbatch_size = 0\n"), "train.batch_size: must be in [1, 4096], got 0");
+  EXPECT_EQ(Error("[model]\narhc = \"x\"\n"), "model.arhc: unknown key");
+  EXPECT_EQ(Error("colour = 1\n"), "colour: unknown key");
+  EXPECT_EQ(Error("[trian]\nsteps = 1\n"), "trian: unknown key");
+  EXPECT_EQ(Error("[optimizer]\nlr = 0\n"), "optimizer.lr: must be in (0, 10], got 0");
+  EXPECT_EQ(Error("[optimizer]\nlr = \"fast\"\n"), "optimizer.lr: must be a number");
+  EXPECT_EQ(Error("[optimizer]\nmomentum = 1.0\n"), "optimizer.momentum: must be in [0, 1), got 1");
+  EXPECT_EQ(Error("world_size = 65\n"), "world_size: must be in [1, 64], got 65");
+  EXPECT_EQ(Error("model = 3\n"), "model: must be a table");
+  EXPECT_EQ(Error("[train]\ndeterministic = 1\n"), "train.deterministic: must be true or false");
+  EXPECT_EQ(Error("name = \"a b\"\n"),
+            "name: may contain only letters, digits, '.', '_' and '-'; got \"a b\"");
+  EXPECT_EQ(Error("[data]\nformat = \"ply\"\n"), "data.path: required for format \"ply\"");
+  EXPECT_EQ(Error("[model]\narch = \"resnet\"\n"),
+            "model.arch: must be one of minkunet14, minkunet18, minkunet34, minkunet50; got "
+            "\"resnet\"");
+  EXPECT_EQ(Error("[optimizer]\nlr = nan\n"), "optimizer.lr: must be in (0, 10], got nan");
+  EXPECT_NE(Error("name = \n").find("spec: not valid TOML at line 1"), std::string::npos);
+}
+
+TEST(RunSpec, PathsStayInsideDataRoots) {
+  namespace fs = std::filesystem;
+  fs::path root = fs::temp_directory_path() / ("spec_test_" + std::to_string(getpid()));
+  fs::create_directories(root / "data");
+  fs::create_directories(root / "other");
+  std::ofstream(root / "data" / "a.ply") << "ply\n";
+  fs::create_symlink(root / "other", root / "data" / "escape");
+
+  RunSpec spec;
+  spec.data.format = "ply";
+  spec.data.path = (root / "data" / "a.ply").string();
+  EXPECT_TRUE(CheckSpecPaths(spec, {(root / "data").string()}).ok());
+
+  absl::Status none = CheckSpecPaths(spec, {});
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.message().find("none configured"), absl::string_view::npos);
+
+  spec.data.path = (root / "data" / ".." / "other" / "x.ply").string();
+  absl::Status dotdot = CheckSpecPaths(spec, {(root / "data").string()});
+  EXPECT_EQ(dotdot.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(dotdot.message().find("data.path:"), absl::string_view::npos);
+
+  spec.data.path = (root / "data" / "escape" / "x.ply").string();
+  EXPECT_FALSE(CheckSpecPaths(spec, {(root / "data").string()}).ok()) << "symlink escape";
+
+  // A root that is a prefix of the path string but not a parent directory.
+  spec.data.path = (root / "data2" / "x.ply").string();
+  EXPECT_FALSE(CheckSpecPaths(spec, {(root / "data").string()}).ok());
+
+  spec.data.path = "relative/a.ply";
+  EXPECT_NE(CheckSpecPaths(spec, {"/"}).message().find("absolute"), absl::string_view::npos);
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace trainsup
