@@ -1,0 +1,463 @@
+#include "supervisor/ctl_format.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
+
+namespace trainsup::supervisor {
+namespace {
+
+constexpr int kBarWidth = 10;
+constexpr int64_t kStaleReportMs = 30'000;
+
+// Every enum of the API names its zero value <PREFIX>UNSPECIFIED; the
+// prefix is derived from it rather than spelled out per enum.
+std::string EnumPrefix(const google::protobuf::EnumDescriptor* d) {
+  const std::string& zero = d->value(0)->name();
+  return zero.substr(0, zero.size() - std::string("UNSPECIFIED").size());
+}
+
+template <typename E>
+std::string ShortName(E value) {
+  const google::protobuf::EnumDescriptor* d = google::protobuf::GetEnumDescriptor<E>();
+  const google::protobuf::EnumValueDescriptor* v = d->FindValueByNumber(value);
+  if (v == nullptr) return absl::StrCat(static_cast<int>(value));
+  return std::string(absl::StripPrefix(v->name(), EnumPrefix(d)));
+}
+
+// Left-aligned columns two spaces apart; the last column is not padded.
+std::string FormatTable(const std::vector<std::vector<std::string>>& rows,
+                        const std::string& indent = "") {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line = indent;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
+std::string Ago(int64_t then_ms, int64_t now_ms) {
+  if (then_ms <= 0) return "-";
+  return absl::StrCat(FormatDuration(now_ms - then_ms), " ago");
+}
+
+std::string StepOfTotal(const v1::Progress& p) {
+  return absl::StrCat(p.step(), "/", p.total_steps() > 0 ? absl::StrCat(p.total_steps()) : "?");
+}
+
+std::string Field(const std::string& label, const std::string& value) {
+  return absl::StrFormat("%-16s%s\n", label + ":", value);
+}
+
+std::string Lower(v1::ExitClass c) { return absl::AsciiStrToLower(ToString(c)); }
+
+const v1::Attempt* FindAttempt(const v1::Run& run, int number) {
+  for (const auto& a : run.attempts()) {
+    if (a.number() == number) return &a;
+  }
+  return nullptr;
+}
+
+std::string RankStatusText(const v1::RankStatus& r) {
+  if (r.alive()) return "alive";
+  if (r.signal() != 0) return absl::StrCat("signal ", r.signal(), " ", ToString(r.exit_class()));
+  if (r.exit_code() >= 0)
+    return absl::StrCat("exit ", r.exit_code(), " ", ToString(r.exit_class()));
+  return ToString(r.exit_class());
+}
+
+}  // namespace
+
+int ExitCodeForStatus(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return kExitOk;
+    case grpc::StatusCode::NOT_FOUND:
+      return kExitNotFound;
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return kExitDenied;
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return kExitUnreachable;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return kExitInvalidArgument;
+    default:
+      return kExitOther;
+  }
+}
+
+int ExitCodeForRunState(v1::RunState state) {
+  switch (state) {
+    case v1::RUN_STATE_SUCCEEDED:
+      return kExitOk;
+    case v1::RUN_STATE_FAILED:
+      return kExitRunFailed;
+    case v1::RUN_STATE_CANCELLED:
+      return kExitRunCancelled;
+    default:
+      return kExitOther;
+  }
+}
+
+bool IsFinal(v1::RunState state) {
+  return state == v1::RUN_STATE_SUCCEEDED || state == v1::RUN_STATE_FAILED ||
+         state == v1::RUN_STATE_CANCELLED;
+}
+
+std::string ToString(v1::RunState state) { return ShortName(state); }
+std::string ToString(v1::ExitClass exit_class) { return ShortName(exit_class); }
+std::string ToString(v1::Phase phase) { return ShortName(phase); }
+std::string ToString(v1::EventKind kind) { return ShortName(kind); }
+std::string ToString(v1::SlotState state) { return ShortName(state); }
+
+absl::StatusOr<v1::RunState> RunStateFromString(absl::string_view name) {
+  const google::protobuf::EnumDescriptor* d = v1::RunState_descriptor();
+  const std::string prefix = EnumPrefix(d);
+  std::string upper = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(name));
+  if (!absl::StartsWith(upper, prefix)) upper = prefix + upper;
+  std::vector<std::string> valid;
+  for (int i = 1; i < d->value_count(); ++i) {
+    if (d->value(i)->name() == upper) return static_cast<v1::RunState>(d->value(i)->number());
+    valid.push_back(absl::AsciiStrToLower(absl::StripPrefix(d->value(i)->name(), prefix)));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown run state '", name, "'; expected one of ", absl::StrJoin(valid, ", ")));
+}
+
+absl::StatusOr<std::vector<v1::RunState>> RunStatesFromString(absl::string_view list) {
+  std::vector<v1::RunState> states;
+  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    absl::StatusOr<v1::RunState> s = RunStateFromString(item);
+    if (!s.ok()) return s.status();
+    states.push_back(*s);
+  }
+  return states;
+}
+
+std::string FormatDuration(int64_t ms) {
+  const int64_t s = std::max<int64_t>(ms, 0) / 1000;
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  if (s < 86400) return absl::StrFormat("%dh%02dm", s / 3600, s % 3600 / 60);
+  return absl::StrFormat("%dd%02dh", s / 86400, s % 86400 / 3600);
+}
+
+std::string FormatTimestamp(int64_t unix_ms) {
+  if (unix_ms == 0) return "-";
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixMillis(unix_ms), absl::UTCTimeZone());
+}
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes) / 1024;
+  int unit = 0;
+  while (v >= 1024 && unit + 1 < 5) {
+    v /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.1f %s", v, kUnits[unit]);
+}
+
+std::optional<int64_t> EstimateEtaMs(const v1::Progress& current, const v1::Progress* previous,
+                                     int64_t samples_per_step) {
+  if (current.total_steps() <= 0) return std::nullopt;
+  const int64_t remaining = std::max<int64_t>(current.total_steps() - current.step(), 0);
+  if (remaining == 0) return 0;
+  if (previous != nullptr && previous->time_ms() < current.time_ms() &&
+      previous->step() < current.step()) {
+    const double ms_per_step = static_cast<double>(current.time_ms() - previous->time_ms()) /
+                               static_cast<double>(current.step() - previous->step());
+    return std::llround(remaining * ms_per_step);
+  }
+  if (samples_per_step > 0 && current.samples_per_sec() > 0) {
+    return std::llround(1000.0 * remaining * samples_per_step / current.samples_per_sec());
+  }
+  return std::nullopt;
+}
+
+std::string FormatRunsTable(const std::vector<v1::Run>& runs, int64_t now_ms) {
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "NAME", "STATE", "STEP/TOTAL", "RESTARTS", "AGE"}};
+  for (const v1::Run& run : runs) {
+    rows.push_back({run.run_id(), run.name().empty() ? "-" : run.name(), ToString(run.state()),
+                    StepOfTotal(run.progress()), absl::StrCat(run.restarts()),
+                    FormatDuration(now_ms - run.created_ms())});
+  }
+  return FormatTable(rows);
+}
+
+std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
+  const v1::Progress& p = run.progress();
+  std::string out = Field("Run", run.run_id());
+  absl::StrAppend(&out, Field("Name", run.name()), Field("State", ToString(run.state())));
+  if (!run.reason().empty()) absl::StrAppend(&out, Field("Reason", run.reason()));
+  absl::StrAppend(&out, Field("Priority", absl::StrCat(run.priority())),
+                  Field("World size", absl::StrCat(run.world_size())),
+                  Field("Created", absl::StrCat(FormatTimestamp(run.created_ms()), " (",
+                                                Ago(run.created_ms(), now_ms), ")")),
+                  Field("Updated", FormatTimestamp(run.updated_ms())));
+  if (run.ended_ms() > 0) absl::StrAppend(&out, Field("Ended", FormatTimestamp(run.ended_ms())));
+  absl::StrAppend(&out, Field("Run dir", run.run_dir()));
+
+  std::string progress = absl::StrCat("step ", StepOfTotal(p));
+  if (p.total_steps() > 0) absl::StrAppend(&progress, " (", p.step() * 100 / p.total_steps(), "%)");
+  absl::StrAppend(&progress, ", epoch ", p.epoch());
+  if (p.phase() != v1::PHASE_UNSPECIFIED) absl::StrAppend(&progress, ", ", ToString(p.phase()));
+  if (p.step() > 0) absl::StrAppend(&progress, absl::StrFormat(", loss %.4g", p.loss()));
+  if (p.samples_per_sec() > 0) {
+    absl::StrAppend(&progress, absl::StrFormat(", %.1f samples/s", p.samples_per_sec()));
+  }
+  absl::StrAppend(&out, Field("Progress", progress));
+  if (p.memory_peak_bytes() > 0 || p.memory_budget_bytes() > 0) {
+    absl::StrAppend(
+        &out, Field("Memory",
+                    absl::StrCat(FormatBytes(p.memory_current_bytes()), " now, ",
+                                 FormatBytes(p.memory_peak_bytes()), " peak, budget ",
+                                 p.memory_budget_bytes() > 0 ? FormatBytes(p.memory_budget_bytes())
+                                                             : "none")));
+  }
+  if (p.splits() > 0 || p.oom_retries() > 0 || p.dropped_pieces() > 0) {
+    absl::StrAppend(&out, Field("Splits", absl::StrCat(p.splits(), " splits, ", p.oom_retries(),
+                                                       " OOM retries, ", p.dropped_pieces(),
+                                                       " dropped pieces, ", p.wasted_forwards(),
+                                                       " wasted forwards")));
+  }
+  absl::StrAppend(&out, Field("Restarts", absl::StrCat(run.restarts(), " (", run.oom_restarts(),
+                                                       " after OOM)")));
+  if (run.state() == v1::RUN_STATE_RESTARTING && run.next_restart_ms() > 0) {
+    absl::StrAppend(
+        &out,
+        Field("Next attempt", absl::StrCat("in ", FormatDuration(run.next_restart_ms() - now_ms))));
+  }
+  int64_t last_heartbeat = p.time_ms();
+  if (const v1::Attempt* latest = FindAttempt(run, LatestAttempt(run))) {
+    for (const auto& r : latest->ranks())
+      last_heartbeat = std::max(last_heartbeat, r.last_heartbeat_ms());
+  }
+  absl::StrAppend(&out, Field("Last heartbeat", Ago(last_heartbeat, now_ms)));
+
+  if (run.attempts_size() > 0) absl::StrAppend(&out, "\nAttempts:\n");
+  for (const v1::Attempt& a : run.attempts()) {
+    const std::string ended = a.ended_ms() > 0 ? FormatTimestamp(a.ended_ms()) : "running";
+    const int64_t took = (a.ended_ms() > 0 ? a.ended_ms() : now_ms) - a.started_ms();
+    absl::StrAppend(&out, "  #", a.number(), "  ", FormatTimestamp(a.started_ms()), " .. ", ended,
+                    a.started_ms() > 0 ? absl::StrCat(" (", FormatDuration(took), ")") : "", ", ");
+    if (a.resumed_from_step() >= 0) {
+      absl::StrAppend(&out, "resumed from step ", a.resumed_from_step(),
+                      a.resumed_from().empty() ? "" : absl::StrCat(" (", a.resumed_from(), ")"),
+                      "\n");
+    } else {
+      absl::StrAppend(&out, "from scratch\n");
+    }
+    if (a.exit_class() != v1::EXIT_CLASS_UNSPECIFIED) {
+      absl::StrAppend(&out, "      exit ", ToString(a.exit_class()),
+                      a.exit_reason().empty() ? "" : absl::StrCat(": ", a.exit_reason()), "\n");
+    }
+    if (a.ranks_size() == 0) continue;
+    std::vector<std::vector<std::string>> rows = {
+        {"RANK", "PID", "SLOT", "GPU", "STATUS", "HEARTBEAT", "LOG"}};
+    std::string reasons;
+    for (const v1::RankStatus& r : a.ranks()) {
+      rows.push_back({absl::StrCat(r.rank()), absl::StrCat(r.pid()), absl::StrCat(r.slot()),
+                      r.gpu().empty() ? "-" : r.gpu(), RankStatusText(r),
+                      Ago(r.last_heartbeat_ms(), now_ms), r.log_path()});
+      if (!r.exit_reason().empty()) {
+        absl::StrAppend(&reasons, "      rank ", r.rank(), ": ", r.exit_reason(), "\n");
+      }
+    }
+    absl::StrAppend(&out, FormatTable(rows, "      "), reasons);
+  }
+
+  if (run.checkpoints_size() > 0) {
+    absl::StrAppend(&out, "\nCheckpoints:\n");
+    std::vector<std::vector<std::string>> rows = {{"STEP", "CREATED", "SIZE", "PATH"}};
+    for (const v1::Checkpoint& c : run.checkpoints()) {
+      rows.push_back({absl::StrCat(c.step()), FormatTimestamp(c.created_ms()),
+                      FormatBytes(c.bytes()), c.path()});
+    }
+    absl::StrAppend(&out, FormatTable(rows, "  "));
+  }
+  return out;
+}
+
+std::string FormatProgressLine(const v1::Run& run, std::optional<int64_t> eta_ms, int64_t now_ms) {
+  const v1::Progress& p = run.progress();
+  std::string line;
+  if (p.total_steps() > 0) {
+    const int64_t step = std::clamp<int64_t>(p.step(), 0, p.total_steps());
+    const int filled = static_cast<int>(step * kBarWidth / p.total_steps());
+    absl::StrAppend(&line, "[", std::string(filled, '#'), std::string(kBarWidth - filled, '.'),
+                    "] ", p.step(), "/", p.total_steps(), " ", step * 100 / p.total_steps(), "%");
+  } else {
+    absl::StrAppend(&line, "step ", p.step());
+  }
+  if (p.step() > 0) absl::StrAppend(&line, absl::StrFormat(" loss %.3f", p.loss()));
+  if (p.samples_per_sec() > 0)
+    absl::StrAppend(&line, absl::StrFormat(" %.1f samples/s", p.samples_per_sec()));
+  if (eta_ms.has_value()) absl::StrAppend(&line, " ETA ", FormatDuration(*eta_ms));
+  absl::StrAppend(&line, " restarts ", run.restarts());
+  if (run.state() != v1::RUN_STATE_RUNNING) {
+    absl::StrAppend(&line, " ", ToString(run.state()));
+    if (run.state() == v1::RUN_STATE_RESTARTING && run.next_restart_ms() > now_ms) {
+      absl::StrAppend(&line, " in ", FormatDuration(run.next_restart_ms() - now_ms));
+    }
+    return line;
+  }
+  if (p.phase() != v1::PHASE_TRAINING && p.phase() != v1::PHASE_UNSPECIFIED) {
+    absl::StrAppend(&line, " ", absl::AsciiStrToLower(ToString(p.phase())));
+  }
+  if (p.time_ms() > 0 && now_ms - p.time_ms() > kStaleReportMs) {
+    absl::StrAppend(&line, " last report ", Ago(p.time_ms(), now_ms));
+  }
+  return line;
+}
+
+std::string FormatEventLine(const v1::RunEvent& e) {
+  std::string line = absl::StrCat(FormatTimestamp(e.time_ms()), " ", e.run_id());
+  if (e.attempt() > 0) absl::StrAppend(&line, " attempt ", e.attempt());
+  absl::StrAppend(&line, " ", ToString(e.kind()));
+  const bool about_rank = e.kind() == v1::EVENT_KIND_WORKER_EXIT ||
+                          e.kind() == v1::EVENT_KIND_HANG || e.kind() == v1::EVENT_KIND_OOM_SPLIT;
+  if (about_rank && e.rank() >= 0) absl::StrAppend(&line, " rank ", e.rank());
+  switch (e.kind()) {
+    case v1::EVENT_KIND_STATE:
+      absl::StrAppend(&line, " ", ToString(e.state()));
+      if (!e.reason().empty()) absl::StrAppend(&line, ": ", e.reason());
+      return line;
+    case v1::EVENT_KIND_PROGRESS: {
+      const v1::Progress& p = e.progress();
+      absl::StrAppend(&line, " step ", StepOfTotal(p), absl::StrFormat(" loss %.3f", p.loss()));
+      if (p.samples_per_sec() > 0)
+        absl::StrAppend(&line, absl::StrFormat(" %.1f samples/s", p.samples_per_sec()));
+      return line;
+    }
+    case v1::EVENT_KIND_CHECKPOINT:
+      absl::StrAppend(&line, " step ", e.checkpoint_step());
+      break;
+    default:
+      break;
+  }
+  if (!e.reason().empty()) absl::StrAppend(&line, " ", e.reason());
+  if (e.exit_class() != v1::EXIT_CLASS_UNSPECIFIED)
+    absl::StrAppend(&line, " (", Lower(e.exit_class()), ")");
+  if (e.kind() == v1::EVENT_KIND_RESTART)
+    absl::StrAppend(&line, absl::StrFormat("; backoff %.1f s", e.delay_s()));
+  return line;
+}
+
+bool IsNotable(const v1::RunEvent& event) { return event.kind() != v1::EVENT_KIND_PROGRESS; }
+
+void ApplyEvent(const v1::RunEvent& e, v1::Run* run) {
+  switch (e.kind()) {
+    case v1::EVENT_KIND_STATE:
+      run->set_state(e.state());
+      run->set_reason(e.reason());
+      if (IsFinal(e.state())) run->set_ended_ms(e.time_ms());
+      break;
+    case v1::EVENT_KIND_PROGRESS:
+      *run->mutable_progress() = e.progress();
+      break;
+    case v1::EVENT_KIND_RESTART:
+      run->set_restarts(run->restarts() + 1);
+      if (e.exit_class() == v1::EXIT_CLASS_OOM) run->set_oom_restarts(run->oom_restarts() + 1);
+      run->set_next_restart_ms(e.time_ms() + std::llround(e.delay_s() * 1000));
+      break;
+    case v1::EVENT_KIND_CHECKPOINT:
+      run->mutable_progress()->set_last_checkpoint_step(e.checkpoint_step());
+      break;
+    default:
+      break;
+  }
+  run->set_updated_ms(std::max(run->updated_ms(), e.time_ms()));
+}
+
+std::string FormatNode(const v1::Node& node) {
+  std::string out = Field("Host", node.hostname());
+  absl::StrAppend(
+      &out, Field("Version", node.version()), Field("Started", FormatTimestamp(node.started_ms())),
+      Field("Uptime", FormatDuration(node.uptime_s() * 1000)),
+      Field("Runs", absl::StrCat(node.runs_pending(), " pending, ", node.runs_active(), " active")),
+      Field("NVML", node.nvml() ? "found" : "not found"));
+  if (node.gpus_size() > 0) {
+    std::vector<std::vector<std::string>> rows = {{"GPU", "NAME", "UUID", "MEMORY", "HEALTH"}};
+    for (const v1::Gpu& g : node.gpus()) {
+      rows.push_back({absl::StrCat(g.index()), g.name(), g.uuid(),
+                      absl::StrCat(FormatBytes(g.memory_used_bytes()), " / ",
+                                   FormatBytes(g.memory_total_bytes())),
+                      g.healthy() ? "healthy" : absl::StrCat("unhealthy: ", g.reason())});
+    }
+    absl::StrAppend(&out, "\n", FormatTable(rows));
+  }
+  if (node.slots_size() > 0) {
+    std::vector<std::vector<std::string>> rows = {
+        {"SLOT", "DEVICE", "STATE", "RUN", "RANK", "REASON"}};
+    for (const v1::Slot& s : node.slots()) {
+      const bool busy = !s.run_id().empty();
+      rows.push_back({absl::StrCat(s.index()),
+                      s.gpu() ? absl::StrCat("gpu ", s.gpu_index()) : "cpu", ToString(s.state()),
+                      busy ? s.run_id() : "-", busy ? absl::StrCat(s.rank()) : "-", s.reason()});
+    }
+    absl::StrAppend(&out, "\n", FormatTable(rows));
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message, bool indent) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = indent;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  const auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) return absl::InternalError(std::string(status.message()));
+  return std::string(absl::StripTrailingAsciiWhitespace(json));
+}
+
+int LatestAttempt(const v1::Run& run) {
+  int latest = 0;
+  for (const auto& a : run.attempts()) latest = std::max(latest, a.number());
+  return latest;
+}
+
+absl::StatusOr<std::string> LogPath(const v1::Run& run, int attempt, int rank) {
+  if (run.world_size() > 0 && (rank < 0 || rank >= run.world_size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside the run's world of ", run.world_size()));
+  }
+  if (attempt == 0) attempt = LatestAttempt(run);
+  if (attempt == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("run ", run.run_id(), " has not started yet"));
+  }
+  const v1::Attempt* a = FindAttempt(run, attempt);
+  if (a == nullptr) {
+    return absl::NotFoundError(absl::StrCat("run ", run.run_id(), " has no attempt ", attempt));
+  }
+  for (const auto& r : a->ranks()) {
+    if (r.rank() == rank && !r.log_path().empty()) return r.log_path();
+  }
+  return absl::StrCat(run.run_dir(), "/attempts/", attempt, "/rank-", rank, ".log");
+}
+
+}  // namespace trainsup::supervisor

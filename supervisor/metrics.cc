@@ -1,0 +1,315 @@
+#include "supervisor/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <exception>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+
+namespace trainsup::supervisor {
+namespace {
+
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Labels;
+
+// The RunState and SlotState names of proto/trainsup/v1/supervisor.proto,
+// without their prefixes.
+const char* const kRunStates[] = {"PENDING",   "STARTING", "RUNNING",  "RESTARTING",
+                                  "SUCCEEDED", "FAILED",   "CANCELLED"};
+const char* const kSlotStates[] = {"FREE", "BUSY", "RELEASING", "STRANDED"};
+constexpr char kStranded[] = "STRANDED";
+const char* const kMemoryKinds[] = {"current", "peak", "budget"};
+
+Family<Gauge>& NewGauge(prometheus::Registry& registry, const std::string& name,
+                        const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry);
+}
+
+Family<Counter>& NewCounter(prometheus::Registry& registry, const std::string& name,
+                            const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+}
+
+// Family::Add returns the existing series for known labels, so Has guards
+// against creating one only to remove it.
+template <typename T>
+void RemoveSeries(Family<T>& family, const Labels& labels) {
+  if (family.Has(labels)) family.Remove(&family.Add(labels));
+}
+
+// Whether `address` ("host:port") names a loopback host; InvalidArgument
+// when it is not of a form the endpoint accepts.
+absl::StatusOr<bool> IsLoopbackAddress(const std::string& address) {
+  const auto invalid = [&address](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address \"", address, "\": ", why));
+  };
+  const std::string::size_type colon = address.rfind(':');
+  if (colon == std::string::npos) return invalid("expected host:port");
+  const std::string host = address.substr(0, colon);
+  const std::string port_text = address.substr(colon + 1);
+  int port = 0;
+  if (port_text.empty() || port_text.size() > 5 ||
+      port_text.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(port_text, &port) || port > 65535) {
+    return invalid("the port must be a number in 0..65535");
+  }
+  if (host == "localhost") return true;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    in6_addr v6{};
+    if (inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &v6) != 1) {
+      return invalid("not an IPv6 address inside the brackets");
+    }
+    return static_cast<bool>(IN6_IS_ADDR_LOOPBACK(&v6));
+  }
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  // A host name other than localhost counts as remote even if it resolves
+  // to a loopback address (Debian maps the machine's name to 127.0.1.1):
+  // what it resolves to can change after the check.
+  if (host.empty() || host.find_first_not_of("abcdefghijklmnopqrstuvwxyz"
+                                             "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") !=
+                          std::string::npos) {
+    return invalid("the host must be an IPv4 address, [IPv6 address] or host name");
+  }
+  return false;
+}
+
+}  // namespace
+
+struct Metrics::Impl {
+  // Declared before the exposer so that the exposer (and its threads, which
+  // read the registry) is destroyed first.
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+
+  Family<Gauge>& runs = NewGauge(*registry, "trainsup_runs", "Runs in each state.");
+  Family<Counter>& restarts = NewCounter(
+      *registry, "trainsup_restarts_total", "Run restarts, by the exit class that caused them.");
+  Family<Counter>& worker_exits = NewCounter(
+      *registry, "trainsup_worker_exits_total", "Worker process exits, by exit class.");
+  Family<Gauge>& heartbeat_age =
+      NewGauge(*registry, "trainsup_worker_heartbeat_age_seconds",
+               "Seconds since the worker's last heartbeat.");
+  Family<Gauge>& step_rate = NewGauge(*registry, "trainsup_worker_step_rate",
+                                      "Training steps per second reported by the worker.");
+  Family<Gauge>& samples_rate = NewGauge(*registry, "trainsup_worker_samples_per_second",
+                                         "Training samples per second reported by the worker.");
+  Family<Gauge>& memory = NewGauge(
+      *registry, "trainsup_worker_memory_bytes",
+      "Worker memory in bytes: current use, peak use and budget (label kind).");
+  Family<Gauge>& step =
+      NewGauge(*registry, "trainsup_worker_step", "Last training step the worker reported.");
+  Family<Gauge>& checkpoint_age =
+      NewGauge(*registry, "trainsup_checkpoint_age_seconds",
+               "Seconds since the run's newest verified checkpoint.");
+  Family<Gauge>& slot_state = NewGauge(
+      *registry, "trainsup_slot_state", "1 for the slot's current state, 0 for the others.");
+  Family<Gauge>& slot_healthy =
+      NewGauge(*registry, "trainsup_slot_healthy", "1 unless the slot's GPU is stranded.");
+  Family<Counter>& gpu_stranded = NewCounter(
+      *registry, "trainsup_gpu_stranded_total", "Times a GPU was marked STRANDED.");
+  Family<Gauge>& daemon_info =
+      NewGauge(*registry, "trainsup_daemon_info", "Always 1, labelled with the daemon version.");
+  Family<Gauge>& daemon_start_time =
+      NewGauge(*registry, "trainsup_daemon_start_time_seconds",
+               "Unix time the daemon started.");
+  Family<Counter>& api_calls = NewCounter(
+      *registry, "trainsup_api_calls_total", "API calls, by method and gRPC status code.");
+
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int port = 0;
+
+  struct SlotSeries {
+    std::string gpu;
+    std::set<std::string> states;  // the state label values with a series
+  };
+
+  absl::Mutex mu;
+  std::set<std::string> run_states ABSL_GUARDED_BY(mu);
+  // Keyed by run, then rank, so RemoveRun finds a run's workers.
+  std::map<std::string, std::set<int>> workers ABSL_GUARDED_BY(mu);
+  std::map<int, SlotSeries> slots ABSL_GUARDED_BY(mu);
+  std::string daemon_version ABSL_GUARDED_BY(mu);
+  bool has_daemon_info ABSL_GUARDED_BY(mu) = false;
+
+  void RemoveWorkerLocked(const std::string& run_id, int rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const Labels labels = {{"run", run_id}, {"rank", std::to_string(rank)}};
+    RemoveSeries(heartbeat_age, labels);
+    RemoveSeries(step_rate, labels);
+    RemoveSeries(samples_rate, labels);
+    RemoveSeries(step, labels);
+    for (const char* kind : kMemoryKinds) {
+      Labels with_kind = labels;
+      with_kind["kind"] = kind;
+      RemoveSeries(memory, with_kind);
+    }
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& address,
+                                                         bool allow_remote) {
+  auto impl = std::make_unique<Impl>();
+  {
+    absl::MutexLock lock(&impl->mu);
+    // Every run state reads 0 from the start rather than being absent.
+    for (const char* state : kRunStates) {
+      impl->runs.Add({{"state", state}}).Set(0);
+      impl->run_states.insert(state);
+    }
+  }
+  if (!address.empty()) {
+    absl::StatusOr<bool> loopback = IsLoopbackAddress(address);
+    if (!loopback.ok()) return loopback.status();
+    if (!*loopback && !allow_remote) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metrics address \"", address,
+                       "\" is not a loopback address; set metrics_allow_remote to serve "
+                       "metrics to other machines"));
+    }
+    // CivetServer (inside Exposer) throws when it cannot start, typically
+    // because the port is taken or the address is not on this machine.
+    try {
+      impl->exposer = std::make_unique<prometheus::Exposer>(address, 2);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("metrics endpoint on \"", address, "\" did not start: ", e.what()));
+    }
+    impl->exposer->RegisterCollectable(impl->registry);
+    const std::vector<int> ports = impl->exposer->GetListeningPorts();
+    if (!ports.empty()) impl->port = ports.front();
+  }
+  return std::unique_ptr<Metrics>(new Metrics(std::move(impl)));
+}
+
+Metrics::Metrics(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Metrics::~Metrics() = default;
+
+int Metrics::port() const { return impl_->port; }
+
+void Metrics::SetRunsByState(const std::map<std::string, int>& counts) {
+  absl::MutexLock lock(&impl_->mu);
+  std::map<std::string, int> upper;
+  for (const auto& [state, count] : counts) upper[absl::AsciiStrToUpper(state)] += count;
+  for (const auto& [state, count] : upper) impl_->run_states.insert(state);
+  for (const std::string& state : impl_->run_states) {
+    const auto it = upper.find(state);
+    impl_->runs.Add({{"state", state}}).Set(it == upper.end() ? 0 : it->second);
+  }
+}
+
+void Metrics::CountRestart(const std::string& reason) {
+  impl_->restarts.Add({{"reason", reason}}).Increment();
+}
+
+void Metrics::CountWorkerExit(const std::string& exit_class) {
+  impl_->worker_exits.Add({{"class", exit_class}}).Increment();
+}
+
+void Metrics::SetWorker(const std::string& run_id, int rank, const WorkerSample& sample) {
+  absl::MutexLock lock(&impl_->mu);
+  impl_->workers[run_id].insert(rank);
+  const Labels labels = {{"run", run_id}, {"rank", std::to_string(rank)}};
+  impl_->heartbeat_age.Add(labels).Set(sample.heartbeat_age_s);
+  impl_->step_rate.Add(labels).Set(sample.steps_per_s);
+  impl_->samples_rate.Add(labels).Set(sample.samples_per_s);
+  impl_->step.Add(labels).Set(sample.step);
+  const double memory[] = {sample.memory_current, sample.memory_peak, sample.memory_budget};
+  for (int i = 0; i < 3; ++i) {
+    Labels with_kind = labels;
+    with_kind["kind"] = kMemoryKinds[i];
+    impl_->memory.Add(with_kind).Set(memory[i]);
+  }
+}
+
+void Metrics::RemoveWorker(const std::string& run_id, int rank) {
+  absl::MutexLock lock(&impl_->mu);
+  const auto run = impl_->workers.find(run_id);
+  if (run == impl_->workers.end() || run->second.erase(rank) == 0) return;
+  if (run->second.empty()) impl_->workers.erase(run);
+  impl_->RemoveWorkerLocked(run_id, rank);
+}
+
+void Metrics::SetCheckpointAge(const std::string& run_id, double age_s) {
+  // Under the lock: RemoveRun may delete this series while it is being set.
+  absl::MutexLock lock(&impl_->mu);
+  impl_->checkpoint_age.Add({{"run", run_id}}).Set(age_s);
+}
+
+void Metrics::RemoveRun(const std::string& run_id) {
+  absl::MutexLock lock(&impl_->mu);
+  RemoveSeries(impl_->checkpoint_age, {{"run", run_id}});
+  const auto run = impl_->workers.find(run_id);
+  if (run == impl_->workers.end()) return;
+  for (int rank : run->second) impl_->RemoveWorkerLocked(run_id, rank);
+  impl_->workers.erase(run);
+}
+
+void Metrics::SetSlot(int slot, const std::string& gpu, const std::string& state) {
+  absl::MutexLock lock(&impl_->mu);
+  const std::string slot_label = std::to_string(slot);
+  const std::string current = absl::AsciiStrToUpper(state);
+  Impl::SlotSeries& series = impl_->slots[slot];
+  std::set<std::string> states(std::begin(kSlotStates), std::end(kSlotStates));
+  states.insert(current);
+  // Series that the new one-hot set does not cover: all of them when the
+  // gpu label changed, else a previous state outside the four.
+  for (const std::string& old : series.states) {
+    if (series.gpu != gpu || states.count(old) == 0) {
+      RemoveSeries(impl_->slot_state, {{"slot", slot_label}, {"gpu", series.gpu}, {"state", old}});
+    }
+  }
+  if (series.gpu != gpu && !series.states.empty()) {
+    RemoveSeries(impl_->slot_healthy, {{"slot", slot_label}, {"gpu", series.gpu}});
+  }
+  for (const std::string& s : states) {
+    impl_->slot_state.Add({{"slot", slot_label}, {"gpu", gpu}, {"state", s}})
+        .Set(s == current ? 1 : 0);
+  }
+  impl_->slot_healthy.Add({{"slot", slot_label}, {"gpu", gpu}}).Set(current == kStranded ? 0 : 1);
+  series.gpu = gpu;
+  series.states = std::move(states);
+}
+
+void Metrics::CountGpuStranded(const std::string& gpu) {
+  impl_->gpu_stranded.Add({{"gpu", gpu}}).Increment();
+}
+
+void Metrics::SetDaemonInfo(const std::string& version, double start_time_s) {
+  absl::MutexLock lock(&impl_->mu);
+  if (impl_->has_daemon_info && impl_->daemon_version != version) {
+    RemoveSeries(impl_->daemon_info, {{"version", impl_->daemon_version}});
+  }
+  impl_->daemon_info.Add({{"version", version}}).Set(1);
+  impl_->daemon_start_time.Add({}).Set(start_time_s);
+  impl_->daemon_version = version;
+  impl_->has_daemon_info = true;
+}
+
+void Metrics::CountApiCall(const std::string& method, const std::string& code) {
+  impl_->api_calls.Add({{"method", method}, {"code", code}}).Increment();
+}
+
+std::string Metrics::Scrape() const {
+  return prometheus::TextSerializer().Serialize(impl_->registry->Collect());
+}
+
+}  // namespace trainsup::supervisor

@@ -1,0 +1,58 @@
+// trainsupd: the trainsup supervisor daemon (see supervisor/daemon.h).
+//   trainsupd [--config FILE] [--check-config] [--version]
+// Without --config it reads ./trainsupd.toml when present, else runs on the
+// built-in defaults (state in ./trainsup-state, one CPU slot).
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "supervisor/config.h"
+#include "supervisor/daemon.h"
+
+#ifndef TRAINSUP_VERSION
+#define TRAINSUP_VERSION "unknown"
+#endif
+
+int main(int argc, char** argv) {
+  CLI::App app{"trainsupd: supervises sparse-convolution training workers"};
+  std::string config_path;
+  bool check_only = false;
+  bool version = false;
+  app.add_option("--config", config_path, "configuration file (TOML)");
+  app.add_flag("--check-config", check_only, "validate the configuration and exit");
+  app.add_flag("--version", version, "print the version and exit");
+  CLI11_PARSE(app, argc, argv);
+  if (version) {
+    std::cout << "trainsupd " << TRAINSUP_VERSION << "\n";
+    return 0;
+  }
+  if (config_path.empty() && std::filesystem::exists("trainsupd.toml")) config_path = "trainsupd.toml";
+  absl::StatusOr<trainsup::supervisor::DaemonConfig> config =
+      config_path.empty() ? trainsup::supervisor::ParseConfig("", std::filesystem::current_path().string())
+                          : trainsup::supervisor::LoadConfig(config_path);
+  if (!config.ok()) {
+    std::cerr << "trainsupd: " << config.status().message() << "\n";
+    return 64;
+  }
+  if (check_only) {
+    std::cout << "configuration OK\n";
+    return 0;
+  }
+  auto log = spdlog::stderr_color_mt("trainsupd");
+  // journald adds its own timestamps; a terminal or a file wants them.
+  log->set_pattern(getenv("JOURNAL_STREAM") != nullptr ? "%l %v" : "%Y-%m-%dT%H:%M:%S.%e %l %v");
+  log->info("trainsupd {} starting (config: {})", TRAINSUP_VERSION,
+            config_path.empty() ? std::string("built-in defaults") : config_path);
+  absl::StatusOr<std::unique_ptr<trainsup::supervisor::Daemon>> daemon =
+      trainsup::supervisor::Daemon::Create(*config, config_path, log);
+  if (!daemon.ok()) {
+    log->critical("cannot start: {}", std::string(daemon.status().message()));
+    return 1;
+  }
+  return (*daemon)->Run();
+}

@@ -1,0 +1,399 @@
+#include "supervisor/config.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace trainsup::supervisor {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "config_test.XXXXXX").string();
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+void WriteFile(const std::string& path, const std::string& text, mode_t mode) {
+  std::ofstream(path) << text;
+  chmod(path.c_str(), mode);
+}
+
+// The error message of parsing `text`, which must fail with InvalidArgument.
+std::string ParseError(const std::string& text) {
+  absl::StatusOr<DaemonConfig> config = ParseConfig(text, "/base");
+  EXPECT_FALSE(config.ok()) << text;
+  if (config.ok()) return "";
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << config.status();
+  return std::string(config.status().message());
+}
+
+TEST(Config, DefaultsMatchTheDocumentation) {
+  const DaemonConfig d = DefaultConfig();
+  EXPECT_EQ(d.daemon.state_dir, "./trainsup-state");
+  EXPECT_EQ(d.daemon.socket_path, "");
+  EXPECT_EQ(d.daemon.tcp_address, "");
+  EXPECT_EQ(d.daemon.metrics_address, "");
+  EXPECT_FALSE(d.daemon.metrics_allow_remote);
+  EXPECT_TRUE(d.daemon.data_roots.empty());
+  EXPECT_EQ(d.slots.cpu_slots, 1);
+  EXPECT_TRUE(d.slots.use_gpus);
+  EXPECT_EQ(d.slots.gpu_release_timeout_s, 30);
+  EXPECT_EQ(d.slots.gpu_idle_memory_mb, 1024);
+  EXPECT_EQ(d.workers.heartbeat_interval_s, 1);
+  EXPECT_EQ(d.workers.heartbeat_timeout_s, 10);
+  EXPECT_EQ(d.workers.term_grace_s, 10);
+  EXPECT_EQ(d.workers.stop_deadline_s, 30);
+  EXPECT_TRUE(d.workers.capture_stacks);
+  EXPECT_EQ(d.workers.log_max_bytes, 16 << 20);
+  EXPECT_EQ(d.workers.log_keep, 3);
+  EXPECT_EQ(d.progress.startup_grace_s, 300);
+  EXPECT_EQ(d.progress.safety_factor, 5);
+  EXPECT_EQ(d.progress.min_timeout_s, 30);
+  EXPECT_EQ(d.progress.max_timeout_s, 3600);
+  EXPECT_EQ(d.progress.checkpoint_allowance_s, 600);
+  EXPECT_EQ(d.progress.fixed_timeout_s, 0);
+  EXPECT_EQ(d.restart.initial_backoff_s, 1);
+  EXPECT_EQ(d.restart.max_backoff_s, 60);
+  EXPECT_EQ(d.restart.multiplier, 2);
+  EXPECT_EQ(d.restart.jitter, 0.1);
+  EXPECT_EQ(d.restart.max_restarts, 10);
+  EXPECT_EQ(d.restart.restart_window_s, 3600);
+  EXPECT_EQ(d.restart.max_oom_restarts, 5);
+  EXPECT_EQ(d.restart.crash_loop_attempts, 3);
+  EXPECT_EQ(d.restart.oom_budget_factor, 1.0);
+  EXPECT_EQ(d.checkpoints.keep, 3);
+  EXPECT_TRUE(d.auth.tokens.empty());
+  EXPECT_TRUE(d.auth.generate_default_tokens);
+  EXPECT_EQ(d.testing.fake_gpu_file, "");
+}
+
+TEST(Config, EmptyFileGivesDefaultsResolvedAgainstBaseDir) {
+  absl::StatusOr<DaemonConfig> config = ParseConfig("", "/srv/ts");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->daemon.state_dir, "/srv/ts/trainsup-state");
+  EXPECT_EQ(config->daemon.socket_path, "/srv/ts/trainsup-state/run/trainsupd.sock");
+  EXPECT_EQ(config->daemon.worker_binary, "");  // the daemon's choice
+  EXPECT_EQ(config->slots.cpu_slots, DefaultConfig().slots.cpu_slots);
+}
+
+constexpr char kFullFile[] = R"(
+[daemon]
+state_dir = "state"
+socket_path = "/run/trainsup/trainsupd.sock"
+socket_group = "trainsup"
+tcp_address = "0.0.0.0:50051"
+tls_cert = "tls/server.pem"
+tls_key = "tls/server.key"
+tls_client_ca = "/etc/trainsup/ca.pem"
+worker_binary = "bin/trainsup-worker"
+metrics_address = "10.0.0.5:9100"
+metrics_allow_remote = true
+data_roots = ["data", "/mnt/scans/../datasets"]
+
+[slots]
+cpu_slots = 4
+use_gpus = false
+gpu_release_timeout_s = 12.5
+gpu_idle_memory_mb = 512
+
+[workers]
+heartbeat_interval_s = 0.5
+heartbeat_timeout_s = 5
+term_grace_s = 3
+stop_deadline_s = 20
+capture_stacks = false
+log_max_bytes = 1048576
+log_keep = 2
+
+[progress]
+startup_grace_s = 60
+safety_factor = 4
+min_timeout_s = 10
+max_timeout_s = 900
+checkpoint_allowance_s = 120
+fixed_timeout_s = 45
+
+[restart]
+initial_backoff_s = 0.5
+max_backoff_s = 30
+multiplier = 3
+jitter = 0
+max_restarts = 7
+restart_window_s = 600
+max_oom_restarts = 2
+crash_loop_attempts = 4
+oom_budget_factor = 0.75
+
+[checkpoints]
+keep = 5
+
+[auth]
+generate_default_tokens = false
+
+[[auth.tokens]]
+name = "ci"
+role = "operator"
+token_file = "tokens/ci.token"
+
+[[auth.tokens]]
+name = "grafana"
+role = "viewer"
+token_file = "/etc/trainsup/grafana.token"
+
+[testing]
+fake_gpu_file = "gpus.json"
+)";
+
+TEST(Config, FullFileIsReadAndRoundTrips) {
+  absl::StatusOr<DaemonConfig> config = ParseConfig(kFullFile, "/etc/trainsup");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const DaemonConfig& c = *config;
+  EXPECT_EQ(c.daemon.state_dir, "/etc/trainsup/state");
+  EXPECT_EQ(c.daemon.socket_path, "/run/trainsup/trainsupd.sock");
+  EXPECT_EQ(c.daemon.socket_group, "trainsup");
+  EXPECT_EQ(c.daemon.tcp_address, "0.0.0.0:50051");
+  EXPECT_EQ(c.daemon.tls_cert, "/etc/trainsup/tls/server.pem");
+  EXPECT_EQ(c.daemon.tls_key, "/etc/trainsup/tls/server.key");
+  EXPECT_EQ(c.daemon.tls_client_ca, "/etc/trainsup/ca.pem");
+  EXPECT_EQ(c.daemon.worker_binary, "/etc/trainsup/bin/trainsup-worker");
+  EXPECT_EQ(c.daemon.metrics_address, "10.0.0.5:9100");
+  EXPECT_TRUE(c.daemon.metrics_allow_remote);
+  EXPECT_EQ(c.daemon.data_roots, (std::vector<std::string>{"/etc/trainsup/data", "/mnt/datasets"}));
+  EXPECT_EQ(c.slots.cpu_slots, 4);
+  EXPECT_FALSE(c.slots.use_gpus);
+  EXPECT_EQ(c.slots.gpu_release_timeout_s, 12.5);
+  EXPECT_EQ(c.slots.gpu_idle_memory_mb, 512);
+  EXPECT_EQ(c.workers.heartbeat_interval_s, 0.5);
+  EXPECT_EQ(c.workers.heartbeat_timeout_s, 5);
+  EXPECT_EQ(c.workers.term_grace_s, 3);
+  EXPECT_EQ(c.workers.stop_deadline_s, 20);
+  EXPECT_FALSE(c.workers.capture_stacks);
+  EXPECT_EQ(c.workers.log_max_bytes, 1048576);
+  EXPECT_EQ(c.workers.log_keep, 2);
+  EXPECT_EQ(c.progress.startup_grace_s, 60);
+  EXPECT_EQ(c.progress.safety_factor, 4);
+  EXPECT_EQ(c.progress.min_timeout_s, 10);
+  EXPECT_EQ(c.progress.max_timeout_s, 900);
+  EXPECT_EQ(c.progress.checkpoint_allowance_s, 120);
+  EXPECT_EQ(c.progress.fixed_timeout_s, 45);
+  EXPECT_EQ(c.restart.initial_backoff_s, 0.5);
+  EXPECT_EQ(c.restart.max_backoff_s, 30);
+  EXPECT_EQ(c.restart.multiplier, 3);
+  EXPECT_EQ(c.restart.jitter, 0);
+  EXPECT_EQ(c.restart.max_restarts, 7);
+  EXPECT_EQ(c.restart.restart_window_s, 600);
+  EXPECT_EQ(c.restart.max_oom_restarts, 2);
+  EXPECT_EQ(c.restart.crash_loop_attempts, 4);
+  EXPECT_EQ(c.restart.oom_budget_factor, 0.75);
+  EXPECT_EQ(c.checkpoints.keep, 5);
+  EXPECT_FALSE(c.auth.generate_default_tokens);
+  ASSERT_EQ(c.auth.tokens.size(), 2u);
+  EXPECT_EQ(c.auth.tokens[0].name, "ci");
+  EXPECT_EQ(c.auth.tokens[0].role, TokenRole::kOperator);
+  EXPECT_EQ(c.auth.tokens[0].token_file, "/etc/trainsup/tokens/ci.token");
+  EXPECT_EQ(c.auth.tokens[1].name, "grafana");
+  EXPECT_EQ(c.auth.tokens[1].role, TokenRole::kViewer);
+  EXPECT_EQ(c.auth.tokens[1].token_file, "/etc/trainsup/grafana.token");
+  EXPECT_EQ(c.testing.fake_gpu_file, "/etc/trainsup/gpus.json");
+
+  // Formatted and parsed again (elsewhere: the paths are absolute now), it
+  // is the same configuration.
+  const std::string formatted = FormatConfig(c);
+  absl::StatusOr<DaemonConfig> again = ParseConfig(formatted, "/elsewhere");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << formatted;
+  EXPECT_EQ(FormatConfig(*again), formatted);
+  EXPECT_EQ(again->restart.jitter, 0);
+  EXPECT_EQ(again->workers.heartbeat_interval_s, 0.5);
+  EXPECT_EQ(again->auth.tokens[1].role, TokenRole::kViewer);
+}
+
+TEST(Config, DefaultsRoundTrip) {
+  const std::string formatted = FormatConfig(DefaultConfig());
+  absl::StatusOr<DaemonConfig> again = ParseConfig(formatted, "/x");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << formatted;
+  EXPECT_EQ(again->restart.jitter, 0.1);
+  EXPECT_EQ(again->daemon.state_dir, "/x/trainsup-state");
+}
+
+TEST(Config, LoadConfigResolvesAgainstTheFilesDirectory) {
+  TempDir dir;
+  const std::string path = dir.path() + "/trainsupd.toml";
+  WriteFile(path, "[daemon]\nstate_dir = \"st\"\ndata_roots = [\"./d/\"]\n", 0644);
+  absl::StatusOr<DaemonConfig> config = LoadConfig(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->daemon.state_dir, dir.path() + "/st");
+  EXPECT_EQ(config->daemon.data_roots, std::vector<std::string>{dir.path() + "/d"});
+
+  absl::StatusOr<DaemonConfig> missing = LoadConfig(dir.path() + "/nope.toml");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+
+  WriteFile(path, "[slots]\ncpu_slots = -1\n", 0644);
+  absl::StatusOr<DaemonConfig> bad = LoadConfig(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find(path), absl::string_view::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("slots.cpu_slots"), absl::string_view::npos);
+}
+
+TEST(Config, UnknownKeysAreNamed) {
+  EXPECT_NE(ParseError("[slots]\ncpu_slot = 2\n").find("'slots.cpu_slot'"), std::string::npos);
+  EXPECT_NE(ParseError("[slot]\ncpu_slots = 2\n").find("'slot'"), std::string::npos);
+  EXPECT_NE(ParseError("verbose = true\n").find("'verbose'"), std::string::npos);
+  EXPECT_NE(ParseError("[[auth.tokens]]\nname = \"a\"\ntoken_file = \"f\"\nsecret = \"x\"\n")
+                .find("'auth.tokens[0].secret'"),
+            std::string::npos);
+}
+
+TEST(Config, OutOfBoundNumbersNameTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"[slots]\ncpu_slots = 257\n", "slots.cpu_slots"},
+      {"[slots]\ngpu_release_timeout_s = 0\n", "slots.gpu_release_timeout_s"},
+      {"[workers]\nlog_max_bytes = 10\n", "workers.log_max_bytes"},
+      {"[workers]\nheartbeat_interval_s = -1\n", "workers.heartbeat_interval_s"},
+      {"[progress]\nsafety_factor = 0.5\n", "progress.safety_factor"},
+      {"[restart]\njitter = 1.5\n", "restart.jitter"},
+      {"[restart]\noom_budget_factor = 0\n", "restart.oom_budget_factor"},
+      {"[restart]\noom_budget_factor = nan\n", "restart.oom_budget_factor"},
+      {"[restart]\ncrash_loop_attempts = 0\n", "restart.crash_loop_attempts"},
+      {"[checkpoints]\nkeep = 0\n", "checkpoints.keep"},
+  };
+  for (const auto& [text, field] : cases) {
+    const std::string message = ParseError(text);
+    EXPECT_NE(message.find(field), std::string::npos) << message;
+    EXPECT_NE(message.find("out of range"), std::string::npos) << message;
+  }
+}
+
+TEST(Config, WrongTypesNameTheField) {
+  EXPECT_NE(
+      ParseError("[slots]\ncpu_slots = \"two\"\n").find("slots.cpu_slots: expected an integer"),
+      std::string::npos);
+  EXPECT_NE(ParseError("[slots]\ncpu_slots = 1.5\n").find("slots.cpu_slots"), std::string::npos);
+  EXPECT_NE(ParseError("[slots]\nuse_gpus = 1\n").find("slots.use_gpus"), std::string::npos);
+  EXPECT_NE(ParseError("[daemon]\ndata_roots = \"/data\"\n").find("daemon.data_roots"),
+            std::string::npos);
+  EXPECT_NE(ParseError("daemon = 3\n").find("daemon: expected a table"), std::string::npos);
+}
+
+TEST(Config, InconsistentCombinationsNameTheField) {
+  EXPECT_NE(ParseError("[daemon]\ntcp_address = \"0.0.0.0:50051\"\n").find("daemon.tcp_address"),
+            std::string::npos);
+  EXPECT_NE(
+      ParseError("[daemon]\ntcp_address = \"0.0.0.0:50051\"\ntls_cert = \"c\"\n").find("tls_key"),
+      std::string::npos);
+  EXPECT_NE(
+      ParseError("[daemon]\nmetrics_address = \"0.0.0.0:9100\"\n").find("daemon.metrics_address"),
+      std::string::npos);
+  EXPECT_NE(ParseError("[daemon]\nmetrics_address = \"localhost\"\n").find("not host:port"),
+            std::string::npos);
+  EXPECT_NE(ParseError("[workers]\nheartbeat_timeout_s = 1\n").find("workers.heartbeat_timeout_s"),
+            std::string::npos);
+  EXPECT_NE(ParseError("[progress]\nmin_timeout_s = 100\nmax_timeout_s = 50\n")
+                .find("progress.max_timeout_s"),
+            std::string::npos);
+  EXPECT_NE(ParseError("[restart]\ninitial_backoff_s = 10\nmax_backoff_s = 5\n")
+                .find("restart.max_backoff_s"),
+            std::string::npos);
+  EXPECT_NE(ParseError("[[auth.tokens]]\nname = \"a\"\nrole = \"admin\"\ntoken_file = \"f\"\n")
+                .find("auth.tokens[0].role"),
+            std::string::npos);
+  EXPECT_NE(ParseError("[[auth.tokens]]\nname = \"a\"\n").find("auth.tokens[0].token_file"),
+            std::string::npos);
+  EXPECT_NE(ParseError("[[auth.tokens]]\nname = \"a\"\ntoken_file = \"f\"\n"
+                       "[[auth.tokens]]\nname = \"a\"\ntoken_file = \"g\"\n")
+                .find("auth.tokens[1].name"),
+            std::string::npos);
+  EXPECT_NE(ParseError("[slots\n").find("line 1"), std::string::npos);
+}
+
+TEST(Config, LoopbackMetricsAddressesAreAccepted) {
+  for (const char* address : {"127.0.0.1:9100", "localhost:9100", "[::1]:9100", "127.3.2.1:1"}) {
+    absl::StatusOr<DaemonConfig> config =
+        ParseConfig(absl::StrCat("[daemon]\nmetrics_address = \"", address, "\"\n"), "/");
+    EXPECT_TRUE(config.ok()) << address << ": " << config.status();
+  }
+  EXPECT_TRUE(ParseConfig("[daemon]\nmetrics_address = \"0.0.0.0:9100\"\n"
+                          "metrics_allow_remote = true\n",
+                          "/")
+                  .ok());
+}
+
+TEST(TokenRole, StringsRoundTrip) {
+  for (TokenRole role : {TokenRole::kViewer, TokenRole::kOperator}) {
+    absl::StatusOr<TokenRole> back = TokenRoleFromString(ToString(role));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, role);
+  }
+  EXPECT_FALSE(TokenRoleFromString("admin").ok());
+}
+
+TEST(LoadTokens, ReadsConfiguredTokensAndRefusesWorldReadableOnes) {
+  TempDir dir;
+  WriteFile(dir.path() + "/ci.token", "  s3cret\n", 0600);
+  WriteFile(dir.path() + "/view.token", "v1ew", 0640);
+  absl::StatusOr<DaemonConfig> config = ParseConfig(
+      "[[auth.tokens]]\nname = \"ci\"\nrole = \"operator\"\ntoken_file = \"ci.token\"\n"
+      "[[auth.tokens]]\nname = \"dash\"\nrole = \"viewer\"\ntoken_file = \"view.token\"\n",
+      dir.path());
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::vector<Token>> tokens = LoadTokens(*config);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_EQ(tokens->size(), 2u);
+  EXPECT_EQ((*tokens)[0].name, "ci");
+  EXPECT_EQ((*tokens)[0].role, TokenRole::kOperator);
+  EXPECT_EQ((*tokens)[0].secret, "s3cret");
+  EXPECT_EQ((*tokens)[1].secret, "v1ew");
+
+  chmod((dir.path() + "/view.token").c_str(), 0644);
+  tokens = LoadTokens(*config);
+  ASSERT_FALSE(tokens.ok());
+  EXPECT_EQ(tokens.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(tokens.status().message().find("auth.tokens[1]"), absl::string_view::npos)
+      << tokens.status();
+}
+
+TEST(LoadTokens, GeneratesDefaultTokensOnceWithPrivateModes) {
+  TempDir dir;
+  absl::StatusOr<DaemonConfig> config = ParseConfig("", dir.path());
+  ASSERT_TRUE(config.ok());
+  absl::StatusOr<std::vector<Token>> first = LoadTokens(*config);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->size(), 2u);
+  EXPECT_EQ((*first)[0].role, TokenRole::kOperator);
+  EXPECT_EQ((*first)[1].role, TokenRole::kViewer);
+  EXPECT_EQ((*first)[0].secret.size(), 64u);
+  EXPECT_NE((*first)[0].secret, (*first)[1].secret);
+  struct stat st;
+  ASSERT_EQ(stat((dir.path() + "/trainsup-state/auth/operator.token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat((dir.path() + "/trainsup-state/auth/viewer.token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
+
+  absl::StatusOr<std::vector<Token>> second = LoadTokens(*config);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ((*second)[0].secret, (*first)[0].secret);  // kept, not regenerated
+
+  config->auth.generate_default_tokens = false;
+  fs::remove_all(dir.path() + "/trainsup-state");
+  absl::StatusOr<std::vector<Token>> none = LoadTokens(*config);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  EXPECT_FALSE(fs::exists(dir.path() + "/trainsup-state/auth"));
+}
+
+}  // namespace
+}  // namespace trainsup::supervisor
