@@ -807,6 +807,9 @@ void DaemonImpl::SetState(RunRec& r, v1::RunState state, const std::string& reas
   r.run.set_reason(reason);
   if (IsTerminal(state)) r.run.set_ended_ms(WallMs());
   v1::RunEvent ev;
+  ev.set_run_id(r.run.run_id());
+  ev.set_time_ms(WallMs());
+  ev.set_attempt(r.attempt.number());
   ev.set_kind(v1::EVENT_KIND_STATE);
   ev.set_state(state);
   ev.set_rank(-1);
@@ -1365,9 +1368,7 @@ void DaemonImpl::OnExit(const std::string& run_id, int attempt, int rank) {
     cls = ClassifyExit(exited, code);
     reason = DescribeExit(exited, code);
     if (w.exit_report && !w.exit_report->message.empty()) {
-      reason = absl::StrCat(reason, " (", ToString(cls), "): ", w.exit_report->message);
-    } else {
-      reason = absl::StrCat(reason, " (", ToString(cls), ")");
+      reason = absl::StrCat(reason, ": ", w.exit_report->message);
     }
   }
   if (w.forced && known && exited && code == 0) cls = ExitClass::kSuccess;

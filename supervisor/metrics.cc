@@ -4,16 +4,17 @@
 #include <netinet/in.h>
 
 #include <exception>
+#include <iterator>
+#include <map>
+#include <mutex>
 #include <set>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
@@ -58,8 +59,7 @@ void RemoveSeries(Family<T>& family, const Labels& labels) {
 // when it is not of a form the endpoint accepts.
 absl::StatusOr<bool> IsLoopbackAddress(const std::string& address) {
   const auto invalid = [&address](const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics address \"", address, "\": ", why));
+    return absl::InvalidArgumentError(absl::StrCat("metrics address \"", address, "\": ", why));
   };
   const std::string::size_type colon = address.rfind(':');
   if (colon == std::string::npos) return invalid("expected host:port");
@@ -84,9 +84,9 @@ absl::StatusOr<bool> IsLoopbackAddress(const std::string& address) {
   // A host name other than localhost counts as remote even if it resolves
   // to a loopback address (Debian maps the machine's name to 127.0.1.1):
   // what it resolves to can change after the check.
-  if (host.empty() || host.find_first_not_of("abcdefghijklmnopqrstuvwxyz"
-                                             "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") !=
-                          std::string::npos) {
+  if (host.empty() ||
+      host.find_first_not_of("abcdefghijklmnopqrstuvwxyz"
+                             "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") != std::string::npos) {
     return invalid("the host must be an IPv4 address, [IPv6 address] or host name");
   }
   return false;
@@ -100,38 +100,35 @@ struct Metrics::Impl {
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
 
   Family<Gauge>& runs = NewGauge(*registry, "trainsup_runs", "Runs in each state.");
-  Family<Counter>& restarts = NewCounter(
-      *registry, "trainsup_restarts_total", "Run restarts, by the exit class that caused them.");
-  Family<Counter>& worker_exits = NewCounter(
-      *registry, "trainsup_worker_exits_total", "Worker process exits, by exit class.");
-  Family<Gauge>& heartbeat_age =
-      NewGauge(*registry, "trainsup_worker_heartbeat_age_seconds",
-               "Seconds since the worker's last heartbeat.");
+  Family<Counter>& restarts = NewCounter(*registry, "trainsup_restarts_total",
+                                         "Run restarts, by the exit class that caused them.");
+  Family<Counter>& worker_exits =
+      NewCounter(*registry, "trainsup_worker_exits_total", "Worker process exits, by exit class.");
+  Family<Gauge>& heartbeat_age = NewGauge(*registry, "trainsup_worker_heartbeat_age_seconds",
+                                          "Seconds since the worker's last heartbeat.");
   Family<Gauge>& step_rate = NewGauge(*registry, "trainsup_worker_step_rate",
                                       "Training steps per second reported by the worker.");
   Family<Gauge>& samples_rate = NewGauge(*registry, "trainsup_worker_samples_per_second",
                                          "Training samples per second reported by the worker.");
-  Family<Gauge>& memory = NewGauge(
-      *registry, "trainsup_worker_memory_bytes",
-      "Worker memory in bytes: current use, peak use and budget (label kind).");
+  Family<Gauge>& memory =
+      NewGauge(*registry, "trainsup_worker_memory_bytes",
+               "Worker memory in bytes: current use, peak use and budget (label kind).");
   Family<Gauge>& step =
       NewGauge(*registry, "trainsup_worker_step", "Last training step the worker reported.");
-  Family<Gauge>& checkpoint_age =
-      NewGauge(*registry, "trainsup_checkpoint_age_seconds",
-               "Seconds since the run's newest verified checkpoint.");
-  Family<Gauge>& slot_state = NewGauge(
-      *registry, "trainsup_slot_state", "1 for the slot's current state, 0 for the others.");
+  Family<Gauge>& checkpoint_age = NewGauge(*registry, "trainsup_checkpoint_age_seconds",
+                                           "Seconds since the run's newest verified checkpoint.");
+  Family<Gauge>& slot_state = NewGauge(*registry, "trainsup_slot_state",
+                                       "1 for the slot's current state, 0 for the others.");
   Family<Gauge>& slot_healthy =
       NewGauge(*registry, "trainsup_slot_healthy", "1 unless the slot's GPU is stranded.");
-  Family<Counter>& gpu_stranded = NewCounter(
-      *registry, "trainsup_gpu_stranded_total", "Times a GPU was marked STRANDED.");
+  Family<Counter>& gpu_stranded =
+      NewCounter(*registry, "trainsup_gpu_stranded_total", "Times a GPU was marked STRANDED.");
   Family<Gauge>& daemon_info =
       NewGauge(*registry, "trainsup_daemon_info", "Always 1, labelled with the daemon version.");
   Family<Gauge>& daemon_start_time =
-      NewGauge(*registry, "trainsup_daemon_start_time_seconds",
-               "Unix time the daemon started.");
-  Family<Counter>& api_calls = NewCounter(
-      *registry, "trainsup_api_calls_total", "API calls, by method and gRPC status code.");
+      NewGauge(*registry, "trainsup_daemon_start_time_seconds", "Unix time the daemon started.");
+  Family<Counter>& api_calls = NewCounter(*registry, "trainsup_api_calls_total",
+                                          "API calls, by method and gRPC status code.");
 
   std::unique_ptr<prometheus::Exposer> exposer;
   int port = 0;
@@ -141,16 +138,19 @@ struct Metrics::Impl {
     std::set<std::string> states;  // the state label values with a series
   };
 
-  absl::Mutex mu;
-  std::set<std::string> run_states ABSL_GUARDED_BY(mu);
+  // Guards the bookkeeping below, and makes each multi-series call (and
+  // any call that may race with a removal of its series) one step. A
+  // std::mutex rather than absl::Mutex so that ThreadSanitizer sees it.
+  std::mutex mu;
+  std::set<std::string> run_states;
   // Keyed by run, then rank, so RemoveRun finds a run's workers.
-  std::map<std::string, std::set<int>> workers ABSL_GUARDED_BY(mu);
-  std::map<int, SlotSeries> slots ABSL_GUARDED_BY(mu);
-  std::string daemon_version ABSL_GUARDED_BY(mu);
-  bool has_daemon_info ABSL_GUARDED_BY(mu) = false;
+  std::map<std::string, std::set<int>> workers;
+  std::map<int, SlotSeries> slots;
+  std::string daemon_version;
+  bool has_daemon_info = false;
 
-  void RemoveWorkerLocked(const std::string& run_id, int rank)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // Requires mu.
+  void RemoveWorkerLocked(const std::string& run_id, int rank) {
     const Labels labels = {{"run", run_id}, {"rank", std::to_string(rank)}};
     RemoveSeries(heartbeat_age, labels);
     RemoveSeries(step_rate, labels);
@@ -168,7 +168,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                                                          bool allow_remote) {
   auto impl = std::make_unique<Impl>();
   {
-    absl::MutexLock lock(&impl->mu);
+    std::lock_guard<std::mutex> lock(impl->mu);
     // Every run state reads 0 from the start rather than being absent.
     for (const char* state : kRunStates) {
       impl->runs.Add({{"state", state}}).Set(0);
@@ -206,7 +206,7 @@ Metrics::~Metrics() = default;
 int Metrics::port() const { return impl_->port; }
 
 void Metrics::SetRunsByState(const std::map<std::string, int>& counts) {
-  absl::MutexLock lock(&impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
   std::map<std::string, int> upper;
   for (const auto& [state, count] : counts) upper[absl::AsciiStrToUpper(state)] += count;
   for (const auto& [state, count] : upper) impl_->run_states.insert(state);
@@ -225,7 +225,7 @@ void Metrics::CountWorkerExit(const std::string& exit_class) {
 }
 
 void Metrics::SetWorker(const std::string& run_id, int rank, const WorkerSample& sample) {
-  absl::MutexLock lock(&impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->workers[run_id].insert(rank);
   const Labels labels = {{"run", run_id}, {"rank", std::to_string(rank)}};
   impl_->heartbeat_age.Add(labels).Set(sample.heartbeat_age_s);
@@ -241,7 +241,7 @@ void Metrics::SetWorker(const std::string& run_id, int rank, const WorkerSample&
 }
 
 void Metrics::RemoveWorker(const std::string& run_id, int rank) {
-  absl::MutexLock lock(&impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
   const auto run = impl_->workers.find(run_id);
   if (run == impl_->workers.end() || run->second.erase(rank) == 0) return;
   if (run->second.empty()) impl_->workers.erase(run);
@@ -250,12 +250,12 @@ void Metrics::RemoveWorker(const std::string& run_id, int rank) {
 
 void Metrics::SetCheckpointAge(const std::string& run_id, double age_s) {
   // Under the lock: RemoveRun may delete this series while it is being set.
-  absl::MutexLock lock(&impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->checkpoint_age.Add({{"run", run_id}}).Set(age_s);
 }
 
 void Metrics::RemoveRun(const std::string& run_id) {
-  absl::MutexLock lock(&impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
   RemoveSeries(impl_->checkpoint_age, {{"run", run_id}});
   const auto run = impl_->workers.find(run_id);
   if (run == impl_->workers.end()) return;
@@ -264,7 +264,7 @@ void Metrics::RemoveRun(const std::string& run_id) {
 }
 
 void Metrics::SetSlot(int slot, const std::string& gpu, const std::string& state) {
-  absl::MutexLock lock(&impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
   const std::string slot_label = std::to_string(slot);
   const std::string current = absl::AsciiStrToUpper(state);
   Impl::SlotSeries& series = impl_->slots[slot];
@@ -294,7 +294,7 @@ void Metrics::CountGpuStranded(const std::string& gpu) {
 }
 
 void Metrics::SetDaemonInfo(const std::string& version, double start_time_s) {
-  absl::MutexLock lock(&impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->has_daemon_info && impl_->daemon_version != version) {
     RemoveSeries(impl_->daemon_info, {{"version", impl_->daemon_version}});
   }
@@ -305,7 +305,12 @@ void Metrics::SetDaemonInfo(const std::string& version, double start_time_s) {
 }
 
 void Metrics::CountApiCall(const std::string& method, const std::string& code) {
-  impl_->api_calls.Add({{"method", method}, {"code", code}}).Increment();
+  // gRPC's status codes are absl's, number for number.
+  int number = -1;
+  const bool numeric = absl::SimpleAtoi(code, &number) && number >= 0 && number <= 16;
+  const std::string name =
+      numeric ? absl::StatusCodeToString(static_cast<absl::StatusCode>(number)) : code;
+  impl_->api_calls.Add({{"method", method}, {"code", name}}).Increment();
 }
 
 std::string Metrics::Scrape() const {

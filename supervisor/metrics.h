@@ -117,7 +117,9 @@ class Metrics {
   void SetDaemonInfo(const std::string& version, double start_time_s);
 
   // trainsup_api_calls_total{method,code} += 1; method is the RPC name
-  // ("SubmitRun"), code the gRPC status code name ("OK", "INVALID_ARGUMENT").
+  // ("SubmitRun"), code the gRPC status code name ("OK",
+  // "INVALID_ARGUMENT"). A numeric code, 0..16 ("3"), is exported as its
+  // name, so both spellings count in one series.
   void CountApiCall(const std::string& method, const std::string& code);
 
   // Every metric in the Prometheus text exposition format (version 0.0.4),

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   }
   auto log = spdlog::stderr_color_mt("trainsupd");
   // journald adds its own timestamps; a terminal or a file wants them.
-  log->set_pattern(getenv("JOURNAL_STREAM") != nullptr ? "%l %v" : "%Y-%m-%dT%H:%M:%S.%e %l %v");
+  log->set_pattern(getenv("JOURNAL_STREAM") != nullptr ? "%l %v" : "%Y-%m-%dT%H:%M:%S.%f %l %v");
   log->info("trainsupd {} starting (config: {})", TRAINSUP_VERSION,
             config_path.empty() ? std::string("built-in defaults") : config_path);
   absl::StatusOr<std::unique_ptr<trainsup::supervisor::Daemon>> daemon =
