@@ -24,6 +24,9 @@ packages=(
   libspdlog-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # trainsupd's stack capture of hung workers; deploy checks (systemd-analyze,
+  # the dashboard and config checkers)
+  gdb systemd python3
 )
 
 missing=()
