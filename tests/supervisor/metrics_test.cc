@@ -8,6 +8,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "gtest/gtest.h"
@@ -100,6 +102,9 @@ TEST(Metrics, CountersCountPerLabel) {
   metrics->CountApiCall("SubmitRun", "OK");
   metrics->CountApiCall("SubmitRun", "OK");
   metrics->CountApiCall("SubmitRun", "INVALID_ARGUMENT");
+  metrics->CountApiCall("SubmitRun", "3");  // the same code, as a number
+  metrics->CountApiCall("GetRun", "5");
+  metrics->CountApiCall("GetRun", "99");  // not a gRPC code: kept as given
   const std::string scrape = metrics->Scrape();
   EXPECT_TRUE(Contains(scrape, "# TYPE trainsup_restarts_total counter")) << scrape;
   EXPECT_EQ(ValueOf(scrape, "trainsup_restarts_total{reason=\"oom\"}"), 2.0) << scrape;
@@ -108,9 +113,13 @@ TEST(Metrics, CountersCountPerLabel) {
   EXPECT_EQ(ValueOf(scrape, "trainsup_gpu_stranded_total{gpu=\"GPU-1234\"}"), 1.0) << scrape;
   EXPECT_EQ(ValueOf(scrape, "trainsup_api_calls_total{code=\"OK\",method=\"SubmitRun\"}"), 2.0)
       << scrape;
-  EXPECT_EQ(ValueOf(scrape,
-                    "trainsup_api_calls_total{code=\"INVALID_ARGUMENT\",method=\"SubmitRun\"}"),
-            1.0)
+  EXPECT_EQ(
+      ValueOf(scrape, "trainsup_api_calls_total{code=\"INVALID_ARGUMENT\",method=\"SubmitRun\"}"),
+      2.0)
+      << scrape;
+  EXPECT_EQ(ValueOf(scrape, "trainsup_api_calls_total{code=\"NOT_FOUND\",method=\"GetRun\"}"), 1.0)
+      << scrape;
+  EXPECT_EQ(ValueOf(scrape, "trainsup_api_calls_total{code=\"99\",method=\"GetRun\"}"), 1.0)
       << scrape;
 }
 
@@ -239,20 +248,57 @@ TEST(Metrics, DaemonInfoKeepsOnlyTheLatestVersion) {
   EXPECT_EQ(ValueOf(scrape, "trainsup_daemon_start_time_seconds"), 1700000100.0) << scrape;
 }
 
+TEST(Metrics, ConcurrentUpdatesRemovalsAndScrapesEndConsistent) {
+  std::unique_ptr<Metrics> metrics = NoEndpoint();
+  ASSERT_NE(metrics, nullptr);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 4; ++rank) {
+    threads.emplace_back([&metrics, rank] {
+      const std::string run = "r" + std::to_string(rank);
+      for (int i = 0; i < 200; ++i) {
+        metrics->SetWorker(run, rank, Sample(i));
+        metrics->SetCheckpointAge(run, i);
+        metrics->SetSlot(rank, "GPU-" + std::to_string(i % 2), i % 2 ? "BUSY" : "FREE");
+        metrics->CountRestart("crash");
+        if (i % 3 == 0) metrics->RemoveRun(run);
+        if (i % 5 == 0) metrics->RemoveWorker(run, rank);
+        metrics->Scrape();
+      }
+      metrics->SetWorker(run, rank, Sample(1));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const std::string scrape = metrics->Scrape();
+  EXPECT_EQ(ValueOf(scrape, "trainsup_restarts_total{reason=\"crash\"}"), 800.0) << scrape;
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string r = std::to_string(rank);
+    EXPECT_EQ(ValueOf(scrape, "trainsup_worker_step{rank=\"" + r + "\",run=\"r" + r + "\"}"), 100.0)
+        << scrape;
+    // i = 198 removed the run last; i = 199 set the checkpoint age again.
+    EXPECT_EQ(ValueOf(scrape, "trainsup_checkpoint_age_seconds{run=\"r" + r + "\"}"), 199.0)
+        << scrape;
+    // The last SetSlot was i = 199: BUSY on GPU-1, the GPU-0 series gone.
+    EXPECT_EQ(
+        ValueOf(scrape, "trainsup_slot_state{gpu=\"GPU-1\",slot=\"" + r + "\",state=\"BUSY\"}"),
+        1.0)
+        << scrape;
+  }
+  EXPECT_FALSE(Contains(scrape, "GPU-0")) << scrape;
+}
+
 TEST(Metrics, RejectsNonLoopbackAddressUnlessAllowed) {
   for (const char* address : {"0.0.0.0:9464", "10.1.2.3:9464", "[::]:9464", "[2001:db8::1]:80",
                               "metrics.example.com:9464"}) {
     absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(address, false);
     ASSERT_FALSE(metrics.ok()) << address;
     EXPECT_EQ(metrics.status().code(), absl::StatusCode::kInvalidArgument) << address;
-    EXPECT_TRUE(Contains(std::string(metrics.status().message()), address))
-        << metrics.status();
+    EXPECT_TRUE(Contains(std::string(metrics.status().message()), address)) << metrics.status();
   }
 }
 
 TEST(Metrics, RejectsMalformedAddressEvenWhenRemoteIsAllowed) {
-  for (const char* address : {"9464", "127.0.0.1", "127.0.0.1:", "127.0.0.1:99999",
-                              "127.0.0.1:80s", "bad_host!:80", "[::1:80", ":9464", "[nope]:80"}) {
+  for (const char* address : {"9464", "127.0.0.1", "127.0.0.1:", "127.0.0.1:99999", "127.0.0.1:80s",
+                              "bad_host!:80", "[::1:80", ":9464", "[nope]:80"}) {
     absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::Create(address, true);
     ASSERT_FALSE(metrics.ok()) << address;
     EXPECT_EQ(metrics.status().code(), absl::StatusCode::kInvalidArgument) << address;
