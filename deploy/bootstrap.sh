@@ -62,3 +62,8 @@ case "$active" in
   *openblas*) ;;
   *) echo "bootstrap: WARNING: libblas.so.3 is not OpenBLAS; matrix products will be slow" >&2 ;;
 esac
+
+# The real, labelled sample scans (CC0) from Debian's libcgal-demo, extracted
+# into data/samples/ without installing the package; the tests and the demo
+# train on them.
+bash "$(dirname "$0")/fetch-sample-data.sh"

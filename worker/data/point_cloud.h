@@ -1,0 +1,82 @@
+// A point cloud as the readers return it, and the options every reader takes.
+// Torch-free: the readers (worker/data/readers.h) build and are tested without
+// LibTorch.
+#ifndef TRAINSUP_WORKER_DATA_POINT_CLOUD_H_
+#define TRAINSUP_WORKER_DATA_POINT_CLOUD_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace trainsup::worker {
+
+// One scan or room. Point i is xyz[3i .. 3i+2] (relative to `origin`), its
+// features are features[C*i .. C*i+C-1] with C = feature_channels, and its
+// label is labels[i]. All coordinates and features are finite.
+struct PointCloud {
+  // N*3 coordinates, relative to `origin`.
+  std::vector<float> xyz;
+  // Absolute position of point i is origin + xyz[3i..3i+2] (in double).
+  // Readers set it to the floor of the bounding-box minimum when the file
+  // stores coordinates in double precision or as scaled integers (PLY double
+  // properties, LAS), so georeferenced coordinates (hundreds of kilometres)
+  // keep their centimetres in float; otherwise it is zero and xyz are the
+  // file's values.
+  std::array<double, 3> origin = {0, 0, 0};
+  // N*C features: rgb in [0, 1] (PLY, S3DIS, LAS formats 2 and 3), or the
+  // remission (SemanticKITTI). Empty when C is 0.
+  std::vector<float> features;
+  int feature_channels = 0;
+  // N labels, or empty when the cloud is unlabelled. -1 marks an unlabelled
+  // point; no label is below -1.
+  std::vector<int32_t> labels;
+  // What was read: the file, or the Annotations folder for S3DIS objects.
+  std::string source;
+
+  // Number of points.
+  size_t size() const { return xyz.size() / 3; }
+};
+
+struct ReadOptions {
+  // PLY: the vertex property holding the label (any integer or float type;
+  // a float label must be integral). Set: it must exist. Empty: the first of
+  // kDefaultPlyLabelProperties that exists, else the cloud is unlabelled.
+  std::string label_property;
+  // Any format: a text side file with one integer label per line, in point
+  // order, that replaces whatever labels the file itself has. Its count must
+  // equal the point count.
+  std::string label_file;
+  // SemanticKITTI: the binary .label file. Empty: the SemanticKITTI layout's
+  // sibling (sequences/SS/velodyne/NNNNNN.bin → sequences/SS/labels/
+  // NNNNNN.label) when it exists, else the scan is unlabelled.
+  std::string kitti_label_file;
+  // Fail (InvalidArgument) when the cloud comes out without labels.
+  bool require_labels = false;
+};
+
+// Label properties tried, in order, when ReadOptions::label_property is
+// empty.
+inline constexpr std::array<const char*, 5> kDefaultPlyLabelProperties = {
+    "label", "class", "scalar_Classification", "classification", "scalar_Label"};
+
+// The on-disk formats the readers understand.
+enum class PointCloudFormat {
+  kPly,            // "ply": ascii, binary_little_endian, binary_big_endian
+  kLas,            // "las": LAS 1.0-1.4, point formats 0-3, uncompressed
+  kSemanticKitti,  // "semantickitti": .bin scan, optional .label
+  kS3dis,          // "s3dis": a room text file or an Annotations folder
+};
+
+// "ply", "las", "semantickitti", "s3dis".
+std::string ToString(PointCloudFormat format);
+// The inverse of ToString, case-insensitive; InvalidArgument naming the
+// known formats otherwise.
+absl::StatusOr<PointCloudFormat> PointCloudFormatFromString(const std::string& name);
+
+}  // namespace trainsup::worker
+
+#endif  // TRAINSUP_WORKER_DATA_POINT_CLOUD_H_
