@@ -1,13 +1,14 @@
 #include "sparse/quantize.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
+#include <stdexcept>
+#include <vector>
 
 #include "sparse/coordinates.h"
+#include "sparse/voxel_grid.h"
 
 namespace trainsup::sparse {
 
@@ -21,6 +22,9 @@ Quantized Quantize(const at::Tensor& points, double voxel_size, const at::Tensor
   TORCH_CHECK(std::isfinite(voxel_size) && voxel_size > 0,
               "Quantize: voxel_size must be a positive number, got ", voxel_size);
   const int64_t n = points.size(0);
+  TORCH_CHECK(points.is_cpu() && (!features.defined() || features.is_cpu()) &&
+                  (!labels.defined() || labels.is_cpu()),
+              "Quantize: points, features and labels must be CPU tensors");
   if (features.defined()) {
     TORCH_CHECK(features.dim() == 2 && features.size(0) == n, "Quantize: features must be ", n,
                 " x C to match the points, got shape ", features.sizes());
@@ -33,109 +37,48 @@ Quantized Quantize(const at::Tensor& points, double voxel_size, const at::Tensor
     TORCH_CHECK(!labels.is_floating_point(), "Quantize: labels must be integers, got ",
                 labels.scalar_type());
   }
-  at::Tensor p = points.to(at::kDouble).contiguous();
-  const double* pd = p.data_ptr<double>();
-  std::vector<uint64_t> keys(n);
-  std::atomic<int64_t> bad_row{n};
-  at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      int32_t v[3];
-      bool ok = true;
-      for (int a = 0; a < 3; ++a) {
-        const double q = std::floor(pd[3 * i + a] / voxel_size);
-        if (!std::isfinite(q) || q < kMinCoordinate || q > kMaxCoordinate) {
-          ok = false;
-          break;
-        }
-        v[a] = static_cast<int32_t>(q);
+  // The work is VoxelizePoints / MeanFeatures / MajorityLabels (voxel_grid.h),
+  // shared with the worker's torch-free loader; this wraps it in tensors.
+  try {
+    at::Tensor p = points.contiguous();
+    VoxelGrid grid = p.scalar_type() == at::kFloat
+                         ? VoxelizePoints(p.data_ptr<float>(), n, voxel_size)
+                         : VoxelizePoints(p.data_ptr<double>(), n, voxel_size);
+    const int64_t v = grid.size();
+    Quantized out;
+    out.coordinates = at::empty({v, 3}, at::kInt);
+    std::copy(grid.coordinates.begin(), grid.coordinates.end(),
+              out.coordinates.data_ptr<int32_t>());
+    out.inverse = at::empty({n}, at::kLong);
+    std::copy(grid.inverse.begin(), grid.inverse.end(), out.inverse.data_ptr<int64_t>());
+    out.counts = at::empty({v}, at::kLong);
+    std::copy(grid.counts.begin(), grid.counts.end(), out.counts.data_ptr<int64_t>());
+    if (features.defined()) {
+      const int64_t c = features.size(1);
+      if (features.scalar_type() == at::kDouble) {
+        at::Tensor f = features.contiguous();
+        std::vector<double> mean = MeanFeatures(grid, f.data_ptr<double>(), c);
+        out.features = at::empty({v, c}, at::kDouble);
+        std::copy(mean.begin(), mean.end(), out.features.data_ptr<double>());
+      } else {
+        // float32, and the narrower types averaged in float32.
+        at::Tensor f = features.to(at::kFloat).contiguous();
+        std::vector<float> mean = MeanFeatures(grid, f.data_ptr<float>(), c);
+        out.features = at::empty({v, c}, at::kFloat);
+        std::copy(mean.begin(), mean.end(), out.features.data_ptr<float>());
+        out.features = out.features.to(features.scalar_type());
       }
-      if (!ok) {
-        int64_t cur = bad_row.load();
-        while (i < cur && !bad_row.compare_exchange_weak(cur, i)) {
-        }
-        continue;
-      }
-      keys[i] = PackKey(0, v[0], v[1], v[2]);
     }
-  });
-  if (bad_row.load() < n) {
-    const int64_t r = bad_row.load();
-    const double* q = pd + 3 * r;
-    if (!std::isfinite(q[0]) || !std::isfinite(q[1]) || !std::isfinite(q[2])) {
-      TORCH_CHECK(false, "Quantize: point ", r, " is not finite: (", q[0], ", ", q[1], ", ", q[2],
-                  ")");
+    if (labels.defined()) {
+      at::Tensor l = labels.to(at::kLong).contiguous();
+      std::vector<int64_t> majority = MajorityLabels(grid, l.data_ptr<int64_t>(), ignore_label);
+      out.labels = at::empty({v}, at::kLong);
+      std::copy(majority.begin(), majority.end(), out.labels.data_ptr<int64_t>());
     }
-    TORCH_CHECK(false, "Quantize: point ", r, " (", q[0], ", ", q[1], ", ", q[2],
-                ") lies outside the representable voxel range at voxel size ", voxel_size,
-                " (indices must be within [", kMinCoordinate, ", ", kMaxCoordinate, "])");
+    return out;
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "Quantize: ", e.what());
   }
-  // Unique keys in sorted order, then every point's voxel row.
-  CoordinateHashMap seen(n);
-  std::vector<uint64_t> unique;
-  for (int64_t i = 0; i < n; ++i) {
-    if (seen.Insert(keys[i], 0) < 0) unique.push_back(keys[i]);
-  }
-  std::sort(unique.begin(), unique.end());
-  const int64_t v = static_cast<int64_t>(unique.size());
-  CoordinateHashMap rows(v);
-  for (int64_t r = 0; r < v; ++r) rows.Insert(unique[r], static_cast<int32_t>(r));
-
-  Quantized out;
-  out.coordinates = at::empty({v, 3}, at::kInt);
-  int32_t* c = out.coordinates.data_ptr<int32_t>();
-  for (int64_t r = 0; r < v; ++r) {
-    int32_t full[4];
-    UnpackKey(unique[r], full);
-    std::copy(full + 1, full + 4, c + 3 * r);
-  }
-  out.inverse = at::empty({n}, at::kLong);
-  int64_t* inv = out.inverse.data_ptr<int64_t>();
-  at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) inv[i] = rows.Find(keys[i]);
-  });
-  out.counts = at::zeros({v}, at::kLong);
-  out.counts.index_add_(0, out.inverse, at::ones({n}, at::kLong));
-  if (features.defined()) {
-    at::Tensor sum = at::zeros({v, features.size(1)}, features.options());
-    sum.index_add_(0, out.inverse, features);
-    out.features = sum / out.counts.unsqueeze(1).to(features.scalar_type());
-  }
-  if (labels.defined()) {
-    at::Tensor l = labels.to(at::kLong).contiguous();
-    const int64_t* ld = l.data_ptr<int64_t>();
-    int64_t num_classes = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      if (ld[i] == ignore_label) continue;
-      TORCH_CHECK(ld[i] >= 0, "Quantize: label ", ld[i], " of point ", i,
-                  " is negative and not the ignore label ", ignore_label);
-      num_classes = std::max(num_classes, ld[i] + 1);
-    }
-    TORCH_CHECK(num_classes <= 65536, "Quantize: label ", num_classes - 1,
-                " is too large (labels must be at most 65535)");
-    // Sort (voxel, label) pairs and take each voxel's longest run; runs are
-    // in label order, so ties go to the smaller label.
-    std::vector<uint64_t> votes;
-    votes.reserve(n);
-    for (int64_t i = 0; i < n; ++i) {
-      if (ld[i] != ignore_label) votes.push_back(static_cast<uint64_t>(inv[i]) << 16 | ld[i]);
-    }
-    std::sort(votes.begin(), votes.end());
-    out.labels = at::full({v}, ignore_label, at::kLong);
-    int64_t* ol = out.labels.data_ptr<int64_t>();
-    std::vector<int64_t> best(v, 0);
-    for (size_t i = 0; i < votes.size();) {
-      size_t j = i;
-      while (j < votes.size() && votes[j] == votes[i]) ++j;
-      const int64_t row = static_cast<int64_t>(votes[i] >> 16);
-      const int64_t run = static_cast<int64_t>(j - i);
-      if (run > best[row]) {
-        best[row] = run;
-        ol[row] = static_cast<int64_t>(votes[i] & 0xFFFF);
-      }
-      i = j;
-    }
-  }
-  return out;
 }
 
 Collated Collate(const std::vector<at::Tensor>& coordinates, const std::vector<at::Tensor>& features,

@@ -23,9 +23,11 @@ struct Quantized {
 
 // points: N x 3 float32/float64, finite. voxel_size > 0. features: N x C
 // float (optional). labels: N integer (optional), each >= 0 or ignore_label.
-// A point p lands in voxel floor(p / voxel_size). Throws c10::Error naming
-// the first bad row (non-finite point, voxel index out of range, negative
-// label) or the mismatched size.
+// A point p lands in voxel floor(p / voxel_size). All inputs on the CPU.
+// Throws c10::Error naming the first bad row (non-finite point, voxel index
+// out of range, negative label) or the mismatched size. The work is done by
+// the torch-free voxel_grid.h, which the worker's loader also uses, so both
+// give the same voxels.
 Quantized Quantize(const at::Tensor& points, double voxel_size,
                    const at::Tensor& features = at::Tensor(),
                    const at::Tensor& labels = at::Tensor(),

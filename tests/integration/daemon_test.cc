@@ -2,13 +2,17 @@
 // sockets, signals and files: every exit class, hang and freeze detection,
 // the kill escalation, backoff and budgets, gangs, adoption after a daemon
 // crash, cancel, auth, spec validation, sd_notify, concurrent watchers,
-// graceful shutdown, metrics and trainctl. Each test owns a daemon in its
-// own temporary directory (DaemonHarness), so ctest runs them in parallel.
+// graceful shutdown, metrics, trainctl, GPU release (fake GPUs), the OOM
+// memory budget, socket permissions, health and reflection. Each test owns
+// a daemon in its own temporary directory (DaemonHarness), so ctest runs
+// them in parallel.
 // Assertions are about behaviour, never about how fast anything happened.
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 
 #include <algorithm>
@@ -866,6 +870,475 @@ TEST(Daemon, TrainctlSubmitsWatchesAndLists) {
   const std::string dump = parsed.dump();
   EXPECT_THAT(dump, HasSubstr("ctlok-"));
   EXPECT_THAT(dump, HasSubstr("ctlbad-"));
+}
+
+// --- 17. GPU release (fake GPUs) -------------------------------------------------------------
+
+struct FakeGpu {
+  std::string uuid;
+  int64_t used_mb = 0;
+  std::vector<int> compute_pids;
+};
+
+// Writes the file of [testing] fake_gpu_file (format of OpenFakeMonitor),
+// through a rename so the daemon never reads half of it.
+void WriteFakeGpus(const std::string& path, const std::vector<FakeGpu>& gpus) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const FakeGpu& g : gpus) {
+    list.push_back({{"uuid", g.uuid},
+                    {"name", "Fake GPU"},
+                    {"memory_total", int64_t{80} << 30},
+                    {"memory_used", g.used_mb << 20},
+                    {"compute_pids", g.compute_pids}});
+  }
+  WriteFileText(path + ".tmp", nlohmann::json{{"gpus", list}}.dump());
+  fs::rename(path + ".tmp", path);
+}
+
+// Two fake GPUs, released when a dead worker's GPU holds at most 100 MiB.
+void UseFakeGpus(DaemonHarness& h, const std::string& path, const std::vector<std::string>& uuids,
+                 const std::string& release_timeout_s) {
+  WriteFakeGpus(path, {{uuids[0], 10, {}}, {uuids[1], 10, {}}});
+  h.Set("slots.use_gpus", "true");
+  h.Set("slots.gpu_release_timeout_s", release_timeout_s);
+  h.Set("slots.gpu_idle_memory_mb", "100");
+  h.Set("testing.fake_gpu_file", "\"" + path + "\"");
+}
+
+v1::Node GetNode(DaemonHarness& h) {
+  v1::Node node;
+  auto ctx = h.Context(h.viewer_token());
+  grpc::Status s = h.stub().GetNode(ctx.get(), v1::GetNodeRequest(), &node);
+  EXPECT_TRUE(s.ok()) << "GetNode: " << s.error_message();
+  return node;
+}
+
+// Whether GetNode shows slot `index` in `state`; `*node` gets the answer.
+bool SlotIn(DaemonHarness& h, int index, v1::SlotState state, v1::Node* node) {
+  *node = GetNode(h);
+  return index < node->slots_size() && node->slots(index).state() == state;
+}
+
+// A process in a group of its own (so never one of a worker's): `sleep 60`.
+class ForeignProcess {
+ public:
+  explicit ForeignProcess(const std::string& log)
+      : pid_(SpawnProcess({"/bin/sleep", "60"}, TestEnvironment({}), log, log)) {}
+  ~ForeignProcess() { Stop(); }
+  int pid() const { return pid_; }
+  void Stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  int pid_;
+};
+
+const std::vector<std::string> kGpuUuids = {"GPU-0a0a0a0a-fake-4000-8000-000000000000",
+                                            "GPU-1b1b1b1b-fake-4000-8000-000000000001"};
+
+TEST(Daemon, GpuHeldByAForeignProcessIsStrandedUntilReleased) {
+  DaemonHarness h;
+  const std::string gpu_file = h.dir() + "/gpus.json";
+  UseFakeGpus(h, gpu_file, kGpuUuids, "1.5");
+  ASSERT_TRUE(h.Start());
+
+  v1::Node node = GetNode(h);
+  ASSERT_EQ(node.slots_size(), 2) << node.DebugString();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(node.slots(i).gpu());
+    EXPECT_EQ(node.slots(i).gpu_index(), i);
+    EXPECT_EQ(node.slots(i).state(), v1::SLOT_STATE_FREE);
+  }
+  ASSERT_EQ(node.gpus_size(), 2) << node.DebugString();
+  EXPECT_EQ(node.gpus(0).uuid(), kGpuUuids[0]);
+  EXPECT_EQ(node.gpus(1).uuid(), kGpuUuids[1]);
+  EXPECT_TRUE(node.gpus(0).healthy());
+
+  ForeignProcess stranger(h.dir() + "/stranger.log");
+  ASSERT_GT(stranger.pid(), 1);
+  const std::string id = h.Submit(
+      Spec("gpustrand", 300, 100, 2, "exit_at_step = 10\nexit_code = 3\nonly_attempt = 1"));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitFor(
+      id,
+      [](const v1::Run& r) {
+        return r.state() == v1::RUN_STATE_RUNNING && r.attempts_size() == 1 &&
+               r.progress().step() >= 1;
+      },
+      kRunLimit, &run));
+  ASSERT_EQ(run.attempts(0).ranks_size(), 1);
+  const v1::RankStatus first = run.attempts(0).ranks(0);
+  EXPECT_EQ(first.slot(), 0) << Describe(run);
+  EXPECT_EQ(first.gpu(), kGpuUuids[0]) << Describe(run);
+  EXPECT_THAT(RankLog(run, 1, 0), HasSubstr("CUDA_VISIBLE_DEVICES=" + kGpuUuids[0] + "\n"));
+
+  // While the worker lives, GPU 0 fills up and gains a compute process that
+  // is not in the worker's process group.
+  WriteFakeGpus(gpu_file, {{kGpuUuids[0], 4096, {stranger.pid()}}, {kGpuUuids[1], 10, {}}});
+  ASSERT_TRUE(ProcessAlive(first.pid()))
+      << "attempt 1 ended before GPU 0 was taken: raise its exit_at_step";
+
+  // The worker exits at step 10; GPU 0 is not released in time.
+  ASSERT_TRUE(Eventually([&] { return SlotIn(h, 0, v1::SLOT_STATE_STRANDED, &node); }, Seconds(30),
+                         std::chrono::milliseconds(50)))
+      << node.DebugString();
+  EXPECT_THAT(node.slots(0).reason(), HasSubstr("GPU memory not released"));
+  EXPECT_THAT(node.slots(0).reason(), HasSubstr(std::to_string(stranger.pid())));
+  ASSERT_EQ(node.gpus_size(), 2);
+  EXPECT_FALSE(node.gpus(0).healthy()) << node.DebugString();
+  EXPECT_TRUE(node.gpus(1).healthy()) << node.DebugString();
+  EXPECT_TRUE(ProcessAlive(stranger.pid()))
+      << "a process outside the worker's group must never be killed";
+
+  // The restart went to the other GPU.
+  ASSERT_TRUE(h.WaitFor(
+      id,
+      [](const v1::Run& r) {
+        return r.state() == v1::RUN_STATE_RUNNING && r.attempts_size() == 2 &&
+               r.attempts(1).ranks_size() == 1;
+      },
+      kRunLimit, &run));
+  EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_CRASH) << Describe(run);
+  const v1::RankStatus& second = run.attempts(1).ranks(0);
+  EXPECT_EQ(second.slot(), 1) << Describe(run);
+  EXPECT_EQ(second.gpu(), kGpuUuids[1]) << Describe(run);
+  EXPECT_THAT(RankLog(run, 2, 0), HasSubstr("CUDA_VISIBLE_DEVICES=" + kGpuUuids[1] + "\n"));
+
+  {
+    v1::CancelRunRequest req;
+    req.set_run_id(id);
+    v1::Run out;
+    auto ctx = h.Context(h.operator_token());
+    grpc::Status s = h.stub().CancelRun(ctx.get(), req, &out);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  ASSERT_TRUE(h.WaitForState(id, v1::RUN_STATE_CANCELLED, kRunLimit, &run));
+  std::vector<v1::RunEvent> events = h.History(id);
+  std::vector<v1::RunEvent> gpu_events = EventsOfKind(events, v1::EVENT_KIND_GPU);
+  ASSERT_EQ(gpu_events.size(), 1u) << Describe(events);
+  EXPECT_EQ(gpu_events[0].rank(), 0);
+  EXPECT_THAT(gpu_events[0].reason(), HasSubstr("slot 0 stranded"));
+  EXPECT_THAT(gpu_events[0].reason(), HasSubstr(kGpuUuids[0]));
+
+  // Slot 1's GPU was idle after the cancel; slot 0's still is not.
+  EXPECT_TRUE(Eventually([&] { return SlotIn(h, 1, v1::SLOT_STATE_FREE, &node); }, Seconds(20)))
+      << node.DebugString();
+  EXPECT_EQ(node.slots(0).state(), v1::SLOT_STATE_STRANDED) << node.DebugString();
+
+  // The stranger lets go: the slot recovers.
+  stranger.Stop();
+  WriteFakeGpus(gpu_file, {{kGpuUuids[0], 10, {}}, {kGpuUuids[1], 10, {}}});
+  ASSERT_TRUE(Eventually([&] { return SlotIn(h, 0, v1::SLOT_STATE_FREE, &node); }, Seconds(10)))
+      << node.DebugString();
+  EXPECT_EQ(node.slots(0).reason(), "");
+  ASSERT_EQ(node.gpus_size(), 2);
+  EXPECT_TRUE(node.gpus(0).healthy()) << node.DebugString();
+}
+
+TEST(Daemon, GpuHeldByTheWorkersOwnGroupIsReclaimed) {
+  DaemonHarness h;
+  const std::string gpu_file = h.dir() + "/gpus.json";
+  UseFakeGpus(h, gpu_file, kGpuUuids, "5");
+  ASSERT_TRUE(h.Start());
+  const std::string id =
+      h.Submit(Spec("gpureclaim", 30, 100, 2,
+                    "exit_at_step = 10\nexit_code = 3\nonly_attempt = 1\nspawn_grandchild = true"));
+  const std::string log_path = h.state_dir() + "/runs/" + id + "/attempts/1/rank-0.log";
+  int grandchild = 0;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        const std::string log = ReadFileText(log_path);
+        const size_t at = log.find("grandchild pid ");
+        if (at == std::string::npos || log.find('\n', at) == std::string::npos) return false;
+        grandchild = std::atoi(log.c_str() + at + strlen("grandchild pid "));
+        return true;
+      },
+      Seconds(60)))
+      << ReadFileText(log_path);
+  ASSERT_GT(grandchild, 1);
+  v1::Run run;
+  ASSERT_TRUE(h.WaitFor(
+      id,
+      [](const v1::Run& r) { return r.attempts_size() == 1 && r.attempts(0).ranks_size() == 1; },
+      kRunLimit, &run));
+  const int worker = run.attempts(0).ranks(0).pid();
+  ASSERT_EQ(run.attempts(0).ranks(0).slot(), 0) << Describe(run);
+  ASSERT_EQ(getpgid(grandchild), worker) << "the grandchild is in the worker's group";
+
+  // The grandchild holds GPU 0 while the worker lives.
+  WriteFakeGpus(gpu_file, {{kGpuUuids[0], 4096, {grandchild}}, {kGpuUuids[1], 10, {}}});
+  ASSERT_TRUE(ProcessAlive(worker)) << "attempt 1 ended before GPU 0 was taken";
+
+  // The worker exits at step 10; the daemon kills the holder, and the GPU
+  // (as NVML would report it) has its memory back.
+  ASSERT_TRUE(Eventually([&] { return !ProcessAlive(grandchild); }, Seconds(30)))
+      << "the daemon did not kill grandchild " << grandchild;
+  WriteFakeGpus(gpu_file, {{kGpuUuids[0], 10, {}}, {kGpuUuids[1], 10, {}}});
+  v1::Node node;
+  bool stranded = false;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        bool free = SlotIn(h, 0, v1::SLOT_STATE_FREE, &node);
+        stranded =
+            stranded || (node.slots_size() > 0 && node.slots(0).state() == v1::SLOT_STATE_STRANDED);
+        return free;
+      },
+      Seconds(20)))
+      << node.DebugString();
+  EXPECT_FALSE(stranded);
+
+  ASSERT_TRUE(h.WaitForEnd(id, kRunLimit, &run));
+  EXPECT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_CRASH);
+  std::vector<v1::RunEvent> events = h.History(id);
+  EXPECT_THAT(EventsOfKind(events, v1::EVENT_KIND_GPU), ::testing::IsEmpty()) << Describe(events);
+  EXPECT_THAT(h.DaemonLog(), ::testing::Not(HasSubstr("STRANDED")));
+}
+
+// --- 18. OOM lowers the memory budget ---------------------------------------------------------
+
+TEST(Daemon, OomExitLowersTheMemoryBudgetOfTheNextAttempt) {
+  DaemonHarness h;
+  h.Set("restart.oom_budget_factor", "0.5");
+  ASSERT_TRUE(h.Start());
+  const std::string spec =
+      "name = \"oombudget\"\nworld_size = 1\n"
+      "[train]\nsteps = 6\ncheckpoint_every_steps = 1\nmemory_budget_mb = 1000\n"
+      "[testing]\nstep_ms = 20\nexit_at_step = 2\nexit_code = 75\nonly_attempt = 1\n";
+  const std::string id = h.Submit(spec);
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForEnd(id, kRunLimit, &run));
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_OOM);
+  EXPECT_EQ(run.oom_restarts(), 1);
+  EXPECT_THAT(RankLog(run, 1, 0), HasSubstr("TRAINSUP_MEMORY_BUDGET_MB=unset\n"));
+  EXPECT_THAT(RankLog(run, 2, 0), HasSubstr("TRAINSUP_MEMORY_BUDGET_MB=500\n"));
+}
+
+// --- 19. socket permissions -------------------------------------------------------------------
+
+TEST(Daemon, SocketIsForOwnerAndGroupOnlyWhateverTheUmask) {
+  DaemonHarness h;
+  // The daemon must not rely on the umask it inherits.
+  const mode_t old_umask = umask(0);
+  ::testing::AssertionResult started = h.Start();
+  umask(old_umask);
+  ASSERT_TRUE(started);
+  struct stat st {};
+  ASSERT_EQ(stat(h.socket_path().c_str(), &st), 0) << strerror(errno);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0660u) << std::oct << (st.st_mode & 07777);
+  const std::string dir = fs::path(h.socket_path()).parent_path().string();
+  ASSERT_EQ(stat(dir.c_str(), &st), 0) << strerror(errno);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0750u) << std::oct << (st.st_mode & 07777);
+  ASSERT_EQ(stat(h.state_dir().c_str(), &st), 0) << strerror(errno);
+  EXPECT_EQ(st.st_mode & 07777, 0750u) << std::oct << (st.st_mode & 07777);
+}
+
+// --- 20. health and reflection ----------------------------------------------------------------
+
+// Calls by method name with hand-serialized messages: Debian ships neither
+// the health nor the reflection stubs.
+grpc::ByteBuffer ToBuffer(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string FromBuffer(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Dump(&slices).ok()) return out;
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                          const std::string& request, std::string* response) {
+  grpc::CompletionQueue cq;
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::ByteBuffer reply;
+  grpc::Status status(grpc::StatusCode::INTERNAL, "no completion");
+  {
+    auto call = stub.PrepareUnaryCall(&ctx, method, ToBuffer(request), &cq);
+    call->StartCall();
+    call->Finish(&reply, &status, reinterpret_cast<void*>(1));
+    void* tag = nullptr;
+    bool ok = false;
+    cq.Next(&tag, &ok);
+  }
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (status.ok()) *response = FromBuffer(reply);
+  return status;
+}
+
+// A bidi call that writes `requests`, half-closes, and reads every response.
+grpc::Status RawBidiCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                         const std::vector<std::string>& requests,
+                         std::vector<std::string>* responses) {
+  grpc::CompletionQueue cq;
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Status status(grpc::StatusCode::INTERNAL, "no completion");
+  {
+    auto call = stub.PrepareCall(&ctx, method, &cq);
+    // One operation at a time: each waits for its own completion.
+    auto step = [&](const std::function<void(void*)>& start) {
+      void* tag = nullptr;
+      bool ok = false;
+      start(reinterpret_cast<void*>(1));
+      return cq.Next(&tag, &ok) && ok;
+    };
+    if (step([&](void* t) { call->StartCall(t); })) {
+      for (const std::string& r : requests) {
+        if (!step([&](void* t) { call->Write(ToBuffer(r), t); })) break;
+      }
+      step([&](void* t) { call->WritesDone(t); });
+      for (;;) {
+        grpc::ByteBuffer buffer;
+        if (!step([&](void* t) { call->Read(&buffer, t); })) break;
+        responses->push_back(FromBuffer(buffer));
+      }
+    }
+    step([&](void* t) { call->Finish(&status, t); });
+  }
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+// The length-delimited fields numbered `field` of a serialized message
+// (enough of the wire format for the reflection answer).
+std::vector<std::string> BytesFields(const std::string& msg, int field) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  auto varint = [&](uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; i < msg.size() && shift < 64; shift += 7) {
+      const uint8_t b = static_cast<uint8_t>(msg[i++]);
+      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  };
+  while (i < msg.size()) {
+    uint64_t key = 0, value = 0;
+    if (!varint(&key)) break;
+    const int number = static_cast<int>(key >> 3);
+    switch (key & 7) {
+      case 0:
+        if (!varint(&value)) return out;
+        break;
+      case 1:
+        i += 8;
+        break;
+      case 5:
+        i += 4;
+        break;
+      case 2:
+        if (!varint(&value) || value > msg.size() - i) return out;
+        if (number == field) out.push_back(msg.substr(i, value));
+        i += value;
+        break;
+      default:
+        return out;
+    }
+  }
+  return out;
+}
+
+const char kHealthCheck[] = "/grpc.health.v1.Health/Check";
+const std::string kServing("\x08\x01", 2);
+const std::string kNotServing("\x08\x02", 2);
+
+TEST(Daemon, HealthAndReflectionAnswerWithoutAToken) {
+  DaemonHarness h;
+  ASSERT_TRUE(h.Start());
+  auto channel = grpc::CreateChannel("unix:" + h.socket_path(), grpc::InsecureChannelCredentials());
+
+  // HealthCheckRequest{service: ""} serializes to nothing.
+  std::string reply;
+  grpc::Status s = RawUnaryCall(channel, kHealthCheck, "", &reply);
+  ASSERT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+  EXPECT_EQ(reply, kServing);
+
+  // ServerReflectionRequest{list_services: ""}: field 7, empty string.
+  std::vector<std::string> responses;
+  s = RawBidiCall(channel, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                  {std::string("\x3a\x00", 2)}, &responses);
+  ASSERT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+  ASSERT_EQ(responses.size(), 1u);
+  // ServerReflectionResponse.list_services_response (6) > service (1) > name (1).
+  std::vector<std::string> names;
+  for (const std::string& list : BytesFields(responses[0], 6)) {
+    for (const std::string& service : BytesFields(list, 1)) {
+      for (const std::string& name : BytesFields(service, 1)) names.push_back(name);
+    }
+  }
+  EXPECT_THAT(names, ::testing::IsSupersetOf({std::string("trainsup.v1.Supervisor"),
+                                              std::string("trainsup.worker.v1.WorkerChannel")}));
+}
+
+TEST(Daemon, HealthIsNotServingWhileShuttingDown) {
+  DaemonHarness h;
+  // The worker is held stopped (SIGSTOP) through the shutdown, so the daemon
+  // keeps serving until it is let go.
+  h.Set("workers.stop_deadline_s", "60");
+  h.Set("workers.heartbeat_timeout_s", "60");
+  ASSERT_TRUE(h.Start());
+  auto channel = grpc::CreateChannel("unix:" + h.socket_path(), grpc::InsecureChannelCredentials());
+  const std::string id = h.Submit(Spec("healthstop", 400, 50, 100));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitFor(
+      id,
+      [](const v1::Run& r) {
+        return r.state() == v1::RUN_STATE_RUNNING && r.progress().step() >= 1;
+      },
+      kRunLimit, &run));
+  const int worker = run.attempts(0).ranks(0).pid();
+  std::string reply;
+  grpc::Status s = RawUnaryCall(channel, kHealthCheck, "", &reply);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(reply, kServing);
+
+  ASSERT_EQ(kill(worker, SIGSTOP), 0) << strerror(errno);
+  ASSERT_TRUE(Eventually([&] { return ProcessState(worker) == 'T'; }, Seconds(10)));
+  h.Signal(SIGTERM);
+  std::string last;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        reply.clear();
+        grpc::Status st = RawUnaryCall(channel, kHealthCheck, "", &reply);
+        last = st.ok() ? "reply of " + std::to_string(reply.size()) + " bytes"
+                       : "error " + st.error_message();
+        return st.ok() && reply == kNotServing;
+      },
+      Seconds(30), std::chrono::milliseconds(50)))
+      << last;
+  kill(worker, SIGCONT);
+  std::optional<int> status = h.WaitExit(Seconds(30));
+  ASSERT_TRUE(status.has_value()) << "trainsupd did not exit after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << *status;
+  s = RawUnaryCall(channel, kHealthCheck, "", &reply);
+  EXPECT_FALSE(s.ok()) << "a health check answered after the daemon exited";
 }
 
 }  // namespace

@@ -442,6 +442,12 @@ int UsageError(const Args& args, bool can_write_exit_file, const std::string& me
 }
 
 int Main(int argc, char** argv) {
+  // What the daemon put in the environment, for the integration tests.
+  for (const char* name : {"CUDA_VISIBLE_DEVICES", "TRAINSUP_MEMORY_BUDGET_MB"}) {
+    const char* value = std::getenv(name);
+    std::printf("%s=%s\n", name, value != nullptr ? value : "unset");
+  }
+  std::fflush(stdout);
   Args args;
   if (absl::Status s = ParseArgs(argc, argv, &args); !s.ok()) {
     return UsageError(args, !args.run_dir.empty() && args.rank >= 0 && args.attempt >= 1,

@@ -1,0 +1,99 @@
+// The training loop of trainsup-worker: a MinkUNet from the engine on a
+// dataset from the run spec, under a memory budget, with batches split
+// instead of crashing when they do not fit (worker/split.h), checkpoints
+// through the checkpoint library, and exact resume. The process around it
+// (arguments, signals, the supervisor link, exit files) is worker_main.cc.
+//
+// Exit codes follow DESIGN.md: 0 done, 64 bad spec, 65 data unreadable,
+// 75 hard out-of-memory, 143 stopped on request after a checkpoint; any
+// other exception propagates (a crash, with its message in the log).
+#ifndef TRAINSUP_WORKER_TRAINER_H_
+#define TRAINSUP_WORKER_TRAINER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/spec.h"
+#include "worker/loader.h"
+#include "worker/split.h"
+#include "trainsup/v1/supervisor.pb.h"
+
+namespace trainsup::sparse {
+class MinkUNetImpl;
+}
+
+namespace trainsup::worker {
+
+struct TrainerOptions {
+  std::string run_dir;
+  int rank = 0;
+  int world_size = 1;
+  int attempt = 1;
+  // "latest" (the newest verified checkpoint, or from scratch when there is
+  // none), "none", or a step number that must exist and verify.
+  std::string resume = "latest";
+  // > 0: replaces train.memory_budget_mb (the supervisor lowers it after an
+  // out-of-memory exit: TRAINSUP_MEMORY_BUDGET_MB).
+  int64_t memory_budget_mb_override = 0;
+};
+
+// How the loop talks to the world; every hook may be empty.
+struct TrainerHooks {
+  std::function<void(const ::trainsup::v1::Progress&)> progress;  // a snapshot for the heartbeats
+  std::function<void()> advance;                      // the progress counter
+  // kind is a v1::EventKind (CHECKPOINT, OOM_SPLIT, LOG).
+  std::function<void(::trainsup::v1::EventKind kind, int64_t step, int64_t checkpoint_step,
+                     const std::string& message)>
+      event;
+  std::function<bool()> stop_requested;        // SIGTERM or a Stop command
+  std::function<bool()> checkpoint_requested;  // CheckpointNow (consumed)
+  std::function<void(bool)> pause_heartbeats;  // fault injection: freeze
+  std::function<void(const std::string&)> log;  // one line for the rank's log
+};
+
+struct TrainerResult {
+  int exit_code = 0;
+  std::string reason;   // completed | stopped | usage | data | oom | ...
+  std::string message;  // for people
+  int64_t last_step = -1;
+  // Final evaluation on the validation split (when there is one).
+  double val_miou = -1;
+  double baseline_miou = -1;  // predicting the training split's majority class
+  double val_accuracy = -1;
+};
+
+// Trains according to `spec`. Returns the outcome; throws only for what is
+// not an out-of-memory error, a bad spec or unreadable data.
+TrainerResult Train(const RunSpec& spec, const TrainerOptions& options, const TrainerHooks& hooks);
+
+// What one optimizer step's forward and backward passes did.
+struct StepOutcome {
+  SplitStats stats;
+  double loss = 0;       // the batch's mean loss over its labelled voxels
+  int64_t hits = 0;      // labelled voxels predicted right
+  int64_t labelled = 0;  // labelled voxels that were trained on
+};
+
+// Forward and backward over `batch` (scene k of a group is batch index k),
+// split when it runs out of memory (RunSplitting): `accum` (one tensor per
+// parameter, zeroed first) receives the gradient of the batch's mean loss
+// over its labelled voxels; the parameters' own .grad are not touched and
+// no optimizer step is taken. Features are converted to `dtype` (float64 for
+// tests). Only c10::OutOfMemoryError is caught; any other exception
+// propagates. ResourceExhausted: a hard out-of-memory.
+absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const Batch& batch,
+                                            int channels, const std::vector<at::Tensor>& params,
+                                            std::vector<at::Tensor>& accum,
+                                            const SplitOptions& options, MemoryModel* predictor,
+                                            int64_t budget_bytes, at::ScalarType dtype = at::kFloat,
+                                            int64_t* run_peak = nullptr);
+
+}  // namespace trainsup::worker
+
+#endif  // TRAINSUP_WORKER_TRAINER_H_
