@@ -147,6 +147,11 @@ absl::Status ReadModel(const toml::table* t, ModelSpec* m) {
   }
   TRAINSUP_RETURN_IF_ERROR(r.Double("voxel_size", &m->voxel_size, 0, 10, /*lo_open=*/true));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("gradient_checkpointing", &m->gradient_checkpointing));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("height_feature", &m->height_feature));
+  if (m->height_feature && m->in_channels < 2) {
+    return absl::InvalidArgumentError(
+        "model.in_channels: must count the height channel too (at least 2 with height_feature)");
+  }
   return r.Finish();
 }
 
@@ -160,6 +165,8 @@ absl::Status ReadData(const toml::table* t, DataSpec* d) {
   TRAINSUP_RETURN_IF_ERROR(r.Int("ignore_label", &d->ignore_label, -1, 65535));
   TRAINSUP_RETURN_IF_ERROR(r.Double("val_fraction", &d->val_fraction, 0, 0.9));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("augment", &d->augment));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("use_features", &d->use_features));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("tile_size", &d->tile_size, 0, 100000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("scenes", &d->scenes, 1, 100000));
   TRAINSUP_RETURN_IF_ERROR(
       r.String("scene_size", &d->scene_size, {"small", "default", "large", "huge"}));

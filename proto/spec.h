@@ -19,6 +19,10 @@ struct ModelSpec {
   int64_t num_classes = 0;          // 0: from the data; else 2..1024
   double voxel_size = 0.05;         // metres, (0, 10]
   bool gradient_checkpointing = false;
+  // Adds the voxel's height above its scene's lowest point (metres) as one
+  // more input channel (in_channels counts it): convolutions are blind to
+  // absolute position, and aerial scans separate ground from the rest by it.
+  bool height_feature = false;
 };
 
 struct DataSpec {
@@ -30,6 +34,12 @@ struct DataSpec {
   int64_t ignore_label = -1;   // -1..65535
   double val_fraction = 0.2;   // [0, 0.9]
   bool augment = true;
+  // false: ignore the files' features (colour, remission) and give the model
+  // one constant channel, e.g. when colours encode the labels.
+  bool use_features = true;
+  // One file is cut into square xy tiles of this side (metres); 0 = chosen
+  // for about 16 tiles. [0, 100000]
+  double tile_size = 0;
   // synthetic only
   int64_t scenes = 8;                       // 1..100000
   std::string scene_size = "small";         // small | default | large | huge

@@ -70,13 +70,13 @@ void ShiftToMinimum(PointCloud* cloud) {
   for (int a = 0; a < 3; ++a) cloud->origin[a] += lo[a];
 }
 
-// Labels equal to ignore_label become -1; a cloud without features gets one
-// constant channel.
-void Normalize(PointCloud* cloud, int64_t ignore_label) {
+// Labels equal to ignore_label become -1; a cloud without features (or
+// whose features the spec says to ignore) gets one constant channel.
+void Normalize(PointCloud* cloud, int64_t ignore_label, bool use_features = true) {
   for (int32_t& l : cloud->labels) {
     if (l == ignore_label) l = -1;
   }
-  if (cloud->feature_channels == 0) {
+  if (cloud->feature_channels == 0 || !use_features) {
     cloud->feature_channels = 1;
     cloud->features.assign(cloud->size(), 1.0f);
   }
@@ -111,10 +111,11 @@ absl::Status CheckScene(const PointCloud& cloud, int channels, int num_classes) 
 }
 
 absl::Status CheckChannels(const ModelSpec& model, int channels, const std::string& what) {
-  if (model.in_channels != channels) {
-    return absl::InvalidArgumentError(absl::StrCat("model.in_channels: ", model.in_channels,
-                                                   ", but ", what, " has ",
-                                                   Plural(channels, "feature channel")));
+  const int expected = channels + (model.height_feature ? 1 : 0);
+  if (model.in_channels != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.in_channels: ", model.in_channels, ", but ", what, " has ",
+        Plural(channels, "feature channel"), model.height_feature ? " plus the height" : ""));
   }
   return absl::OkStatus();
 }
@@ -249,11 +250,13 @@ class TiledDataset final : public Dataset {
 class FileDataset final : public Dataset {
  public:
   FileDataset(std::vector<std::string> files, PointCloudFormat format, ReadOptions options,
-              int64_t ignore_label, int channels, int num_classes, std::string name)
+              int64_t ignore_label, bool use_features, int channels, int num_classes,
+              std::string name)
       : files_(std::move(files)),
         format_(format),
         options_(std::move(options)),
         ignore_label_(ignore_label),
+        use_features_(use_features),
         channels_(channels),
         num_classes_(num_classes),
         name_(std::move(name)) {}
@@ -267,7 +270,7 @@ class FileDataset final : public Dataset {
     absl::StatusOr<PointCloud> cloud = ReadPointCloud(files_[index], format_, options_);
     if (!cloud.ok()) return cloud.status();
     cloud->source = files_[index];
-    Normalize(&*cloud, ignore_label_);
+    Normalize(&*cloud, ignore_label_, use_features_);
     if (absl::Status s = CheckScene(*cloud, channels_, num_classes_); !s.ok()) return s;
     ShiftToMinimum(&*cloud);
     return cloud;
@@ -282,6 +285,7 @@ class FileDataset final : public Dataset {
   const PointCloudFormat format_;
   const ReadOptions options_;
   const int64_t ignore_label_;
+  const bool use_features_;
   const int channels_;
   const int num_classes_;
   const std::string name_;
@@ -327,7 +331,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenSynthetic(const DataSpec& data, con
 }
 
 // Non-empty square xy tiles of `cloud`, ordered by (ty, tx), and their side.
-std::vector<Tile> MakeTiles(const PointCloud& cloud, double* side_out) {
+std::vector<Tile> MakeTiles(const PointCloud& cloud, double fixed_side, double* side_out) {
   const int64_t n = static_cast<int64_t>(cloud.size());
   double lo[2] = {0, 0}, hi[2] = {0, 0};
   for (int64_t i = 0; i < n; ++i) {
@@ -348,7 +352,9 @@ std::vector<Tile> MakeTiles(const PointCloud& cloud, double* side_out) {
     *ty = std::min(ny - 1, static_cast<int64_t>(std::floor((cloud.xyz[3 * i + 1] - lo[1]) / s)));
   };
   double side = w > 0 ? w : 1.0;
-  if (w > 0) {
+  if (fixed_side > 0) {
+    side = fixed_side;
+  } else if (w > 0) {
     // Sides w * 2^(-k/4), k = 0, 1, ...: exact powers of two times four
     // literal factors, so the choice does not depend on the libm. Counting
     // uses at most about a million points.
@@ -491,7 +497,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFiles(const DataSpec& data, const M
     absl::StatusOr<PointCloud> read = ReadPointCloud(data.path, *format, options);
     if (!read.ok()) return read.status();
     read->source = data.path;
-    Normalize(&*read, data.ignore_label);
+    Normalize(&*read, data.ignore_label, data.use_features);
     if (read->size() == 0) {
       return absl::InvalidArgumentError(absl::StrCat(data.path, ": no points"));
     }
@@ -501,7 +507,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFiles(const DataSpec& data, const M
     absl::StatusOr<int> num_classes = NumClasses(model, MaxLabel(*read), data.path);
     if (!num_classes.ok()) return num_classes.status();
     double side = 0;
-    std::vector<Tile> all = MakeTiles(*read, &side);
+    std::vector<Tile> all = MakeTiles(*read, data.tile_size, &side);
     const int64_t n = static_cast<int64_t>(all.size());
     std::vector<Tile> tiles;
     for (int64_t t : SplitMembers(n, data.val_fraction, seed, split)) {
@@ -529,7 +535,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFiles(const DataSpec& data, const M
     const std::string& file = (*files)[i];
     absl::StatusOr<PointCloud> read = ReadPointCloud(file, *format, options);
     if (!read.ok()) return read.status();
-    Normalize(&*read, data.ignore_label);
+    Normalize(&*read, data.ignore_label, data.use_features);
     if (channels < 0) {
       channels = read->feature_channels;
     } else if (read->feature_channels != channels) {
@@ -550,8 +556,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFiles(const DataSpec& data, const M
   std::string name = absl::StrCat(format_name, " directory ", data.path, ": ", Plural(n, "scene"),
                                   ", ", ToString(split), ": ", Plural(members.size(), "scene"));
   return std::unique_ptr<Dataset>(new FileDataset(std::move(members), *format, options,
-                                                  data.ignore_label, channels, *num_classes,
-                                                  std::move(name)));
+                                                  data.ignore_label, data.use_features,
+                                                  channels, *num_classes, std::move(name)));
 }
 
 }  // namespace

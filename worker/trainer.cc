@@ -102,8 +102,11 @@ struct GroupTensors {
   int64_t labelled = 0;
 };
 
+// `height` > 0: one more channel after the data's, the voxel's z times
+// `height` (the voxel size: metres above the scene's lowest point).
 GroupTensors Assemble(const Batch& batch, const Group& group, int channels,
-                      at::ScalarType dtype = at::kFloat) {
+                      at::ScalarType dtype = at::kFloat, double height = 0) {
+  const int data_channels = channels - (height > 0 ? 1 : 0);
   int64_t rows = GroupVoxels(group);
   at::Tensor coords = at::empty({rows, 4}, at::kInt);
   at::Tensor feats = at::empty({rows, channels}, at::kFloat);
@@ -123,10 +126,10 @@ GroupTensors Assemble(const Batch& batch, const Group& group, int channels,
       c[out * 4 + 1] = s.xyz[r * 3];
       c[out * 4 + 2] = s.xyz[r * 3 + 1];
       c[out * 4 + 3] = s.xyz[r * 3 + 2];
-      for (int ch = 0; ch < channels; ++ch) {
-        // Data without features (LAS formats 0 and 1) gets one constant channel.
+      for (int ch = 0; ch < data_channels; ++ch) {
         f[out * channels + ch] = ch < s.channels ? s.features[r * s.channels + ch] : 1.0f;
       }
+      if (height > 0) f[out * channels + data_channels] = static_cast<float>(s.xyz[r * 3 + 2] * height);
       l[out] = s.labels[r];
       labelled += s.labels[r] >= 0;
       ++out;
@@ -266,7 +269,8 @@ class Trainer {
   MemoryModel memory_model_;
   Counters counters_;
   int num_classes_ = 0;
-  int channels_ = 0;
+  int channels_ = 0;     // model input channels (the data's, plus the height)
+  double height_ = 0;    // > 0: the height channel's scale (the voxel size)
   int64_t budget_ = 0;
   int64_t run_peak_ = 0;
   int64_t step_ = 0;  // the next step to run (== steps done)
@@ -365,7 +369,7 @@ absl::Status Trainer::Step(const Batch& batch) {
   absl::StatusOr<StepOutcome> outcome =
       ForwardBackward(*model_, batch, channels_, params_, accum_, split_options,
                       spec_.train.predictive_split ? &memory_model_ : nullptr, budget_,
-                      at::kFloat, &run_peak_);
+                      at::kFloat, &run_peak_, height_);
   if (!outcome.ok()) return outcome.status();
   const SplitStats* stats = &outcome->stats;
   double loss_sum = outcome->loss;
@@ -386,7 +390,10 @@ absl::Status Trainer::Step(const Batch& batch) {
   }
   if (labelled == 0) {
     counters_.skipped_steps++;
-    Log(absl::StrCat("step ", step_, ": nothing trained (no labelled voxel fitted); optimizer step skipped"));
+    Log(absl::StrCat("step ", step_, ": ",
+                     stats->dropped_labelled > 0 ? "no labelled voxel fitted in memory"
+                                                 : "the batch has no labelled voxel",
+                     "; optimizer step skipped"));
     return absl::OkStatus();
   }
   // The optimizer step is outside the splittable region: an OOM here is hard.
@@ -430,7 +437,7 @@ void Trainer::Evaluate(TrainerResult* result) {
     }
     RunGroup run = [&](const Group& group, double) -> absl::Status {
       try {
-        GroupTensors t = Assemble(*batch, group, channels_);
+        GroupTensors t = Assemble(*batch, group, channels_, at::kFloat, height_);
         at::Tensor pred = model_->forward(t.input).features().argmax(1);
         confusion.Add(pred, t.labels);
         baseline.Add(at::full_like(t.labels, majority_class_), t.labels);
@@ -491,7 +498,8 @@ TrainerResult Trainer::Run() {
   if (num_classes_ < 2) {
     return Fail(kExitData, "data", absl::StrCat("the data has ", num_classes_, " labelled classes; training needs at least 2"));
   }
-  channels_ = std::max(1, train_->feature_channels());
+  channels_ = std::max(1, train_->feature_channels()) + (spec_.model.height_feature ? 1 : 0);
+  height_ = spec_.model.height_feature ? spec_.model.voxel_size : 0;
   if (spec_.model.in_channels != channels_) {
     return Fail(kExitUsage, "usage",
                 absl::StrCat("model.in_channels: ", spec_.model.in_channels, ", but the data gives ",
@@ -669,7 +677,7 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
                                             std::vector<at::Tensor>& accum,
                                             const SplitOptions& options, MemoryModel* predictor,
                                             int64_t budget_bytes, at::ScalarType dtype,
-                                            int64_t* run_peak) {
+                                            int64_t* run_peak, double height) {
   std::vector<SceneView> views;
   for (const VoxelScene& s : batch.scenes) {
     views.push_back({s.xyz.data(), static_cast<int64_t>(s.labels.size()), s.labelled.data()});
@@ -681,7 +689,7 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
   RunGroup run = [&](const Group& group, double weight) -> absl::Status {
     try {
       sparse::ResetPeakMemory();
-      GroupTensors t = Assemble(batch, group, channels, dtype);
+      GroupTensors t = Assemble(batch, group, channels, dtype, height);
       sparse::SparseTensor out = model.forward(t.input);
       at::Tensor logits = out.features();
       at::Tensor loss = t.labelled > 0
@@ -709,8 +717,9 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
   };
   // Freed tensors are already back; drop the allocator's block cache too.
   auto free_memory = [] { sparse::SetBlockCacheLimit(0); };
-  absl::StatusOr<SplitStats> stats =
-      RunSplitting(views, options, run, free_memory, predictor, budget_bytes);
+  // The memory model learns on every step; it plans only under a budget.
+  absl::StatusOr<SplitStats> stats = RunSplitting(
+      views, options, run, free_memory, budget_bytes > 0 ? predictor : nullptr, budget_bytes);
   if (!stats.ok()) return stats.status();
   outcome.stats = *stats;
   return outcome;

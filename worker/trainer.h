@@ -85,14 +85,15 @@ struct StepOutcome {
 // parameter, zeroed first) receives the gradient of the batch's mean loss
 // over its labelled voxels; the parameters' own .grad are not touched and
 // no optimizer step is taken. Features are converted to `dtype` (float64 for
-// tests). Only c10::OutOfMemoryError is caught; any other exception
+// tests). `height` > 0 appends the height channel (model.height_feature)
+// scaled by it. Only c10::OutOfMemoryError is caught; any other exception
 // propagates. ResourceExhausted: a hard out-of-memory.
 absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const Batch& batch,
                                             int channels, const std::vector<at::Tensor>& params,
                                             std::vector<at::Tensor>& accum,
                                             const SplitOptions& options, MemoryModel* predictor,
                                             int64_t budget_bytes, at::ScalarType dtype = at::kFloat,
-                                            int64_t* run_peak = nullptr);
+                                            int64_t* run_peak = nullptr, double height = 0);
 
 }  // namespace trainsup::worker
 
