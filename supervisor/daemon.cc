@@ -58,7 +58,11 @@ namespace wv1 = ::trainsup::worker::v1;
 constexpr size_t kMaxQueuedEvents = 20000;
 // Progress is streamed live on every heartbeat but stored at most this often.
 constexpr double kProgressPersistS = 10;
-constexpr double kTickS = 0.1;
+// Liveness and slot-release checks run this often: detection within a
+// quarter second of a deadline, at a few wake-ups a second when idle.
+constexpr double kTickS = 0.25;
+// The least time an adopted worker has to reconnect after a daemon restart.
+constexpr double kAdoptReconnectS = 10;
 
 double NowS() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -641,8 +645,10 @@ void DaemonImpl::AdoptAttempt(RunRec& r, const v1::Run& stored) {
     }
     w.alive = rs.alive() && w.pid > 0 && IsSameProcess(w.pid, w.start_ticks);
     w.own_child = false;
-    // An adopted worker gets a fresh heartbeat timeout to reconnect in.
-    w.last_heartbeat_s = now;
+    // An adopted worker gets a fresh heartbeat timeout to reconnect in, and
+    // at least kAdoptReconnectS: its reconnect backoff grows to 5 s while
+    // no daemon answers.
+    w.last_heartbeat_s = now + std::max(0.0, kAdoptReconnectS - config_.workers.heartbeat_timeout_s);
     w.last_progress_s = now;
     w.heard = true;
     w.progressed = true;
@@ -1638,10 +1644,20 @@ void DaemonImpl::CheckReleases() {
     bool gpu_released = true;
     std::string why;
     if (s.gpu_index >= 0 && gpus_ && gpus_->available()) {
+      std::string query_error;
       if (!gpus) {
         absl::StatusOr<std::vector<GpuInfo>> q = gpus_->Query();
-        gpus = q.ok() ? *q : std::vector<GpuInfo>{};
+        if (q.ok()) {
+          gpus = *q;
+        } else {
+          gpus = std::vector<GpuInfo>{};
+          query_error = std::string(q.status().message());
+        }
       }
+      // A GPU we cannot see is not known to be released: no new work on it.
+      gpu_released = false;
+      why = query_error.empty() ? absl::StrCat("GPU ", s.gpu_index, " missing from the GPU query")
+                                : absl::StrCat("GPU query failed: ", query_error);
       for (const GpuInfo& g : *gpus) {
         if (g.index != s.gpu_index) continue;
         ReleaseCheck c = CheckReleased(g, config_.slots.gpu_idle_memory_mb << 20);
@@ -1667,12 +1683,18 @@ void DaemonImpl::CheckReleases() {
                              : absl::StrCat("process group ", s.pgid, " survives SIGKILL");
       log_->error("slot {} STRANDED: {}", s.index, s.reason);
       metrics_->CountGpuStranded(s.gpu_uuid.empty() ? std::to_string(s.index) : s.gpu_uuid);
+      v1::RunEvent e;
+      e.set_kind(v1::EVENT_KIND_GPU);
+      e.set_rank(s.rank);
+      e.set_reason(absl::StrCat("slot ", s.index, " stranded: ", s.reason));
       if (RunRec* r = Find(s.run_id)) {
-        v1::RunEvent e;
-        e.set_kind(v1::EVENT_KIND_GPU);
-        e.set_rank(s.rank);
-        e.set_reason(absl::StrCat("slot ", s.index, " stranded: ", s.reason));
         Emit(*r, e);
+      } else if (!s.run_id.empty()) {
+        // The run already ended: its history still records the stranding.
+        e.set_run_id(s.run_id);
+        e.set_time_ms(WallMs());
+        absl::StatusOr<int64_t> seq = store_->AppendEvent(&e);
+        if (!seq.ok()) log_->error("run={} cannot store event: {}", s.run_id, std::string(seq.status().message()));
       }
     }
   }
