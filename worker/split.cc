@@ -181,6 +181,11 @@ void MemoryModel::Observe(int64_t voxels, int64_t pairs, int64_t peak_bytes) {
   Refit();
 }
 
+void MemoryModel::ObserveFailure(int64_t voxels) {
+  if (voxels <= 0) return;
+  if (min_failed_voxels_ == 0 || voxels < min_failed_voxels_) min_failed_voxels_ = voxels;
+}
+
 bool MemoryModel::ready() const {
   if (static_cast<int>(history_.size()) < kMinObservations) return false;
   for (const Observation& o : history_) {
@@ -267,8 +272,9 @@ int64_t MemoryModel::Predict(int64_t voxels, int64_t pairs) const {
 }
 
 std::string MemoryModel::Serialize() const {
-  std::string out = absl::StrCat("trainsup.worker.MemoryModel 1\ncapacity ", capacity_,
-                                 "\nobservations ", history_.size(), "\n");
+  std::string out = absl::StrCat("trainsup.worker.MemoryModel 2\ncapacity ", capacity_,
+                                 "\nmin_failed ", min_failed_voxels_, "\nobservations ",
+                                 history_.size(), "\n");
   for (const Observation& o : history_) {
     absl::StrAppend(&out, o.voxels, " ", o.pairs, " ", o.peak, "\n");
   }
@@ -280,17 +286,26 @@ absl::StatusOr<MemoryModel> MemoryModel::Deserialize(const std::string& text) {
   std::string magic, capacity_key, count_key;
   int version = 0;
   int64_t capacity = 0, count = 0;
-  if (!(in >> magic >> version) || magic != "trainsup.worker.MemoryModel" || version != 1) {
-    return absl::InvalidArgumentError("memory model: not a version 1 trainsup.worker.MemoryModel");
+  if (!(in >> magic >> version) || magic != "trainsup.worker.MemoryModel" ||
+      (version != 1 && version != 2)) {
+    return absl::InvalidArgumentError(
+        "memory model: not a version 1 or 2 trainsup.worker.MemoryModel");
   }
   if (!(in >> capacity_key >> capacity) || capacity_key != "capacity" || capacity < 1 ||
       capacity > (1 << 20)) {
     return absl::InvalidArgumentError("memory model: bad capacity");
   }
+  int64_t min_failed = 0;
+  std::string min_failed_key;
+  if (version >= 2 &&
+      (!(in >> min_failed_key >> min_failed) || min_failed_key != "min_failed" || min_failed < 0)) {
+    return absl::InvalidArgumentError("memory model: bad min_failed");
+  }
   if (!(in >> count_key >> count) || count_key != "observations" || count < 0 || count > capacity) {
     return absl::InvalidArgumentError("memory model: bad observation count");
   }
   MemoryModel model(static_cast<int>(capacity));
+  model.min_failed_voxels_ = min_failed;
   for (int64_t i = 0; i < count; ++i) {
     Observation o{};
     if (!(in >> o.voxels >> o.pairs >> o.peak) || o.voxels <= 0 || o.pairs < -1 || o.peak < 0) {
@@ -308,9 +323,14 @@ std::vector<Group> PlanGroups(const std::vector<SceneView>& scenes, const Memory
                               int64_t budget_bytes, const SplitOptions& options,
                               SplitStats* stats) {
   if (scenes.empty()) return {};
-  if (!model.ready()) return {AllScenes(scenes)};
+  if (!model.ready() && model.min_failed_voxels() == 0) return {AllScenes(scenes)};
   const double limit = options.safety * static_cast<double>(budget_bytes);
-  auto fits = [&](int64_t voxels) { return static_cast<double>(model.Predict(voxels)) <= limit; };
+  // What is as large as something that already ran out of memory does not
+  // fit; otherwise the fit decides, once it is ready.
+  auto fits = [&](int64_t voxels) {
+    if (model.min_failed_voxels() > 0 && voxels >= model.min_failed_voxels()) return false;
+    return !model.ready() || static_cast<double>(model.Predict(voxels)) <= limit;
+  };
   int64_t cuts = 0;
   std::vector<Piece> pieces;
   for (size_t i = 0; i < scenes.size(); ++i) {
@@ -373,7 +393,9 @@ absl::StatusOr<SplitStats> RunSplitting(const std::vector<SceneView>& scenes,
   }
   // Only failures of splittable work lower this: a piece at the floor that
   // fails says it is dense, not that everything of its size is too large.
-  int64_t smallest_failed = std::numeric_limits<int64_t>::max();
+  int64_t smallest_failed = predictor != nullptr && predictor->min_failed_voxels() > 0
+                                ? predictor->min_failed_voxels()
+                                : std::numeric_limits<int64_t>::max();
   auto push_halves = [&](Group group, bool after_oom) {
     ++stats.splits;
     auto halves = Cut(std::move(group), scenes);
@@ -405,6 +427,9 @@ absl::StatusOr<SplitStats> RunSplitting(const std::vector<SceneView>& scenes,
     if (free_memory) free_memory();
     if (splittable) {
       smallest_failed = std::min(smallest_failed, voxels);
+      if (stats.smallest_failed_voxels == 0 || voxels < stats.smallest_failed_voxels) {
+        stats.smallest_failed_voxels = voxels;
+      }
       push_halves(std::move(work.group), true);
       continue;
     }

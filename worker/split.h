@@ -89,6 +89,9 @@ struct SplitStats {
   int64_t dropped_voxels = 0;
   int64_t dropped_labelled = 0;
   std::vector<std::string> drop_reasons;  // one per dropped piece, for logs and events
+  // The smallest splittable group that ran out of memory; 0 when none (for
+  // MemoryModel::ObserveFailure).
+  int64_t smallest_failed_voxels = 0;
 };
 
 // Runs forward+backward on `group`, adding `weight` times the gradient of the
@@ -127,6 +130,12 @@ class MemoryModel {
   // when ready().
   int64_t Predict(int64_t voxels, int64_t pairs = -1) const;
   int observations() const { return static_cast<int>(history_.size()); }
+  // Records that splittable work of `voxels` voxels ran out of memory under
+  // the run's budget. PlanGroups then splits anything that large up front,
+  // even before the fit is ready (the first large scenes come early).
+  void ObserveFailure(int64_t voxels);
+  // The smallest such size seen; 0 when none.
+  int64_t min_failed_voxels() const { return min_failed_voxels_; }
 
   // A text form holding the capacity and the observations, oldest first;
   // Deserialize(Serialize()) predicts exactly as the original.
@@ -148,6 +157,7 @@ class MemoryModel {
   double a_ = 0, b_ = 0, c_ = 0;
   double pairs_per_voxel_ = 0;
   double margin_ = 0;
+  int64_t min_failed_voxels_ = 0;
 };
 
 // The groups to run for a batch when `model` is ready: scenes whose

@@ -677,7 +677,7 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
                                             std::vector<at::Tensor>& accum,
                                             const SplitOptions& options, MemoryModel* predictor,
                                             int64_t budget_bytes, at::ScalarType dtype,
-                                            int64_t* run_peak, double height) {
+                                            int64_t* run_peak, double height, bool baseline) {
   std::vector<SceneView> views;
   for (const VoxelScene& s : batch.scenes) {
     views.push_back({s.xyz.data(), static_cast<int64_t>(s.labels.size()), s.labelled.data()});
@@ -718,9 +718,14 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
   // Freed tensors are already back; drop the allocator's block cache too.
   auto free_memory = [] { sparse::SetBlockCacheLimit(0); };
   // The memory model learns on every step; it plans only under a budget.
-  absl::StatusOr<SplitStats> stats = RunSplitting(
-      views, options, run, free_memory, budget_bytes > 0 ? predictor : nullptr, budget_bytes);
+  absl::StatusOr<SplitStats> stats =
+      baseline ? RunBaselineSplitting(views, run, free_memory, options.min_piece_voxels)
+               : RunSplitting(views, options, run, free_memory,
+                              budget_bytes > 0 ? predictor : nullptr, budget_bytes);
   if (!stats.ok()) return stats.status();
+  if (predictor != nullptr && stats->smallest_failed_voxels > 0) {
+    predictor->ObserveFailure(stats->smallest_failed_voxels);
+  }
   outcome.stats = *stats;
   return outcome;
 }

@@ -88,12 +88,16 @@ struct StepOutcome {
 // tests). `height` > 0 appends the height channel (model.height_feature)
 // scaled by it. Only c10::OutOfMemoryError is caught; any other exception
 // propagates. ResourceExhausted: a hard out-of-memory.
+// `baseline` (benchmarks only): split with RunBaselineSplitting instead,
+// the commonly used reactive splitter, with options.min_piece_voxels as its
+// floor; `predictor`, when set, still observes but plans nothing.
 absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const Batch& batch,
                                             int channels, const std::vector<at::Tensor>& params,
                                             std::vector<at::Tensor>& accum,
                                             const SplitOptions& options, MemoryModel* predictor,
                                             int64_t budget_bytes, at::ScalarType dtype = at::kFloat,
-                                            int64_t* run_peak = nullptr, double height = 0);
+                                            int64_t* run_peak = nullptr, double height = 0,
+                                            bool baseline = false);
 
 }  // namespace trainsup::worker
 

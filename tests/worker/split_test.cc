@@ -505,3 +505,65 @@ TEST(SimulatedMemory, AddsFixedAndScaledPerVoxelBytes) {
 
 }  // namespace
 }  // namespace trainsup::worker
+
+namespace trainsup::worker {
+namespace {
+
+TEST(MemoryModel, RemembersTheSmallestFailureAcrossBatches) {
+  MemoryModel model;
+  EXPECT_EQ(model.min_failed_voxels(), 0);
+  model.ObserveFailure(5000);
+  model.ObserveFailure(8000);  // larger: changes nothing
+  model.ObserveFailure(0);     // ignored
+  EXPECT_EQ(model.min_failed_voxels(), 5000);
+  EXPECT_FALSE(model.ready());
+
+  // Not ready, yet a scene as large as the failure is bisected up front and
+  // two small scenes still share one group.
+  std::vector<OwnedScene> scenes = {Grid(20, 20, 15), Grid(5, 5, 5, 100), Grid(5, 5, 5, 200)};
+  SplitOptions options;
+  options.min_piece_voxels = 100;
+  SplitStats stats;
+  std::vector<Group> groups = PlanGroups(Views(scenes), model, 1 << 30, options, &stats);
+  EXPECT_GE(stats.predicted_splits, 1);
+  int64_t covered = 0;
+  for (const Group& g : groups) {
+    EXPECT_LT(GroupVoxels(g), 5000);
+    covered += GroupVoxels(g);
+  }
+  EXPECT_EQ(covered, 6000 + 125 + 125);
+
+  // The failure survives the checkpoint; version 1 text still reads.
+  absl::StatusOr<MemoryModel> copy = MemoryModel::Deserialize(model.Serialize());
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ(copy->min_failed_voxels(), 5000);
+  absl::StatusOr<MemoryModel> v1 =
+      MemoryModel::Deserialize("trainsup.worker.MemoryModel 1\ncapacity 4\nobservations 0\n");
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  EXPECT_EQ(v1->min_failed_voxels(), 0);
+}
+
+TEST(RunSplitting, ReportsTheSmallestSplittableFailure) {
+  std::vector<OwnedScene> scenes = {Grid(10, 10, 10), Grid(10, 10, 10, 100)};
+  SplitOptions options;
+  options.min_piece_voxels = 50;
+  // Anything above 1200 voxels runs out of memory.
+  RunGroup run = [](const Group& g, double) {
+    return GroupVoxels(g) > 1200 ? absl::ResourceExhaustedError("too big") : absl::OkStatus();
+  };
+  absl::StatusOr<SplitStats> stats = RunSplitting(Views(scenes), options, run, nullptr, nullptr, 0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->smallest_failed_voxels, 2000);
+  EXPECT_EQ(stats->dropped_pieces, 0);
+
+  // With the failure remembered, the next batch wastes no forward pass.
+  MemoryModel model;
+  model.ObserveFailure(stats->smallest_failed_voxels);
+  absl::StatusOr<SplitStats> next = RunSplitting(Views(scenes), options, run, nullptr, &model, 1 << 30);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->wasted_forwards, 0);
+  EXPECT_EQ(next->oom_events, 0);
+}
+
+}  // namespace
+}  // namespace trainsup::worker

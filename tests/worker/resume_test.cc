@@ -1,0 +1,223 @@
+// Exact resume of the real trainsup-worker: a run killed with SIGKILL
+// several times mid-epoch and resumed from its newest checkpoint each time
+// ends with the same weights and optimizer state, bit for bit, as a run
+// that was never interrupted. 9 rooms: 7 train (4 batches of 2, 2, 2, 1 per
+// epoch) and 2 validation rooms; checkpoints every 3 steps, so most resume
+// points lie inside an epoch.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "proto/exit_file.h"
+
+namespace trainsup::worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kSteps = 30;
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string MakeRunDir(const std::string& name) {
+  fs::path dir = fs::path(::testing::TempDir()) /
+                 ("resume_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "spec.toml") << "name = \"resume\"\n"
+                                      "[model]\n"
+                                      "arch = \"minkunet14\"\n"
+                                      "in_channels = 3\n"
+                                      "voxel_size = 0.1\n"
+                                      "[data]\n"
+                                      "format = \"synthetic\"\n"
+                                      "scenes = 9\n"
+                                      "scene_size = \"small\"\n"
+                                      "[train]\n"
+                                      "batch_size = 2\n"
+                                      "steps = "
+                                   << kSteps
+                                   << "\n"
+                                      "checkpoint_every_steps = 3\n"
+                                      "deterministic = true\n"
+                                      "threads = 2\n";
+  return dir.string();
+}
+
+std::string LogPath(const std::string& dir, int attempt) {
+  return dir + "/attempt-" + std::to_string(attempt) + ".log";
+}
+
+// Starts trainsup-worker standalone (no supervisor), its output in
+// DIR/attempt-A.log.
+pid_t Launch(const std::string& dir, int attempt) {
+  std::string log = LogPath(dir, attempt);
+  std::string attempt_arg = std::to_string(attempt);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    execl(TRAINSUP_WORKER_BIN, TRAINSUP_WORKER_BIN, "--run-dir", dir.c_str(), "--rank", "0",
+          "--world-size", "1", "--attempt", attempt_arg.c_str(), "--supervisor", "", "--resume",
+          "latest", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// The committed checkpoints' steps (step-N directories), ascending.
+std::vector<int64_t> CheckpointSteps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  static const std::regex kName("step-([0-9]+)");
+  std::smatch m;
+  for (const auto& entry : fs::directory_iterator(fs::path(dir) / "checkpoints", ec)) {
+    std::string name = entry.path().filename().string();
+    if (std::regex_match(name, m, kName)) steps.push_back(std::stoll(m[1]));
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+int64_t NewestCheckpoint(const std::string& dir) {
+  std::vector<int64_t> steps = CheckpointSteps(dir);
+  return steps.empty() ? -1 : steps.back();
+}
+
+// Waits for `pid`; a worker still running after `limit` is killed (a hang
+// guard, not a timing assertion) and reported as -1.
+int WaitStatus(pid_t pid, std::chrono::seconds limit = std::chrono::seconds(300)) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return status;
+}
+
+TEST(Resume, SigkilledThreeTimesEndsBitIdenticalToAnUninterruptedRun) {
+  const std::string a = MakeRunDir("a"), b = MakeRunDir("b");
+
+  // A: uninterrupted.
+  int status = WaitStatus(Launch(a, 1));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "status " << status << ":\n" << ReadFile(LogPath(a, 1));
+  absl::StatusOr<ExitFile> a_exit = ReadExitFile(ExitFilePath(a, 1, 0));
+  ASSERT_TRUE(a_exit.ok()) << a_exit.status();
+  EXPECT_EQ(a_exit->code, 0);
+  EXPECT_EQ(a_exit->last_step, kSteps);
+
+  // B: killed three times, each a seeded few milliseconds after the first or
+  // second new checkpoint appeared, and resumed.
+  std::mt19937 rng(20240611);
+  std::vector<int64_t> resumed_from;  // the newest checkpoint when attempt k was killed
+  int attempt = 1;
+  for (int kill_no = 0; kill_no < 3; ++kill_no, ++attempt) {
+    const int64_t seen = NewestCheckpoint(b);
+    pid_t pid = Launch(b, attempt);
+    bool exited = false;
+    const int64_t wait_for = std::max<int64_t>(seen, 0) + 3 * std::uniform_int_distribution<int>(1, 2)(rng);
+    while (NewestCheckpoint(b) < wait_for) {
+      int st = 0;
+      if (waitpid(pid, &st, WNOHANG) == pid) {
+        exited = true;
+        ADD_FAILURE() << "attempt " << attempt << " exited (status " << st
+                      << ") before it could be killed:\n" << ReadFile(LogPath(b, attempt));
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (exited) return;
+    const int64_t appeared = NewestCheckpoint(b);
+    const int delay_ms = std::uniform_int_distribution<int>(0, 400)(rng);
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    status = WaitStatus(pid);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << "attempt " << attempt << " status " << status << ":\n" << ReadFile(LogPath(b, attempt));
+    resumed_from.push_back(NewestCheckpoint(b));
+    std::printf("attempt %d: SIGKILL %d ms after checkpoint step-%lld appeared; newest then "
+                "step-%lld\n",
+                attempt, delay_ms, static_cast<long long>(appeared),
+                static_cast<long long>(resumed_from.back()));
+    // Killed, so it wrote no exit file.
+    EXPECT_FALSE(fs::exists(ExitFilePath(b, attempt, 0))) << "attempt " << attempt;
+  }
+  status = WaitStatus(Launch(b, attempt));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "status " << status << ":\n" << ReadFile(LogPath(b, attempt));
+  absl::StatusOr<ExitFile> b_exit = ReadExitFile(ExitFilePath(b, attempt, 0));
+  ASSERT_TRUE(b_exit.ok()) << b_exit.status();
+  EXPECT_EQ(b_exit->code, 0);
+  EXPECT_EQ(b_exit->reason, "completed");
+  EXPECT_EQ(b_exit->last_step, kSteps);
+
+  // Every resumed attempt started from the newest checkpoint its
+  // predecessor left, and went on with the next step; at least one resumed
+  // inside an epoch.
+  static const std::regex kResumed("resumed from step ([0-9]+) \\(epoch ([0-9]+), cursor ([0-9]+)\\)");
+  int mid_epoch = 0;
+  for (int k = 2; k <= attempt; ++k) {
+    const int64_t from = resumed_from[k - 2];
+    std::string log = ReadFile(LogPath(b, k));
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(log, m, kResumed)) << "attempt " << k << ":\n" << log;
+    EXPECT_EQ(std::stoll(m[1]), from) << "attempt " << k << ":\n" << log;
+    mid_epoch += std::stoll(m[3]) != 0;
+    std::printf("attempt %d resumed from step %s (epoch %s, cursor %s)\n", k,
+                m[1].str().c_str(), m[2].str().c_str(), m[3].str().c_str());
+    EXPECT_NE(log.find("\nstep " + std::to_string(from + 1) + "/" + std::to_string(kSteps) + " "),
+              std::string::npos)
+        << "attempt " << k << ":\n" << log;
+    EXPECT_EQ(log.find("\nstep " + std::to_string(from) + "/"), std::string::npos)
+        << "attempt " << k << " redid step " << from << ":\n" << log;
+  }
+  EXPECT_GT(mid_epoch, 0) << "every resume point was an epoch boundary";
+  ASSERT_GT(resumed_from.back(), resumed_from.front()) << "the kills did not advance the run";
+
+  const std::string last = "checkpoints/step-" + std::to_string(kSteps);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    std::string in_a = ReadFile(fs::path(a) / last / file);
+    std::string in_b = ReadFile(fs::path(b) / last / file);
+    ASSERT_FALSE(in_a.empty()) << file;
+    EXPECT_EQ(in_a.size(), in_b.size()) << file;
+    EXPECT_TRUE(in_a == in_b) << file << " differs between the uninterrupted and the resumed run";
+    std::printf("%s: %zu bytes, %s\n", file, in_a.size(), in_a == in_b ? "identical" : "DIFFERENT");
+  }
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
+}  // namespace
+}  // namespace trainsup::worker

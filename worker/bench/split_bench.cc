@@ -1,0 +1,459 @@
+// Splitting under a memory budget (issue 5, "Measured"): MinkUNet14 (in 3,
+// out 4) trained with SGD on the heavy-tailed synthetic dataset, under a
+// budget between what a batch of normal rooms and a batch with a large room
+// need. The same batches run twice from the same initial weights:
+//   (a) baseline: the commonly used reactive splitter (RunBaselineSplitting:
+//       catch, run the scenes one at a time, halve by bounding-box midpoint
+//       alternating x/y, drop halves under 500 points);
+//   (b) ours: RunSplitting with the predictive MemoryModel, starting empty
+//       and learning as it goes.
+// Per mode: steps, scenes/s, forward passes, OOM events, wasted forward
+// passes, dropped pieces and voxels. The counts are deterministic; scenes/s
+// is one measurement on a shared machine, so the two modes take turns step
+// by step (on the same tensors, the idle mode's state parked in host memory
+// outside the budget) and see the same load.
+// --json prints one JSON object.
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/spec.h"
+#include "sparse/bench/bench_util.h"
+#include "sparse/blas.h"
+#include "sparse/determinism.h"
+#include "sparse/memory.h"
+#include "sparse/minkunet.h"
+#include "worker/dataset.h"
+#include "worker/loader.h"
+#include "worker/split.h"
+#include "worker/trainer.h"
+
+namespace ts = trainsup::sparse;
+namespace tw = trainsup::worker;
+
+namespace {
+
+using trainsup::bench::Now;
+
+constexpr int kInChannels = 3;
+constexpr int kClasses = 4;
+constexpr double kMiB = 1 << 20;
+
+// The 1-minute load average, for judging the timing on a shared machine.
+double LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  in >> load;
+  return load;
+}
+
+int64_t Voxels(const tw::Batch& batch) {
+  int64_t v = 0;
+  for (const tw::VoxelScene& s : batch.scenes) v += s.voxels();
+  return v;
+}
+
+// The training state the two modes take turns on: parameters, buffers
+// (BatchNorm statistics) and SGD momentum, allocated once through the
+// counting allocator as the trainer's are. `sgd` must have taken a step.
+std::vector<at::Tensor> LiveState(ts::MinkUNetImpl& model, torch::optim::SGD& sgd) {
+  std::vector<at::Tensor> live = model.parameters();
+  for (const at::Tensor& t : model.buffers()) live.push_back(t);
+  for (const at::Tensor& p : model.parameters()) {
+    auto& state = sgd.state().at(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    live.push_back(static_cast<torch::optim::SGDParamState&>(*state).momentum_buffer());
+  }
+  return live;
+}
+
+// A mode's copy of the live state while the other mode trains, in plain
+// host memory: outside the counting allocator, so it is not in the budget.
+using HostState = std::vector<std::vector<char>>;
+
+std::vector<char> Bytes(const at::Tensor& t) {
+  const char* data = static_cast<const char*>(t.data_ptr());
+  return std::vector<char>(data, data + t.nbytes());
+}
+
+HostState Save(const std::vector<at::Tensor>& live) {
+  HostState host;
+  for (const at::Tensor& t : live) host.push_back(Bytes(t));
+  return host;
+}
+
+void Load(const HostState& host, const std::vector<at::Tensor>& live) {
+  for (size_t i = 0; i < live.size(); ++i) {
+    std::memcpy(live[i].data_ptr(), host[i].data(), host[i].size());
+  }
+}
+
+// One optimizer step as the trainer takes it (worker/trainer.cc Step):
+// forward+backward with splitting into `accum`, then SGD on the accumulated
+// gradient. Returns false (after printing why) on a hard out-of-memory or
+// another error.
+bool TrainStep(ts::MinkUNetImpl& model, torch::optim::SGD& sgd, const tw::Batch& batch,
+               const std::vector<at::Tensor>& params, std::vector<at::Tensor>& accum,
+               tw::MemoryModel* predictor, int64_t budget, bool baseline, tw::StepOutcome* out,
+               int64_t* run_peak) {
+  absl::StatusOr<tw::StepOutcome> outcome =
+      tw::ForwardBackward(model, batch, kInChannels, params, accum, tw::SplitOptions(), predictor,
+                          budget, at::kFloat, run_peak, 0, baseline);
+  if (!outcome.ok()) {
+    std::fprintf(stderr, "split_bench: %s\n", std::string(outcome.status().message()).c_str());
+    return false;
+  }
+  *out = *outcome;
+  if (outcome->labelled == 0) return true;
+  try {
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor p = params[i];
+      p.mutable_grad() = accum[i].clone();
+    }
+    sgd.step();
+    for (at::Tensor p : params) p.mutable_grad() = at::Tensor();
+  } catch (const c10::OutOfMemoryError& e) {
+    std::fprintf(stderr, "split_bench: out of memory in the optimizer step: %s\n", e.what());
+    return false;
+  }
+  return true;
+}
+
+struct ModeResult {
+  int64_t steps = 0;
+  int64_t scenes = 0;
+  int64_t voxels = 0;
+  double seconds = 0;
+  double last_epoch_loss = 0;  // mean of the last epoch's step losses
+  int64_t peak = 0;
+  // (b) only: the first step (0-based) that began with the memory model
+  // ready; -1 when it never was.
+  int64_t ready_step = -1;
+  tw::SplitStats total;
+  std::vector<tw::SplitStats> per_step;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ts::EnsureFastBlasKernels(argc, argv);
+  int threads = 2;
+  int64_t scenes = 20;
+  int64_t epochs = 4;
+  int64_t batch_size = 2;
+  double voxel = 0.05;
+  int64_t seed = 1;
+  int64_t budget_mib = 0;
+  double budget_fraction = 0.25;
+  bool deterministic = true;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--json") {
+      json = true;
+    } else if (a == "--threads" && i + 1 < argc) {
+      threads = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--scenes" && i + 1 < argc) {
+      scenes = std::max(2LL, std::atoll(argv[++i]));
+    } else if (a == "--epochs" && i + 1 < argc) {
+      epochs = std::max(1LL, std::atoll(argv[++i]));
+    } else if (a == "--batch" && i + 1 < argc) {
+      batch_size = std::max(1LL, std::atoll(argv[++i]));
+    } else if (a == "--voxel" && i + 1 < argc) {
+      voxel = std::atof(argv[++i]);
+    } else if (a == "--seed" && i + 1 < argc) {
+      seed = std::atoll(argv[++i]);
+    } else if (a == "--budget-mib" && i + 1 < argc) {
+      budget_mib = std::atoll(argv[++i]);
+    } else if (a == "--budget-fraction" && i + 1 < argc) {
+      budget_fraction = std::atof(argv[++i]);
+    } else if (a == "--deterministic" && i + 1 < argc) {
+      deterministic = std::atoi(argv[++i]) != 0;
+    } else {
+      std::fprintf(stderr,
+                   "usage: split_bench [--threads N] [--scenes N] [--epochs N] [--batch N] "
+                   "[--voxel M] [--seed N] [--budget-mib N | --budget-fraction F] "
+                   "[--deterministic 0|1] [--json]\n");
+      return 64;
+    }
+  }
+  if (!(voxel > 0) || !(budget_fraction > 0 && budget_fraction < 1)) {
+    std::fprintf(stderr, "split_bench: --voxel must be > 0 and --budget-fraction in (0, 1)\n");
+    return 64;
+  }
+  at::set_num_threads(threads);
+  ts::InstallCountingAllocator();
+  ts::SetDeterministic(deterministic);
+
+  // The batches, prepared once so that both modes train on the same ones
+  // and the timing holds no data preparation.
+  trainsup::RunSpec spec;
+  spec.data.format = "synthetic";
+  spec.data.scenes = scenes;
+  spec.data.scene_size = "small";
+  spec.data.size_distribution = "heavy_tailed";
+  spec.data.val_fraction = 0;
+  spec.model.in_channels = kInChannels;
+  spec.model.num_classes = kClasses;
+  spec.model.voxel_size = voxel;
+  spec.train.seed = seed;
+  absl::StatusOr<std::unique_ptr<tw::Dataset>> dataset = tw::OpenDataset(spec, tw::Split::kTrain);
+  if (!dataset.ok()) {
+    std::fprintf(stderr, "split_bench: %s\n", std::string(dataset.status().message()).c_str());
+    return 1;
+  }
+  tw::LoaderOptions lo;
+  lo.batch_size = batch_size;
+  lo.seed = static_cast<uint64_t>(seed);
+  lo.voxel_size = voxel;
+  std::vector<tw::Batch> batches;
+  {
+    tw::Loader loader(dataset->get(), lo, 0, 0);
+    const int64_t n = epochs * loader.batches_per_epoch();
+    for (int64_t i = 0; i < n; ++i) {
+      absl::StatusOr<tw::Batch> b = loader.Next();
+      if (!b.ok()) {
+        std::fprintf(stderr, "split_bench: %s\n", std::string(b.status().message()).c_str());
+        return 1;
+      }
+      batches.push_back(std::move(*b));
+    }
+  }
+  // A large room: more than three times the median room's voxels.
+  std::vector<int64_t> room_voxels;
+  for (const tw::Batch& b : batches) {
+    for (const tw::VoxelScene& s : b.scenes) room_voxels.push_back(s.voxels());
+  }
+  std::vector<int64_t> sorted_rooms = room_voxels;
+  std::sort(sorted_rooms.begin(), sorted_rooms.end());
+  const int64_t median_room = sorted_rooms[sorted_rooms.size() / 2];
+  auto has_large = [&](const tw::Batch& b) {
+    for (const tw::VoxelScene& s : b.scenes) {
+      if (s.voxels() > 3 * median_room) return true;
+    }
+    return false;
+  };
+  int normal = -1, large = -1;  // the largest normal batch, the smallest large-room batch
+  int64_t large_batches = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const int64_t v = Voxels(batches[i]);
+    if (has_large(batches[i])) {
+      ++large_batches;
+      if (large < 0 || v < Voxels(batches[large])) large = static_cast<int>(i);
+    } else if (normal < 0 || v > Voxels(batches[normal])) {
+      normal = static_cast<int>(i);
+    }
+  }
+  if (normal < 0 || large < 0) {
+    std::fprintf(stderr, "split_bench: need both normal and large-room batches\n");
+    return 1;
+  }
+
+  torch::manual_seed(seed);
+  ts::MinkUNet net(ts::MinkUNetPlan(14, kInChannels, kClasses));
+  net->train();
+  std::vector<at::Tensor> params = net->parameters();
+  std::vector<at::Tensor> accum;
+  for (const at::Tensor& p : params) accum.push_back(torch::zeros_like(p));
+  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
+  HostState initial;  // the initial weights and buffers, zero momentum
+  for (const at::Tensor& t : net->parameters()) initial.push_back(Bytes(t));
+  for (const at::Tensor& t : net->buffers()) initial.push_back(Bytes(t));
+  for (const at::Tensor& t : params) initial.emplace_back(t.nbytes(), 0);
+
+  // Peaks without a budget, in the steady state of training (momentum
+  // buffers allocated by a first step), absolute: the budget counts
+  // everything live.
+  int64_t rest = 0, normal_peak = 0, large_peak = 0;
+  {
+    tw::StepOutcome o;
+    int64_t peak = 0;
+    if (!TrainStep(*net, sgd, batches[normal], params, accum, nullptr, 0, false, &o, &peak)) return 1;
+    rest = ts::GetMemoryStats().current_bytes;
+    for (int which : {normal, large}) {
+      peak = 0;
+      tw::ForwardBackward(*net, batches[which], kInChannels, params, accum, tw::SplitOptions(),
+                          nullptr, 0, at::kFloat, &peak)
+          .IgnoreError();
+      (which == normal ? normal_peak : large_peak) = peak;
+    }
+  }
+  const int64_t budget =
+      budget_mib > 0 ? budget_mib << 20
+                     : normal_peak + static_cast<int64_t>(budget_fraction * (large_peak - normal_peak));
+
+  if (!json) {
+    std::printf("split_bench: %d threads (at::set_num_threads), BLAS %s kernels, deterministic %s\n",
+                threads, ts::BlasCoreName().c_str(), deterministic ? "on" : "off");
+    std::printf("MinkUNet14 (in %d, out %d, %lld parameters), SGD lr 0.05 momentum 0.9; %s at %g m "
+                "voxels, batch %lld, %lld epochs = %zu steps (%lld with a large room); median room "
+                "%lld voxels, largest %lld\n",
+                kInChannels, kClasses, static_cast<long long>(net->NumParameters()),
+                (*dataset)->name().c_str(), voxel, static_cast<long long>(batch_size),
+                static_cast<long long>(epochs), batches.size(), static_cast<long long>(large_batches),
+                static_cast<long long>(median_room), static_cast<long long>(sorted_rooms.back()));
+    std::printf("budget %.0f MiB: a normal batch needs ~%.0f MiB (the largest, %lld voxels), a "
+                "large-room batch ~%.0f MiB (the smallest, %lld voxels); at rest (model, "
+                "accumulators, momentum) %.0f MiB\n",
+                budget / kMiB, normal_peak / kMiB, static_cast<long long>(Voxels(batches[normal])),
+                large_peak / kMiB, static_cast<long long>(Voxels(batches[large])), rest / kMiB);
+  }
+
+  // The two runs from the same initial state (zero momentum is what SGD's
+  // first step starts from), interleaved step by step, alternating which
+  // mode goes first, so that both see the same phases of a shared machine.
+  const std::vector<at::Tensor> live = LiveState(*net, sgd);
+  HostState state[2] = {initial, initial};
+  tw::MemoryModel memory_model;  // (b)'s, empty at the start
+  ModeResult results[2];
+  double loss_sum[2] = {0, 0};
+  int64_t loss_steps[2] = {0, 0};
+  const double load_before = LoadAverage();
+  ts::SetMemoryBudget(budget);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const tw::Batch& batch = batches[i];
+    for (int turn = 0; turn < 2; ++turn) {
+      const int mode = (turn + static_cast<int>(i)) % 2;
+      const bool baseline = mode == 0;
+      ModeResult& r = results[mode];
+      if (!baseline && r.ready_step < 0 && memory_model.ready()) r.ready_step = r.steps;
+      Load(state[mode], live);
+      tw::StepOutcome o;
+      const double t0 = Now();
+      if (!TrainStep(*net, sgd, batch, params, accum, baseline ? nullptr : &memory_model, budget,
+                     baseline, &o, &r.peak)) {
+        return 1;
+      }
+      r.seconds += Now() - t0;
+      state[mode] = Save(live);
+      r.steps++;
+      r.scenes += static_cast<int64_t>(batch.scenes.size());
+      r.voxels += Voxels(batch);
+      tw::SplitStats& t = r.total;
+      t.forwards += o.stats.forwards;
+      t.splits += o.stats.splits;
+      t.predicted_splits += o.stats.predicted_splits;
+      t.retries += o.stats.retries;
+      t.oom_events += o.stats.oom_events;
+      t.wasted_forwards += o.stats.wasted_forwards;
+      t.dropped_pieces += o.stats.dropped_pieces;
+      t.dropped_voxels += o.stats.dropped_voxels;
+      t.dropped_labelled += o.stats.dropped_labelled;
+      r.per_step.push_back(o.stats);
+      if (batch.epoch == epochs - 1) {
+        loss_sum[mode] += o.loss;
+        loss_steps[mode]++;
+      }
+    }
+  }
+  ts::SetMemoryBudget(0);
+  const double load_after = LoadAverage();
+  for (int mode = 0; mode < 2; ++mode) {
+    ModeResult& r = results[mode];
+    r.last_epoch_loss = loss_steps[mode] > 0 ? loss_sum[mode] / static_cast<double>(loss_steps[mode]) : 0;
+  }
+
+  const char* names[2] = {"(a) baseline: reactive, midpoint halving, 500-point floor",
+                          "(b) ours: predictive memory model + median bisection"};
+  const char* keys[2] = {"baseline", "ours"};
+  const int64_t wa = results[0].total.wasted_forwards, wb = results[1].total.wasted_forwards;
+  // Wasted forwards of both modes from the step on which (b)'s model was ready.
+  const int64_t ready = results[1].ready_step;
+  int64_t wa_ready = 0, wb_ready = 0;
+  if (ready >= 0) {
+    for (size_t i = static_cast<size_t>(ready); i < batches.size(); ++i) {
+      wa_ready += results[0].per_step[i].wasted_forwards;
+      wb_ready += results[1].per_step[i].wasted_forwards;
+    }
+  }
+  if (json) {
+    std::ostringstream js;
+    js << "{\"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName()
+       << "\", \"deterministic\": " << (deterministic ? "true" : "false") << ", \"scenes\": " << scenes
+       << ", \"voxel\": " << voxel << ", \"batch\": " << batch_size << ", \"steps\": " << batches.size()
+       << ", \"large_batches\": " << large_batches << ", \"budget_mib\": " << budget / kMiB
+       << ", \"normal_batch_mib\": " << normal_peak / kMiB << ", \"large_batch_mib\": " << large_peak / kMiB
+       << ", \"rest_mib\": " << rest / kMiB << ", \"load_before\": " << load_before
+       << ", \"load_after\": " << load_after;
+    for (int m = 0; m < 2; ++m) {
+      const ModeResult& r = results[m];
+      const std::string k = keys[m];
+      js << ", \"" << k << "\": {\"steps\": " << r.steps << ", \"scenes_per_s\": " << r.scenes / r.seconds
+         << ", \"seconds\": " << r.seconds << ", \"forwards\": " << r.total.forwards
+         << ", \"splits\": " << r.total.splits << ", \"predicted_splits\": " << r.total.predicted_splits
+         << ", \"oom_events\": " << r.total.oom_events << ", \"wasted_forwards\": " << r.total.wasted_forwards
+         << ", \"dropped_pieces\": " << r.total.dropped_pieces
+         << ", \"dropped_voxels\": " << r.total.dropped_voxels
+         << ", \"dropped_labelled\": " << r.total.dropped_labelled << ", \"peak_mib\": " << r.peak / kMiB
+         << ", \"last_epoch_loss\": " << r.last_epoch_loss << "}";
+    }
+    js << ", \"model_ready_step\": " << (ready >= 0 ? ready + 1 : -1)
+       << ", \"wasted_from_ready_baseline\": " << wa_ready << ", \"wasted_from_ready_ours\": " << wb_ready;
+    js << ", \"wasted_ratio\": ";
+    if (wb > 0) {
+      js << static_cast<double>(wa) / static_cast<double>(wb);
+    } else {
+      js << "null";
+    }
+    js << "}";
+    std::printf("%s\n", js.str().c_str());
+    return 0;
+  }
+  std::printf("steps with splits or OOMs (forwards / OOM events / dropped voxels):\n");
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const tw::SplitStats& a = results[0].per_step[i];
+    const tw::SplitStats& b = results[1].per_step[i];
+    if (a.splits + b.splits + a.oom_events + b.oom_events == 0) continue;
+    std::printf("  step %2zu (%6lld voxels%s): (a) %lld / %lld / %lld   (b) %lld / %lld / %lld%s\n", i + 1,
+                static_cast<long long>(Voxels(batches[i])), has_large(batches[i]) ? ", large room" : "",
+                static_cast<long long>(a.forwards), static_cast<long long>(a.oom_events),
+                static_cast<long long>(a.dropped_voxels), static_cast<long long>(b.forwards),
+                static_cast<long long>(b.oom_events), static_cast<long long>(b.dropped_voxels),
+                b.predicted_splits > 0 ? "  (predicted split)" : "");
+  }
+  for (int m = 0; m < 2; ++m) {
+    const ModeResult& r = results[m];
+    std::printf("%s\n", names[m]);
+    std::printf("  %lld steps, %lld scenes in %.1f s of steps = %.2f scenes/s\n",
+                static_cast<long long>(r.steps), static_cast<long long>(r.scenes), r.seconds,
+                r.scenes / r.seconds);
+    std::printf("  forward passes %lld, splits %lld (%lld predicted), OOM events %lld, wasted forward "
+                "passes %lld\n",
+                static_cast<long long>(r.total.forwards), static_cast<long long>(r.total.splits),
+                static_cast<long long>(r.total.predicted_splits), static_cast<long long>(r.total.oom_events),
+                static_cast<long long>(r.total.wasted_forwards));
+    std::printf("  dropped pieces %lld, dropped points (voxels) %lld of %lld (%lld labelled); peak %.0f "
+                "MiB; last-epoch mean loss %.3f\n",
+                static_cast<long long>(r.total.dropped_pieces), static_cast<long long>(r.total.dropped_voxels),
+                static_cast<long long>(r.voxels), static_cast<long long>(r.total.dropped_labelled),
+                r.peak / kMiB, r.last_epoch_loss);
+  }
+  std::printf("scenes/s: one measurement on a shared machine (load average %.1f before, %.1f after), "
+              "the modes' steps interleaved so both see the same load; the counts are exact\n",
+              load_before, load_after);
+  if (ready >= 0) {
+    std::printf("(b)'s memory model was ready from step %lld on; wasted forward passes from there: (a) %lld, "
+                "(b) %lld\n",
+                static_cast<long long>(ready + 1), static_cast<long long>(wa_ready),
+                static_cast<long long>(wb_ready));
+  } else {
+    std::printf("(b)'s memory model never became ready (fewer than %d observations)\n",
+                tw::MemoryModel::kMinObservations);
+  }
+  if (wb > 0) {
+    std::printf("wasted forward passes (a)/(b): %lld / %lld = %.1fx\n", static_cast<long long>(wa),
+                static_cast<long long>(wb), static_cast<double>(wa) / static_cast<double>(wb));
+  } else {
+    std::printf("wasted forward passes (a)/(b): %lld / 0 (ours wasted none)\n", static_cast<long long>(wa));
+  }
+  return 0;
+}
