@@ -229,6 +229,12 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
     absl::StrAppend(&progress, absl::StrFormat(", %.1f samples/s", p.samples_per_sec()));
   }
   absl::StrAppend(&out, Field("Progress", progress));
+  if (p.val_miou() > 0 || p.baseline_miou() > 0) {
+    absl::StrAppend(&out, Field("Validation", absl::StrFormat(
+                                                  "mIoU %.3f (majority-class baseline %.3f), "
+                                                  "last step accuracy %.3f",
+                                                  p.val_miou(), p.baseline_miou(), p.accuracy())));
+  }
   if (p.memory_peak_bytes() > 0 || p.memory_budget_bytes() > 0) {
     absl::StrAppend(
         &out, Field("Memory",

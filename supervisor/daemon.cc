@@ -425,7 +425,7 @@ class DaemonImpl final : public Daemon {
   std::string RunDir(const std::string& run_id) const {
     return (fs::path(config_.daemon.state_dir) / "runs" / run_id).string();
   }
-  std::vector<v1::Checkpoint> ListCheckpoints(const RunRec* r, const std::string& run_dir,
+  std::vector<v1::Checkpoint> ListCheckpoints(const std::string& run_dir,
                                               int world_size);
   void FillLive(const RunRec& r, v1::Run* out);
 
@@ -913,7 +913,7 @@ grpc::Status DaemonImpl::Submit(const v1::SubmitRunRequest& req, const RunSpec& 
   return grpc::Status::OK;
 }
 
-std::vector<v1::Checkpoint> DaemonImpl::ListCheckpoints(const RunRec* r, const std::string& run_dir,
+std::vector<v1::Checkpoint> DaemonImpl::ListCheckpoints(const std::string& run_dir,
                                                         int world_size) {
   std::vector<v1::Checkpoint> out;
   fs::path root = fs::path(run_dir) / "checkpoints";
@@ -940,7 +940,6 @@ std::vector<v1::Checkpoint> DaemonImpl::ListCheckpoints(const RunRec* r, const s
     c.set_bytes(bytes);
     out.push_back(c);
   }
-  (void)r;
   return out;
 }
 
@@ -972,7 +971,7 @@ grpc::Status DaemonImpl::Get(const std::string& run_id, v1::Run* out) {
   }
   *out = *run;
   if (const RunRec* r = Find(run_id)) FillLive(*r, out);
-  for (const v1::Checkpoint& c : ListCheckpoints(Find(run_id), out->run_dir(), out->world_size())) {
+  for (const v1::Checkpoint& c : ListCheckpoints(out->run_dir(), out->world_size())) {
     *out->add_checkpoints() = c;
   }
   return grpc::Status::OK;
@@ -1961,8 +1960,6 @@ void DaemonImpl::BeginShutdown() {
   log_->info("asked {} workers to checkpoint and stop", stopping);
   shutdown_deadline_s_ = NowS() + config_.workers.stop_deadline_s + config_.workers.term_grace_s + 5;
   auto timer = std::make_shared<asio::steady_timer>(io_);
-  std::function<void()> poll;
-  poll = [this, timer, &poll]() {};
   // Polls until every worker is gone (or the deadline), then stops the server.
   struct Poller {
     DaemonImpl* d;

@@ -240,6 +240,9 @@ class Trainer {
     p.set_oom_retries(counters_.retries);
     p.set_dropped_pieces(counters_.dropped_pieces);
     p.set_wasted_forwards(counters_.wasted_forwards);
+    p.set_accuracy(last_accuracy_);
+    p.set_val_miou(val_miou_);
+    p.set_baseline_miou(baseline_miou_);
     hooks_.progress(p);
   }
   TrainerResult Fail(int code, const std::string& reason, const std::string& message) {
@@ -282,6 +285,8 @@ class Trainer {
   double last_accuracy_ = 0;
   double samples_per_sec_ = 0;
   int64_t majority_class_ = 0;
+  double val_miou_ = -1;
+  double baseline_miou_ = -1;
   std::vector<int64_t> class_counts_;  // labelled training voxels seen, per class
 };
 
@@ -454,6 +459,8 @@ void Trainer::Evaluate(TrainerResult* result) {
   result->val_miou = confusion.MeanIoU();
   result->val_accuracy = confusion.Accuracy();
   result->baseline_miou = baseline.MeanIoU();
+  val_miou_ = result->val_miou;
+  baseline_miou_ = result->baseline_miou;
   std::string line = absl::StrCat("eval at step ", step_, ": val mIoU ", result->val_miou,
                                   ", accuracy ", result->val_accuracy,
                                   "; majority-class baseline mIoU ", result->baseline_miou);

@@ -286,6 +286,19 @@ TEST(Describe, AttemptsRanksCheckpoints) {
   }
 }
 
+TEST(Describe, ValidationOnlyOnceEvaluated) {
+  v1::Run run = RunningRun();
+  EXPECT_EQ(FormatRunDescription(run, kT).find("Validation:"), std::string::npos);
+  run.mutable_progress()->set_val_miou(0.4916);
+  run.mutable_progress()->set_baseline_miou(0.2635);
+  run.mutable_progress()->set_accuracy(0.9);
+  const std::string text = FormatRunDescription(run, kT);
+  EXPECT_NE(text.find("Validation:     mIoU 0.492 (majority-class baseline 0.264), last step "
+                      "accuracy 0.900\n"),
+            std::string::npos)
+      << text;
+}
+
 TEST(Node, GpusAndSlots) {
   v1::Node node;
   node.set_hostname("box1");
