@@ -1244,7 +1244,8 @@ void DaemonImpl::LaunchAttempt(const std::string& run_id, std::vector<int> slots
                  "--world-size", std::to_string(r.run.world_size()), "--attempt",
                  std::to_string(number), "--supervisor", "unix:" + socket_path_,
                  "--resume", resume_step >= 0 ? std::to_string(resume_step) : "none"};
-    for (const char* name : {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH"}) {
+    for (const char* name : {"PATH", "HOME", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH",
+                             "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}) {
       if (const char* v = getenv(name)) spec.env[name] = v;
     }
     if (spec.env.count("PATH") == 0) spec.env["PATH"] = "/usr/local/bin:/usr/bin:/bin";
