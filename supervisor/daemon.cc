@@ -57,7 +57,7 @@ namespace wv1 = ::trainsup::worker::v1;
 // How long a watcher may fall behind before its stream is closed.
 constexpr size_t kMaxQueuedEvents = 20000;
 // Progress is streamed live on every heartbeat but stored at most this often.
-constexpr double kProgressPersistS = 10;
+constexpr double kProgressPersistS = 30;
 // Liveness and slot-release checks run this often: detection within a
 // quarter second of a deadline, at a few wake-ups a second when idle.
 constexpr double kTickS = 0.25;
