@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/file_system.h"
 #include "checkpoint/store.h"
 #include "proto/exit_file.h"
 #include "proto/spec.h"
@@ -125,32 +126,20 @@ int FreeTcpPort() {
   return port;
 }
 
+// Through the checkpoint library's FileSystem (the same fsync, rename and
+// directory sync its commits use): the file is complete or absent.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& data) {
-  std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (fd < 0) return absl::InternalError(absl::StrCat("open ", tmp, ": ", strerror(errno)));
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      close(fd);
-      return absl::InternalError(absl::StrCat("write ", tmp, ": ", strerror(errno)));
-    }
-    off += n;
-  }
-  if (fsync(fd) != 0 || close(fd) != 0) {
-    return absl::InternalError(absl::StrCat("fsync ", tmp, ": ", strerror(errno)));
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("rename ", tmp, ": ", strerror(errno)));
-  }
-  int dir = open(fs::path(path).parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    fsync(dir);
-    close(dir);
-  }
-  return absl::OkStatus();
+  ckpt::FileSystem* fs = ckpt::FileSystem::Default();
+  const std::string tmp = path + ".tmp";
+  absl::StatusOr<std::unique_ptr<ckpt::WritableFile>> file = fs->NewWritableFile(tmp);
+  if (!file.ok()) return file.status();
+  absl::Status s = (*file)->Append(data);
+  if (s.ok()) s = (*file)->Sync();
+  absl::Status closed = (*file)->Close();
+  if (s.ok()) s = closed;
+  if (s.ok()) s = fs->Rename(tmp, path);
+  if (s.ok()) s = fs->SyncDir(fs::path(path).parent_path().string());
+  return s;
 }
 
 RestartPolicy PolicyFrom(const RestartSection& r) {
