@@ -187,6 +187,7 @@ struct Worker {
   bool heard = false;
   bool progressed = false;  // the loop advanced during this attempt
   uint64_t progress_counter = 0;
+  double steps_per_s = 0;  // between the last two advances of the counter
   WorkerPhase phase = WorkerPhase::kLoading;
   std::shared_ptr<WorkerStream> stream;
   std::optional<ExitClass> forced;  // why we are killing it
@@ -1749,6 +1750,7 @@ void DaemonImpl::OnWorkerMessage(const std::shared_ptr<WorkerStream>& stream,
       if (w.progressed) {
         double per_step = (now - w.last_progress_s) / static_cast<double>(hb.progress_counter() - w.progress_counter);
         ObserveStep(r->learning, per_step);
+        w.steps_per_s = per_step > 0 ? 1.0 / per_step : 0;
       }
       w.progress_counter = hb.progress_counter();
       w.last_progress_s = now;
@@ -1852,9 +1854,7 @@ void DaemonImpl::UpdateMetrics() {
       sample.heartbeat_age_s = w.heard ? now - w.last_heartbeat_s : now - w.launched_s;
       const v1::Progress& p = w.status.progress();
       sample.samples_per_s = p.samples_per_sec();
-      sample.steps_per_s = r->learning.slowest_step_s > 0 && w.progressed
-                               ? 1.0 / std::max(1e-9, now - w.last_progress_s + 1e-9)
-                               : 0;
+      sample.steps_per_s = w.steps_per_s;
       sample.memory_current = static_cast<double>(p.memory_current_bytes());
       sample.memory_peak = static_cast<double>(p.memory_peak_bytes());
       sample.memory_budget = static_cast<double>(p.memory_budget_bytes());

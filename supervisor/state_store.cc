@@ -294,6 +294,16 @@ class StateStore::Query {
     if (*row) return absl::InternalError(absl::StrCat(op_, ": statement returned a row"));
     return absl::OkStatus();
   }
+  // Steps through every row, calling `on_row` while it is OK; its first
+  // error, or a step's, is returned.
+  absl::Status ForEachRow(const std::function<absl::Status()>& on_row) {
+    for (;;) {
+      absl::StatusOr<bool> row = Step();
+      if (!row.ok()) return row.status();
+      if (!*row) return absl::OkStatus();
+      if (absl::Status s = on_row(); !s.ok()) return s;
+    }
+  }
   // Rows changed by the last Run.
   int Changes() const { return sqlite3_changes(db_); }
 
@@ -606,10 +616,7 @@ absl::Status StateStore::ReadAttempts(v1::Run* run, const std::string& op) {
         op);
     if (!q.ok()) return q.status();
     q->BindText(run->run_id());
-    for (;;) {
-      absl::StatusOr<bool> row = q->Step();
-      if (!row.ok()) return row.status();
-      if (!*row) break;
+    absl::Status rows = q->ForEachRow([&]() -> absl::Status {
       v1::Attempt* a = run->add_attempts();
       a->set_number(static_cast<int32_t>(q->Int(0)));
       a->set_started_ms(q->Int(1));
@@ -619,7 +626,9 @@ absl::Status StateStore::ReadAttempts(v1::Run* run, const std::string& op) {
       a->set_exit_class(static_cast<v1::ExitClass>(q->Int(5)));
       a->set_exit_reason(q->Text(6));
       by_number[a->number()] = a;
-    }
+      return absl::OkStatus();
+    });
+    if (!rows.ok()) return rows;
   }
   absl::StatusOr<Query> q = Prepare(
       "SELECT attempt, rank, pid, slot, gpu, alive, exit_code, signal, exit_class, exit_reason,"
@@ -627,10 +636,7 @@ absl::Status StateStore::ReadAttempts(v1::Run* run, const std::string& op) {
       op);
   if (!q.ok()) return q.status();
   q->BindText(run->run_id());
-  for (;;) {
-    absl::StatusOr<bool> row = q->Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
+  absl::Status rows = q->ForEachRow([&]() -> absl::Status {
     auto it = by_number.find(q->Int(0));
     // The foreign key makes every rank's attempt exist.
     if (it == by_number.end())
@@ -650,8 +656,9 @@ absl::Status StateStore::ReadAttempts(v1::Run* run, const std::string& op) {
     if (absl::Status s = q->Message(11, r->mutable_progress(), &present); !s.ok()) return s;
     if (!present) r->clear_progress();
     r->set_log_path(q->Text(12));
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
+  return rows;
 }
 
 absl::StatusOr<v1::Run> StateStore::ReadFullRun(const std::string& run_id, const std::string& op) {
@@ -735,12 +742,11 @@ absl::StatusOr<std::vector<v1::Run>> StateStore::LoadUnfinishedRuns() {
       q->BindInt(v1::RUN_STATE_SUCCEEDED)
           .BindInt(v1::RUN_STATE_FAILED)
           .BindInt(v1::RUN_STATE_CANCELLED);
-      for (;;) {
-        absl::StatusOr<bool> row = q->Step();
-        if (!row.ok()) return row.status();
-        if (!*row) break;
+      absl::Status rows = q->ForEachRow([&]() -> absl::Status {
         ids.push_back(q->Text(0));
-      }
+        return absl::OkStatus();
+      });
+      if (!rows.ok()) return rows;
     }
     for (const std::string& id : ids) {
       absl::StatusOr<v1::Run> run = ReadFullRun(id, absl::StrCat(op, " ", id));
@@ -905,16 +911,15 @@ absl::StatusOr<std::vector<v1::RunEvent>> StateStore::ListEvents(const std::stri
     if (!q.ok()) return q.status();
     // A negative LIMIT is no limit in SQLite.
     q->BindText(run_id).BindInt(after_seq).BindInt(limit > 0 ? limit : -1);
-    for (;;) {
-      absl::StatusOr<bool> row = q->Step();
-      if (!row.ok()) return row.status();
-      if (!*row) break;
+    absl::Status rows = q->ForEachRow([&]() -> absl::Status {
       v1::RunEvent& event = events.emplace_back();
       bool present = false;
       if (absl::Status s = q->Message(1, &event, &present); !s.ok()) return s;
       event.set_seq(q->Int(0));
       event.set_run_id(run_id);
-    }
+      return absl::OkStatus();
+    });
+    if (!rows.ok()) return rows;
   }
   if (events.empty()) {
     absl::StatusOr<bool> exists = RunExists(run_id, op);
