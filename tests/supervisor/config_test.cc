@@ -9,23 +9,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/common/temp_dir.h"
 
 namespace trainsup::supervisor {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
+class TempDir : public ::trainsup::testing::TempDir {
  public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "config_test.XXXXXX").string();
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : ::trainsup::testing::TempDir("config_test") {}
 };
 
 void WriteFile(const std::string& path, const std::string& text, mode_t mode) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/common/temp_dir.h"
 
 namespace trainsup::supervisor {
 namespace {
@@ -15,17 +16,9 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kMiB = 1 << 20;
 
-class TempDir {
+class TempDir : public ::trainsup::testing::TempDir {
  public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "gpu_monitor_test.XXXXXX").string();
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : ::trainsup::testing::TempDir("gpu_monitor_test") {}
 };
 
 void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
