@@ -12,6 +12,11 @@
 
 #include "sparse/blas.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <type_traits>
+
 namespace trainsup::sparse::cpu {
 namespace {
 
@@ -35,6 +40,7 @@ void GatherRows(const T* src, int64_t cols, const int32_t* rows, int64_t n, T* d
     std::memcpy(dst + i * cols, src + static_cast<int64_t>(rows[i]) * cols, cols * sizeof(T));
   }
 }
+
 
 // d += s over a row. Cloned for AVX-512 and AVX2 (chosen at load time by
 // the CPU), since the base x86-64 build only has SSE2.
@@ -158,6 +164,342 @@ void BackwardIdentityRows(const T* in, int64_t cin, const T* w, int64_t cout, co
   }
 }
 
+// ---------------------------------------------------------------------------
+// Fused gather-GEMM-scatter for float on AVX-512 CPUs.
+//
+// out[oidx[p]] += in[aidx[p]] @ W for a run of pairs, with the product of
+// MR pairs and NV 16-float column vectors held in registers across the
+// whole reduction: the input rows are read where they lie (no gathered
+// copy), the result is added where it belongs (no scatter buffer), and W
+// is read in place (no packing). Per reduction step it loads NV vectors of
+// W and broadcasts MR inputs for MR x NV fused multiply-adds, so it is
+// bound by the FMA units, not by loads.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TRAINSUP_AVX512 __attribute__((target("avx512f")))
+
+// o[0, 16 NV) += acc, the last vector masked by tail.
+template <int NV>
+TRAINSUP_AVX512 inline void AddVectors(float* o, const __m512* acc, __mmask16 tail) {
+#pragma GCC unroll 16
+  for (int j = 0; j < NV; ++j) {
+    const __mmask16 m = j == NV - 1 ? tail : static_cast<__mmask16>(0xFFFF);
+    _mm512_mask_storeu_ps(o + 16 * j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o + 16 * j), acc[j]));
+  }
+}
+
+// The micro-kernel: `rows` (<= MR) pairs, NV column vectors starting at
+// w / out (already offset to the column block). The last vector is
+// masked by `tail` (all ones when the block is whole).
+template <int MR, int NV>
+TRAINSUP_AVX512 void FusedTile(const float* a, int64_t acols, const int32_t* aidx, int64_t kdim,
+                               const float* w, int64_t wcols, __mmask16 tail, float* out,
+                               int64_t ocols, const int32_t* oidx, int rows) {
+  __m512 acc[MR][NV];
+  const float* arow[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    // Rows past the end repeat the last pair's input; their sums are not stored.
+    arow[r] = a + static_cast<int64_t>(aidx[r < rows ? r : rows - 1]) * acols;
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_setzero_ps();
+  }
+  for (int64_t c = 0; c < kdim; ++c) {
+    __m512 wv[NV];
+    const float* wr = w + c * wcols;
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) {
+      wv[j] = j == NV - 1 ? _mm512_maskz_loadu_ps(tail, wr + 16 * j) : _mm512_loadu_ps(wr + 16 * j);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 av = _mm512_set1_ps(arow[r][c]);
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_fmadd_ps(av, wv[j], acc[r][j]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    if (r >= rows) break;
+    AddVectors<NV>(out + static_cast<int64_t>(oidx[r]) * ocols, acc[r], tail);
+  }
+}
+
+// Rows per tile for NV column vectors: MR x NV accumulators, NV weight
+// vectors and a broadcast fit the 32 vector registers.
+template <int NV>
+constexpr int TileRows() {
+  return NV == 1 ? 12 : NV == 2 ? 12 : NV == 3 ? 8 : NV == 4 ? 6 : NV <= 6 ? 4 : NV == 7 ? 3 : 2;
+}
+
+// Column vectors per block: at most 6 (4 rows x 6 vectors is the widest
+// tile that still does 24 multiply-adds per 10 loads), in equal blocks.
+inline int64_t ColumnBlock(int64_t vectors) {
+  const int64_t blocks = (vectors + 5) / 6;
+  return (vectors + blocks - 1) / blocks;
+}
+
+// Calls fn(std::integral_constant<int, NV>(), v0, tail) for each block of
+// NV column vectors starting at vector v0 that covers `cols` columns; tail
+// masks the block's last vector.
+template <typename Fn>
+void ForEachColumnBlock(int64_t cols, const Fn& fn) {
+  const int64_t vectors = (cols + 15) / 16;
+  const int64_t block = ColumnBlock(vectors);
+  for (int64_t v0 = 0; v0 < vectors; v0 += block) {
+    const int64_t nv = std::min<int64_t>(block, vectors - v0);
+    const int64_t last_cols = cols - 16 * (v0 + nv - 1);
+    const __mmask16 tail = last_cols >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                           : static_cast<__mmask16>((1u << last_cols) - 1);
+    switch (nv) {
+#define TRAINSUP_CASE(NV)                            \
+  case NV:                                           \
+    fn(std::integral_constant<int, NV>(), v0, tail); \
+    break;
+      TRAINSUP_CASE(1)
+      TRAINSUP_CASE(2)
+      TRAINSUP_CASE(3)
+      TRAINSUP_CASE(4)
+      TRAINSUP_CASE(5)
+      TRAINSUP_CASE(6)
+#undef TRAINSUP_CASE
+    }
+  }
+}
+
+// All pairs [0, n) against one column block of NV vectors.
+template <int NV>
+TRAINSUP_AVX512 void FusedBlock(const float* a, int64_t acols, const int32_t* aidx, int64_t kdim,
+                                const float* w, int64_t wcols, __mmask16 tail, float* out,
+                                int64_t ocols, const int32_t* oidx, int64_t n) {
+  constexpr int MR = TileRows<NV>();
+  for (int64_t p = 0; p < n; p += MR) {
+    const int rows = static_cast<int>(std::min<int64_t>(MR, n - p));
+    FusedTile<MR, NV>(a, acols, aidx + p, kdim, w, wcols, tail, out, ocols, oidx + p, rows);
+  }
+}
+
+// out[oidx[p], :] += a[aidx[p], :] @ w for p in [0, n); a is acols wide
+// (the first kdim columns used), w is kdim x ocols, out is ocols wide.
+// Pairs are taken in blocks so their input rows stay in L1 across the
+// column blocks of a wide output.
+TRAINSUP_AVX512 void FusedGatherGemmScatter(const float* a, int64_t acols, const int32_t* aidx,
+                                            int64_t kdim, const float* w, float* out,
+                                            int64_t ocols, const int32_t* oidx, int64_t n) {
+  constexpr int64_t kPairBlock = 96;
+  for (int64_t p0 = 0; p0 < n; p0 += kPairBlock) {
+    const int64_t m = std::min(kPairBlock, n - p0);
+    ForEachColumnBlock(ocols, [&](auto nv, int64_t v0, __mmask16 tail) {
+      FusedBlock<nv()>(a, acols, aidx + p0, kdim, w + 16 * v0, ocols, tail, out + 16 * v0, ocols,
+                       oidx + p0, m);
+    });
+  }
+}
+
+// The weight gradient of a block of pairs: dw[i, o] += sum_p a[aidx[p], i] *
+// g[gidx[p], o] for p in [0, n), i in [i0, i0 + rows), o in NV column
+// vectors (dw and g already offset to the column block). The reduction
+// over pairs runs in registers, in pair order.
+template <int MR, int NV>
+TRAINSUP_AVX512 void FusedOuterTile(const float* a, int64_t acols, const int32_t* aidx,
+                                    int64_t i0, int rows, const float* g, int64_t gcols,
+                                    const int32_t* gidx, int64_t n, __mmask16 tail, float* dw,
+                                    int64_t dwcols) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_setzero_ps();
+  }
+  // Columns past the block repeat its last one; their sums are not stored.
+  int64_t col[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) col[r] = i0 + (r < rows ? r : rows - 1);
+  for (int64_t p = 0; p < n; ++p) {
+    const float* ar = a + static_cast<int64_t>(aidx[p]) * acols;
+    const float* gr = g + static_cast<int64_t>(gidx[p]) * gcols;
+    __m512 gv[NV];
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) {
+      gv[j] = j == NV - 1 ? _mm512_maskz_loadu_ps(tail, gr + 16 * j) : _mm512_loadu_ps(gr + 16 * j);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 av = _mm512_set1_ps(ar[col[r]]);
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_fmadd_ps(av, gv[j], acc[r][j]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    if (r >= rows) break;
+    AddVectors<NV>(dw + (i0 + r) * dwcols, acc[r], tail);
+  }
+}
+
+template <int NV>
+TRAINSUP_AVX512 void FusedOuterBlock(const float* a, int64_t acols, const int32_t* aidx,
+                                     const float* g, int64_t gcols, const int32_t* gidx,
+                                     int64_t n, __mmask16 tail, float* dw, int64_t dwcols) {
+  constexpr int MR = TileRows<NV>();
+  for (int64_t i0 = 0; i0 < acols; i0 += MR) {
+    const int rows = static_cast<int>(std::min<int64_t>(MR, acols - i0));
+    FusedOuterTile<MR, NV>(a, acols, aidx, i0, rows, g, gcols, gidx, n, tail, dw, dwcols);
+  }
+}
+
+// dw[acols x gcols] += a[aidx]^T @ g[gidx] over pairs [0, n), in blocks
+// of pairs whose rows stay in L1 while every tile of dw passes over them.
+TRAINSUP_AVX512 void FusedGatherOuter(const float* a, int64_t acols, const int32_t* aidx,
+                                      const float* g, int64_t gcols, const int32_t* gidx,
+                                      int64_t n, float* dw) {
+  constexpr int64_t kPairBlock = 64;
+  // The block's input rows are copied together first: the tiles then read
+  // each row a few columns at a time from L1, where reading them in place
+  // would miss the cache at every new line of every row.
+  static thread_local std::vector<float> rows_storage;
+  rows_storage.resize(static_cast<size_t>(kPairBlock * acols));
+  float* rows = rows_storage.data();
+  int32_t local[kPairBlock];
+  for (int64_t p = 0; p < kPairBlock; ++p) local[p] = static_cast<int32_t>(p);
+  for (int64_t p0 = 0; p0 < n; p0 += kPairBlock) {
+    const int64_t m = std::min(kPairBlock, n - p0);
+    GatherRows(a, acols, aidx + p0, m, rows);
+    ForEachColumnBlock(gcols, [&](auto nv, int64_t v0, __mmask16 tail) {
+      FusedOuterBlock<nv()>(rows, acols, local, g + 16 * v0, gcols, gidx + p0, m, tail,
+                            dw + 16 * v0, gcols);
+    });
+  }
+}
+
+bool FusedSupported() { return __builtin_cpu_supports("avx512f"); }
+
+// Row ranges of the fused path. Its weight gradients need no per-range
+// partial sums, so ranges can be short: 256 rows keep both threads busy on
+// the coarse levels (a few thousand rows) too.
+int64_t FusedRanges(int64_t rows) { return std::clamp<int64_t>((rows + 255) / 256, 1, 4096); }
+
+// 0, 1, ..., n - 1: the pair list of the identity offset.
+const int32_t* Iota(std::vector<int32_t>& storage, int64_t n) {
+  storage.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) storage[i] = static_cast<int32_t>(i);
+  return storage.data();
+}
+
+// The pairs of offset k, with the identity offset's implicit list.
+std::pair<const int32_t*, const int32_t*> OffsetPairs(const PairLists& pairs, int64_t k,
+                                                      const int32_t* iota) {
+  if (k == pairs.identity_offset) return {iota, iota};
+  return {pairs.src + pairs.begin[k], pairs.dst + pairs.begin[k]};
+}
+
+// out = sum_k a[from_k] @ w_k scattered to out[to_k], where (from, to) is
+// (src, dst) or, with `to_src`, (dst, src); `to` ascends within every
+// offset. Each task owns a range of out's rows, zeroes it and adds every
+// offset's products into it, offsets in order. w: volume x acols x ocols.
+void FusedAccumulateByRows(const float* a, int64_t acols, const float* w, const PairLists& pairs,
+                           const int32_t* iota, bool to_src, float* out, int64_t ocols,
+                           int64_t num_out) {
+  const int64_t ranges = FusedRanges(num_out);
+  ForEachRange(ranges, [&](int64_t r) {
+    const int64_t row0 = RangeStart(r, ranges, num_out);
+    const int64_t row1 = RangeStart(r + 1, ranges, num_out);
+    std::fill(out + row0 * ocols, out + row1 * ocols, 0.0f);
+    for (int64_t k = 0; k < pairs.volume; ++k) {
+      auto [from, to] = OffsetPairs(pairs, k, iota);
+      if (to_src) std::swap(from, to);
+      const int64_t n = k == pairs.identity_offset ? num_out : Count(pairs, k);
+      const auto [lo, hi] = PairsInRows(to, n, row0, row1);
+      FusedGatherGemmScatter(a, acols, from + lo, acols, w + k * acols * ocols, out, ocols,
+                             to + lo, hi - lo);
+    }
+  });
+}
+
+// Forward, sorted pairs: out rows by range (dst ascends within an offset).
+void FusedConvForward(const float* in, int64_t cin, const float* weight, int64_t cout,
+                      const PairLists& pairs, float* out, int64_t num_out) {
+  std::vector<int32_t> iota_storage;
+  const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_out) : nullptr;
+  FusedAccumulateByRows(in, cin, weight, pairs, iota, false, out, cout, num_out);
+}
+
+// Backward, sorted pairs. Input gradients: grad_in rows by range (src
+// ascends within an offset), the sum of grad_out[dst] @ W_k^T. Weight
+// gradients: each task sums a piece of one offset's pairs (below). Every
+// sum has one fixed order, whatever the thread count.
+void FusedConvBackward(const float* in, int64_t num_in, int64_t cin, const float* weight,
+                       int64_t cout, const PairLists& pairs, const float* grad_out,
+                       float* grad_in, float* grad_weight) {
+  std::vector<int32_t> iota_storage;
+  const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_in) : nullptr;
+  auto count = [&](int64_t k) { return k == pairs.identity_offset ? num_in : Count(pairs, k); };
+  if (grad_in != nullptr) {
+    // W_k^T, cout x cin, so the input gradient is the forward kernel again.
+    std::vector<float> weight_t(static_cast<size_t>(pairs.volume * cin * cout));
+    for (int64_t k = 0; k < pairs.volume; ++k) {
+      const float* w = weight + k * cin * cout;
+      float* wt = weight_t.data() + k * cin * cout;
+      for (int64_t i = 0; i < cin; ++i) {
+        for (int64_t o = 0; o < cout; ++o) wt[o * cin + i] = w[i * cout + o];
+      }
+    }
+    FusedAccumulateByRows(grad_out, cout, weight_t.data(), pairs, iota, true, grad_in, cin,
+                          num_in);
+  }
+  if (grad_weight != nullptr) {
+    // Tasks: pieces of kPiecePairs consecutive pairs of one offset, each
+    // summed into its own cin x cout buffer; then the pieces of an offset
+    // are added in order. Piece bounds depend on the pair counts alone.
+    constexpr int64_t kPiecePairs = 8192;
+    struct Piece {
+      int64_t k, begin, end;
+    };
+    std::vector<Piece> pieces;
+    std::vector<int64_t> first_piece(static_cast<size_t>(pairs.volume + 1));
+    for (int64_t k = 0; k < pairs.volume; ++k) {
+      first_piece[k] = static_cast<int64_t>(pieces.size());
+      for (int64_t b = 0; b < count(k); b += kPiecePairs) {
+        pieces.push_back({k, b, std::min(count(k), b + kPiecePairs)});
+      }
+    }
+    first_piece[pairs.volume] = static_cast<int64_t>(pieces.size());
+    const int64_t wk = cin * cout;
+    std::vector<float> partial(pieces.size() * static_cast<size_t>(wk), 0.0f);
+    ForEachRange(static_cast<int64_t>(pieces.size()), [&](int64_t t) {
+      const Piece& piece = pieces[t];
+      const auto [src, dst] = OffsetPairs(pairs, piece.k, iota);
+      FusedGatherOuter(in, cin, src + piece.begin, grad_out, cout, dst + piece.begin,
+                       piece.end - piece.begin, partial.data() + t * wk);
+    });
+    ForEachRange(pairs.volume, [&](int64_t k) {
+      float* gw = grad_weight + k * wk;
+      std::fill(gw, gw + wk, 0.0f);
+      for (int64_t t = first_piece[k]; t < first_piece[k + 1]; ++t) {
+        AddRow(gw, partial.data() + t * wk, wk);
+      }
+    });
+  }
+}
+#else
+bool FusedSupported() { return false; }
+void FusedConvForward(const float*, int64_t, const float*, int64_t, const PairLists&, float*,
+                      int64_t) {}
+void FusedConvBackward(const float*, int64_t, int64_t, const float*, int64_t, const PairLists&,
+                       const float*, float*, float*) {}
+#endif
+
+// TRAINSUP_FUSED=0 turns the fused kernels off; SetFusedKernelsEnabled
+// overrides that (benchmarks' A/B runs, tests of both paths).
+std::atomic<bool>& FusedFlag() {
+  static std::atomic<bool> flag{[] {
+    const char* v = std::getenv("TRAINSUP_FUSED");
+    return FusedSupported() && (v == nullptr || std::string(v) != "0");
+  }()};
+  return flag;
+}
+
+bool FusedEnabled() { return FusedFlag().load(std::memory_order_relaxed); }
+
 // Sorted path of ConvForward: each task owns a range of output rows and
 // runs every offset's pairs into it.
 template <typename T>
@@ -234,12 +576,24 @@ void ConvBackwardByRows(const T* in, int64_t num_in, int64_t cin, const T* weigh
 
 }  // namespace
 
+bool FusedKernelsEnabled() { return FusedEnabled(); }
+
+bool SetFusedKernelsEnabled(bool on) {
+  return FusedFlag().exchange(on && FusedSupported());
+}
+
 template <typename T>
 void ConvForward(const T* in, int64_t num_in, int64_t cin, const T* weight, int64_t cout,
                  const PairLists& pairs, T* out, int64_t num_out) {
   (void)num_in;
   BlasSingleThreadGuard single_threaded_blas;
   if (pairs.sorted && RowRangesEnabled()) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (FusedEnabled()) {
+        FusedConvForward(in, cin, weight, cout, pairs, out, num_out);
+        return;
+      }
+    }
     ConvForwardByRows(in, cin, weight, cout, pairs, out, num_out);
     return;
   }
@@ -280,6 +634,12 @@ void ConvBackward(const T* in, int64_t num_in, int64_t cin, const T* weight, int
   (void)num_out;
   BlasSingleThreadGuard single_threaded_blas;
   if (pairs.sorted && RowRangesEnabled()) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (FusedEnabled()) {
+        FusedConvBackward(in, num_in, cin, weight, cout, pairs, grad_out, grad_in, grad_weight);
+        return;
+      }
+    }
     ConvBackwardByRows(in, num_in, cin, weight, cout, pairs, grad_out, grad_in, grad_weight);
     return;
   }

@@ -26,6 +26,17 @@ struct PairLists {
   bool sorted = false;
 };
 
+// Float convolutions over sorted pair lists run fused AVX-512 kernels
+// (gather, product and scatter in one pass, no BLAS call) where the CPU
+// has AVX-512F, unless TRAINSUP_FUSED=0; otherwise, and for double, they
+// gather chunks, call BLAS and scatter. Both give the same sums up to
+// rounding, and each is independent of the thread count.
+bool FusedKernelsEnabled();
+// Overrides the choice for the process (benchmarks' A/B runs, tests of
+// both paths); turning it on where the CPU lacks AVX-512F keeps it off.
+// Returns the previous setting.
+bool SetFusedKernelsEnabled(bool on);
+
 // out[num_out x cout] = sum_k scatter_dst(gather_src(in) @ W_k).
 // weight: [volume, cin, cout]. `out` need not be initialised.
 template <typename T>

@@ -17,6 +17,7 @@
 
 #include "sparse/bench/bench_util.h"
 #include "sparse/blas.h"
+#include "sparse/kernels_cpu.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
 #include "sparse/quantize.h"
@@ -75,11 +76,14 @@ int main(int argc, char** argv) {
   at::Tensor coords = at::cat({at::zeros({n, 1}, at::kInt), q.coordinates}, 1);
 
   std::ostringstream js;
-  js << "{\"block_cache_mib\": " << cache_mib << ", \"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName() << "\", \"voxels\": " << n;
+  // TRAINSUP_FUSED=0 selects the gather-BLAS-scatter convolutions.
+  const char* kernels = ts::cpu::FusedKernelsEnabled() ? "fused AVX-512" : "gather-BLAS-scatter";
+  js << "{\"block_cache_mib\": " << cache_mib << ", \"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName()
+     << "\", \"conv_kernels\": \"" << kernels << "\", \"voxels\": " << n;
   if (!json) {
-    std::printf("minkunet_bench: %d threads (at::set_num_threads), BLAS %s kernels, block cache %lld MiB; scene %s: "
-                "%lld voxels at 2 cm; medians of %d\n",
-                threads, ts::BlasCoreName().c_str(), static_cast<long long>(cache_mib), scene_name.c_str(),
+    std::printf("minkunet_bench: %d threads (at::set_num_threads), %s convolutions, BLAS %s kernels, block cache "
+                "%lld MiB; scene %s: %lld voxels at 2 cm; medians of %d\n",
+                threads, kernels, ts::BlasCoreName().c_str(), static_cast<long long>(cache_mib), scene_name.c_str(),
                 static_cast<long long>(n), repeats);
   }
   for (int depth : depths) {
