@@ -500,6 +500,12 @@ std::atomic<bool>& FusedFlag() {
 
 bool FusedEnabled() { return FusedFlag().load(std::memory_order_relaxed); }
 
+// A 1x1x1 convolution on one set: plain matrix products on contiguous rows,
+// where BLAS beats the fused kernels (conv_bench: 0.9x fused).
+bool IdentityOnly(const PairLists& pairs) {
+  return pairs.volume == 1 && pairs.identity_offset == 0;
+}
+
 // Sorted path of ConvForward: each task owns a range of output rows and
 // runs every offset's pairs into it.
 template <typename T>
@@ -589,7 +595,7 @@ void ConvForward(const T* in, int64_t num_in, int64_t cin, const T* weight, int6
   BlasSingleThreadGuard single_threaded_blas;
   if (pairs.sorted && RowRangesEnabled()) {
     if constexpr (std::is_same_v<T, float>) {
-      if (FusedEnabled()) {
+      if (FusedEnabled() && !IdentityOnly(pairs)) {
         FusedConvForward(in, cin, weight, cout, pairs, out, num_out);
         return;
       }
@@ -635,7 +641,7 @@ void ConvBackward(const T* in, int64_t num_in, int64_t cin, const T* weight, int
   BlasSingleThreadGuard single_threaded_blas;
   if (pairs.sorted && RowRangesEnabled()) {
     if constexpr (std::is_same_v<T, float>) {
-      if (FusedEnabled()) {
+      if (FusedEnabled() && !IdentityOnly(pairs)) {
         FusedConvBackward(in, num_in, cin, weight, cout, pairs, grad_out, grad_in, grad_weight);
         return;
       }
