@@ -425,8 +425,8 @@ void FusedConvForward(const float* in, int64_t cin, const float* weight, int64_t
 
 // Backward, sorted pairs. Input gradients: grad_in rows by range (src
 // ascends within an offset), the sum of grad_out[dst] @ W_k^T. Weight
-// gradients: each task sums a piece of one offset's pairs (below). Every
-// sum has one fixed order, whatever the thread count.
+// gradients: by groups of input rows (below). Every sum has one fixed
+// order, whatever the thread count.
 void FusedConvBackward(const float* in, int64_t num_in, int64_t cin, const float* weight,
                        int64_t cout, const PairLists& pairs, const float* grad_out,
                        float* grad_in, float* grad_weight) {
@@ -447,37 +447,39 @@ void FusedConvBackward(const float* in, int64_t num_in, int64_t cin, const float
                           num_in);
   }
   if (grad_weight != nullptr) {
-    // Tasks: pieces of kPiecePairs consecutive pairs of one offset, each
-    // summed into its own cin x cout buffer; then the pieces of an offset
-    // are added in order. Piece bounds depend on the pair counts alone.
-    constexpr int64_t kPiecePairs = 8192;
-    struct Piece {
-      int64_t k, begin, end;
-    };
-    std::vector<Piece> pieces;
-    std::vector<int64_t> first_piece(static_cast<size_t>(pairs.volume + 1));
-    for (int64_t k = 0; k < pairs.volume; ++k) {
-      first_piece[k] = static_cast<int64_t>(pieces.size());
-      for (int64_t b = 0; b < count(k); b += kPiecePairs) {
-        pieces.push_back({k, b, std::min(count(k), b + kPiecePairs)});
-      }
-    }
-    first_piece[pairs.volume] = static_cast<int64_t>(pieces.size());
+    // Input rows are cut into groups of kGroupRows (src ascends within an
+    // offset). A task sums the pairs of one offset whose input rows lie in
+    // one group, into that group's partial sum; the rows it reads (inputs
+    // of the group and the output rows next to them) stay in L2 across the
+    // group's offsets. Going offset by offset over all rows instead streams
+    // every row from memory once per offset. Groups run in waves of kWave,
+    // and each wave's partial sums are added into grad_weight in group
+    // order: the partition depends on the map alone.
+    constexpr int64_t kGroupRows = 2048;
+    constexpr int64_t kWave = 8;
+    const int64_t groups = (num_in + kGroupRows - 1) / kGroupRows;
     const int64_t wk = cin * cout;
-    std::vector<float> partial(pieces.size() * static_cast<size_t>(wk), 0.0f);
-    ForEachRange(static_cast<int64_t>(pieces.size()), [&](int64_t t) {
-      const Piece& piece = pieces[t];
-      const auto [src, dst] = OffsetPairs(pairs, piece.k, iota);
-      FusedGatherOuter(in, cin, src + piece.begin, grad_out, cout, dst + piece.begin,
-                       piece.end - piece.begin, partial.data() + t * wk);
-    });
-    ForEachRange(pairs.volume, [&](int64_t k) {
-      float* gw = grad_weight + k * wk;
-      std::fill(gw, gw + wk, 0.0f);
-      for (int64_t t = first_piece[k]; t < first_piece[k + 1]; ++t) {
-        AddRow(gw, partial.data() + t * wk, wk);
-      }
-    });
+    const int64_t wsize = pairs.volume * wk;
+    std::fill(grad_weight, grad_weight + wsize, 0.0f);
+    std::vector<float> partial(static_cast<size_t>(std::min(kWave, groups) * wsize));
+    for (int64_t g0 = 0; g0 < groups; g0 += kWave) {
+      const int64_t waves = std::min(kWave, groups - g0);
+      std::fill(partial.begin(), partial.begin() + waves * wsize, 0.0f);
+      ForEachRange(waves * pairs.volume, [&](int64_t t) {
+        const int64_t g = g0 + t / pairs.volume;
+        const int64_t k = t % pairs.volume;
+        const auto [src, dst] = OffsetPairs(pairs, k, iota);
+        const auto [lo, hi] =
+            PairsInRows(src, count(k), g * kGroupRows, std::min(num_in, (g + 1) * kGroupRows));
+        FusedGatherOuter(in, cin, src + lo, grad_out, cout, dst + lo, hi - lo,
+                         partial.data() + (t / pairs.volume) * wsize + k * wk);
+      });
+      ForEachRange(pairs.volume, [&](int64_t k) {
+        for (int64_t j = 0; j < waves; ++j) {
+          AddRow(grad_weight + k * wk, partial.data() + j * wsize + k * wk, wk);
+        }
+      });
+    }
   }
 }
 #else
