@@ -2,6 +2,7 @@
 // activations.
 #include <ATen/ATen.h>
 
+#include "sparse/batch_norm.h"
 #include "sparse/canonical_order.h"
 #include "sparse/determinism.h"
 #include "sparse/ops.h"
@@ -55,7 +56,7 @@ SparseTensor Cat(const std::vector<SparseTensor>& xs) {
 
 SparseTensor BatchNorm(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
                        const at::Tensor& running_mean, const at::Tensor& running_var,
-                       bool training, double momentum, double eps) {
+                       bool training, double momentum, double eps, bool relu) {
   TORCH_CHECK(x.defined(), "BatchNorm: undefined SparseTensor");
   const int64_t c = x.F().size(1);
   for (const at::Tensor* t : {&weight, &bias, &running_mean, &running_var}) {
@@ -72,8 +73,12 @@ SparseTensor BatchNorm(const SparseTensor& x, const at::Tensor& weight, const at
               "BatchNorm: training needs more than one row per channel, got ", x.size());
   if (x.size() == 0) return x;
   return x.WithFeatures(InCanonicalOrder(x, [&](const at::Tensor& f) {
-    return at::batch_norm(f, weight, bias, running_mean, running_var, training, momentum, eps,
-                          /*cudnn_enabled=*/false);
+    if (training && f.device().is_cpu()) {
+      return BatchNormTrainingRows(f, weight, bias, running_mean, running_var, momentum, eps, relu);
+    }
+    at::Tensor y = at::batch_norm(f, weight, bias, running_mean, running_var, training, momentum,
+                                  eps, /*cudnn_enabled=*/false);
+    return relu ? y.relu_() : y;
   }));
 }
 

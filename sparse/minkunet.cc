@@ -88,10 +88,10 @@ SparseTensor MinkUNetImpl::forward(const SparseTensor& x) {
               " input channels, got ", x.channels());
   // skips[i]: the input of encoder stage i (stem output, then each stage's).
   std::array<SparseTensor, 4> skips;
-  SparseTensor out = ReluInPlace(bn0(conv0(x)));
+  SparseTensor out = bn0(conv0(x), /*relu=*/true);
   for (int i = 0; i < 4; ++i) {
     skips[i] = out;
-    out = RunLayer(blocks[i], ReluInPlace(down_bn[i](down_conv[i](out))));
+    out = RunLayer(blocks[i], down_bn[i](down_conv[i](out), /*relu=*/true));
   }
   for (int i = 0; i < 4; ++i) {
     out = RunLayer(blocks[4 + i], up[i]->forward(out, &skips[3 - i]), /*final_layer=*/i == 3);

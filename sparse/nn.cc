@@ -185,7 +185,7 @@ BatchNormLayerImpl::BatchNormLayerImpl(int64_t channels, double eps, std::option
   }
 }
 
-SparseTensor BatchNormLayerImpl::forward(const SparseTensor& x) {
+SparseTensor BatchNormLayerImpl::forward(const SparseTensor& x, bool relu) {
   const bool tracking = running_mean.defined();
   double factor = 0.0;
   if (is_training() && tracking) {
@@ -200,7 +200,8 @@ SparseTensor BatchNormLayerImpl::forward(const SparseTensor& x) {
     TORCH_CHECK(false, "BatchNorm: features are ", x.F().scalar_type(), " but the module is ",
                 w.scalar_type(), " (convert the module with ->to())");
   }
-  return BatchNorm(x, w, b, running_mean, running_var, is_training() || !tracking, factor, eps_);
+  return BatchNorm(x, w, b, running_mean, running_var, is_training() || !tracking, factor, eps_,
+                   relu);
 }
 
 SparseTensor CheckpointableBlock::forward(const SparseTensor& x, const SparseTensor* skip) {
@@ -226,7 +227,7 @@ UpStageImpl::UpStageImpl(int64_t in_channels, int64_t out_channels, double bn_mo
 
 SparseTensor UpStageImpl::ForwardImpl(const SparseTensor& x, const SparseTensor* skip) {
   TORCH_CHECK(skip != nullptr, "UpStage needs the skip connection's tensor");
-  SparseTensor up = ReluInPlace(norm(conv(x, skip)));
+  SparseTensor up = norm(conv(x, skip), /*relu=*/true);
   return Cat({up, *skip});
 }
 
@@ -256,7 +257,7 @@ BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t planes, int32_t stri
 
 SparseTensor BasicBlockImpl::ForwardImpl(const SparseTensor& x, const SparseTensor* skip) {
   TORCH_CHECK(skip == nullptr, "BasicBlock takes one input");
-  SparseTensor out = ReluInPlace(norm1(conv1(x)));
+  SparseTensor out = norm1(conv1(x), /*relu=*/true);
   return AddResidual(norm2(conv2(out)), x);
 }
 
@@ -273,8 +274,8 @@ BottleneckBlockImpl::BottleneckBlockImpl(int64_t in_channels, int64_t planes, in
 
 SparseTensor BottleneckBlockImpl::ForwardImpl(const SparseTensor& x, const SparseTensor* skip) {
   TORCH_CHECK(skip == nullptr, "BottleneckBlock takes one input");
-  SparseTensor out = ReluInPlace(norm1(conv1(x)));
-  out = ReluInPlace(norm2(conv2(out)));
+  SparseTensor out = norm1(conv1(x), /*relu=*/true);
+  out = norm2(conv2(out), /*relu=*/true);
   return AddResidual(norm3(conv3(out)), x);
 }
 

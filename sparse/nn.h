@@ -40,7 +40,8 @@ class BatchNormLayerImpl : public torch::nn::Module {
  public:
   explicit BatchNormLayerImpl(int64_t channels, double eps = 1e-5,
                          std::optional<double> momentum = 0.1, bool track_running_stats = true);
-  SparseTensor forward(const SparseTensor& x);
+  // relu: ReLU on the result, fused with the normalisation (ops.h).
+  SparseTensor forward(const SparseTensor& x, bool relu = false);
 
   at::Tensor weight, bias;
   at::Tensor running_mean, running_var, num_batches_tracked;  // undefined without tracking

@@ -58,10 +58,12 @@ SparseTensor Cat(const std::vector<SparseTensor>& xs);
 
 // BatchNorm over the rows of x.F(). running_mean/running_var may be
 // undefined (no running statistics). In deterministic mode the statistics
-// are reduced in coordinate key order.
+// are reduced in coordinate key order. relu: ReLU on the result, fused in
+// training mode (one pass, and backward recomputes the ReLU's mask from
+// the input instead of keeping its output).
 SparseTensor BatchNorm(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
                        const at::Tensor& running_mean, const at::Tensor& running_var,
-                       bool training, double momentum, double eps);
+                       bool training, double momentum, double eps, bool relu = false);
 
 SparseTensor Relu(const SparseTensor& x);
 // ReLU overwriting x's features (they must not be needed elsewhere, e.g. the

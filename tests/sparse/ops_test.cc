@@ -1,6 +1,10 @@
 // Feature ops (BatchNorm, global pooling, concatenation, activations) and
 // deterministic mode across a small U-Net-shaped network.
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 #include "sparse/determinism.h"
 #include "sparse/ops.h"
@@ -30,6 +34,74 @@ TEST(BatchNorm, MatchesLibTorchAndUpdatesRunningStatistics) {
     return BatchNorm(x.WithFeatures(t[0]), t[1], t[2], {}, {}, true, 0.1, 1e-5).F();
   };
   EXPECT_LT(GradCheck(bn, {in.features.slice(1, 0, 2), w.slice(0, 0, 2), b.slice(0, 0, 2)}), 1e-5);
+}
+
+// Training-mode BatchNorm (with and without the fused ReLU) against
+// at::batch_norm followed by at::relu: outputs, running statistics and the
+// gradients of input, weight and bias, for several momenta and without
+// running statistics or affine parameters.
+TEST(BatchNorm, TrainingMatchesLibTorchWithAndWithoutFusedRelu) {
+  auto in = MakeRandomInput(2, 9, 0.4, 7, at::kDouble, 21);
+  const int64_t c = 7;
+  for (bool relu : {false, true}) for (double momentum : {0.1, 1.0}) for (bool stats : {true, false})
+  for (bool affine : {true, false}) {
+    SCOPED_TRACE(std::string(relu ? "relu" : "no relu") + " momentum " + std::to_string(momentum) +
+                 (stats ? " running stats" : " no running stats") + (affine ? " affine" : " no affine"));
+    at::Tensor f = (in.features * 3 + 1).requires_grad_(true);
+    at::Tensor fd = f.detach().clone().requires_grad_(true);
+    at::Tensor w, b, wd, bd;
+    if (affine) {
+      w = at::randn({c}, at::kDouble).requires_grad_(true);
+      b = at::randn({c}, at::kDouble).requires_grad_(true);
+      wd = w.detach().clone().requires_grad_(true);
+      bd = b.detach().clone().requires_grad_(true);
+    }
+    at::Tensor rm, rv, rm2, rv2;
+    if (stats) {
+      rm = at::randn({c}, at::kDouble), rv = at::rand({c}, at::kDouble) + 0.5;
+      rm2 = rm.clone(), rv2 = rv.clone();
+    }
+    SparseTensor y = BatchNorm(SparseTensor(f, in.coordinates), w, b, rm, rv, true, momentum, 1e-5, relu);
+    at::Tensor want = at::batch_norm(fd, wd, bd, rm2, rv2, true, momentum, 1e-5, false);
+    if (relu) want = at::relu(want);
+    EXPECT_TRUE(at::allclose(y.F(), want, 1e-9, 1e-9));
+    if (stats) {
+      EXPECT_TRUE(at::allclose(rm, rm2, 1e-9, 1e-9));
+      EXPECT_TRUE(at::allclose(rv, rv2, 1e-9, 1e-9));
+    }
+    at::Tensor r = at::randn(want.sizes(), at::kDouble);
+    (y.F() * r).sum().backward();
+    (want * r).sum().backward();
+    EXPECT_TRUE(at::allclose(f.grad(), fd.grad(), 1e-9, 1e-9));
+    if (affine) {
+      EXPECT_TRUE(at::allclose(w.grad(), wd.grad(), 1e-9, 1e-9));
+      EXPECT_TRUE(at::allclose(b.grad(), bd.grad(), 1e-9, 1e-9));
+    }
+  }
+}
+
+// Float sums over fixed blocks of rows: the same bits at any thread count.
+TEST(BatchNorm, TrainingResultsDoNotDependOnTheThreadCountBitForBit) {
+  const int threads = at::get_num_threads();
+  at::Tensor x = at::randn({3000, 40}) * 2 + 0.5;
+  at::Tensor coords = at::zeros({3000, 4}, at::kInt);
+  coords.select(1, 1).copy_(at::arange(3000, at::kInt));
+  std::vector<at::Tensor> first;
+  for (int n : {1, 2, 3}) {
+    at::set_num_threads(n);
+    at::Tensor f = x.clone().requires_grad_(true);
+    at::Tensor w = at::ones({40}).requires_grad_(true), b = at::zeros({40}).requires_grad_(true);
+    at::Tensor rm = at::zeros({40}), rv = at::ones({40});
+    SparseTensor y = BatchNorm(SparseTensor(f, coords), w, b, rm, rv, true, 0.1, 1e-5, true);
+    (y.F() * at::linspace(-1, 1, 3000 * 40).view({3000, 40})).sum().backward();
+    std::vector<at::Tensor> got = {y.F().detach(), f.grad(), w.grad(), b.grad(), rm, rv};
+    if (first.empty()) {
+      first = got;
+      continue;
+    }
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], first[i])) << n << " threads, result " << i;
+  }
+  at::set_num_threads(threads);
 }
 
 TEST(BatchNorm, RejectsParametersOfTheWrongSize) {
