@@ -32,6 +32,9 @@ struct MinkUNetConfig {
 // Throws c10::Error for another depth.
 MinkUNetConfig MinkUNetPlan(int depth, int64_t in_channels, int64_t out_channels);
 
+// The tensor stride of the bottom of the U (four stride-2 stages).
+constexpr int32_t kMinkUNetCoarsestStride = 16;
+
 class MinkUNetImpl : public torch::nn::Module {
  public:
   explicit MinkUNetImpl(const MinkUNetConfig& config);

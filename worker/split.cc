@@ -50,12 +50,37 @@ void Drop(const Piece& piece, SplitStats* stats) {
   stats->dropped_labelled += piece.labelled;
 }
 
-bool Bisectable(const Piece& piece, const SplitOptions& options) {
-  return piece.voxels >= 2 && piece.voxels > options.min_piece_voxels;
+// Floor division, so negative coordinates fall in the same cells as the
+// engine's downsampling puts them.
+int32_t Cell(int32_t v, int32_t stride) { return v >= 0 ? v / stride : -((-v + stride - 1) / stride); }
+
+// Whether the piece's rows cover at least two cells of `stride`.
+bool SpansTwoCells(const Piece& piece, const SceneView& scene, int32_t stride) {
+  const std::vector<int64_t> rows = RowsOf(piece, scene);
+  if (rows.size() < 2) return false;
+  const int32_t* first = scene.xyz + 3 * rows[0];
+  for (size_t i = 1; i < rows.size(); ++i) {
+    const int32_t* p = scene.xyz + 3 * rows[i];
+    for (int axis = 0; axis < 3; ++axis) {
+      if (Cell(p[axis], stride) != Cell(first[axis], stride)) return true;
+    }
+  }
+  return false;
 }
 
-bool Splittable(const Group& group, const SplitOptions& options) {
-  return group.size() > 1 || (group.size() == 1 && Bisectable(group[0], options));
+bool Bisectable(const Piece& piece, const SceneView& scene, const SplitOptions& options) {
+  if (piece.voxels < 2 || piece.voxels <= options.min_piece_voxels) return false;
+  if (options.coarsest_stride <= 1) return true;
+  const auto halves = BisectPiece(piece, scene);
+  return SpansTwoCells(halves.first, scene, options.coarsest_stride) &&
+         SpansTwoCells(halves.second, scene, options.coarsest_stride);
+}
+
+bool Splittable(const Group& group, const std::vector<SceneView>& scenes,
+                const SplitOptions& options) {
+  return group.size() > 1 ||
+         (group.size() == 1 &&
+          Bisectable(group[0], scenes[static_cast<size_t>(group[0].scene)], options));
 }
 
 // Two groups balanced by voxel count: the largest piece goes to the first,
@@ -338,7 +363,7 @@ std::vector<Group> PlanGroups(const std::vector<SceneView>& scenes, const Memory
     while (!todo.empty()) {
       Piece piece = std::move(todo.back());
       todo.pop_back();
-      if (fits(piece.voxels) || !Bisectable(piece, options)) {
+      if (fits(piece.voxels) || !Bisectable(piece, scenes[i], options)) {
         pieces.push_back(std::move(piece));
         continue;
       }
@@ -406,7 +431,7 @@ absl::StatusOr<SplitStats> RunSplitting(const std::vector<SceneView>& scenes,
     Work work = std::move(stack.back());
     stack.pop_back();
     const int64_t voxels = GroupVoxels(work.group);
-    const bool splittable = Splittable(work.group, options);
+    const bool splittable = Splittable(work.group, scenes, options);
     if (splittable && voxels >= smallest_failed) {
       push_halves(std::move(work.group), work.after_oom);
       continue;

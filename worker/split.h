@@ -67,6 +67,11 @@ struct SplitOptions {
   // The floor: a piece of at most this many voxels is never bisected; if it
   // still runs out of memory it is dropped and reported.
   int64_t min_piece_voxels = 500;
+  // The model's coarsest tensor stride (MinkUNet: 16). A piece is bisected
+  // only if each half keeps at least two voxels at that stride, since
+  // BatchNorm in training needs two rows per channel on every level; a
+  // piece that cannot be cut so counts as at the floor. 1: no such check.
+  int32_t coarsest_stride = 1;
   // More out-of-memory failures than this within one batch is a hard OOM
   // (memory that freeing does not bring back).
   int max_ooms_per_batch = 64;

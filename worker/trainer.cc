@@ -371,6 +371,7 @@ absl::Status Trainer::Resume() {
 absl::Status Trainer::Step(const Batch& batch) {
   SplitOptions split_options;
   split_options.min_piece_voxels = spec_.train.min_piece_points;
+  split_options.coarsest_stride = sparse::kMinkUNetCoarsestStride;
   absl::StatusOr<StepOutcome> outcome =
       ForwardBackward(*model_, batch, channels_, params_, accum_, split_options,
                       spec_.train.predictive_split ? &memory_model_ : nullptr, budget_,

@@ -565,5 +565,41 @@ TEST(RunSplitting, ReportsTheSmallestSplittableFailure) {
   EXPECT_EQ(next->oom_events, 0);
 }
 
+// BatchNorm in training needs two rows per channel on the coarsest level:
+// a piece whose halves would each sit in one coarsest cell is not cut.
+TEST(RunSplitting, KeepsTwoVoxelsOnTheCoarsestLevel) {
+  // 32 x 16 x 2 voxels: two cells of stride 16 along x, one along y and z.
+  const std::vector<OwnedScene> scenes = {Grid(32, 16, 2)};
+  RunGroup run = [](const Group& g, double) {
+    return GroupVoxels(g) > 300 ? absl::ResourceExhaustedError("too big") : absl::OkStatus();
+  };
+  SplitOptions options;
+  options.min_piece_voxels = 10;
+  options.coarsest_stride = 16;
+  // Cut at the median of x: each half is one cell of stride 16, so the
+  // scene is at the floor and, not fitting, dropped rather than cut.
+  absl::StatusOr<SplitStats> stats = RunSplitting(Views(scenes), options, run, nullptr, nullptr, 0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->splits, 0);
+  EXPECT_EQ(stats->dropped_pieces, 1);
+  // Without the rule it is cut down to pieces that fit.
+  options.coarsest_stride = 1;
+  stats = RunSplitting(Views(scenes), options, run, nullptr, nullptr, 0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GT(stats->splits, 0);
+  EXPECT_EQ(stats->dropped_pieces, 0);
+  // A scene of four cells along x (512 voxels) cuts once into halves of
+  // two cells each, and no further: at 200 voxels neither half fits.
+  const std::vector<OwnedScene> wide = {Grid(64, 8, 1)};
+  RunGroup run200 = [](const Group& g, double) {
+    return GroupVoxels(g) > 200 ? absl::ResourceExhaustedError("too big") : absl::OkStatus();
+  };
+  options.coarsest_stride = 16;
+  stats = RunSplitting(Views(wide), options, run200, nullptr, nullptr, 0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->splits, 1);
+  EXPECT_EQ(stats->dropped_pieces, 2);
+}
+
 }  // namespace
 }  // namespace trainsup::worker
