@@ -433,77 +433,53 @@ void FusedConvBackward(const float* in, int64_t num_in, int64_t cin, const float
   std::vector<int32_t> iota_storage;
   const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_in) : nullptr;
   auto count = [&](int64_t k) { return k == pairs.identity_offset ? num_in : Count(pairs, k); };
-  // Input rows are cut into groups of kGroupRows (src ascends within an
-  // offset); each group gets its own weight-gradient partial sum, and the
-  // rows a group's work reads (its inputs and the output rows next to
-  // them) stay in L2 across its offsets. Going offset by offset over all
-  // rows instead streams every row from memory once per offset. Groups run
-  // in waves of kWave, and each wave's partial sums are added into
-  // grad_weight in group order: the partition depends on the map alone.
-  constexpr int64_t kGroupRows = 2048;
-  constexpr int64_t kWave = 8;
-  const int64_t groups = (num_in + kGroupRows - 1) / kGroupRows;
-  // With both gradients and enough groups for both threads, one task per
-  // group computes the group's input gradient and its weight-gradient
-  // partial, reading each row for both. Every row's and every partial's
-  // sums are the same as apart, bit for bit.
-  const bool together = grad_in != nullptr && grad_weight != nullptr && groups >= 4;
-  const int64_t wk = cin * cout;
-  const int64_t wsize = pairs.volume * wk;
-  std::vector<float> weight_t;
   if (grad_in != nullptr) {
     // W_k^T, cout x cin, so the input gradient is the forward kernel again.
-    weight_t.resize(static_cast<size_t>(wsize));
+    std::vector<float> weight_t(static_cast<size_t>(pairs.volume * cin * cout));
     for (int64_t k = 0; k < pairs.volume; ++k) {
-      const float* w = weight + k * wk;
-      float* wt = weight_t.data() + k * wk;
+      const float* w = weight + k * cin * cout;
+      float* wt = weight_t.data() + k * cin * cout;
       for (int64_t i = 0; i < cin; ++i) {
         for (int64_t o = 0; o < cout; ++o) wt[o * cin + i] = w[i * cout + o];
       }
     }
-    if (!together) {
-      FusedAccumulateByRows(grad_out, cout, weight_t.data(), pairs, iota, true, grad_in, cin,
-                            num_in);
-    }
+    FusedAccumulateByRows(grad_out, cout, weight_t.data(), pairs, iota, true, grad_in, cin,
+                          num_in);
   }
-  if (grad_weight == nullptr) return;
-  std::fill(grad_weight, grad_weight + wsize, 0.0f);
-  std::vector<float> partial(static_cast<size_t>(std::min(kWave, groups) * wsize));
-  for (int64_t g0 = 0; g0 < groups; g0 += kWave) {
-    const int64_t waves = std::min(kWave, groups - g0);
-    std::fill(partial.begin(), partial.begin() + waves * wsize, 0.0f);
-    // Offset k's pairs whose input rows lie in group g.
-    auto group_pairs = [&](int64_t g, int64_t k) {
-      const auto [src, dst] = OffsetPairs(pairs, k, iota);
-      const auto [lo, hi] =
-          PairsInRows(src, count(k), g * kGroupRows, std::min(num_in, (g + 1) * kGroupRows));
-      return std::make_tuple(src + lo, dst + lo, hi - lo);
-    };
-    if (together) {
-      ForEachRange(waves, [&](int64_t j) {
-        const int64_t g = g0 + j;
-        const int64_t row0 = g * kGroupRows, row1 = std::min(num_in, row0 + kGroupRows);
-        std::fill(grad_in + row0 * cin, grad_in + row1 * cin, 0.0f);
-        for (int64_t k = 0; k < pairs.volume; ++k) {
-          const auto [src, dst, n] = group_pairs(g, k);
-          FusedGatherGemmScatter(grad_out, cout, dst, cout, weight_t.data() + k * wk, grad_in, cin,
-                                 src, n);
-          FusedGatherOuter(in, cin, src, grad_out, cout, dst, n, partial.data() + j * wsize + k * wk);
-        }
-      });
-    } else {
+  if (grad_weight != nullptr) {
+    // Input rows are cut into groups of kGroupRows (src ascends within an
+    // offset). A task sums the pairs of one offset whose input rows lie in
+    // one group, into that group's partial sum; the rows it reads (inputs
+    // of the group and the output rows next to them) stay in L2 across the
+    // group's offsets. Going offset by offset over all rows instead streams
+    // every row from memory once per offset. Groups run in waves of kWave,
+    // and each wave's partial sums are added into grad_weight in group
+    // order: the partition depends on the map alone.
+    constexpr int64_t kGroupRows = 2048;
+    constexpr int64_t kWave = 8;
+    const int64_t groups = (num_in + kGroupRows - 1) / kGroupRows;
+    const int64_t wk = cin * cout;
+    const int64_t wsize = pairs.volume * wk;
+    std::fill(grad_weight, grad_weight + wsize, 0.0f);
+    std::vector<float> partial(static_cast<size_t>(std::min(kWave, groups) * wsize));
+    for (int64_t g0 = 0; g0 < groups; g0 += kWave) {
+      const int64_t waves = std::min(kWave, groups - g0);
+      std::fill(partial.begin(), partial.begin() + waves * wsize, 0.0f);
       ForEachRange(waves * pairs.volume, [&](int64_t t) {
+        const int64_t g = g0 + t / pairs.volume;
         const int64_t k = t % pairs.volume;
-        const auto [src, dst, n] = group_pairs(g0 + t / pairs.volume, k);
-        FusedGatherOuter(in, cin, src, grad_out, cout, dst, n,
+        const auto [src, dst] = OffsetPairs(pairs, k, iota);
+        const auto [lo, hi] =
+            PairsInRows(src, count(k), g * kGroupRows, std::min(num_in, (g + 1) * kGroupRows));
+        FusedGatherOuter(in, cin, src + lo, grad_out, cout, dst + lo, hi - lo,
                          partial.data() + (t / pairs.volume) * wsize + k * wk);
       });
+      ForEachRange(pairs.volume, [&](int64_t k) {
+        for (int64_t j = 0; j < waves; ++j) {
+          AddRow(grad_weight + k * wk, partial.data() + j * wsize + k * wk, wk);
+        }
+      });
     }
-    ForEachRange(pairs.volume, [&](int64_t k) {
-      for (int64_t j = 0; j < waves; ++j) {
-        AddRow(grad_weight + k * wk, partial.data() + j * wsize + k * wk, wk);
-      }
-    });
   }
 }
 #else

@@ -134,29 +134,6 @@ TEST_F(FusedKernels, ResultsDoNotDependOnTheThreadCountBitForBit) {
   at::set_num_threads(threads);
 }
 
-// Above 4 groups of 2048 input rows, the backward computes both gradients
-// in one task per group; they must equal those computed one at a time.
-TEST_F(FusedKernels, GradientsTogetherEqualGradientsApartBitForBit) {
-  auto in = MakeRandomInput(1, 26, 0.5, 16, at::kFloat, 13, 0, /*shuffle=*/false);
-  ASSERT_GT(in.features.size(0), 4 * 2048) << "too few rows to take the combined path";
-  SparseTensor x(in.features, in.coordinates);
-  auto map = x.manager()->GetKernelMap(x.set_id(), x.set_id(), 3, 1);
-  ASSERT_TRUE(map->rows_sorted);
-  at::Tensor w = at::randn({27, 16, 24}) / 8;
-  at::Tensor g = at::randn({in.features.size(0), 24});
-  auto grads = [&](bool features_grad, bool weight_grad) {
-    at::Tensor f = in.features.clone().requires_grad_(features_grad);
-    at::Tensor wt = w.clone().requires_grad_(weight_grad);
-    (KernelMapConv(f, wt, *map, false) * g).sum().backward();
-    return std::make_pair(f.grad(), wt.grad());
-  };
-  const auto both = grads(true, true);
-  const auto input_only = grads(true, false);
-  const auto weight_only = grads(false, true);
-  EXPECT_TRUE(at::equal(both.first, input_only.first));
-  EXPECT_TRUE(at::equal(both.second, weight_only.second));
-}
-
 TEST_F(FusedKernels, TheSwitchSelectsThePath) {
   // The two paths round differently; if the switch did nothing, a large
   // sum would come out bit-identical.
