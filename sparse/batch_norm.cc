@@ -172,7 +172,8 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
       });
       if (running_mean.defined()) {
         at::NoGradGuard no_grad;
-        const double unbias = rows > 1 ? static_cast<double>(rows) / static_cast<double>(rows - 1) : 1.0;
+        const double unbias =
+            rows > 1 ? static_cast<double>(rows) / static_cast<double>(rows - 1) : 1.0;
         at::Tensor mean_t = at::tensor(m.mean, at::kDouble).to(running_mean.scalar_type());
         at::Tensor var_t = (at::tensor(m.var, at::kDouble) * unbias).to(running_var.scalar_type());
         running_mean.mul_(1.0 - momentum).add_(mean_t, momentum);
@@ -205,7 +206,8 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
       const scalar_t* scale = stats[1].data_ptr<scalar_t>();
       const scalar_t* shift = stats[2].data_ptr<scalar_t>();
       const int64_t blocks = Blocks(rows);
-      std::vector<scalar_t> bg(static_cast<size_t>(blocks * c)), bgx(static_cast<size_t>(blocks * c));
+      std::vector<scalar_t> bg(static_cast<size_t>(blocks * c)),
+          bgx(static_cast<size_t>(blocks * c));
       ForEachBlock(rows, [&](int64_t b, int64_t r0, int64_t r1) {
         BlockGradSums(xp, gp, r0, r1, c, mean, scale, shift, relu, bg.data() + b * c,
                       bgx.data() + b * c);
@@ -244,11 +246,14 @@ at::Tensor BatchNormTrainingRows(const at::Tensor& features, const at::Tensor& w
                                  const at::Tensor& bias, const at::Tensor& running_mean,
                                  const at::Tensor& running_var, double momentum, double eps,
                                  bool relu) {
-  TORCH_CHECK(features.dim() == 2, "BatchNorm: features must be [N, C], got shape ", features.sizes());
+  TORCH_CHECK(features.dim() == 2, "BatchNorm: features must be [N, C], got shape ",
+              features.sizes());
   // Without affine parameters: weight 1 and bias 0 that need no gradient.
   const int64_t c = features.size(1);
-  const at::Tensor w = weight.defined() ? weight : at::ones({c}, features.options().requires_grad(false));
-  const at::Tensor b = bias.defined() ? bias : at::zeros({c}, features.options().requires_grad(false));
+  const at::Tensor w =
+      weight.defined() ? weight : at::ones({c}, features.options().requires_grad(false));
+  const at::Tensor b =
+      bias.defined() ? bias : at::zeros({c}, features.options().requires_grad(false));
   const RunningStats running{running_mean, running_var};
   return BatchNormFunction::apply(features, w, b, &running, momentum, eps, relu);
 }

@@ -6,8 +6,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "sparse/blas.h"
@@ -41,13 +41,12 @@ void GatherRows(const T* src, int64_t cols, const int32_t* rows, int64_t n, T* d
   }
 }
 
-
 // d += s over a row. Cloned for AVX-512 and AVX2 (chosen at load time by
 // the CPU), since the base x86-64 build only has SSE2.
 template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default"))) void AddRow(T* __restrict d,
-                                                                        const T* __restrict s,
-                                                                        int64_t cols) {
+                                                                         const T* __restrict s,
+                                                                         int64_t cols) {
   for (int64_t c = 0; c < cols; ++c) d[c] += s[c];
 }
 
@@ -69,7 +68,8 @@ void ForEachPair(const PairLists& pairs, const Fn& fn) {
     const int32_t* src = pairs.src + pairs.begin[k];
     const int32_t* dst = pairs.dst + pairs.begin[k];
     at::parallel_for(0, Count(pairs, k), kChunkRows, [&](int64_t b, int64_t e) {
-      for (int64_t p = b; p < e; ++p) fn(static_cast<int64_t>(src[p]), static_cast<int64_t>(dst[p]));
+      for (int64_t p = b; p < e; ++p)
+        fn(static_cast<int64_t>(src[p]), static_cast<int64_t>(dst[p]));
     });
   }
 }
@@ -160,7 +160,8 @@ void BackwardIdentityRows(const T* in, int64_t cin, const T* w, int64_t cout, co
             cin);
   }
   if (dw != nullptr) {
-    Gemm<T>(true, false, cin, cout, m, in + b * cin, cin, grad_out + b * cout, cout, T(1), dw, cout);
+    Gemm<T>(true, false, cin, cout, m, in + b * cin, cin, grad_out + b * cout, cout, T(1), dw,
+            cout);
   }
 }
 
@@ -183,7 +184,8 @@ TRAINSUP_AVX512 inline void AddVectors(float* o, const __m512* acc, __mmask16 ta
 #pragma GCC unroll 16
   for (int j = 0; j < NV; ++j) {
     const __mmask16 m = j == NV - 1 ? tail : static_cast<__mmask16>(0xFFFF);
-    _mm512_mask_storeu_ps(o + 16 * j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o + 16 * j), acc[j]));
+    _mm512_mask_storeu_ps(o + 16 * j, m,
+                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, o + 16 * j), acc[j]));
   }
 }
 
@@ -283,8 +285,8 @@ TRAINSUP_AVX512 void FusedBlock(const float* a, int64_t acols, const int32_t* ai
 // Pairs are taken in blocks so their input rows stay in L1 across the
 // column blocks of a wide output.
 TRAINSUP_AVX512 void FusedGatherGemmScatter(const float* a, int64_t acols, const int32_t* aidx,
-                                            int64_t kdim, const float* w, float* out,
-                                            int64_t ocols, const int32_t* oidx, int64_t n) {
+                                            int64_t kdim, const float* w, float* out, int64_t ocols,
+                                            const int32_t* oidx, int64_t n) {
   constexpr int64_t kPairBlock = 96;
   for (int64_t p0 = 0; p0 < n; p0 += kPairBlock) {
     const int64_t m = std::min(kPairBlock, n - p0);
@@ -300,10 +302,9 @@ TRAINSUP_AVX512 void FusedGatherGemmScatter(const float* a, int64_t acols, const
 // vectors (dw and g already offset to the column block). The reduction
 // over pairs runs in registers, in pair order.
 template <int MR, int NV>
-TRAINSUP_AVX512 void FusedOuterTile(const float* a, int64_t acols, const int32_t* aidx,
-                                    int64_t i0, int rows, const float* g, int64_t gcols,
-                                    const int32_t* gidx, int64_t n, __mmask16 tail, float* dw,
-                                    int64_t dwcols) {
+TRAINSUP_AVX512 void FusedOuterTile(const float* a, int64_t acols, const int32_t* aidx, int64_t i0,
+                                    int rows, const float* g, int64_t gcols, const int32_t* gidx,
+                                    int64_t n, __mmask16 tail, float* dw, int64_t dwcols) {
   __m512 acc[MR][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
@@ -338,8 +339,8 @@ TRAINSUP_AVX512 void FusedOuterTile(const float* a, int64_t acols, const int32_t
 
 template <int NV>
 TRAINSUP_AVX512 void FusedOuterBlock(const float* a, int64_t acols, const int32_t* aidx,
-                                     const float* g, int64_t gcols, const int32_t* gidx,
-                                     int64_t n, __mmask16 tail, float* dw, int64_t dwcols) {
+                                     const float* g, int64_t gcols, const int32_t* gidx, int64_t n,
+                                     __mmask16 tail, float* dw, int64_t dwcols) {
   constexpr int MR = TileRows<NV>();
   for (int64_t i0 = 0; i0 < acols; i0 += MR) {
     const int rows = static_cast<int>(std::min<int64_t>(MR, acols - i0));
@@ -350,8 +351,8 @@ TRAINSUP_AVX512 void FusedOuterBlock(const float* a, int64_t acols, const int32_
 // dw[acols x gcols] += a[aidx]^T @ g[gidx] over pairs [0, n), in blocks
 // of pairs whose rows stay in L1 while every tile of dw passes over them.
 TRAINSUP_AVX512 void FusedGatherOuter(const float* a, int64_t acols, const int32_t* aidx,
-                                      const float* g, int64_t gcols, const int32_t* gidx,
-                                      int64_t n, float* dw) {
+                                      const float* g, int64_t gcols, const int32_t* gidx, int64_t n,
+                                      float* dw) {
   constexpr int64_t kPairBlock = 64;
   // The block's input rows are copied together first: the tiles then read
   // each row a few columns at a time from L1, where reading them in place
@@ -409,8 +410,8 @@ void FusedAccumulateByRows(const float* a, int64_t acols, const float* w, const 
       if (to_src) std::swap(from, to);
       const int64_t n = k == pairs.identity_offset ? num_out : Count(pairs, k);
       const auto [lo, hi] = PairsInRows(to, n, row0, row1);
-      FusedGatherGemmScatter(a, acols, from + lo, acols, w + k * acols * ocols, out, ocols,
-                             to + lo, hi - lo);
+      FusedGatherGemmScatter(a, acols, from + lo, acols, w + k * acols * ocols, out, ocols, to + lo,
+                             hi - lo);
     }
   });
 }
@@ -428,8 +429,8 @@ void FusedConvForward(const float* in, int64_t cin, const float* weight, int64_t
 // gradients: by groups of input rows (below). Every sum has one fixed
 // order, whatever the thread count.
 void FusedConvBackward(const float* in, int64_t num_in, int64_t cin, const float* weight,
-                       int64_t cout, const PairLists& pairs, const float* grad_out,
-                       float* grad_in, float* grad_weight) {
+                       int64_t cout, const PairLists& pairs, const float* grad_out, float* grad_in,
+                       float* grad_weight) {
   std::vector<int32_t> iota_storage;
   const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_in) : nullptr;
   auto count = [&](int64_t k) { return k == pairs.identity_offset ? num_in : Count(pairs, k); };
@@ -443,8 +444,7 @@ void FusedConvBackward(const float* in, int64_t num_in, int64_t cin, const float
         for (int64_t o = 0; o < cout; ++o) wt[o * cin + i] = w[i * cout + o];
       }
     }
-    FusedAccumulateByRows(grad_out, cout, weight_t.data(), pairs, iota, true, grad_in, cin,
-                          num_in);
+    FusedAccumulateByRows(grad_out, cout, weight_t.data(), pairs, iota, true, grad_in, cin, num_in);
   }
   if (grad_weight != nullptr) {
     // Input rows are cut into groups of kGroupRows (src ascends within an
@@ -586,9 +586,7 @@ void ConvBackwardByRows(const T* in, int64_t num_in, int64_t cin, const T* weigh
 
 bool FusedKernelsEnabled() { return FusedEnabled(); }
 
-bool SetFusedKernelsEnabled(bool on) {
-  return FusedFlag().exchange(on && FusedSupported());
-}
+bool SetFusedKernelsEnabled(bool on) { return FusedFlag().exchange(on && FusedSupported()); }
 
 template <typename T>
 void ConvForward(const T* in, int64_t num_in, int64_t cin, const T* weight, int64_t cout,
@@ -739,8 +737,8 @@ void MaxPoolBackward(const T* grad_out, const int32_t* argmax, int64_t num_out, 
 }
 
 template <typename T>
-void WindowSumForward(const T* in, int64_t c, const PairLists& pairs, const T* inv_divisor,
-                      T* out, int64_t num_out) {
+void WindowSumForward(const T* in, int64_t c, const PairLists& pairs, const T* inv_divisor, T* out,
+                      int64_t num_out) {
   std::fill(out, out + num_out * c, T(0));
   ForEachPair(pairs, [&](int64_t src, int64_t dst) { AddRow(out + dst * c, in + src * c, c); });
   at::parallel_for(0, num_out, kChunkRows, [&](int64_t b, int64_t e) {
@@ -751,8 +749,8 @@ void WindowSumForward(const T* in, int64_t c, const PairLists& pairs, const T* i
 }
 
 template <typename T>
-void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs,
-                       const T* inv_divisor, T* grad_in, int64_t num_in) {
+void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs, const T* inv_divisor,
+                       T* grad_in, int64_t num_in) {
   std::fill(grad_in, grad_in + num_in * c, T(0));
   ForEachPair(pairs, [&](int64_t src, int64_t dst) {
     const T* g = grad_out + dst * c;
@@ -762,16 +760,15 @@ void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs,
   });
 }
 
-#define TRAINSUP_INSTANTIATE(T)                                                                 \
-  template void ConvForward<T>(const T*, int64_t, int64_t, const T*, int64_t, const PairLists&, \
-                               T*, int64_t);                                                    \
-  template void ConvBackward<T>(const T*, int64_t, int64_t, const T*, int64_t,                  \
-                                const PairLists&, const T*, int64_t, T*, T*);                   \
-  template void MaxPoolForward<T>(const T*, int64_t, const PairLists&, T*, int32_t*, int64_t);  \
-  template void MaxPoolBackward<T>(const T*, const int32_t*, int64_t, int64_t, const int64_t*, \
-                                   T*);             \
-  template void WindowSumForward<T>(const T*, int64_t, const PairLists&, const T*, T*,          \
-                                    int64_t);                                                   \
+#define TRAINSUP_INSTANTIATE(T)                                                                  \
+  template void ConvForward<T>(const T*, int64_t, int64_t, const T*, int64_t, const PairLists&,  \
+                               T*, int64_t);                                                     \
+  template void ConvBackward<T>(const T*, int64_t, int64_t, const T*, int64_t, const PairLists&, \
+                                const T*, int64_t, T*, T*);                                      \
+  template void MaxPoolForward<T>(const T*, int64_t, const PairLists&, T*, int32_t*, int64_t);   \
+  template void MaxPoolBackward<T>(const T*, const int32_t*, int64_t, int64_t, const int64_t*,   \
+                                   T*);                                                          \
+  template void WindowSumForward<T>(const T*, int64_t, const PairLists&, const T*, T*, int64_t); \
   template void WindowSumBackward<T>(const T*, int64_t, const PairLists&, const T*, T*, int64_t);
 
 TRAINSUP_INSTANTIATE(float)

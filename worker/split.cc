@@ -52,7 +52,10 @@ void Drop(const Piece& piece, SplitStats* stats) {
 
 // Floor division, so negative coordinates fall in the same cells as the
 // engine's downsampling puts them.
-int32_t Cell(int32_t v, int32_t stride) { return v >= 0 ? v / stride : -((-v + stride - 1) / stride); }
+int64_t Cell(int32_t v, int32_t stride) {
+  const int64_t x = v;
+  return x >= 0 ? x / stride : -((-x + stride - 1) / stride);
+}
 
 // Whether the piece's rows cover at least two cells of `stride`.
 bool SpansTwoCells(const Piece& piece, const SceneView& scene, int32_t stride) {
@@ -297,9 +300,9 @@ int64_t MemoryModel::Predict(int64_t voxels, int64_t pairs) const {
 }
 
 std::string MemoryModel::Serialize() const {
-  std::string out = absl::StrCat("trainsup.worker.MemoryModel 2\ncapacity ", capacity_,
-                                 "\nmin_failed ", min_failed_voxels_, "\nobservations ",
-                                 history_.size(), "\n");
+  std::string out =
+      absl::StrCat("trainsup.worker.MemoryModel 2\ncapacity ", capacity_, "\nmin_failed ",
+                   min_failed_voxels_, "\nobservations ", history_.size(), "\n");
   for (const Observation& o : history_) {
     absl::StrAppend(&out, o.voxels, " ", o.pairs, " ", o.peak, "\n");
   }

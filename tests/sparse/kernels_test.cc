@@ -32,10 +32,9 @@ std::string Describe(const Shape& s) {
 // Output and input channel counts of 1 to 13 vectors of 16, with and
 // without a partial last vector; the stem's 3 inputs and 5x5x5 window.
 const Shape kShapes[] = {
-    {3, 32, 5, 1, false},   {16, 20, 3, 1, false},  {32, 32, 3, 2, false},
-    {64, 96, 3, 1, false},  {40, 130, 3, 1, false}, {130, 40, 3, 1, false},
-    {96, 20, 1, 1, false},  {48, 200, 2, 2, false}, {24, 16, 2, 2, true},
-    {17, 33, 3, 2, true},
+    {3, 32, 5, 1, false},   {16, 20, 3, 1, false},  {32, 32, 3, 2, false}, {64, 96, 3, 1, false},
+    {40, 130, 3, 1, false}, {130, 40, 3, 1, false}, {96, 20, 1, 1, false}, {48, 200, 2, 2, false},
+    {24, 16, 2, 2, true},   {17, 33, 3, 2, true},
 };
 
 struct Result {
@@ -44,8 +43,9 @@ struct Result {
 
 // One convolution, forward and backward, on rows in key order (sorted pair
 // lists), in the features' dtype.
-Result ConvForwardBackward(const Shape& s, const at::Tensor& features, const at::Tensor& coordinates,
-           const at::Tensor& weight, const at::Tensor& grad_out_seed) {
+Result ConvForwardBackward(const Shape& s, const at::Tensor& features,
+                           const at::Tensor& coordinates, const at::Tensor& weight,
+                           const at::Tensor& grad_out_seed) {
   at::Tensor f = features.clone().requires_grad_(true);
   at::Tensor w = weight.clone().requires_grad_(true);
   SparseTensor x(f, coordinates);
@@ -54,7 +54,8 @@ Result ConvForwardBackward(const Shape& s, const at::Tensor& features, const at:
   bool sorted = false;
   if (s.transposed) {
     // Down first (no gradient), then the transposed convolution under test.
-    SparseTensor coarse = Pool(x.WithFeatures(f.detach()), PoolMode::kAverage, {s.stride, s.stride, 1});
+    SparseTensor coarse =
+        Pool(x.WithFeatures(f.detach()), PoolMode::kAverage, {s.stride, s.stride, 1});
     at::Tensor cf = coarse.F().clone().requires_grad_(true);
     f = cf;
     y = ConvTranspose(coarse.WithFeatures(cf), w, at::Tensor(), opt);
@@ -65,7 +66,8 @@ Result ConvForwardBackward(const Shape& s, const at::Tensor& features, const at:
   }
   // Only sorted pair lists take the fused kernels.
   EXPECT_TRUE(sorted) << "the map's rows are not in key order";
-  at::Tensor g = grad_out_seed.slice(0, 0, y.F().size(0)).slice(1, 0, s.cout).to(y.F().scalar_type());
+  at::Tensor g =
+      grad_out_seed.slice(0, 0, y.F().size(0)).slice(1, 0, s.cout).to(y.F().scalar_type());
   (y.F() * g).sum().backward();
   return {y.F().detach(), f.grad(), w.grad()};
 }
@@ -79,7 +81,8 @@ class FusedKernels : public ::testing::Test {
  protected:
   void SetUp() override {
     previous_ = cpu::SetFusedKernelsEnabled(true);
-    if (!cpu::FusedKernelsEnabled()) GTEST_SKIP() << "this CPU has no AVX-512F: the fused kernels cannot run";
+    if (!cpu::FusedKernelsEnabled())
+      GTEST_SKIP() << "this CPU has no AVX-512F: the fused kernels cannot run";
   }
   void TearDown() override { cpu::SetFusedKernelsEnabled(previous_); }
   bool previous_ = false;
@@ -88,7 +91,8 @@ class FusedKernels : public ::testing::Test {
 TEST_F(FusedKernels, MatchFloat64AndTheBlasPath) {
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(Describe(s));
-    auto in = MakeRandomInput(2, 10, 0.3, s.cin, at::kFloat, 11 + s.cin + s.cout, -5, /*shuffle=*/false);
+    auto in =
+        MakeRandomInput(2, 10, 0.3, s.cin, at::kFloat, 11 + s.cin + s.cout, -5, /*shuffle=*/false);
     const int64_t volume = static_cast<int64_t>(s.kernel) * s.kernel * s.kernel;
     at::Tensor w = at::randn({volume, s.cin, s.cout}) / 8;
     at::Tensor seed = at::randn({in.features.size(0), s.cout});
@@ -99,14 +103,17 @@ TEST_F(FusedKernels, MatchFloat64AndTheBlasPath) {
     const Result blas = ConvForwardBackward(s, in.features, in.coordinates, w, seed);
     cpu::SetFusedKernelsEnabled(true);
     // float64 takes the BLAS path: the exact reference for both.
-    const Result ref = ConvForwardBackward(s, in.features.to(at::kDouble), in.coordinates, w.to(at::kDouble), seed);
+    const Result ref = ConvForwardBackward(s, in.features.to(at::kDouble), in.coordinates,
+                                           w.to(at::kDouble), seed);
 
     ASSERT_GT(ref.out.size(0), 0);
     for (const Result* r : {&fused, &blas}) {
       const char* which = r == &fused ? "fused" : "BLAS";
       EXPECT_LT(RelativeError(r->out, ref.out), 1e-5) << which << " forward";
-      EXPECT_LT(RelativeError(r->grad_features, ref.grad_features), 1e-5) << which << " input gradient";
-      EXPECT_LT(RelativeError(r->grad_weight, ref.grad_weight), 1e-5) << which << " weight gradient";
+      EXPECT_LT(RelativeError(r->grad_features, ref.grad_features), 1e-5)
+          << which << " input gradient";
+      EXPECT_LT(RelativeError(r->grad_weight, ref.grad_weight), 1e-5)
+          << which << " weight gradient";
     }
     // The two float paths sum in different orders: close, not equal.
     EXPECT_LT(RelativeError(fused.out, blas.out.to(at::kDouble)), 1e-5);
@@ -127,7 +134,8 @@ TEST_F(FusedKernels, ResultsDoNotDependOnTheThreadCountBitForBit) {
       at::set_num_threads(n);
       const Result many = ConvForwardBackward(s, in.features, in.coordinates, w, seed);
       EXPECT_TRUE(at::equal(one.out, many.out)) << n << " threads, forward";
-      EXPECT_TRUE(at::equal(one.grad_features, many.grad_features)) << n << " threads, input gradient";
+      EXPECT_TRUE(at::equal(one.grad_features, many.grad_features))
+          << n << " threads, input gradient";
       EXPECT_TRUE(at::equal(one.grad_weight, many.grad_weight)) << n << " threads, weight gradient";
     }
   }
