@@ -59,8 +59,10 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void BlockAffine(
 }
 
 // Backward sums over rows [r0, r1): sum_g += g, sum_gx += g (x - mean),
-// where g is the output gradient, zero where the ReLU cut (its output,
-// recomputed from x exactly as forward computed it, was not positive).
+// where g is the output gradient, zero where the ReLU cut (its input
+// x * scale + shift, recomputed from x by the same expression as forward,
+// was not positive; the compiler may contract either into a fused
+// multiply-add, so within a rounding step of 0 the two can disagree).
 template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default"))) void BlockGradSums(
     const T* __restrict x, const T* __restrict dy, int64_t r0, int64_t r1, int64_t c,

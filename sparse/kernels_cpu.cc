@@ -595,7 +595,7 @@ void ConvForward(const T* in, int64_t num_in, int64_t cin, const T* weight, int6
   BlasSingleThreadGuard single_threaded_blas;
   if (pairs.sorted && RowRangesEnabled()) {
     if constexpr (std::is_same_v<T, float>) {
-      if (FusedEnabled() && !IdentityOnly(pairs)) {
+      if (FusedEnabled() && !IdentityOnly(pairs) && cin > 0 && cout > 0) {
         FusedConvForward(in, cin, weight, cout, pairs, out, num_out);
         return;
       }
@@ -641,7 +641,7 @@ void ConvBackward(const T* in, int64_t num_in, int64_t cin, const T* weight, int
   BlasSingleThreadGuard single_threaded_blas;
   if (pairs.sorted && RowRangesEnabled()) {
     if constexpr (std::is_same_v<T, float>) {
-      if (FusedEnabled() && !IdentityOnly(pairs)) {
+      if (FusedEnabled() && !IdentityOnly(pairs) && cin > 0 && cout > 0) {
         FusedConvBackward(in, num_in, cin, weight, cout, pairs, grad_out, grad_in, grad_weight);
         return;
       }

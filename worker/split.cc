@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "sparse/coordinates.h"
 
 namespace trainsup::worker {
 namespace {
@@ -50,13 +51,6 @@ void Drop(const Piece& piece, SplitStats* stats) {
   stats->dropped_labelled += piece.labelled;
 }
 
-// Floor division, so negative coordinates fall in the same cells as the
-// engine's downsampling puts them.
-int64_t Cell(int32_t v, int32_t stride) {
-  const int64_t x = v;
-  return x >= 0 ? x / stride : -((-x + stride - 1) / stride);
-}
-
 // Whether the piece's rows cover at least two cells of `stride`.
 bool SpansTwoCells(const Piece& piece, const SceneView& scene, int32_t stride) {
   const std::vector<int64_t> rows = RowsOf(piece, scene);
@@ -65,7 +59,8 @@ bool SpansTwoCells(const Piece& piece, const SceneView& scene, int32_t stride) {
   for (size_t i = 1; i < rows.size(); ++i) {
     const int32_t* p = scene.xyz + 3 * rows[i];
     for (int axis = 0; axis < 3; ++axis) {
-      if (Cell(p[axis], stride) != Cell(first[axis], stride)) return true;
+      // The engine's downsampling cells (floor division).
+      if (sparse::FloorDiv(p[axis], stride) != sparse::FloorDiv(first[axis], stride)) return true;
     }
   }
   return false;
@@ -434,8 +429,8 @@ absl::StatusOr<SplitStats> RunSplitting(const std::vector<SceneView>& scenes,
     Work work = std::move(stack.back());
     stack.pop_back();
     const int64_t voxels = GroupVoxels(work.group);
-    const bool splittable = Splittable(work.group, scenes, options);
-    if (splittable && voxels >= smallest_failed) {
+    // Only asked when the answer matters: for one piece it bisects.
+    if (voxels >= smallest_failed && Splittable(work.group, scenes, options)) {
       push_halves(std::move(work.group), work.after_oom);
       continue;
     }
@@ -453,7 +448,7 @@ absl::StatusOr<SplitStats> RunSplitting(const std::vector<SceneView>& scenes,
           " dropped pieces; last: ", std::string(status.message())));
     }
     if (free_memory) free_memory();
-    if (splittable) {
+    if (Splittable(work.group, scenes, options)) {
       smallest_failed = std::min(smallest_failed, voxels);
       if (stats.smallest_failed_voxels == 0 || voxels < stats.smallest_failed_voxels) {
         stats.smallest_failed_voxels = voxels;
@@ -465,8 +460,12 @@ absl::StatusOr<SplitStats> RunSplitting(const std::vector<SceneView>& scenes,
       Drop(piece, &stats);
       stats.drop_reasons.push_back(absl::StrCat(
           "scene ", piece.scene, ": a piece of ", piece.voxels, " voxels (", piece.labelled,
-          " labelled, depth ", piece.depth, ") does not fit in memory even at the floor of ",
-          options.min_piece_voxels, " voxels: ", std::string(status.message())));
+          " labelled, depth ", piece.depth, ") does not fit in memory and cannot be cut further (",
+          piece.voxels <= options.min_piece_voxels
+              ? absl::StrCat("the floor is ", options.min_piece_voxels, " voxels")
+              : absl::StrCat("a half would keep fewer than two voxels at stride ",
+                             options.coarsest_stride),
+          "): ", std::string(status.message())));
     }
   }
   return stats;

@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -95,7 +96,7 @@ int main(int argc, char** argv) {
     at::Tensor w = (at::randn({map->volume, l.cin, l.cout}) * 0.05).set_requires_grad(true);
     const double gflop = 2.0 * static_cast<double>(map->pairs()) * l.cin * l.cout * 1e-9;
     std::vector<double> fwd[2], bwd[2];
-    at::Tensor outs[2];
+    at::Tensor outs[6];  // BLAS then fused: output, input gradient, weight gradient
     for (int r = 0; r <= repeats; ++r) {
       for (int mode : {1, 0}) {
         ts::cpu::SetFusedKernelsEnabled(mode == 1);
@@ -110,11 +111,15 @@ int main(int argc, char** argv) {
           fwd[mode].push_back(t1 - t0);
           bwd[mode].push_back(t2 - t1);
         }
-        outs[mode] = y.detach();
+        outs[3 * mode] = y.detach();
+        outs[3 * mode + 1] = f.grad().clone();
+        outs[3 * mode + 2] = w.grad().clone();
       }
     }
-    const double diff = (outs[1] - outs[0]).abs().max().item<double>();
-    const double scale = outs[0].abs().max().item<double>();
+    // Largest difference between the paths over output and both gradients.
+    double diff = 0;
+    for (int i = 0; i < 3; ++i) diff = std::max(diff, (outs[i + 3] - outs[i]).abs().max().item<double>());
+    const double scale = outs[0].abs().max().item<double>();  // of the output
     const double ff = Median(fwd[1]), fb = Median(fwd[0]), bf = Median(bwd[1]), bb = Median(bwd[0]);
     const std::string key = std::string("k") + std::to_string(l.kernel) + "_s" + std::to_string(l.stride) + "_" +
                             std::to_string(l.cin) + "_" + std::to_string(l.cout);
@@ -123,7 +128,7 @@ int main(int argc, char** argv) {
        << ", \"max_abs_diff\": " << diff << "}";
     if (!json) {
       std::printf("%-16s %9lld %8.2f | %5.1f / %5.1f ms = %4.2fx | %5.1f / %5.1f ms = %4.2fx | %3.0f vs %3.0f GFLOP/s"
-                  " fwd, %3.0f vs %3.0f bwd; max |diff| %.1e of %.1e\n",
+                  " fwd, %3.0f vs %3.0f bwd; max |diff| (output, gradients) %.1e, output up to %.1e\n",
                   l.name, static_cast<long long>(rows), gflop, 1e3 * ff, 1e3 * fb, fb / ff, 1e3 * bf, 1e3 * bb,
                   bb / bf, gflop / ff, gflop / fb, 2 * gflop / bf, 2 * gflop / bb, diff, scale);
     }

@@ -142,6 +142,22 @@ TEST_F(FusedKernels, ResultsDoNotDependOnTheThreadCountBitForBit) {
   at::set_num_threads(threads);
 }
 
+// No channels in or out: empty results, no crash (the column blocking
+// would divide by zero).
+TEST_F(FusedKernels, ZeroChannelsGiveEmptyResults) {
+  auto in = MakeRandomInput(1, 8, 0.3, 4, at::kFloat, 2, 0, /*shuffle=*/false);
+  for (auto [cin, cout] : {std::pair<int64_t, int64_t>{4, 0}, {0, 4}}) {
+    at::Tensor f = in.features.slice(1, 0, cin).clone().requires_grad_(true);
+    at::Tensor w = at::randn({27, cin, cout}).requires_grad_(true);
+    SparseTensor y = Conv(SparseTensor(f, in.coordinates), w, at::Tensor(), {3, 1, 1});
+    EXPECT_EQ(y.F().size(1), cout);
+    EXPECT_EQ(y.F().abs().sum().item<double>(), 0.0);  // a sum over no input channels is 0
+    (y.F().sum() + w.sum() * 0).backward();
+    EXPECT_EQ(f.grad().sizes(), f.sizes());
+    EXPECT_EQ(w.grad().sizes(), w.sizes());
+  }
+}
+
 TEST_F(FusedKernels, TheSwitchSelectsThePath) {
   // The two paths round differently; if the switch did nothing, a large
   // sum would come out bit-identical.
