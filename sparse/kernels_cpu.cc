@@ -230,7 +230,8 @@ TRAINSUP_AVX512 void FusedTile(const float* a, int64_t acols, const int32_t* aid
 // vectors and a broadcast fit the 32 vector registers.
 template <int NV>
 constexpr int TileRows() {
-  return NV == 1 ? 12 : NV == 2 ? 12 : NV == 3 ? 8 : NV == 4 ? 6 : NV <= 6 ? 4 : NV == 7 ? 3 : 2;
+  static_assert(NV >= 1 && NV <= 6, "column blocks are at most 6 vectors (ColumnBlock)");
+  return NV <= 2 ? 12 : NV == 3 ? 8 : NV == 4 ? 6 : 4;
 }
 
 // Column vectors per block: at most 6 (4 rows x 6 vectors is the widest
@@ -280,18 +281,18 @@ TRAINSUP_AVX512 void FusedBlock(const float* a, int64_t acols, const int32_t* ai
   }
 }
 
-// out[oidx[p], :] += a[aidx[p], :] @ w for p in [0, n); a is acols wide
-// (the first kdim columns used), w is kdim x ocols, out is ocols wide.
+// out[oidx[p], :] += a[aidx[p], :] @ w for p in [0, n); a is acols wide,
+// w is acols x ocols, out is ocols wide.
 // Pairs are taken in blocks so their input rows stay in L1 across the
 // column blocks of a wide output.
 TRAINSUP_AVX512 void FusedGatherGemmScatter(const float* a, int64_t acols, const int32_t* aidx,
-                                            int64_t kdim, const float* w, float* out, int64_t ocols,
+                                            const float* w, float* out, int64_t ocols,
                                             const int32_t* oidx, int64_t n) {
   constexpr int64_t kPairBlock = 96;
   for (int64_t p0 = 0; p0 < n; p0 += kPairBlock) {
     const int64_t m = std::min(kPairBlock, n - p0);
     ForEachColumnBlock(ocols, [&](auto nv, int64_t v0, __mmask16 tail) {
-      FusedBlock<nv()>(a, acols, aidx + p0, kdim, w + 16 * v0, ocols, tail, out + 16 * v0, ocols,
+      FusedBlock<nv()>(a, acols, aidx + p0, acols, w + 16 * v0, ocols, tail, out + 16 * v0, ocols,
                        oidx + p0, m);
     });
   }
@@ -410,7 +411,7 @@ void FusedAccumulateByRows(const float* a, int64_t acols, const float* w, const 
       if (to_src) std::swap(from, to);
       const int64_t n = k == pairs.identity_offset ? num_out : Count(pairs, k);
       const auto [lo, hi] = PairsInRows(to, n, row0, row1);
-      FusedGatherGemmScatter(a, acols, from + lo, acols, w + k * acols * ocols, out, ocols, to + lo,
+      FusedGatherGemmScatter(a, acols, from + lo, w + k * acols * ocols, out, ocols, to + lo,
                              hi - lo);
     }
   });
