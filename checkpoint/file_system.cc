@@ -69,8 +69,11 @@ class PosixWritableFile final : public WritableFile {
 
 class PosixFileSystem final : public FileSystem {
  public:
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  using FileSystem::NewWritableFile;
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                                uint32_t mode) override {
+    const int fd =
+        ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, static_cast<mode_t>(mode));
     if (fd < 0) return PosixError("open", path, errno);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
   }
@@ -109,8 +112,8 @@ class PosixFileSystem final : public FileSystem {
         break;
       }
       if (n == 0) {
-        status = absl::OutOfRangeError(absl::StrCat("read ", path, ": file ends before byte ",
-                                                    offset + size));
+        status = absl::OutOfRangeError(
+            absl::StrCat("read ", path, ": file ends before byte ", offset + size));
         break;
       }
       done += static_cast<uint64_t>(n);
@@ -136,7 +139,8 @@ class PosixFileSystem final : public FileSystem {
   }
 
   absl::Status CreateDir(const std::string& path) override {
-    if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return PosixError("mkdir", path, errno);
+    if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
+      return PosixError("mkdir", path, errno);
     return absl::OkStatus();
   }
 
@@ -229,6 +233,31 @@ absl::Status FileSystem::WriteSmallFile(const std::string& path, std::string_vie
   if (s.ok()) s = (*file)->Sync();
   absl::Status c = (*file)->Close();
   return s.ok() ? c : s;
+}
+
+absl::Status FileSystem::WriteFileAtomically(const std::string& path, std::string_view data,
+                                             uint32_t mode) {
+  const std::string tmp = path + ".tmp";
+  // A leftover of a crash keeps its old permissions under O_TRUNC.
+  if (Exists(tmp)) {
+    absl::Status d = DeleteFile(tmp);
+    if (!d.ok()) return d;
+  }
+  auto file = NewWritableFile(tmp, mode);
+  if (!file.ok()) return file.status();
+  absl::Status s = (*file)->Append(data);
+  if (s.ok()) s = (*file)->Sync();
+  absl::Status closed = (*file)->Close();
+  if (s.ok()) s = closed;
+  if (s.ok()) s = Rename(tmp, path);
+  if (!s.ok()) {
+    DeleteFile(tmp).IgnoreError();
+    return s;
+  }
+  const size_t slash = path.find_last_of('/');
+  const std::string parent =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  return SyncDir(parent);
 }
 
 std::string JoinPath(const std::string& a, const std::string& b) {

@@ -34,9 +34,14 @@ class FileSystem {
   // The real POSIX file system. Never null, never deleted.
   static FileSystem* Default();
 
-  // Creates or truncates `path` for writing.
-  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
-      const std::string& path) = 0;
+  // Creates or truncates `path` for writing; a new file gets permission
+  // bits `mode` (less the umask) before anything is written to it.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                                        uint32_t mode) = 0;
+  // The same with mode 0644.
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) {
+    return NewWritableFile(path, 0644);
+  }
   // Calls `sink` with consecutive pieces of the file, in order; stops at the
   // first error `sink` returns.
   virtual absl::Status ReadFile(const std::string& path,
@@ -67,6 +72,15 @@ class FileSystem {
   absl::StatusOr<std::string> ReadSmallFile(const std::string& path);
   // Writes a whole (small) file and syncs it.
   absl::Status WriteSmallFile(const std::string& path, std::string_view data);
+  // Replaces `path` with `data` atomically and durably, LevelDB's
+  // SetCurrentFile protocol: writes PATH.tmp (mode `mode`, a stale one
+  // removed first), syncs it, renames it over `path` and syncs the parent
+  // directory. After a crash at any point `path` holds the old content or
+  // the new, never a mix. On an error the temporary file is removed (as far
+  // as the error allows) and the error names the step and the path; a
+  // failed directory sync is an error even though the rename happened.
+  absl::Status WriteFileAtomically(const std::string& path, std::string_view data,
+                                   uint32_t mode = 0644);
 };
 
 // Joins path components with '/'.

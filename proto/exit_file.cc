@@ -10,7 +10,9 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/file_system.h"
 #include "nlohmann/json.hpp"
+#include "proto/run_layout.h"
 
 namespace trainsup {
 namespace {
@@ -23,62 +25,21 @@ absl::Status PosixError(const std::string& what, const std::string& path, int er
   return absl::InternalError(msg);
 }
 
-absl::Status MakeDirs(const std::string& path) {
-  for (size_t pos = 1; pos <= path.size(); ++pos) {
-    if (pos != path.size() && path[pos] != '/') continue;
-    const std::string prefix = path.substr(0, pos);
-    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return PosixError("mkdir", prefix, errno);
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SyncPath(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return PosixError("open", path, errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return PosixError("fsync", path, err);
-  return absl::OkStatus();
-}
-
-absl::Status WriteAll(const std::string& path, const std::string& data) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return PosixError("open", path, errno);
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return PosixError("write", path, err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return PosixError("fsync", path, err);
-  }
-  if (::close(fd) != 0) return PosixError("close", path, errno);
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 std::string ExitFilePath(const std::string& run_dir, int attempt, int rank) {
-  return absl::StrCat(run_dir, "/attempts/", attempt, "/rank-", rank, ".exit.json");
+  return RunLayout(run_dir).ExitFilePath(attempt, rank);
 }
 
 absl::Status WriteExitFile(const std::string& run_dir, int attempt, int rank,
                            const ExitFile& exit_file) {
-  const std::string dir = absl::StrCat(run_dir, "/attempts/", attempt);
-  const std::string path = ExitFilePath(run_dir, attempt, rank);
-  const std::string tmp = path + ".tmp";
-  absl::Status s = MakeDirs(dir);
+  return WriteExitFile(ckpt::FileSystem::Default(), run_dir, attempt, rank, exit_file);
+}
+
+absl::Status WriteExitFile(ckpt::FileSystem* fs, const std::string& run_dir, int attempt, int rank,
+                           const ExitFile& exit_file) {
+  const RunLayout layout(run_dir);
+  absl::Status s = fs->CreateDirs(layout.AttemptDir(attempt));
   if (!s.ok()) return s;
   const nlohmann::json j = {{"code", exit_file.code},
                             {"reason", exit_file.reason},
@@ -86,10 +47,9 @@ absl::Status WriteExitFile(const std::string& run_dir, int attempt, int rank,
                             {"last_step", exit_file.last_step},
                             {"time_ms", exit_file.time_ms}};
   // Invalid UTF-8 in a message must not make the write throw.
-  s = WriteAll(tmp, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-  if (!s.ok()) return s;
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return PosixError("rename", tmp, errno);
-  return SyncPath(dir, O_RDONLY | O_DIRECTORY);
+  return fs->WriteFileAtomically(
+      layout.ExitFilePath(attempt, rank),
+      j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 absl::StatusOr<ExitFile> ReadExitFile(const std::string& path) {

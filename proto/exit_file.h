@@ -15,6 +15,9 @@
 #include "absl/status/statusor.h"
 
 namespace trainsup {
+namespace ckpt {
+class FileSystem;
+}
 
 struct ExitFile {
   int code = 0;            // the process's exit status, 0..255
@@ -31,6 +34,10 @@ std::string ExitFilePath(const std::string& run_dir, int attempt, int rank);
 // fsynced, renamed over the final name, the directory fsynced. Creates the
 // missing directories. A crash leaves either the old file or the new one.
 absl::Status WriteExitFile(const std::string& run_dir, int attempt, int rank,
+                           const ExitFile& exit_file);
+// The same through `fs` (tests inject faults), with
+// FileSystem::WriteFileAtomically.
+absl::Status WriteExitFile(ckpt::FileSystem* fs, const std::string& run_dir, int attempt, int rank,
                            const ExitFile& exit_file);
 
 // Reads an exit file. NotFound when it does not exist; DataLoss naming the

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "proto/run_layout.h"
 
 namespace trainsup::supervisor {
 namespace {
@@ -463,7 +464,7 @@ absl::StatusOr<std::string> LogPath(const v1::Run& run, int attempt, int rank) {
   for (const auto& r : a->ranks()) {
     if (r.rank() == rank && !r.log_path().empty()) return r.log_path();
   }
-  return absl::StrCat(run.run_dir(), "/attempts/", attempt, "/rank-", rank, ".log");
+  return RunLayout(run.run_dir()).LogPath(attempt, rank);
 }
 
 }  // namespace trainsup::supervisor

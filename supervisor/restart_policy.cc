@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "proto/exit_codes.h"
 
 namespace trainsup::supervisor {
 namespace {
@@ -19,6 +20,7 @@ constexpr struct {
     {ExitClass::kSignal, "signal"},       {ExitClass::kFrozen, "frozen"},
     {ExitClass::kHung, "hung"},           {ExitClass::kGang, "gang"},
     {ExitClass::kCancelled, "cancelled"}, {ExitClass::kLost, "lost"},
+    {ExitClass::kNoSpace, "no_space"},
 };
 
 constexpr struct {
@@ -52,10 +54,17 @@ bool IsStop(const AttemptEnd& end) {
   }
 }
 
-// An end that would be restarted if the budgets allowed (rule 4).
+// An end that would be restarted if the budgets allowed (rule 4b).
 bool IsFailure(const AttemptEnd& end) {
   return end.cls != ExitClass::kSuccess && end.cls != ExitClass::kUsage &&
-         end.cls != ExitClass::kData && !IsStop(end);
+         end.cls != ExitClass::kData && end.cls != ExitClass::kNoSpace && !IsStop(end);
+}
+
+double Backoff(const RestartPolicy& policy, int streak, double jitter_unit) {
+  const double base = std::min(policy.initial_backoff_s * std::pow(policy.multiplier, streak - 1),
+                               policy.max_backoff_s);
+  const double u = std::clamp(jitter_unit, 0.0, 1.0);
+  return base * (1 + policy.jitter * (2 * u - 1));
 }
 
 absl::Status FieldError(absl::string_view field, double value, absl::string_view rule) {
@@ -82,7 +91,8 @@ std::optional<ExitClass> ExitClassFromString(absl::string_view name) {
 int ToProto(ExitClass cls) { return static_cast<int>(cls); }
 
 std::optional<ExitClass> ExitClassFromProto(int value) {
-  if (value < static_cast<int>(ExitClass::kSuccess) || value > static_cast<int>(ExitClass::kLost)) {
+  if (value < static_cast<int>(ExitClass::kSuccess) ||
+      value > static_cast<int>(ExitClass::kNoSpace)) {
     return std::nullopt;
   }
   return static_cast<ExitClass>(value);
@@ -90,20 +100,23 @@ std::optional<ExitClass> ExitClassFromProto(int value) {
 
 ExitClass ClassifyExit(bool exited, int code_or_signal) {
   if (!exited) return ExitClass::kSignal;
-  switch (code_or_signal) {
-    case 0:
+  const std::optional<WorkerExit> code = WorkerExitFromStatus(code_or_signal);
+  if (!code) return ExitClass::kCrash;
+  switch (*code) {
+    case WorkerExit::kCompleted:
       return ExitClass::kSuccess;
-    case 64:
+    case WorkerExit::kUsage:
       return ExitClass::kUsage;
-    case 65:
+    case WorkerExit::kData:
       return ExitClass::kData;
-    case 75:
+    case WorkerExit::kNoSpace:
+      return ExitClass::kNoSpace;
+    case WorkerExit::kOom:
       return ExitClass::kOom;
-    case 143:
+    case WorkerExit::kStopped:
       return ExitClass::kStopped;
-    default:
-      return ExitClass::kCrash;
   }
+  return ExitClass::kCrash;
 }
 
 std::string DescribeExit(bool exited, int code_or_signal) {
@@ -186,6 +199,19 @@ RestartDecision DecideRestart(const RestartPolicy& policy, const std::vector<Att
     d.reason = absl::StrCat("stopped on request: ", what);
     return d;
   }
+  if (last.cls == ExitClass::kNoSpace) {
+    int streak = 0;
+    for (auto it = history.rbegin(); it != history.rend() && it->cls == ExitClass::kNoSpace; ++it) {
+      ++streak;
+    }
+    d.action = Action::kRestart;
+    d.wait_for_space = true;
+    d.consecutive_failures = streak;
+    d.delay_s = Backoff(policy, streak, jitter_unit);
+    d.reason = absl::StrCat("exit 74: no space left for checkpoints", detail_suffix,
+                            "; restart once there is space, backoff ", Seconds(d.delay_s), " s");
+    return d;
+  }
 
   // Streaks, walking back from the newest end. An attempt that made progress
   // ends both streaks; it counts in the backoff streak but not in the crash
@@ -224,12 +250,8 @@ RestartDecision DecideRestart(const RestartPolicy& policy, const std::vector<Att
     return d;
   }
 
-  const double base =
-      std::min(policy.initial_backoff_s * std::pow(policy.multiplier, d.consecutive_failures - 1),
-               policy.max_backoff_s);
-  const double u = std::clamp(jitter_unit, 0.0, 1.0);
   d.action = Action::kRestart;
-  d.delay_s = base * (1 + policy.jitter * (2 * u - 1));
+  d.delay_s = Backoff(policy, d.consecutive_failures, jitter_unit);
   d.reason = absl::StrCat(what, "; ", d.oom ? "OOM restart " : "restart ", in_window, " of ", max,
                           " in window, backoff ", Seconds(d.delay_s), " s");
   return d;

@@ -31,10 +31,11 @@ enum class ExitClass {
   kGang = 10,       // stopped by us because another rank failed
   kCancelled = 11,  // stopped by us because the run was cancelled
   kLost = 12,       // gone while the daemon was down, no exit file
+  kNoSpace = 13,    // exit 74: the run directory's file system is full
 };
 
 // "success", "usage", "data", "oom", "stopped", "crash", "signal", "frozen",
-// "hung", "gang", "cancelled", "lost".
+// "hung", "gang", "cancelled", "lost", "no_space".
 std::string ToString(ExitClass cls);
 // The inverse of ToString; nullopt for any other string.
 std::optional<ExitClass> ExitClassFromString(absl::string_view name);
@@ -44,7 +45,8 @@ int ToProto(ExitClass cls);
 std::optional<ExitClass> ExitClassFromProto(int value);
 
 // Classifies a waitpid() result: `exited` (WIFEXITED) with code
-// 0/64/65/75/143/other, or killed by signal `code_or_signal`. Classes that
+// 0/64/65/74/75/143 (proto/exit_codes.h) or other, or killed by signal
+// `code_or_signal`. Classes that
 // depend on why we killed the process (frozen, hung, gang, cancelled) or on
 // the daemon having been down (lost) are assigned by the caller instead.
 ExitClass ClassifyExit(bool exited, int code_or_signal);
@@ -87,9 +89,12 @@ std::optional<Action> ActionFromString(absl::string_view name);
 
 struct RestartDecision {
   Action action = Action::kFail;
-  double delay_s = 0;            // > 0 only for kRestart
-  std::string reason;            // for people: what happened and why this action
-  bool oom = false;              // the deciding attempt ended in OOM
+  double delay_s = 0;  // > 0 only for kRestart
+  std::string reason;  // for people: what happened and why this action
+  bool oom = false;    // the deciding attempt ended in OOM
+  // kRestart only: relaunch once the run directory's file system has room
+  // again (the deciding attempt ended no_space), not merely after delay_s.
+  bool wait_for_space = false;
   int consecutive_failures = 0;  // the backoff streak, the deciding attempt included
 };
 
@@ -105,7 +110,12 @@ struct RestartDecision {
 //     kStop: a stop was asked for, so how the process went down on the way
 //     (143, gang, a crash in the SIGTERM handler, SIGKILL after the grace)
 //     does not turn into a restart.
-//  4. Everything else is a failure: crash, signal, frozen, hung, lost, gang,
+//  4. no_space (exit 74) → kRestart with wait_for_space, reason "exit 74:
+//     no space left for checkpoints[: detail]; restart once there is space,
+//     backoff 4.0 s". A full disk is not the run's fault: no_space ends count
+//     against no budget and in no crash-loop or backoff streak of the other
+//     classes; their own backoff grows over consecutive no_space ends.
+//  4b. Everything else is a failure: crash, signal, frozen, hung, lost, gang,
 //     and stopped (143) that we did not ask for (someone else SIGTERMed it).
 //  5. Crash loop (non-OOM failure only): the last `crash_loop_attempts`
 //     non-OOM failures, counted back from this one up to the newest attempt

@@ -15,6 +15,8 @@
 #include "checkpoint/state.h"
 #include "checkpoint/store.h"
 #include "nlohmann/json.hpp"
+#include "proto/exit_codes.h"
+#include "proto/run_layout.h"
 #include "sparse/determinism.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
@@ -29,11 +31,11 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kExitOk = 0;
-constexpr int kExitUsage = 64;
-constexpr int kExitData = 65;
-constexpr int kExitOom = 75;
-constexpr int kExitStopped = 143;
+constexpr int kExitOk = ExitStatus(WorkerExit::kCompleted);
+constexpr int kExitUsage = ExitStatus(WorkerExit::kUsage);
+constexpr int kExitData = ExitStatus(WorkerExit::kData);
+constexpr int kExitOom = ExitStatus(WorkerExit::kOom);
+constexpr int kExitStopped = ExitStatus(WorkerExit::kStopped);
 
 // Counters kept across the whole run (checkpointed with the trainer state).
 struct Counters {
@@ -209,7 +211,7 @@ class Trainer {
  public:
   Trainer(const RunSpec& spec, const TrainerOptions& options, const TrainerHooks& hooks)
       : spec_(spec), options_(options), hooks_(hooks),
-        store_((fs::path(options.run_dir) / "checkpoints").string(),
+        store_(RunLayout(options.run_dir).CheckpointRoot(options.rank, options.world_size),
                ckpt::FileSystem::Default(),
                ckpt::StoreOptions{static_cast<int>(spec.train.keep_checkpoints), 0}) {}
 

@@ -26,7 +26,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "proto/exit_codes.h"
 #include "proto/exit_file.h"
+#include "proto/run_layout.h"
 #include "proto/spec.h"
 #include "sparse/blas.h"
 #include "worker/link.h"
@@ -77,7 +79,7 @@ void Line(const std::string& text) {
 
 TrainerResult Usage(const std::string& message) {
   TrainerResult r;
-  r.exit_code = 64;
+  r.exit_code = trainsup::ExitStatus(trainsup::WorkerExit::kUsage);
   r.reason = "usage";
   r.message = message;
   return r;
@@ -141,8 +143,9 @@ int main(int argc, char** argv) {
     absl::SimpleAtoi(b, &options.memory_budget_mb_override);
   }
 
-  std::ifstream in(std::filesystem::path(options.run_dir) / "spec.toml");
-  if (!in) Exit(options.run_dir, attempt, rank, nullptr, Usage("cannot read " + options.run_dir + "/spec.toml"));
+  const std::string spec_path = trainsup::RunLayout(options.run_dir).SpecPath();
+  std::ifstream in(spec_path);
+  if (!in) Exit(options.run_dir, attempt, rank, nullptr, Usage("cannot read " + spec_path));
   std::stringstream text;
   text << in.rdbuf();
   absl::StatusOr<trainsup::RunSpec> spec = trainsup::ParseRunSpec(text.str());

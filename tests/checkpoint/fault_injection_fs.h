@@ -25,8 +25,10 @@ class FaultInjectionFileSystem final : public FileSystem {
 
   int syncs = 0, appends = 0;
 
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
-    auto f = base_->NewWritableFile(path);
+  using FileSystem::NewWritableFile;
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                                uint32_t mode) override {
+    auto f = base_->NewWritableFile(path, mode);
     if (!f.ok()) return f.status();
     return std::unique_ptr<WritableFile>(new File(this, std::move(*f)));
   }

@@ -29,18 +29,20 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/store.h"
 #include "nlohmann/json.hpp"
+#include "proto/exit_codes.h"
 #include "proto/exit_file.h"
+#include "proto/run_layout.h"
 #include "proto/spec.h"
 #include "worker/link.h"
 
 namespace trainsup::worker {
 namespace {
 
-constexpr int kExitOk = 0;
-constexpr int kExitCrash = 1;
-constexpr int kExitUsage = 64;
-constexpr int kExitOom = 75;
-constexpr int kExitStopped = 143;
+constexpr int kExitOk = ExitStatus(WorkerExit::kCompleted);
+constexpr int kExitCrash = 1;  // not a contract code: what a crash would give
+constexpr int kExitUsage = ExitStatus(WorkerExit::kUsage);
+constexpr int kExitOom = ExitStatus(WorkerExit::kOom);
+constexpr int kExitStopped = ExitStatus(WorkerExit::kStopped);
 constexpr double kReportExitTimeoutS = 2;
 constexpr char kStateFile[] = "state.json";
 
@@ -144,14 +146,11 @@ class TestWorker {
   TestWorker(Args args, RunSpec spec)
       : args_(std::move(args)),
         spec_(std::move(spec)),
-        // Checkpoint layout: one store per rank when the run has several
-        // (DIR/checkpoints/rank-R), so ranks never race on one step-N; a
-        // single rank uses DIR/checkpoints itself, the layout of DESIGN.md.
-        // The supervisor resumes a gang from the newest step every rank's
-        // store holds, passed as --resume STEP.
-        store_(args_.world_size == 1
-                   ? args_.run_dir + "/checkpoints"
-                   : absl::StrCat(args_.run_dir, "/checkpoints/rank-", args_.rank),
+        // One store per rank when the run has several (proto/run_layout.h),
+        // so ranks never race on one step-N. The supervisor resumes a gang
+        // from the newest step every rank's store holds, passed as --resume
+        // STEP.
+        store_(RunLayout(args_.run_dir).CheckpointRoot(args_.rank, args_.world_size),
                ckpt::FileSystem::Default(),
                ckpt::StoreOptions{static_cast<int>(spec_.train.keep_checkpoints)}),
         link_(MakeLinkOptions()) {

@@ -1,11 +1,10 @@
 #include "proto/spec.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 namespace trainsup {
 namespace {

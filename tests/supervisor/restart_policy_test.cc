@@ -15,6 +15,7 @@ constexpr ExitClass kAllClasses[] = {
     ExitClass::kSuccess, ExitClass::kUsage, ExitClass::kData,      ExitClass::kOom,
     ExitClass::kStopped, ExitClass::kCrash, ExitClass::kSignal,    ExitClass::kFrozen,
     ExitClass::kHung,    ExitClass::kGang,  ExitClass::kCancelled, ExitClass::kLost,
+    ExitClass::kNoSpace,
 };
 
 AttemptEnd End(double t, ExitClass cls, bool progress = false, bool stop = false,
@@ -39,7 +40,8 @@ TEST(ExitClass, StringAndProtoRoundTrip) {
   EXPECT_EQ(ToProto(ExitClass::kLost), 12);
   EXPECT_FALSE(ExitClassFromString("OOM").has_value());
   EXPECT_FALSE(ExitClassFromProto(0).has_value());
-  EXPECT_FALSE(ExitClassFromProto(13).has_value());
+  EXPECT_EQ(ToProto(ExitClass::kNoSpace), 13);
+  EXPECT_FALSE(ExitClassFromProto(14).has_value());
 }
 
 TEST(Action, StringRoundTrip) {
@@ -55,12 +57,41 @@ TEST(ClassifyExit, CodesAndSignals) {
   EXPECT_EQ(ClassifyExit(true, 65), ExitClass::kData);
   EXPECT_EQ(ClassifyExit(true, 75), ExitClass::kOom);
   EXPECT_EQ(ClassifyExit(true, 143), ExitClass::kStopped);
+  EXPECT_EQ(ClassifyExit(true, 74), ExitClass::kNoSpace);
   EXPECT_EQ(ClassifyExit(true, 1), ExitClass::kCrash);
   EXPECT_EQ(ClassifyExit(true, 134), ExitClass::kCrash);
   EXPECT_EQ(ClassifyExit(false, 9), ExitClass::kSignal);
   EXPECT_EQ(ClassifyExit(false, 15), ExitClass::kSignal);
   EXPECT_EQ(DescribeExit(true, 1), "exit 1");
   EXPECT_EQ(DescribeExit(false, 9), "signal 9");
+}
+
+TEST(DecideRestart, NoSpaceWaitsForSpaceAndCountsAgainstNoBudget) {
+  RestartPolicy p = NoJitter();
+  p.max_restarts = 1;
+  p.crash_loop_attempts = 2;
+  std::vector<AttemptEnd> h;
+  for (int i = 0; i < 6; ++i) h.push_back(End(10 + i, ExitClass::kNoSpace, false, false, "ENOSPC"));
+  RestartDecision d = DecideRestart(p, h, 0.5);
+  EXPECT_EQ(d.action, Action::kRestart) << d.reason;
+  EXPECT_TRUE(d.wait_for_space);
+  EXPECT_EQ(d.consecutive_failures, 6);
+  EXPECT_DOUBLE_EQ(d.delay_s, 32.0);  // 1 s doubling over the no-space streak
+  EXPECT_NE(d.reason.find("exit 74: no space left for checkpoints: ENOSPC"), std::string::npos)
+      << d.reason;
+  // A crash after them is the first failure of its own streak and budget.
+  h.push_back(End(20, ExitClass::kCrash));
+  d = DecideRestart(p, h, 0.5);
+  EXPECT_EQ(d.action, Action::kRestart) << d.reason;
+  EXPECT_FALSE(d.wait_for_space);
+  EXPECT_EQ(d.consecutive_failures, 1);
+  EXPECT_DOUBLE_EQ(d.delay_s, 1.0);
+  // No-space ends do not break a crash loop either.
+  h.push_back(End(21, ExitClass::kNoSpace));
+  h.push_back(End(22, ExitClass::kCrash));
+  d = DecideRestart(p, h, 0.5);
+  EXPECT_EQ(d.action, Action::kFail) << d.reason;
+  EXPECT_NE(d.reason.find("crash loop"), std::string::npos) << d.reason;
 }
 
 TEST(RestartPolicy, ValidateNamesTheField) {
@@ -99,6 +130,7 @@ TEST(DecideRestart, EveryExitClassWithoutStopRequest) {
       {ExitClass::kSignal, Action::kRestart},  {ExitClass::kFrozen, Action::kRestart},
       {ExitClass::kHung, Action::kRestart},    {ExitClass::kGang, Action::kRestart},
       {ExitClass::kCancelled, Action::kStop},  {ExitClass::kLost, Action::kRestart},
+      {ExitClass::kNoSpace, Action::kRestart},
   };
   for (const auto& c : cases) {
     RestartDecision d = DecideRestart(p, {End(10, c.cls)}, 0.5);
