@@ -26,6 +26,9 @@ worker_binary = "$root/$build/bin/trainsup-worker"
 data_roots = ["$root/data/samples"]
 [restart]
 initial_backoff_s = 1
+# The demo injects one crash through its spec's [testing] table.
+[testing]
+allow_fault_injection = true
 TOML
 cat > "$state/demo-run.toml" <<TOML
 # MinkUNet14 on urban.las: geometry and height (its colours are all zero),

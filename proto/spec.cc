@@ -215,6 +215,7 @@ absl::Status ReadTrain(const toml::table* t, TrainSpec* s) {
 }
 
 absl::Status ReadTesting(const toml::table* t, TestingSpec* s) {
+  s->present = t != nullptr;
   TableReader r(t, "testing");
   TRAINSUP_RETURN_IF_ERROR(r.Int("crash_at_step", &s->crash_at_step, -1, kBillion));
   TRAINSUP_RETURN_IF_ERROR(r.Int("exit_at_step", &s->exit_at_step, -1, kBillion));

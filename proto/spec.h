@@ -73,6 +73,9 @@ struct TrainSpec {
 
 // Fault injection for tests and the demo (the [testing] table). -1: off.
 struct TestingSpec {
+  // The spec has a [testing] table. trainsupd accepts such a spec only when
+  // its configuration allows fault injection (testing.allow_fault_injection).
+  bool present = false;
   int64_t crash_at_step = -1;       // abort()
   int64_t exit_at_step = -1;        // exit with exit_code
   int64_t exit_code = 1;            // 0..255

@@ -212,6 +212,8 @@ void VisitDaemon(Visitor& v, Section& d) {
   v.String("metrics_address", &d.metrics_address);
   v.Bool("metrics_allow_remote", &d.metrics_allow_remote);
   v.StringList("data_roots", &d.data_roots);
+  v.Int("max_watchers_per_client", &d.max_watchers_per_client, 1, 10000);
+  v.Bool("worker_channel_on_tcp", &d.worker_channel_on_tcp);
   v.Finish();
 }
 
@@ -233,6 +235,7 @@ void VisitWorkers(Visitor& v, Section& w) {
   v.Bool("capture_stacks", &w.capture_stacks);
   v.Int("log_max_bytes", &w.log_max_bytes, 4096, int64_t{1} << 40);
   v.Int("log_keep", &w.log_keep, 0, 100);
+  v.Double("hello_timeout_s", &w.hello_timeout_s, 0, 3600, true);
   v.Finish();
 }
 
@@ -258,6 +261,7 @@ void VisitRestart(Visitor& v, Section& s) {
   v.Int("max_oom_restarts", &s.max_oom_restarts, 0, 1'000'000);
   v.Int("crash_loop_attempts", &s.crash_loop_attempts, 1, 1000);
   v.Double("oom_budget_factor", &s.oom_budget_factor, 0, 1, true);
+  v.Int("min_free_space_mb", &s.min_free_space_mb, 0, 100'000'000);
   v.Finish();
 }
 
@@ -270,6 +274,7 @@ void VisitCheckpoints(Visitor& v, Section& c) {
 template <typename Visitor, typename Section>
 void VisitTesting(Visitor& v, Section& t) {
   v.String("fake_gpu_file", &t.fake_gpu_file);
+  v.Bool("allow_fault_injection", &t.allow_fault_injection);
   v.Finish();
 }
 
@@ -490,7 +495,10 @@ absl::StatusOr<DaemonConfig> ParseConfig(const std::string& toml_text,
   return c;
 }
 
-std::string FormatConfig(const DaemonConfig& config) {
+namespace {
+
+// Every key of the configuration as a TOML table (FormatConfig's content).
+toml::table ConfigTable(const DaemonConfig& config) {
   toml::table root;
   ForEachSection(config, [&](const char* name, auto visit) {
     TableWriter writer;
@@ -506,9 +514,39 @@ std::string FormatConfig(const DaemonConfig& config) {
   }
   if (!tokens.empty()) auth.insert("tokens", std::move(tokens));
   root.insert("auth", std::move(auth));
+  return root;
+}
+
+}  // namespace
+
+std::string FormatConfig(const DaemonConfig& config) {
   std::ostringstream out;
-  out << toml::toml_formatter(root, toml::format_flags::none) << "\n";
+  out << toml::toml_formatter(ConfigTable(config), toml::format_flags::none) << "\n";
   return out.str();
+}
+
+std::vector<std::string> ChangedKeys(const DaemonConfig& a, const DaemonConfig& b) {
+  const toml::table ta = ConfigTable(a), tb = ConfigTable(b);
+  std::set<std::string> changed;
+  auto compare = [&](const toml::table& x, const toml::table& y) {
+    for (const auto& [section, node] : x) {
+      const toml::table* xs = node.as_table();
+      const toml::table* ys = y.get_as<toml::table>(section.str());
+      if (xs == nullptr) continue;
+      for (const auto& [key, value] : *xs) {
+        const std::string name =
+            absl::StrCat(std::string(section.str()), ".", std::string(key.str()));
+        const toml::node* other = ys == nullptr ? nullptr : ys->get(key.str());
+        if (other == nullptr || !(toml::node_view<const toml::node>(other) ==
+                                  toml::node_view<const toml::node>(&value))) {
+          changed.insert(name);
+        }
+      }
+    }
+  };
+  compare(ta, tb);
+  compare(tb, ta);
+  return {changed.begin(), changed.end()};
 }
 
 absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path) {

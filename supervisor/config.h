@@ -25,15 +25,19 @@ namespace trainsup::supervisor {
 struct DaemonSection {
   std::string state_dir = "./trainsup-state";  // runs, store, logs, tokens
   std::string socket_path;                     // "" = <state_dir>/run/trainsupd.sock
-  std::string socket_group;             // "" = keep the daemon's group; else chgrp the socket
-  std::string tcp_address;              // "" = off; host:port, needs tls_cert and tls_key
-  std::string tls_cert;                 // PEM server certificate (TCP only)
-  std::string tls_key;                  // PEM private key (TCP only)
-  std::string tls_client_ca;            // "" = no client certificates; else required and checked
-  std::string worker_binary;            // "" = trainsup-worker next to the daemon binary
-  std::string metrics_address;          // "" = off; host:port (Prometheus text)
-  bool metrics_allow_remote = false;    // allow a non-loopback metrics_address
-  std::vector<std::string> data_roots;  // run data must lie below one of these
+  std::string socket_group;              // "" = keep the daemon's group; else chgrp the socket
+  std::string tcp_address;               // "" = off; host:port, needs tls_cert and tls_key
+  std::string tls_cert;                  // PEM server certificate (TCP only)
+  std::string tls_key;                   // PEM private key (TCP only)
+  std::string tls_client_ca;             // "" = no client certificates; else required and checked
+  std::string worker_binary;             // "" = trainsup-worker next to the daemon binary
+  std::string metrics_address;           // "" = off; host:port (Prometheus text)
+  bool metrics_allow_remote = false;     // allow a non-loopback metrics_address
+  std::vector<std::string> data_roots;   // run data must lie below one of these
+  int64_t max_watchers_per_client = 16;  // 1..10000: WatchRun streams one token may hold
+  // Serve the worker channel on tcp_address too (multi-machine workers);
+  // off, it is on the unix socket only.
+  bool worker_channel_on_tcp = false;
 };
 
 // [slots]
@@ -53,6 +57,7 @@ struct WorkersSection {
   bool capture_stacks = true;        // stacks into the log before killing a hung worker
   int64_t log_max_bytes = 16 << 20;  // 4096..2^40: rotate a worker log above this
   int64_t log_keep = 3;              // 0..100: rotated copies kept (0: truncate only)
+  double hello_timeout_s = 10;       // (0, 3600]: a worker stream must say Hello within this
 };
 
 // [progress]: the hang detector's timeout, adaptive from observed step
@@ -77,6 +82,10 @@ struct RestartSection {
   int64_t max_oom_restarts = 5;     // 0..10^6 within restart_window_s
   int64_t crash_loop_attempts = 3;  // 1..1000: failures in a row without progress
   double oom_budget_factor = 1.0;   // (0, 1]: memory budget x this after an OOM exit
+  // 0..10^8: after a "no space" exit (74), relaunch only once the run
+  // directory's file system has this much free, and at least twice the
+  // newest checkpoint's size.
+  int64_t min_free_space_mb = 256;
 };
 
 // [checkpoints]
@@ -109,6 +118,9 @@ struct AuthSection {
 // [testing]
 struct TestingSection {
   std::string fake_gpu_file;  // "" = off; else GPUs come from this JSON file
+  // Accept run specs with a [testing] table (fault injection: crashes,
+  // hangs, corrupt checkpoints on purpose). Off in production.
+  bool allow_fault_injection = false;
 };
 
 struct DaemonConfig {
@@ -137,6 +149,10 @@ absl::StatusOr<DaemonConfig> ParseConfig(const std::string& toml_text, const std
 // The configuration as a TOML file that ParseConfig reads back to the same
 // values: every key, defaults included (for `trainsupd --print-config`).
 std::string FormatConfig(const DaemonConfig& config);
+
+// The keys ("section.key") whose values differ between `a` and `b`, sorted;
+// the [[auth.tokens]] list compares as one key, "auth.tokens".
+std::vector<std::string> ChangedKeys(const DaemonConfig& a, const DaemonConfig& b);
 
 // Reads `path` and parses it with its directory as base_dir. NotFound if
 // the file does not exist; errors name the file.

@@ -123,6 +123,15 @@ struct Metrics::Impl {
       NewGauge(*registry, "trainsup_slot_healthy", "1 unless the slot's GPU is stranded.");
   Family<Counter>& gpu_stranded =
       NewCounter(*registry, "trainsup_gpu_stranded_total", "Times a GPU was marked STRANDED.");
+  Family<Counter>& store_failures =
+      NewCounter(*registry, "trainsup_store_write_failures_total",
+                 "State-store writes that failed (each is retried), by what was written.");
+  Family<Gauge>& waiting_for_space =
+      NewGauge(*registry, "trainsup_runs_waiting_for_space",
+               "Runs waiting for disk space before their next attempt.");
+  Family<Counter>& checkpoint_failures =
+      NewCounter(*registry, "trainsup_checkpoint_save_failures_total",
+                 "Checkpoint saves that workers reported as failed, by run.");
   Family<Gauge>& daemon_info =
       NewGauge(*registry, "trainsup_daemon_info", "Always 1, labelled with the daemon version.");
   Family<Gauge>& daemon_start_time =
@@ -257,6 +266,7 @@ void Metrics::SetCheckpointAge(const std::string& run_id, double age_s) {
 void Metrics::RemoveRun(const std::string& run_id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   RemoveSeries(impl_->checkpoint_age, {{"run", run_id}});
+  RemoveSeries(impl_->checkpoint_failures, {{"run", run_id}});
   const auto run = impl_->workers.find(run_id);
   if (run == impl_->workers.end()) return;
   for (int rank : run->second) impl_->RemoveWorkerLocked(run_id, rank);
@@ -291,6 +301,16 @@ void Metrics::SetSlot(int slot, const std::string& gpu, const std::string& state
 
 void Metrics::CountGpuStranded(const std::string& gpu) {
   impl_->gpu_stranded.Add({{"gpu", gpu}}).Increment();
+}
+
+void Metrics::CountStoreWriteFailure(const std::string& what) {
+  impl_->store_failures.Add({{"what", what}}).Increment();
+}
+
+void Metrics::SetRunsWaitingForSpace(int runs) { impl_->waiting_for_space.Add({}).Set(runs); }
+
+void Metrics::CountCheckpointFailures(const std::string& run_id, int64_t n) {
+  if (n > 0) impl_->checkpoint_failures.Add({{"run", run_id}}).Increment(static_cast<double>(n));
 }
 
 void Metrics::SetDaemonInfo(const std::string& version, double start_time_s) {

@@ -19,6 +19,9 @@
 //   trainsup_daemon_info{version}                         gauge, always 1
 //   trainsup_daemon_start_time_seconds                    gauge, unix time
 //   trainsup_api_calls_total{method,code}                 counter
+//   trainsup_store_write_failures_total{what}             counter
+//   trainsup_runs_waiting_for_space                       gauge
+//   trainsup_checkpoint_save_failures_total{run}          counter
 //
 // Thread safety: every method may be called from any thread. Each call is
 // applied under one lock, so a call that touches several series (SetSlot,
@@ -110,6 +113,16 @@ class Metrics {
 
   // trainsup_gpu_stranded_total{gpu} += 1: the GPU was marked STRANDED.
   void CountGpuStranded(const std::string& gpu);
+
+  // trainsup_store_write_failures_total{what} += 1: a state-store write
+  // failed ("what": the kind of transition, e.g. "attempt ended").
+  void CountStoreWriteFailure(const std::string& what);
+
+  // trainsup_runs_waiting_for_space = runs.
+  void SetRunsWaitingForSpace(int runs);
+
+  // trainsup_checkpoint_save_failures_total{run} += n (n <= 0: nothing).
+  void CountCheckpointFailures(const std::string& run_id, int64_t n);
 
   // trainsup_daemon_info{version} = 1 (only the latest version has a
   // series) and trainsup_daemon_start_time_seconds = start_time_s (unix

@@ -5,13 +5,13 @@
 #ifndef TRAINSUP_SUPERVISOR_OUTBOX_H_
 #define TRAINSUP_SUPERVISOR_OUTBOX_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstddef>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
-
-#include <grpcpp/grpcpp.h>
 
 namespace trainsup::supervisor {
 
@@ -23,8 +23,7 @@ class Outbox {
   // without the lock held, and never after Detach.
   Outbox(std::function<void(const Message*)> start_write,
          std::function<void(const grpc::Status&)> finish, size_t max_queued)
-      : start_write_(std::move(start_write)), finish_(std::move(finish)),
-        max_queued_(max_queued) {}
+      : start_write_(std::move(start_write)), finish_(std::move(finish)), max_queued_(max_queued) {}
 
   // Queues `message`. false (and the message dropped) when the stream is
   // finishing or gone, or when the queue is full: the reader is too slow,
@@ -58,9 +57,35 @@ class Outbox {
     if (!queue_.empty()) queue_.pop_front();
     if (!ok) {
       queue_.clear();
-      if (!finish_status_) finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "write failed");
+      if (!finish_status_)
+        finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "write failed");
+    }
+    std::function<void()> drained;
+    if (on_drained_ && queue_.size() <= low_water_ && !detached_ && !finish_status_) {
+      drained = std::move(on_drained_);
+      on_drained_ = nullptr;
     }
     Kick(lock);
+    if (lock.owns_lock()) lock.unlock();
+    if (drained) drained();
+  }
+  // Calls `fn` once (from whichever thread gets there: now, or a later
+  // OnWriteDone) when at most `low_water` messages are queued. Not called
+  // once the stream is finishing or gone.
+  void NotifyWhenBelow(size_t low_water, std::function<void()> fn) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (detached_ || finish_status_) return;
+    if (queue_.size() <= low_water) {
+      lock.unlock();
+      fn();
+      return;
+    }
+    low_water_ = low_water;
+    on_drained_ = std::move(fn);
+  }
+  size_t queued() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return queue_.size();
   }
 
   // The reactor's OnDone: nothing is called back after this.
@@ -105,6 +130,8 @@ class Outbox {
   bool detached_ = false;
   bool finish_called_ = false;
   std::optional<grpc::Status> finish_status_;
+  size_t low_water_ = 0;
+  std::function<void()> on_drained_;
 };
 
 }  // namespace trainsup::supervisor

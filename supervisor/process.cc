@@ -5,7 +5,10 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
+// glibc 2.36's <sys/pidfd.h> lacks its extern "C" block.
+extern "C" {
+#include <sys/pidfd.h>
+}
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -207,35 +210,107 @@ bool IsSameProcess(int pid, uint64_t start_ticks) {
 }
 
 absl::StatusOr<int> PidfdOpen(int pid) {
-#ifdef SYS_pidfd_open
-  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  if (fd >= 0) return fd;
+  const int fd = pidfd_open(pid, 0);
+  if (fd >= 0) return fd;  // the kernel sets close-on-exec on pidfds
   const int err = errno;
   if (err == ESRCH) return absl::NotFoundError(absl::StrCat("no process ", pid));
-  if (err == ENOSYS) return absl::UnimplementedError("the kernel has no pidfd_open");
+  if (err == ENOSYS || err == EPERM) {
+    return absl::UnimplementedError(absl::StrCat("pidfd_open: ", ErrnoText(err)));
+  }
+  if (err == EMFILE || err == ENFILE) {
+    return absl::ResourceExhaustedError(absl::StrCat("pidfd_open: ", ErrnoText(err)));
+  }
   return absl::InternalError(absl::StrCat("pidfd_open(", pid, "): ", ErrnoText(err)));
-#else
-  return absl::UnimplementedError("built without pidfd_open");
-#endif
 }
 
-std::vector<int> ProcessGroupMembers(int pgid) {
-  std::vector<int> pids;
+ReapResult ReapIfExited(int pid) {
+  ReapResult r;
+  int status = 0;
+  pid_t got;
+  do {
+    got = waitpid(pid, &status, WNOHANG);
+  } while (got < 0 && errno == EINTR);
+  if (got == 0) return r;
+  if (got < 0) {
+    r.state = ReapResult::kNotOurs;
+    return r;
+  }
+  r.state = ReapResult::kReaped;
+  if (WIFEXITED(status)) {
+    r.exited = true;
+    r.code_or_signal = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    r.code_or_signal = WTERMSIG(status);
+  }
+  return r;
+}
+
+uint64_t BootTicksNow() {
+  timespec ts{};
+  clock_gettime(CLOCK_BOOTTIME, &ts);
+  const long hz = sysconf(_SC_CLK_TCK);
+  return static_cast<uint64_t>(ts.tv_sec) * static_cast<uint64_t>(hz) +
+         static_cast<uint64_t>(ts.tv_nsec) * static_cast<uint64_t>(hz) / 1000000000ull;
+}
+
+uint64_t WallMsToBootTicks(int64_t wall_ms) {
+  timespec boot{}, real{};
+  clock_gettime(CLOCK_BOOTTIME, &boot);
+  clock_gettime(CLOCK_REALTIME, &real);
+  const double boot_wall_s = static_cast<double>(real.tv_sec) + real.tv_nsec / 1e9 -
+                             (static_cast<double>(boot.tv_sec) + boot.tv_nsec / 1e9);
+  const double since_boot = static_cast<double>(wall_ms) / 1000.0 - boot_wall_s;
+  if (since_boot <= 0) return 0;
+  return static_cast<uint64_t>(since_boot * static_cast<double>(sysconf(_SC_CLK_TCK)));
+}
+
+std::vector<GroupMember> ReadGroupMembers(int pgid) {
+  std::vector<GroupMember> members;
+  if (pgid <= 1) return members;
   DIR* proc = opendir("/proc");
-  if (proc == nullptr) return pids;
+  if (proc == nullptr) return members;
   while (dirent* entry = readdir(proc)) {
     int pid;
     if (!absl::SimpleAtoi(entry->d_name, &pid)) continue;
     std::optional<std::vector<std::string>> fields =
         StatFields(absl::StrCat("/proc/", pid, "/stat"));
     int group;
+    uint64_t start;
     if (fields && !IsZombie(*fields) && absl::SimpleAtoi((*fields)[Field(5)], &group) &&
-        group == pgid) {
-      pids.push_back(pid);
+        group == pgid && absl::SimpleAtoi((*fields)[Field(22)], &start)) {
+      members.push_back({pid, start});
     }
   }
   closedir(proc);
-  std::sort(pids.begin(), pids.end());
+  std::sort(members.begin(), members.end(),
+            [](const GroupMember& a, const GroupMember& b) { return a.pid < b.pid; });
+  return members;
+}
+
+GroupOwnership CheckGroup(const GroupIdentity& identity) {
+  if (identity.pgid <= 1) return GroupOwnership::kStranger;
+  // Cheap first: no process in the group at all.
+  if (kill(-identity.pgid, 0) != 0 && errno == ESRCH) return GroupOwnership::kGone;
+  return JudgeGroup(identity, ReadGroupMembers(identity.pgid));
+}
+
+absl::Status SignalWorkerGroup(const GroupIdentity& identity, int sig) {
+  switch (CheckGroup(identity)) {
+    case GroupOwnership::kGone:
+      return absl::OkStatus();
+    case GroupOwnership::kStranger:
+      return absl::FailedPreconditionError(
+          absl::StrCat("process group ", identity.pgid,
+                       " is no longer the worker's (its id was reused); not signalled"));
+    case GroupOwnership::kOurs:
+      return SignalProcessGroup(identity.pgid, sig);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int> ProcessGroupMembers(int pgid) {
+  std::vector<int> pids;
+  for (const GroupMember& m : ReadGroupMembers(pgid)) pids.push_back(m.pid);
   return pids;
 }
 

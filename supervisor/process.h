@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "supervisor/group_identity.h"
 
 namespace trainsup::supervisor {
 
@@ -55,8 +56,37 @@ bool IsSameProcess(int pid, uint64_t start_ticks);
 
 // pidfd_open(2): a close-on-exec descriptor that polls readable once the
 // process has exited (before it is reaped). NotFound if it does not exist,
-// Unimplemented if the kernel lacks pidfd_open. The caller closes it.
+// Unimplemented if the kernel lacks pidfd_open (ENOSYS, or a seccomp
+// profile that says so), ResourceExhausted for EMFILE/ENFILE, Internal
+// otherwise. The caller closes it, and falls back to SIGCHLD and /proc
+// polling when it fails.
 absl::StatusOr<int> PidfdOpen(int pid);
+
+// waitpid(pid, WNOHANG): never blocks.
+struct ReapResult {
+  enum State { kRunning, kReaped, kNotOurs };  // kNotOurs: ECHILD
+  State state = kRunning;
+  bool exited = false;     // WIFEXITED
+  int code_or_signal = 0;  // WEXITSTATUS or WTERMSIG
+};
+ReapResult ReapIfExited(int pid);
+
+// Clock ticks since boot now (the clock of ProcessStartTicks), and a unix
+// time in ms on that clock (0 for times before boot).
+uint64_t BootTicksNow();
+uint64_t WallMsToBootTicks(int64_t wall_ms);
+
+// The live members of process group `pgid` with their start times, from
+// /proc (zombies excluded).
+std::vector<GroupMember> ReadGroupMembers(int pgid);
+
+// JudgeGroup over ReadGroupMembers: whether the group is still the worker's.
+GroupOwnership CheckGroup(const GroupIdentity& identity);
+
+// Signals the worker's group only if it still is the worker's (CheckGroup):
+// OK when signalled or already gone, FailedPrecondition naming the stranger
+// when the id was reused (nothing is signalled then).
+absl::Status SignalWorkerGroup(const GroupIdentity& identity, int sig);
 
 // Pids whose process group is `pgid`, from /proc/*/stat, ascending. Zombies
 // are excluded: they hold no memory or GPU and cannot be signalled away.

@@ -24,8 +24,9 @@ namespace {
 
 constexpr char kPageTokenPrefix[] = "seq:";
 
-// Version 1. A later version adds a migration from each older one in
-// Initialize and bumps kSchemaVersion; nothing is ever renumbered.
+// Version 2 (version 1 lacked attempts.stop_requested; Initialize migrates
+// it). A later version adds a migration from each older one in Initialize
+// and bumps kSchemaVersion; nothing is ever renumbered.
 constexpr char kSchema[] = R"sql(
 CREATE TABLE runs (
   run_id          TEXT PRIMARY KEY NOT NULL,
@@ -58,6 +59,7 @@ CREATE TABLE attempts (
   resumed_from      TEXT NOT NULL DEFAULT '',
   exit_class        INTEGER NOT NULL DEFAULT 0,
   exit_reason       TEXT NOT NULL DEFAULT '',
+  stop_requested    INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (run_id, number)
 );
 CREATE TABLE ranks (
@@ -408,6 +410,20 @@ absl::Status StateStore::Initialize() {
                          "; use a newer trainsupd"));
       }
       if (version < 1) return absl::DataLossError(absl::StrCat("bad schema_version ", version));
+      if (version == 1) {
+        // 1 -> 2: attempts.stop_requested.
+        if (absl::Status s = Exec("ALTER TABLE attempts ADD COLUMN stop_requested INTEGER NOT NULL"
+                                  " DEFAULT 0",
+                                  "migrating the schema from version 1");
+            !s.ok()) {
+          return s;
+        }
+        absl::StatusOr<Query> q =
+            Prepare("UPDATE meta SET value = ?1 WHERE key = 'schema_version'", op);
+        if (!q.ok()) return q.status();
+        q->BindInt(kSchemaVersion);
+        return q->Run();
+      }
       return absl::OkStatus();
     }
     {
@@ -611,7 +627,7 @@ absl::Status StateStore::ReadAttempts(v1::Run* run, const std::string& op) {
   {
     absl::StatusOr<Query> q = Prepare(
         "SELECT number, started_ms, ended_ms, resumed_from_step, resumed_from, exit_class, "
-        "exit_reason"
+        "exit_reason, stop_requested"
         " FROM attempts WHERE run_id = ?1 ORDER BY number",
         op);
     if (!q.ok()) return q.status();
@@ -625,6 +641,7 @@ absl::Status StateStore::ReadAttempts(v1::Run* run, const std::string& op) {
       a->set_resumed_from(q->Text(4));
       a->set_exit_class(static_cast<v1::ExitClass>(q->Int(5)));
       a->set_exit_reason(q->Text(6));
+      a->set_stop_requested(q->Int(7) != 0);
       by_number[a->number()] = a;
       return absl::OkStatus();
     });
@@ -765,11 +782,11 @@ absl::Status StateStore::UpsertAttempt(const std::string& run_id, const v1::Atte
     return absl::InvalidArgumentError(absl::StrCat(op, ": number must be >= 1"));
   absl::StatusOr<Query> q = Prepare(
       "INSERT INTO attempts (run_id, number, started_ms, ended_ms, resumed_from_step, resumed_from,"
-      " exit_class, exit_reason) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+      " exit_class, exit_reason, stop_requested) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
       " ON CONFLICT (run_id, number) DO UPDATE SET started_ms = excluded.started_ms,"
       " ended_ms = excluded.ended_ms, resumed_from_step = excluded.resumed_from_step,"
       " resumed_from = excluded.resumed_from, exit_class = excluded.exit_class,"
-      " exit_reason = excluded.exit_reason",
+      " exit_reason = excluded.exit_reason, stop_requested = excluded.stop_requested",
       op);
   if (!q.ok()) return q.status();
   q->BindText(run_id)
@@ -779,7 +796,8 @@ absl::Status StateStore::UpsertAttempt(const std::string& run_id, const v1::Atte
       .BindInt(attempt.resumed_from_step())
       .BindText(attempt.resumed_from())
       .BindInt(attempt.exit_class())
-      .BindText(attempt.exit_reason());
+      .BindText(attempt.exit_reason())
+      .BindInt(attempt.stop_requested() ? 1 : 0);
   return q->Run();
 }
 

@@ -197,8 +197,13 @@ class DaemonHarness {
   DaemonHarness& operator=(const DaemonHarness&) = delete;
 
   // Sets configuration key "section.key" to a TOML literal ("2", "0.5",
-  // "\"text\"", "true"), replacing the default. Takes effect at Start.
+  // "\"text\"", "true"), replacing the default. Takes effect at Start, or
+  // at the next reload after WriteConfig.
   void Set(const std::string& key, const std::string& toml_value);
+  // Removes "section.key" from the configuration (the daemon's default then).
+  void Unset(const std::string& key);
+  // Writes the configuration file now (for a reload with SIGHUP).
+  void WriteConfig() const;
 
   const std::string& dir() const { return dir_; }
   std::string state_dir() const { return dir_ + "/state"; }
@@ -253,8 +258,6 @@ class DaemonHarness {
   std::vector<v1::RunEvent> History(const std::string& run_id);
 
  private:
-  void WriteConfig() const;
-
   std::string dir_;
   std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> config_;
   int pid_ = -1;
@@ -384,6 +387,8 @@ inline DaemonHarness::DaemonHarness() {
         {"capture_stacks", "false"}}},
       {"progress", {{"startup_grace_s", "10"}, {"min_timeout_s", "5"}}},
       {"restart", {{"initial_backoff_s", "0.1"}, {"jitter", "0"}}},
+      // The tests drive the test worker through the specs' [testing] table.
+      {"testing", {{"allow_fault_injection", "true"}}},
   };
 }
 
@@ -436,6 +441,21 @@ inline void DaemonHarness::Set(const std::string& key, const std::string& value)
     return;
   }
   config_.push_back({section, {{name, value}}});
+}
+
+inline void DaemonHarness::Unset(const std::string& key) {
+  const size_t dot = key.find('.');
+  const std::string section = key.substr(0, dot);
+  const std::string name = key.substr(dot + 1);
+  for (auto& [s, entries] : config_) {
+    if (s != section) continue;
+    for (auto it = entries.begin(); it != entries.end(); ++it) {
+      if (it->first == name) {
+        entries.erase(it);
+        return;
+      }
+    }
+  }
 }
 
 inline void DaemonHarness::WriteConfig() const {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tests/integration/daemon_harness.h"
+#include "tests/integration/daemon_test_util.h"
 #include "trainsup/v1/worker.grpc.pb.h"
 
 namespace trainsup::integration {
@@ -33,43 +34,6 @@ namespace {
 namespace fs = std::filesystem;
 namespace wv1 = ::trainsup::worker::v1;
 using ::testing::HasSubstr;
-
-// Generous: the box may be busy with other builds and tests.
-const Seconds kRunLimit(90);
-
-bool IsTerminal(v1::RunState s) {
-  return s == v1::RUN_STATE_SUCCEEDED || s == v1::RUN_STATE_FAILED || s == v1::RUN_STATE_CANCELLED;
-}
-
-std::vector<v1::RunEvent> EventsOfKind(const std::vector<v1::RunEvent>& events,
-                                       v1::EventKind kind) {
-  std::vector<v1::RunEvent> out;
-  for (const v1::RunEvent& e : events) {
-    if (e.kind() == kind) out.push_back(e);
-  }
-  return out;
-}
-
-bool HasEvent(const std::vector<v1::RunEvent>& events, v1::EventKind kind,
-              const std::string& reason_part) {
-  for (const v1::RunEvent& e : events) {
-    if (e.kind() == kind && e.reason().find(reason_part) != std::string::npos) return true;
-  }
-  return false;
-}
-
-// The event of `kind` for `attempt` (first one), or a default event.
-v1::RunEvent FindEvent(const std::vector<v1::RunEvent>& events, v1::EventKind kind, int attempt) {
-  for (const v1::RunEvent& e : events) {
-    if (e.kind() == kind && e.attempt() == attempt) return e;
-  }
-  return v1::RunEvent();
-}
-
-std::string RankLog(const v1::Run& run, int attempt, int rank) {
-  return ReadFileText(run.run_dir() + "/attempts/" + std::to_string(attempt) + "/rank-" +
-                      std::to_string(rank) + ".log");
-}
 
 // --- 1. success ---------------------------------------------------------------------------
 
@@ -873,72 +837,6 @@ TEST(Daemon, TrainctlSubmitsWatchesAndLists) {
 }
 
 // --- 17. GPU release (fake GPUs) -------------------------------------------------------------
-
-struct FakeGpu {
-  std::string uuid;
-  int64_t used_mb = 0;
-  std::vector<int> compute_pids;
-};
-
-// Writes the file of [testing] fake_gpu_file (format of OpenFakeMonitor),
-// through a rename so the daemon never reads half of it.
-void WriteFakeGpus(const std::string& path, const std::vector<FakeGpu>& gpus) {
-  nlohmann::json list = nlohmann::json::array();
-  for (const FakeGpu& g : gpus) {
-    list.push_back({{"uuid", g.uuid},
-                    {"name", "Fake GPU"},
-                    {"memory_total", int64_t{80} << 30},
-                    {"memory_used", g.used_mb << 20},
-                    {"compute_pids", g.compute_pids}});
-  }
-  WriteFileText(path + ".tmp", nlohmann::json{{"gpus", list}}.dump());
-  fs::rename(path + ".tmp", path);
-}
-
-// Two fake GPUs, released when a dead worker's GPU holds at most 100 MiB.
-void UseFakeGpus(DaemonHarness& h, const std::string& path, const std::vector<std::string>& uuids,
-                 const std::string& release_timeout_s) {
-  WriteFakeGpus(path, {{uuids[0], 10, {}}, {uuids[1], 10, {}}});
-  h.Set("slots.use_gpus", "true");
-  h.Set("slots.gpu_release_timeout_s", release_timeout_s);
-  h.Set("slots.gpu_idle_memory_mb", "100");
-  h.Set("testing.fake_gpu_file", "\"" + path + "\"");
-}
-
-v1::Node GetNode(DaemonHarness& h) {
-  v1::Node node;
-  auto ctx = h.Context(h.viewer_token());
-  grpc::Status s = h.stub().GetNode(ctx.get(), v1::GetNodeRequest(), &node);
-  EXPECT_TRUE(s.ok()) << "GetNode: " << s.error_message();
-  return node;
-}
-
-// Whether GetNode shows slot `index` in `state`; `*node` gets the answer.
-bool SlotIn(DaemonHarness& h, int index, v1::SlotState state, v1::Node* node) {
-  *node = GetNode(h);
-  return index < node->slots_size() && node->slots(index).state() == state;
-}
-
-// A process in a group of its own (so never one of a worker's): `sleep 60`.
-class ForeignProcess {
- public:
-  explicit ForeignProcess(const std::string& log)
-      : pid_(SpawnProcess({"/bin/sleep", "60"}, TestEnvironment({}), log, log)) {}
-  ~ForeignProcess() { Stop(); }
-  int pid() const { return pid_; }
-  void Stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  int pid_;
-};
-
-const std::vector<std::string> kGpuUuids = {"GPU-0a0a0a0a-fake-4000-8000-000000000000",
-                                            "GPU-1b1b1b1b-fake-4000-8000-000000000001"};
 
 TEST(Daemon, GpuHeldByAForeignProcessIsStrandedUntilReleased) {
   DaemonHarness h;

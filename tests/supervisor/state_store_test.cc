@@ -666,6 +666,40 @@ TEST_F(StateStoreTest, AProcessThatEndsWithoutClosingLosesNothing) {
   EXPECT_EQ((*events)[0].reason(), "from the child");
 }
 
+// A version-1 store (no attempts.stop_requested) opens, keeps its rows and
+// is migrated to the current version.
+TEST_F(StateStoreTest, VersionOneStoreIsMigrated) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    v1::Run run = MakeRun("old");
+    ASSERT_TRUE(store->CreateRun(run, "").ok());
+    v1::Attempt a;
+    a.set_number(1);
+    a.set_ended_ms(5);
+    a.set_exit_class(v1::EXIT_CLASS_STOPPED);
+    ASSERT_TRUE(store->UpsertAttempt("old", a).ok());
+  }
+  // Back to what version 1 wrote.
+  ASSERT_EQ(RawSql("ALTER TABLE attempts DROP COLUMN stop_requested;"
+                   " UPDATE meta SET value = 1 WHERE key = 'schema_version';"
+                   " SELECT value FROM meta WHERE key = 'schema_version'"),
+            "1");
+  absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"),
+            absl::StrCat(StateStore::kSchemaVersion));
+  absl::StatusOr<v1::Run> run = (*store)->GetRun("old");
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->attempts_size(), 1);
+  EXPECT_FALSE(run->attempts(0).stop_requested());
+  EXPECT_EQ(run->attempts(0).exit_class(), v1::EXIT_CLASS_STOPPED);
+  v1::Attempt a = run->attempts(0);
+  a.set_stop_requested(true);
+  ASSERT_TRUE((*store)->UpsertAttempt("old", a).ok());
+  EXPECT_TRUE((*store)->GetRun("old")->attempts(0).stop_requested());
+}
+
 TEST_F(StateStoreTest, NewerSchemaIsRefusedAndLeftAlone) {
   {
     auto store = OpenStore();

@@ -1,0 +1,77 @@
+// How a rank ended and how an attempt ended, as pure functions of what the
+// daemon observed (after systemd's service_sigchld_event: the result is
+// decided from the facts, then acted on). No processes, clocks or files:
+// the caller reaps, reads the exit file and passes what it found.
+#ifndef TRAINSUP_SUPERVISOR_EXIT_CLASSIFY_H_
+#define TRAINSUP_SUPERVISOR_EXIT_CLASSIFY_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "proto/exit_file.h"
+#include "supervisor/restart_policy.h"
+
+namespace trainsup::supervisor {
+
+// What is known about one rank's end.
+struct RankEndFacts {
+  // The wait status, when the daemon reaped the process itself.
+  bool reaped = false;
+  bool exited = false;     // WIFEXITED (else killed by a signal)
+  int code_or_signal = 0;  // WEXITSTATUS or WTERMSIG
+  // The worker's own account: its exit file, or the ExitReport it sent on
+  // the stream (the file wins when both exist).
+  std::optional<ExitFile> report;
+  // The worker said Hello during this attempt (or, adopted, before the
+  // daemon restarted).
+  bool said_hello = false;
+  // Why the daemon was killing it, when it was (frozen, hung, gang,
+  // cancelled, stopped) and the reason given then.
+  std::optional<ExitClass> forced;
+  std::string forced_reason;
+};
+
+struct RankEnd {
+  ExitClass cls = ExitClass::kCrash;
+  std::string reason;  // for people; stored and shown
+  bool exited = false;
+  int code = -1;   // the exit code when known and exited, else -1
+  int signal = 0;  // the signal when killed by one, else 0
+};
+
+// Rules, in order:
+//  1. The exit is known from the wait status, else from the report's code.
+//     Neither: kLost, "ended while no daemon was watching, without an exit
+//     file".
+//  2. Forced by us: that class, reason "<forced_reason> (then exit 143)";
+//     except that a worker which completed anyway (exit 0 with a report or
+//     a hello) is kSuccess.
+//  3. Otherwise ClassifyExit(); reason DescribeExit() plus ": <message>"
+//     of the report.
+//  4. Exit 0 from a process that never said Hello and wrote no exit file
+//     is not a trainsup worker finishing its run: kCrash, "exit 0 without
+//     a hello or an exit file".
+RankEnd ClassifyRankEnd(const RankEndFacts& facts);
+
+struct RankOutcome {
+  int rank = 0;
+  ExitClass cls = ExitClass::kCrash;
+  std::string reason;
+  bool progressed = false;  // its training loop advanced during the attempt
+};
+
+struct AttemptOutcome {
+  ExitClass cls = ExitClass::kSuccess;
+  std::string detail;
+  bool made_progress = false;
+};
+
+// The attempt's class is that of the first rank (in rank order) that failed
+// on its own, else of the first that failed at all (gang stops only), else
+// success: "rank 1: exit 3"; "every rank completed" on success.
+AttemptOutcome ClassifyAttemptEnd(const std::vector<RankOutcome>& ranks);
+
+}  // namespace trainsup::supervisor
+
+#endif  // TRAINSUP_SUPERVISOR_EXIT_CLASSIFY_H_

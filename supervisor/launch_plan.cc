@@ -1,0 +1,49 @@
+#include "supervisor/launch_plan.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_join.h"
+#include "proto/run_layout.h"
+
+namespace trainsup::supervisor {
+
+LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
+  LaunchSpec spec;
+  spec.binary = w.binary;
+  spec.args = {"--run-dir",    w.run_dir,
+               "--rank",       std::to_string(w.rank),
+               "--world-size", std::to_string(w.world_size),
+               "--attempt",    std::to_string(w.attempt),
+               "--supervisor", w.supervisor_endpoint,
+               "--resume",     w.resume_step >= 0 ? std::to_string(w.resume_step) : "none"};
+  for (const char* name : kPassedThrough) {
+    auto it = w.daemon_env.find(name);
+    if (it != w.daemon_env.end()) spec.env[name] = it->second;
+  }
+  if (spec.env.count("PATH") == 0) spec.env["PATH"] = "/usr/local/bin:/usr/bin:/bin";
+  spec.env["TRAINSUP_TOKEN"] = w.token;
+  spec.env["TRAINSUP_RUN_ID"] = w.run_id;
+  spec.env["TRAINSUP_ATTEMPT"] = std::to_string(w.attempt);
+  spec.env["CUDA_VISIBLE_DEVICES"] = w.gpu;
+  spec.env["RANK"] = std::to_string(w.rank);
+  spec.env["LOCAL_RANK"] = std::to_string(w.rank);
+  spec.env["WORLD_SIZE"] = std::to_string(w.world_size);
+  spec.env["MASTER_ADDR"] = w.master_addr;
+  spec.env["MASTER_PORT"] = std::to_string(w.master_port);
+  if (!w.data_roots.empty()) spec.env["TRAINSUP_DATA_ROOTS"] = absl::StrJoin(w.data_roots, ":");
+  if (w.memory_budget_mb > 0) {
+    spec.env["TRAINSUP_MEMORY_BUDGET_MB"] = std::to_string(w.memory_budget_mb);
+  }
+  spec.working_dir = w.run_dir;
+  spec.log_path = RunLayout(w.run_dir).LogPath(w.attempt, w.rank);
+  return spec;
+}
+
+int64_t LoweredMemoryBudgetMb(int64_t spec_budget_mb, int oom_exits, double factor) {
+  if (spec_budget_mb <= 0 || oom_exits <= 0 || factor >= 1.0) return 0;
+  const double mb = static_cast<double>(spec_budget_mb) * std::pow(factor, oom_exits);
+  return std::max<int64_t>(1, static_cast<int64_t>(mb));
+}
+
+}  // namespace trainsup::supervisor

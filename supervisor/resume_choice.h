@@ -1,0 +1,30 @@
+// Which checkpoint an attempt resumes from: the newest step that every rank
+// committed and that verifies for every rank (DESIGN.md, gangs). Reads and
+// hashes the checkpoints, so the daemon runs it off its loop. A checkpoint
+// whose content is wrong (size, hash, manifest: DataLoss) is quarantined
+// and reported; an I/O error while reading one (EMFILE, EIO, ENOMEM, ...)
+// quarantines nothing and fails the choice, so the attempt is retried
+// rather than started from scratch over a good checkpoint.
+#ifndef TRAINSUP_SUPERVISOR_RESUME_CHOICE_H_
+#define TRAINSUP_SUPERVISOR_RESUME_CHOICE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace trainsup::supervisor {
+
+struct ResumeChoice {
+  int64_t step = -1;               // -1: from scratch
+  std::string dir;                 // rank 0's checkpoint directory
+  std::vector<std::string> notes;  // quarantines, for the run's events
+  absl::Status error;              // not OK: an I/O error, nothing chosen
+};
+
+ResumeChoice ChooseResume(const std::string& run_dir, int world_size);
+
+}  // namespace trainsup::supervisor
+
+#endif  // TRAINSUP_SUPERVISOR_RESUME_CHOICE_H_

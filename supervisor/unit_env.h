@@ -1,0 +1,152 @@
+// The effects a run unit (run_unit.h) has on the world, behind small
+// interfaces so that its tests can fake every one of them: a clock, timers
+// and off-loop work, the store, a launcher (processes and their exits), a
+// signaller, and the host (the daemon: configuration, watchers, slots,
+// scheduling, metrics, secrets). Every method is called on the event loop's
+// thread, and every callback it takes is run there.
+#ifndef TRAINSUP_SUPERVISOR_UNIT_ENV_H_
+#define TRAINSUP_SUPERVISOR_UNIT_ENV_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/exit_file.h"
+#include "supervisor/config.h"
+#include "supervisor/group_identity.h"
+#include "supervisor/process.h"
+#include "supervisor/store_thread.h"
+#include "trainsup/v1/supervisor.pb.h"
+#include "trainsup/v1/worker.pb.h"
+
+namespace trainsup::supervisor {
+
+class UnitClock {
+ public:
+  virtual ~UnitClock() = default;
+  virtual double NowS() = 0;         // monotonic seconds
+  virtual int64_t WallMs() = 0;      // unix milliseconds
+  virtual uint64_t BootTicks() = 0;  // clock ticks since boot (/proc's clock)
+  // The boot-clock ticks of unix time `wall_ms` (0 if before boot).
+  virtual uint64_t BootTicksAt(int64_t wall_ms) = 0;
+};
+
+class UnitTimers {
+ public:
+  using TimerId = uint64_t;
+  virtual ~UnitTimers() = default;
+  // Runs `fn` after `delay_s` (0: as soon as the loop gets to it). Never 0.
+  virtual TimerId Start(double delay_s, std::function<void()> fn) = 0;
+  // Cancels a timer that has not fired; unknown or fired ids are ignored.
+  virtual void Cancel(TimerId id) = 0;
+  // Runs `work` on a background thread; what it returns runs on the loop.
+  virtual void OffLoop(std::function<std::function<void()>()> work) = 0;
+};
+
+class UnitStore {
+ public:
+  virtual ~UnitStore() = default;
+  // Applies `batch` to run `run_id` (ApplyBatch) off the loop, in the order
+  // of the calls; `done` gets the status and the batch with its events'
+  // seq numbers filled in.
+  virtual void Write(const std::string& run_id, StoreBatch batch,
+                     std::function<void(absl::Status, StoreBatch)> done) = 0;
+};
+
+class UnitLauncher {
+ public:
+  virtual ~UnitLauncher() = default;
+  virtual absl::StatusOr<LaunchedProcess> Launch(const LaunchSpec& spec) = 0;
+  // Calls the host's OnProcessExit(run_id, attempt, rank) once `pid` has
+  // exited: through a pidfd when there is one, else SIGCHLD (own children)
+  // or polling /proc (adopted workers, `start_ticks` telling pid reuse).
+  virtual void WatchExit(const std::string& run_id, int attempt, int rank, int pid,
+                         uint64_t start_ticks, bool own_child) = 0;
+  virtual void UnwatchExit(const std::string& run_id, int attempt, int rank) = 0;
+  // waitpid(WNOHANG) of an own child.
+  virtual ReapResult Reap(int pid) = 0;
+  // Whether `pid` is alive and still the process that started at `start_ticks`.
+  virtual bool IsSameProcess(int pid, uint64_t start_ticks) = 0;
+  // The rank's exit file, when there is a readable one.
+  virtual std::optional<ExitFile> ReadExitFile(const std::string& path) = 0;
+  // Appends the stacks of `pid` to `log_path` (off the loop); `done` runs on
+  // the loop with the tool used or the error.
+  virtual void CaptureStacks(int pid, const std::string& log_path,
+                             std::function<void(absl::StatusOr<std::string>)> done) = 0;
+};
+
+class UnitSignaller {
+ public:
+  virtual ~UnitSignaller() = default;
+  // Signals the worker's process group if it still is the worker's
+  // (SignalWorkerGroup).
+  virtual absl::Status SignalGroup(const GroupIdentity& group, int sig) = 0;
+};
+
+// A worker's stream, from the daemon's side.
+class WorkerLink {
+ public:
+  virtual ~WorkerLink() = default;
+  virtual void Send(const worker::v1::SupervisorCommand& command) = 0;
+  // Ends the stream with `status` (its code and message go to the worker).
+  virtual void Close(const absl::Status& status) = 0;
+};
+
+enum class LogLevel { kInfo, kWarn, kError };
+
+class UnitHost {
+ public:
+  virtual ~UnitHost() = default;
+  // The configuration in force (replaced by reloads between calls).
+  virtual const DaemonConfig& config() = 0;
+  virtual bool shutting_down() = 0;
+  virtual void Log(LogLevel level, const std::string& line) = 0;
+  // A persisted event (seq > 0) or a live-only one (seq 0) for the run's
+  // watchers.
+  virtual void Publish(const v1::RunEvent& event) = 0;
+  // The worker on `slot` ended (or never started): check its release.
+  virtual void ReleaseSlot(int slot, const GroupIdentity& group) = 0;
+  // Something changed that may let a run be placed.
+  virtual void Reschedule() = 0;
+  // The run reached a terminal state, none of its workers lives and all its
+  // writes are stored: the host drops the unit later (never inside this
+  // call).
+  virtual void Finished(const std::string& run_id) = 0;
+  // A store write failed (it is retried).
+  virtual void StoreFailed(const std::string& run_id, const std::string& what,
+                           const absl::Status& status) = 0;
+  // Facts for the launch.
+  virtual std::string WorkerBinary() = 0;
+  virtual std::string SupervisorEndpoint() = 0;
+  virtual std::map<std::string, std::string> DaemonEnvironment() = 0;
+  virtual int FreePort() = 0;
+  // `bytes` random bytes from the kernel's CSPRNG, hex-encoded.
+  virtual std::string NewSecret(int bytes) = 0;
+  virtual double JitterUnit() = 0;  // uniform in [0, 1)
+  // Bytes free for unprivileged users on the file system of `path`, and the
+  // size of its newest checkpoint (off the loop); `done` runs on the loop.
+  virtual void MeasureSpace(
+      const std::string& run_dir, int world_size,
+      std::function<void(absl::StatusOr<int64_t> free_bytes, int64_t checkpoint_bytes)> done) = 0;
+  // Metrics.
+  virtual void CountWorkerExit(const std::string& exit_class) = 0;
+  virtual void CountRestart(const std::string& exit_class) = 0;
+  virtual void RemoveWorkerMetrics(const std::string& run_id, int rank) = 0;
+};
+
+struct UnitEnv {
+  UnitClock* clock = nullptr;
+  UnitTimers* timers = nullptr;
+  UnitStore* store = nullptr;
+  UnitLauncher* launcher = nullptr;
+  UnitSignaller* signaller = nullptr;
+  UnitHost* host = nullptr;
+};
+
+}  // namespace trainsup::supervisor
+
+#endif  // TRAINSUP_SUPERVISOR_UNIT_ENV_H_
