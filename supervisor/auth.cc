@@ -1,8 +1,39 @@
 #include "supervisor/auth.h"
 
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 
 namespace trainsup::supervisor {
+
+// getrandom(2) blocks
+// only before the pool is first initialized, long before a daemon runs.
+std::string SecureRandomHex(int bytes) {
+  std::string raw(static_cast<size_t>(bytes), '\0');
+  size_t got = 0;
+  while (got < raw.size()) {
+    const ssize_t n = getrandom(raw.data() + got, raw.size() - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      // No CSPRNG means no secrets: refusing to go on is the only safe act.
+      std::fprintf(stderr, "getrandom: %s\n", std::strerror(errno));
+      std::abort();
+    }
+    got += static_cast<size_t>(n);
+  }
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
 
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;

@@ -30,6 +30,11 @@ AuthResult Authenticate(const std::vector<Token>& tokens,
                         const std::optional<std::string>& authorization, TokenRole needed,
                         const std::string& method);
 
+// `bytes` bytes from the kernel's CSPRNG (getrandom(2)), hex-encoded: worker
+// tokens and run-id suffixes, so that no output reveals a generator's state.
+// Aborts the process if the kernel has no CSPRNG to give.
+std::string SecureRandomHex(int bytes);
+
 // Compares two strings in time that depends on their lengths only.
 bool ConstantTimeEquals(const std::string& a, const std::string& b);
 

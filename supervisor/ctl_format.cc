@@ -231,8 +231,8 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
   }
   absl::StrAppend(&out, Field("Progress", progress));
   if (p.val_miou() > 0 || p.baseline_miou() > 0) {
-    absl::StrAppend(&out, Field("Validation", absl::StrFormat(
-                                                  "mIoU %.3f (majority-class baseline %.3f), "
+    absl::StrAppend(
+        &out, Field("Validation", absl::StrFormat("mIoU %.3f (majority-class baseline %.3f), "
                                                   "last step accuracy %.3f",
                                                   p.val_miou(), p.baseline_miou(), p.accuracy())));
   }

@@ -137,9 +137,16 @@ class RunUnit {
   void FillLive(v1::Run* out) const;
 
  private:
-  RunUnit(UnitEnv env);
+  explicit RunUnit(UnitEnv env);
+  // `fn` wrapped so that it does nothing once the unit is gone.
   template <class Fn>
-  auto Guarded(Fn fn);
+  auto Guarded(Fn fn) {
+    std::weak_ptr<int> life = life_;
+    return [life, fn = std::move(fn)](auto&&... args) mutable {
+      if (life.expired()) return;
+      fn(std::forward<decltype(args)>(args)...);
+    };
+  }
   const DaemonConfig& cfg() const { return env_.host->config(); }
   void Log(LogLevel level, const std::string& line);
   v1::RunEvent Event(v1::EventKind kind, int rank, const std::string& reason) const;

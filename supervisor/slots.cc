@@ -30,6 +30,20 @@ std::string ToString(SlotState state) {
   return "UNKNOWN";
 }
 
+v1::SlotState ToProto(SlotState s) {
+  switch (s) {
+    case SlotState::kFree:
+      return v1::SLOT_STATE_FREE;
+    case SlotState::kBusy:
+      return v1::SLOT_STATE_BUSY;
+    case SlotState::kReleasing:
+      return v1::SLOT_STATE_RELEASING;
+    case SlotState::kStranded:
+      return v1::SLOT_STATE_STRANDED;
+  }
+  return v1::SLOT_STATE_UNSPECIFIED;
+}
+
 struct SlotTable::Facts {
   int slot = 0;
   int pgid = 0;

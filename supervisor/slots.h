@@ -24,6 +24,7 @@ namespace trainsup::supervisor {
 enum class SlotState { kFree, kBusy, kReleasing, kStranded };
 // "FREE", "BUSY", "RELEASING", "STRANDED".
 std::string ToString(SlotState state);
+v1::SlotState ToProto(SlotState state);
 
 struct Slot {
   int index = 0;

@@ -2,14 +2,13 @@
 //   trainsupd [--config FILE] [--check-config] [--version]
 // Without --config it reads ./trainsupd.toml when present, else runs on the
 // built-in defaults (state in ./trainsup-state, one CPU slot).
-#include <unistd.h>
-
-#include <filesystem>
-#include <iostream>
-
-#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <iostream>
 
 #include "supervisor/config.h"
 #include "supervisor/daemon.h"
@@ -31,10 +30,12 @@ int main(int argc, char** argv) {
     std::cout << "trainsupd " << TRAINSUP_VERSION << "\n";
     return 0;
   }
-  if (config_path.empty() && std::filesystem::exists("trainsupd.toml")) config_path = "trainsupd.toml";
+  if (config_path.empty() && std::filesystem::exists("trainsupd.toml"))
+    config_path = "trainsupd.toml";
   absl::StatusOr<trainsup::supervisor::DaemonConfig> config =
-      config_path.empty() ? trainsup::supervisor::ParseConfig("", std::filesystem::current_path().string())
-                          : trainsup::supervisor::LoadConfig(config_path);
+      config_path.empty()
+          ? trainsup::supervisor::ParseConfig("", std::filesystem::current_path().string())
+          : trainsup::supervisor::LoadConfig(config_path);
   if (!config.ok()) {
     std::cerr << "trainsupd: " << config.status().message() << "\n";
     return 64;
