@@ -174,7 +174,11 @@ StoreBatch::Rank RunUnit::RankRow(RankState& r) {
 }
 
 void RunUnit::MaybeFinished() {
-  if (!IsTerminal(run_.state()) || AnyAlive() || write_in_flight_ || !writes_.empty()) return;
+  if (finished_ || !IsTerminal(run_.state()) || AnyAlive() || write_in_flight_ ||
+      !writes_.empty()) {
+    return;
+  }
+  finished_ = true;
   env_.host->Finished(id());
 }
 

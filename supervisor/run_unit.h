@@ -208,6 +208,7 @@ class RunUnit {
   std::deque<PendingWrite> writes_;
   bool write_in_flight_ = false;
   int write_failures_ = 0;
+  bool finished_ = false;  // Finished() was reported
 };
 
 }  // namespace trainsup::supervisor
