@@ -36,6 +36,8 @@ constexpr int kExitUsage = ExitStatus(WorkerExit::kUsage);
 constexpr int kExitData = ExitStatus(WorkerExit::kData);
 constexpr int kExitOom = ExitStatus(WorkerExit::kOom);
 constexpr int kExitStopped = ExitStatus(WorkerExit::kStopped);
+// Not a contract code: the supervisor restarts the attempt like a crash.
+constexpr int kExitCheckpointIo = 1;
 
 // Counters kept across the whole run (checkpointed with the trainer state).
 struct Counters {
@@ -332,7 +334,10 @@ absl::Status Trainer::Resume() {
   } else {
     int64_t want = std::stoll(options_.resume);
     absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = store_.List();
-    if (!list.ok()) return list.status();
+    if (!list.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("listing ", store_.root(), ": ", list.status().message()));
+    }
     for (const auto& info : *list) {
       if (info.step == want) chosen = info;
     }
@@ -340,14 +345,20 @@ absl::Status Trainer::Resume() {
       return absl::InvalidArgumentError(absl::StrCat("--resume ", want, ": no such checkpoint"));
     }
     absl::Status v = store_.Verify(*chosen);
-    if (!v.ok()) {
+    if (absl::IsDataLoss(v)) {
+      // A content error: moved aside, so the supervisor's next choice skips it.
       store_.Quarantine(*chosen, std::string(v.message())).IgnoreError();
       return absl::DataLossError(absl::StrCat("checkpoint step-", want, ": ", v.message()));
     }
+    if (!v.ok()) return v;  // an I/O error: nothing is known about the checkpoint
   }
   ckpt::TrainerState state;
   absl::Status s = ckpt::LoadState(store_, *chosen, *model_, *optimizer_, &state);
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    if (absl::IsUnavailable(s)) return s;
+    return absl::Status(s.code(),
+                        absl::StrCat("checkpoint step-", chosen->step, ": ", s.message()));
+  }
   step_ = state.step;
   epoch_ = state.epoch;
   cursor_ = state.cursor;
@@ -547,6 +558,14 @@ TrainerResult Trainer::Run() {
   if (!resumed.ok()) {
     if (resumed.code() == absl::StatusCode::kInvalidArgument) {
       return Fail(kExitUsage, "usage", std::string(resumed.message()));
+    }
+    // An I/O error says nothing about the checkpoint: nothing was
+    // quarantined, and starting from scratch or from an older step would
+    // throw work away. The attempt fails (a crash exit) and is retried.
+    if (absl::IsUnavailable(resumed)) {
+      return Fail(kExitCheckpointIo, "checkpoint_io",
+                  absl::StrCat("cannot resume (nothing quarantined; the attempt is retried): ",
+                               resumed.message()));
     }
     return Fail(1, "checkpoint_corrupt", std::string(resumed.message()));
   }

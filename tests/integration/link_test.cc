@@ -448,7 +448,8 @@ class TestWorkerProcess : public ::testing::Test {
                                            << extra;
   }
 
-  void Spawn(std::vector<std::string> args, const std::string& endpoint = "") {
+  void Spawn(std::vector<std::string> args, const std::string& endpoint = "",
+             const std::vector<std::string>& extra_env = {}) {
     std::vector<std::string> argv = {
         TRAINSUP_TEST_WORKER, "--run-dir", run_dir_,       "--rank", "0",
         "--world-size",       "1",         "--supervisor", endpoint};
@@ -457,6 +458,7 @@ class TestWorkerProcess : public ::testing::Test {
     for (auto& a : argv) cargv.push_back(a.data());
     cargv.push_back(nullptr);
     std::vector<std::string> env = {"TRAINSUP_TOKEN=tok-1"};
+    env.insert(env.end(), extra_env.begin(), extra_env.end());
     std::vector<char*> cenv;
     for (auto& e : env) cenv.push_back(e.data());
     cenv.push_back(nullptr);
@@ -529,6 +531,58 @@ TEST_F(TestWorkerProcess, CorruptCheckpointIsQuarantined) {
   EXPECT_NE(Output().find("checkpoint step-5 quarantined"), std::string::npos) << Output();
   EXPECT_NE(Output().find("resumed from step 4"), std::string::npos) << Output();
   EXPECT_TRUE(fs::exists(run_dir_ + "/checkpoints/quarantine"));
+}
+
+// A read error while choosing or loading the checkpoint (made by an
+// LD_PRELOAD shim that fails chosen opens) is not corruption: the attempt
+// exits 1 with reason checkpoint_io naming the file and the errno, nothing
+// is quarantined, and the worker starts neither from scratch nor from an
+// older checkpoint. Once the error is gone, the newest checkpoint is used.
+TEST_F(TestWorkerProcess, ReadErrorWhileResumingFailsTheAttemptAndQuarantinesNothing) {
+  WriteSpec("");
+  Spawn({"--attempt", "1"});
+  ASSERT_EQ(Wait(), 0) << Output();
+  struct Fault {
+    const char* errno_name;
+    const char* file;  // under checkpoints/
+    const char* skip;  // matching opens that succeed first
+    const char* resume;
+  };
+  const Fault faults[] = {
+      {"EIO", "step-5/MANIFEST.json", "0", "latest"},  // verifying
+      {"EMFILE", "step-5/state.json", "0", "latest"},  // verifying
+      {"ENOMEM", "step-5/state.json", "1", "latest"},  // loading, after it verified
+      {"EIO", "step-4/state.json", "0", "4"},          // --resume STEP
+  };
+  int attempt = 2;
+  for (const Fault& f : faults) {
+    SCOPED_TRACE(std::string(f.errno_name) + " on " + f.file + ", --resume " + f.resume);
+    const std::string path = run_dir_ + "/checkpoints/" + f.file;
+    Spawn(
+        {"--attempt", std::to_string(attempt), "--resume", f.resume}, "",
+        {std::string("LD_PRELOAD=") + TRAINSUP_FAULT_OPEN_SHIM, "TRAINSUP_FAULT_OPEN_PATH=" + path,
+         std::string("TRAINSUP_FAULT_OPEN_ERRNO=") + f.errno_name,
+         std::string("TRAINSUP_FAULT_OPEN_SKIP=") + f.skip});
+    EXPECT_EQ(Wait(), 1) << Output();
+    auto exit_file = ReadExitFile(ExitFilePath(run_dir_, attempt, 0));
+    ASSERT_TRUE(exit_file.ok()) << exit_file.status() << "\n" << Output();
+    EXPECT_EQ(exit_file->code, 1);
+    EXPECT_EQ(exit_file->reason, "checkpoint_io");
+    EXPECT_NE(exit_file->message.find(path), std::string::npos) << exit_file->message;
+    EXPECT_NE(exit_file->message.find(std::string("(") + f.errno_name + ")"), std::string::npos)
+        << exit_file->message;
+    EXPECT_EQ(Output().find("resumed from"), std::string::npos) << Output();
+    EXPECT_EQ(Output().find("step 1/5"), std::string::npos) << Output();
+    EXPECT_FALSE(fs::exists(run_dir_ + "/checkpoints/quarantine")) << Output();
+    for (int step : {4, 5}) {
+      EXPECT_TRUE(
+          fs::exists(run_dir_ + "/checkpoints/step-" + std::to_string(step) + "/state.json"));
+    }
+    ++attempt;
+  }
+  Spawn({"--attempt", std::to_string(attempt)});
+  ASSERT_EQ(Wait(), 0) << Output();
+  EXPECT_NE(Output().find("resumed from step 5"), std::string::npos) << Output();
 }
 
 TEST_F(TestWorkerProcess, SigtermCheckpointsAndExits143) {

@@ -234,6 +234,15 @@ class TestWorker {
     Say(absl::StrCat("corrupted ", path));
   }
 
+  // An I/O error while choosing or loading the checkpoint: the attempt
+  // fails like a crash (the supervisor retries it); nothing is quarantined
+  // and the worker starts neither from scratch nor from an older step.
+  int CheckpointIoError(const absl::Status& s) {
+    return Finish(
+        kExitCrash, "checkpoint_io",
+        absl::StrCat("cannot resume (nothing quarantined; the attempt is retried): ", s.message()));
+  }
+
   // Returns an exit code when the worker must end, else -1.
   int Resume() {
     if (args_.resume == "none") return -1;
@@ -248,6 +257,7 @@ class TestWorker {
         Event(trainsup::v1::EVENT_KIND_LOG, msg);
       }
       if (absl::IsNotFound(latest.status())) return -1;
+      if (absl::IsUnavailable(latest.status())) return CheckpointIoError(latest.status());
       if (!latest.ok()) {
         return Finish(kExitCrash, "checkpoint_error", std::string(latest.status().message()));
       }
@@ -256,9 +266,7 @@ class TestWorker {
       int64_t want = 0;
       absl::SimpleAtoi(args_.resume, &want);
       auto list = store_.List();
-      if (!list.ok()) {
-        return Finish(kExitCrash, "checkpoint_error", std::string(list.status().message()));
-      }
+      if (!list.ok()) return CheckpointIoError(list.status());
       bool found = false;
       for (const auto& info : *list) {
         if (info.step == want) {
@@ -273,18 +281,26 @@ class TestWorker {
       }
       // A corrupt checkpoint is moved aside, so the supervisor's next choice
       // skips it, and the attempt ends as a crash (restartable).
-      if (absl::Status s = store_.Verify(chosen); !s.ok()) {
+      if (absl::Status s = store_.Verify(chosen); absl::IsDataLoss(s)) {
         auto q = store_.Quarantine(chosen, std::string(s.message()));
         const std::string msg =
             absl::StrCat("checkpoint step-", want, " quarantined: ", s.message());
         Say(msg);
         Event(trainsup::v1::EVENT_KIND_LOG, msg);
         return Finish(kExitCrash, "checkpoint_corrupt", msg);
+      } else if (!s.ok()) {
+        return CheckpointIoError(s);
       }
     }
-    auto text = ReadWholeFile(ckpt::JoinPath(chosen.path, kStateFile));
-    const nlohmann::json state =
-        text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+    const std::string state_path = ckpt::JoinPath(chosen.path, kStateFile);
+    auto text = store_.fs()->ReadSmallFile(state_path);
+    if (!text.ok()) {
+      absl::Status s = ckpt::CheckpointReadError(
+          text.status(), absl::StrCat(state_path, ": ", text.status().message()));
+      if (absl::IsUnavailable(s)) return CheckpointIoError(s);
+      return Finish(kExitCrash, "checkpoint_error", std::string(s.message()));
+    }
+    const nlohmann::json state = nlohmann::json::parse(*text, nullptr, false);
     if (!state.is_object() || !state.contains("step") || !state["step"].is_number_integer() ||
         state["step"].get<int64_t>() != chosen.step) {
       return Finish(kExitCrash, "checkpoint_error",

@@ -41,7 +41,7 @@ std::string ReadFile(const fs::path& path) {
   return s.str();
 }
 
-std::string MakeRunDir(const std::string& name) {
+std::string MakeRunDir(const std::string& name, int steps = kSteps) {
   fs::path dir = fs::path(::testing::TempDir()) /
                  ("resume_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -58,7 +58,7 @@ std::string MakeRunDir(const std::string& name) {
                                       "[train]\n"
                                       "batch_size = 2\n"
                                       "steps = "
-                                   << kSteps
+                                   << steps
                                    << "\n"
                                       "checkpoint_every_steps = 3\n"
                                       "deterministic = true\n"
@@ -71,8 +71,9 @@ std::string LogPath(const std::string& dir, int attempt) {
 }
 
 // Starts trainsup-worker standalone (no supervisor), its output in
-// DIR/attempt-A.log.
-pid_t Launch(const std::string& dir, int attempt) {
+// DIR/attempt-A.log, with `env` (NAME, VALUE) added to its environment.
+pid_t Launch(const std::string& dir, int attempt, const std::string& resume = "latest",
+             const std::vector<std::pair<std::string, std::string>>& env = {}) {
   std::string log = LogPath(dir, attempt);
   std::string attempt_arg = std::to_string(attempt);
   pid_t pid = fork();
@@ -83,9 +84,10 @@ pid_t Launch(const std::string& dir, int attempt) {
       dup2(fd, 2);
       close(fd);
     }
+    for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
     execl(TRAINSUP_WORKER_BIN, TRAINSUP_WORKER_BIN, "--run-dir", dir.c_str(), "--rank", "0",
           "--world-size", "1", "--attempt", attempt_arg.c_str(), "--supervisor", "", "--resume",
-          "latest", static_cast<char*>(nullptr));
+          resume.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   return pid;
@@ -217,6 +219,60 @@ TEST(Resume, SigkilledThreeTimesEndsBitIdenticalToAnUninterruptedRun) {
   }
   fs::remove_all(a);
   fs::remove_all(b);
+}
+
+// A read error on the checkpoint to resume from (an LD_PRELOAD shim fails
+// chosen opens with EIO or EMFILE) is not corruption: the attempt exits 1
+// with reason checkpoint_io naming the file and the errno, quarantines
+// nothing and trains neither from scratch nor from an older checkpoint.
+// Without the error the next attempt resumes from the newest checkpoint.
+TEST(Resume, ReadErrorFailsTheAttemptAndQuarantinesNothing) {
+  const std::string dir = MakeRunDir("io", 4);  // checkpoints step-3 and step-4
+  int status = WaitStatus(Launch(dir, 1));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << ":\n"
+                                                             << ReadFile(LogPath(dir, 1));
+  ASSERT_EQ(CheckpointSteps(dir), (std::vector<int64_t>{3, 4}));
+  struct Fault {
+    const char* errno_name;
+    const char* file;  // under checkpoints/
+    const char* skip;  // matching opens that succeed first
+    const char* resume;
+  };
+  const Fault faults[] = {
+      {"EIO", "step-4/model.safetensors", "0", "latest"},     // verifying
+      {"EMFILE", "step-4/model.safetensors", "1", "latest"},  // loading, after it verified
+      {"EIO", "step-3/trainer.json", "0", "3"},               // --resume STEP
+  };
+  int attempt = 2;
+  for (const Fault& f : faults) {
+    SCOPED_TRACE(std::string(f.errno_name) + " on " + f.file + ", --resume " + f.resume);
+    const std::string path = dir + "/checkpoints/" + f.file;
+    status = WaitStatus(Launch(dir, attempt, f.resume,
+                               {{"LD_PRELOAD", TRAINSUP_FAULT_OPEN_SHIM},
+                                {"TRAINSUP_FAULT_OPEN_PATH", path},
+                                {"TRAINSUP_FAULT_OPEN_ERRNO", f.errno_name},
+                                {"TRAINSUP_FAULT_OPEN_SKIP", f.skip}}));
+    const std::string log = ReadFile(LogPath(dir, attempt));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status << ":\n"
+                                                               << log;
+    absl::StatusOr<ExitFile> exit_file = ReadExitFile(ExitFilePath(dir, attempt, 0));
+    ASSERT_TRUE(exit_file.ok()) << exit_file.status() << "\n" << log;
+    EXPECT_EQ(exit_file->code, 1);
+    EXPECT_EQ(exit_file->reason, "checkpoint_io");
+    EXPECT_NE(exit_file->message.find(path), std::string::npos) << exit_file->message;
+    EXPECT_NE(exit_file->message.find(std::string("(") + f.errno_name + ")"), std::string::npos)
+        << exit_file->message;
+    EXPECT_EQ(log.find("resumed from"), std::string::npos) << log;
+    EXPECT_EQ(log.find("\nstep 1/"), std::string::npos) << log;
+    EXPECT_FALSE(fs::exists(fs::path(dir) / "checkpoints" / "quarantine")) << log;
+    EXPECT_EQ(CheckpointSteps(dir), (std::vector<int64_t>{3, 4})) << log;
+    ++attempt;
+  }
+  status = WaitStatus(Launch(dir, attempt));
+  const std::string log = ReadFile(LogPath(dir, attempt));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << ":\n" << log;
+  EXPECT_NE(log.find("resumed from step 4"), std::string::npos) << log;
+  fs::remove_all(dir);
 }
 
 }  // namespace
