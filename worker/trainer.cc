@@ -249,6 +249,14 @@ class Trainer {
     p.set_baseline_miou(baseline_miou_);
     hooks_.progress(p);
   }
+  // A data error's message for the exit file and the supervisor, which
+  // viewers see: the file's content withheld (ViewerMessage). The rank's
+  // log gets all of it.
+  std::string DataMessage(const absl::Status& s) {
+    const std::string viewer = ViewerMessage(s);
+    if (viewer != s.message()) Log(absl::StrCat("data error: ", s.message()));
+    return viewer;
+  }
   TrainerResult Fail(int code, const std::string& reason, const std::string& message) {
     TrainerResult r;
     r.exit_code = code;
@@ -503,13 +511,16 @@ TrainerResult Trainer::Run() {
   auto data_failure = [this](const absl::Status& s) {
     std::string m(s.message());
     bool field = m.rfind("data.", 0) == 0 || m.rfind("model.", 0) == 0;
-    return field ? Fail(kExitUsage, "usage", m) : Fail(kExitData, "data", m);
+    return field ? Fail(kExitUsage, "usage", DataMessage(s))
+                 : Fail(kExitData, "data", DataMessage(s));
   };
-  absl::StatusOr<std::unique_ptr<Dataset>> train = OpenDataset(spec_, Split::kTrain);
+  absl::StatusOr<std::unique_ptr<Dataset>> train =
+      OpenDataset(spec_, Split::kTrain, options_.data_roots);
   if (!train.ok()) return data_failure(train.status());
   train_ = std::move(*train);
   if (spec_.data.val_fraction > 0) {
-    absl::StatusOr<std::unique_ptr<Dataset>> val = OpenDataset(spec_, Split::kVal);
+    absl::StatusOr<std::unique_ptr<Dataset>> val =
+        OpenDataset(spec_, Split::kVal, options_.data_roots);
     if (!val.ok()) return data_failure(val.status());
     val_ = std::move(*val);
   }
@@ -631,7 +642,7 @@ TrainerResult Trainer::Run() {
       }
     }
     absl::StatusOr<Batch> batch = loader_->Next();
-    if (!batch.ok()) return Fail(kExitData, "data", std::string(batch.status().message()));
+    if (!batch.ok()) return Fail(kExitData, "data", DataMessage(batch.status()));
     auto t0 = Clock::now();
     absl::Status s = Step(*batch);
     if (!s.ok()) {

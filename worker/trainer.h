@@ -10,19 +10,19 @@
 #ifndef TRAINSUP_WORKER_TRAINER_H_
 #define TRAINSUP_WORKER_TRAINER_H_
 
-#include <cstdint>
-#include <functional>
-#include <string>
-
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/spec.h"
+#include "trainsup/v1/supervisor.pb.h"
 #include "worker/loader.h"
 #include "worker/split.h"
-#include "trainsup/v1/supervisor.pb.h"
 
 namespace trainsup::sparse {
 class MinkUNetImpl;
@@ -41,6 +41,10 @@ struct TrainerOptions {
   // > 0: replaces train.memory_budget_mb (the supervisor lowers it after an
   // out-of-memory exit: TRAINSUP_MEMORY_BUDGET_MB).
   int64_t memory_budget_mb_override = 0;
+  // The supervisor's data roots (TRAINSUP_DATA_ROOTS, proto/data_roots.h):
+  // every data file and folder is confined to them as it is opened. Unset:
+  // no confinement.
+  std::optional<std::vector<std::string>> data_roots;
 };
 
 // How the loop talks to the world; every hook may be empty.

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "proto/exit_file.h"
+#include "tests/common/fault_open.h"
 
 extern char** environ;
 
@@ -542,27 +543,22 @@ TEST_F(TestWorkerProcess, ReadErrorWhileResumingFailsTheAttemptAndQuarantinesNot
   WriteSpec("");
   Spawn({"--attempt", "1"});
   ASSERT_EQ(Wait(), 0) << Output();
-  struct Fault {
-    const char* errno_name;
-    const char* file;  // under checkpoints/
-    const char* skip;  // matching opens that succeed first
-    const char* resume;
-  };
-  const Fault faults[] = {
+  const trainsup::testing::OpenFault faults[] = {
       {"EIO", "step-5/MANIFEST.json", "0", "latest"},  // verifying
       {"EMFILE", "step-5/state.json", "0", "latest"},  // verifying
       {"ENOMEM", "step-5/state.json", "1", "latest"},  // loading, after it verified
       {"EIO", "step-4/state.json", "0", "4"},          // --resume STEP
   };
   int attempt = 2;
-  for (const Fault& f : faults) {
+  for (const auto& f : faults) {
     SCOPED_TRACE(std::string(f.errno_name) + " on " + f.file + ", --resume " + f.resume);
     const std::string path = run_dir_ + "/checkpoints/" + f.file;
-    Spawn(
-        {"--attempt", std::to_string(attempt), "--resume", f.resume}, "",
-        {std::string("LD_PRELOAD=") + TRAINSUP_FAULT_OPEN_SHIM, "TRAINSUP_FAULT_OPEN_PATH=" + path,
-         std::string("TRAINSUP_FAULT_OPEN_ERRNO=") + f.errno_name,
-         std::string("TRAINSUP_FAULT_OPEN_SKIP=") + f.skip});
+    std::vector<std::string> env;
+    for (const auto& [name, value] :
+         trainsup::testing::FaultOpenEnv(TRAINSUP_FAULT_OPEN_SHIM, path, f)) {
+      env.push_back(name + "=" + value);
+    }
+    Spawn({"--attempt", std::to_string(attempt), "--resume", f.resume}, "", env);
     EXPECT_EQ(Wait(), 1) << Output();
     auto exit_file = ReadExitFile(ExitFilePath(run_dir_, attempt, 0));
     ASSERT_TRUE(exit_file.ok()) << exit_file.status() << "\n" << Output();

@@ -1,0 +1,167 @@
+// The real trainsup-worker as a process: what it may read (confinement to
+// the data roots the supervisor passes in TRAINSUP_DATA_ROOTS, every file
+// as it is opened) and what its exit file, which viewers of the run see,
+// may say about the data.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "proto/exit_file.h"
+#include "tests/worker/worker_process.h"
+
+namespace trainsup::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Launch;
+using testing::LogPath;
+using testing::ReadFile;
+using testing::WaitStatus;
+
+constexpr char kSecret[] = "hunter2-secret";
+
+std::string Valid(const std::string& relative) {
+  return std::string(TRAINSUP_TEST_DATA_DIR) + "/valid/" + relative;
+}
+
+// A scratch tree: TOP/roots/data is the one data root, TOP/outside is not
+// in it, TOP/run is the run directory.
+class WorkerProcess : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    top_ = fs::path(::testing::TempDir()) /
+           ("worker_main_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(top_);
+    root_ = (top_ / "roots" / "data").string();
+    outside_ = (top_ / "outside").string();
+    run_ = (top_ / "run").string();
+    for (const std::string& d : {root_, outside_, run_}) fs::create_directories(d);
+    // Something an attacker would like to read, outside the roots.
+    std::ofstream(outside_ + "/secret.txt") << kSecret << "\n";
+  }
+  void TearDown() override { fs::remove_all(top_); }
+
+  void WriteSpec(const std::string& format, const std::string& data_lines, int in_channels) {
+    std::ofstream(run_ + "/spec.toml")
+        << "name = \"confined\"\n"
+        << "[model]\nin_channels = " << in_channels << "\nvoxel_size = 0.1\n"
+        << "[data]\nformat = \"" << format << "\"\n"
+        << data_lines << "val_fraction = 0\n"
+        << "[train]\nsteps = 1\ncheckpoint_every_steps = 0\n";
+  }
+
+  // Runs attempt 1 confined to the data root; returns its exit status.
+  int RunConfined() {
+    return WaitStatus(Launch(run_, 1, "none", {{"TRAINSUP_DATA_ROOTS", root_}}));
+  }
+
+  ExitFile Exit() {
+    absl::StatusOr<ExitFile> f = ReadExitFile(ExitFilePath(run_, 1, 0));
+    EXPECT_TRUE(f.ok()) << f.status() << "\n" << Log();
+    return f.ok() ? *f : ExitFile{};
+  }
+
+  std::string Log() { return ReadFile(LogPath(run_, 1)); }
+
+  fs::path top_;
+  std::string root_, outside_, run_;
+};
+
+// A file inside a data directory that is a link out of the roots: the
+// spec's data.path passed the submit check, the file does not.
+TEST_F(WorkerProcess, DataFileLinkedOutOfTheRootsIsNotRead) {
+  fs::create_directories(root_ + "/scenes");
+  fs::copy_file(Valid("ply/points_le.ply"), root_ + "/scenes/a.ply");
+  fs::copy_file(Valid("ply/points_le.ply"), outside_ + "/b.ply");
+  fs::create_symlink(outside_ + "/b.ply", root_ + "/scenes/b.ply");
+  WriteSpec("ply", "path = \"" + root_ + "/scenes\"\n", 3);
+  const int status = RunConfined();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 65) << status << "\n" << Log();
+  const ExitFile e = Exit();
+  EXPECT_EQ(e.reason, "data");
+  EXPECT_NE(e.message.find(root_ + "/scenes/b.ply: leads to " + outside_ + "/b.ply"),
+            std::string::npos)
+      << e.message;
+  EXPECT_NE(e.message.find("outside the data roots (" + root_ + ")"), std::string::npos)
+      << e.message;
+}
+
+// SemanticKITTI's labels/ sibling, found next to velodyne/, is a link out.
+TEST_F(WorkerProcess, KittiLabelsSiblingLinkedOutIsNotRead) {
+  const std::string seq = root_ + "/sequences/00";
+  fs::create_directories(seq + "/velodyne");
+  fs::copy_file(Valid("semantickitti/sequences/00/velodyne/000000.bin"),
+                seq + "/velodyne/000000.bin");
+  fs::create_directories(outside_ + "/labels");
+  fs::copy_file(Valid("semantickitti/sequences/00/labels/000000.label"),
+                outside_ + "/labels/000000.label");
+  fs::create_directory_symlink(outside_ + "/labels", seq + "/labels");
+  WriteSpec("semantickitti", "path = \"" + seq + "/velodyne/000000.bin\"\n", 1);
+  const int status = RunConfined();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 65) << status << "\n" << Log();
+  const ExitFile e = Exit();
+  EXPECT_NE(e.message.find(seq + "/labels/000000.label: leads to " + outside_ +
+                           "/labels/000000.label, outside the data roots"),
+            std::string::npos)
+      << e.message;
+}
+
+// An S3DIS room whose Annotations/ folder is a link out: not even listed.
+TEST_F(WorkerProcess, S3disAnnotationsLinkedOutAreNotRead) {
+  fs::create_directories(root_ + "/office_1");
+  fs::copy(Valid("s3dis/Area_1/office_1/Annotations"), outside_ + "/Annotations");
+  fs::create_directory_symlink(outside_ + "/Annotations", root_ + "/office_1/Annotations");
+  WriteSpec("s3dis", "path = \"" + root_ + "/office_1\"\n", 3);
+  const int status = RunConfined();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 65) << status << "\n" << Log();
+  const ExitFile e = Exit();
+  EXPECT_NE(e.message.find(root_ + "/office_1/Annotations: leads to " + outside_ +
+                           "/Annotations, outside the data roots"),
+            std::string::npos)
+      << e.message;
+}
+
+// data.label_file itself is re-checked at the attempt: a link out of the
+// roots (made after the submit check) is refused before it is opened, and
+// the secret it points at appears nowhere.
+TEST_F(WorkerProcess, LabelFileLinkedOutIsRefusedAndNothingOfItShown) {
+  fs::copy_file(Valid("ply/side_labels.ply"), root_ + "/room.ply");
+  fs::create_symlink(outside_ + "/secret.txt", root_ + "/labels.txt");
+  WriteSpec("ply", "path = \"" + root_ + "/room.ply\"\nlabel_file = \"" + root_ + "/labels.txt\"\n",
+            3);
+  const int status = RunConfined();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 64) << status << "\n" << Log();
+  const ExitFile e = Exit();
+  EXPECT_NE(
+      e.message.find("data.label_file: " + root_ + "/labels.txt resolves outside the data roots"),
+      std::string::npos)
+      << e.message;
+  EXPECT_EQ(e.message.find(kSecret), std::string::npos) << e.message;
+  EXPECT_EQ(Log().find(kSecret), std::string::npos) << Log();
+}
+
+// A bad label file inside the roots: the exit file (shown to every viewer
+// of the run) says where and what is wrong but withholds what the file
+// says; the rank's log has all of it.
+TEST_F(WorkerProcess, ExitFileWithholdsTheDataFilesContent) {
+  fs::copy_file(Valid("ply/side_labels.ply"), root_ + "/room.ply");
+  std::ofstream(root_ + "/labels.txt") << kSecret << "\n1\n2\n-1\n";
+  WriteSpec("ply", "path = \"" + root_ + "/room.ply\"\nlabel_file = \"" + root_ + "/labels.txt\"\n",
+            3);
+  const int status = RunConfined();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 65) << status << "\n" << Log();
+  const ExitFile e = Exit();
+  EXPECT_NE(e.message.find(root_ + "/labels.txt: line 1: '<withheld>' is not a label"),
+            std::string::npos)
+      << e.message;
+  EXPECT_EQ(e.message.find(kSecret), std::string::npos) << e.message;
+  EXPECT_NE(Log().find(std::string("line 1: '") + kSecret + "' is not a label"), std::string::npos)
+      << Log();
+}
+
+}  // namespace
+}  // namespace trainsup::worker
