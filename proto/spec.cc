@@ -169,6 +169,7 @@ absl::Status ReadData(const toml::table* t, DataSpec* d) {
   TRAINSUP_RETURN_IF_ERROR(r.Bool("augment", &d->augment));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("use_features", &d->use_features));
   TRAINSUP_RETURN_IF_ERROR(r.Double("tile_size", &d->tile_size, 0, 100000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("max_file_mb", &d->max_file_mb, 1, 1048576));
   TRAINSUP_RETURN_IF_ERROR(r.Int("scenes", &d->scenes, 1, 100000));
   TRAINSUP_RETURN_IF_ERROR(
       r.String("scene_size", &d->scene_size, {"small", "default", "large", "huge"}));

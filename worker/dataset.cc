@@ -509,6 +509,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFiles(
   options.label_file = data.label_file;
   options.require_labels = true;
   options.data_roots = data_roots;
+  options.max_file_bytes = static_cast<uint64_t>(data.max_file_mb) << 20;
   const std::string format_name = ToString(*format);
 
   const bool single =

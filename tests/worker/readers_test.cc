@@ -4,10 +4,14 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <set>
 #include <string>
@@ -582,6 +586,57 @@ TEST_F(Confinement, SideFilesAndFoldersAreConfinedToo) {
                                   root_ + "/office_2/Annotations/chair_2.txt");
   ExpectOutside(ReadPointCloud(root_ + "/office_2", "s3dis", confined_),
                 root_ + "/office_2/Annotations/chair_2.txt", outside_ + "/Annotations/chair_2.txt");
+}
+
+// Only regular files are read: a FIFO would block open(2) until a writer
+// came. The wait below is a hang guard (the FIFO is then opened for
+// writing to let a stuck reader go), not a timing assertion.
+TEST_F(Confinement, AFifoIsRefusedWithoutBlocking) {
+  const std::string fifo = root_ + "/labels";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  std::filesystem::copy_file(DataPath("valid/ply/side_labels.ply"), root_ + "/room.ply");
+  for (const std::string& path : {fifo, root_ + "/room.ply"}) {
+    SCOPED_TRACE(path);
+    ReadOptions options = confined_;
+    if (path != fifo) options.label_file = fifo;
+    std::future<absl::StatusOr<PointCloud>> read =
+        std::async(std::launch::async, [&] { return ReadPointCloud(path, "ply", options); });
+    if (read.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+      ADD_FAILURE() << "the reader blocked on the FIFO";
+      std::ofstream unblock(fifo);
+    }
+    absl::StatusOr<PointCloud> cloud = read.get();
+    ASSERT_FALSE(cloud.ok());
+    EXPECT_EQ(cloud.status().code(), absl::StatusCode::kInvalidArgument) << cloud.status();
+    EXPECT_THAT(std::string(cloud.status().message()), HasSubstr(fifo + ": not a regular file"));
+  }
+}
+
+// A file above options.max_file_bytes is refused before its buffer is
+// allocated: a sparse 1 TiB file, which could never be allocated, fails
+// with the limit's error, not with bad_alloc.
+TEST_F(Confinement, FilesAboveTheSizeLimitAreRefusedBeforeAllocating) {
+  const std::string huge = root_ + "/huge.ply";
+  std::ofstream(huge) << "ply\n";
+  std::filesystem::resize_file(huge, uint64_t{1} << 40);
+  ReadOptions options;
+  options.max_file_bytes = uint64_t{4096} << 20;
+  for (const char* format : {"ply", "las", "semantickitti", "s3dis"}) {
+    absl::StatusOr<PointCloud> cloud = ReadPointCloud(huge, format, options);
+    ASSERT_FALSE(cloud.ok()) << format;
+    EXPECT_EQ(cloud.status().code(), absl::StatusCode::kInvalidArgument) << cloud.status();
+    EXPECT_THAT(std::string(cloud.status().message()),
+                HasSubstr(huge + ": 1048576 MiB (1099511627776 bytes) is more than "
+                                 "data.max_file_mb (4096 MiB)"));
+  }
+  // At the limit is fine; one byte over is not.
+  std::filesystem::copy_file(DataPath("valid/ply/points_le.ply"), root_ + "/a.ply");
+  const uint64_t size = std::filesystem::file_size(root_ + "/a.ply");
+  options.max_file_bytes = size;
+  EXPECT_TRUE(ReadPointCloud(root_ + "/a.ply", "ply", options).ok());
+  options.max_file_bytes = size - 1;
+  EXPECT_EQ(ReadPointCloud(root_ + "/a.ply", "ply", options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // What viewers see of a reader error: where and what, but nothing the file

@@ -3,8 +3,11 @@
 // as it is opened) and what its exit file, which viewers of the run see,
 // may say about the data.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -161,6 +164,40 @@ TEST_F(WorkerProcess, ExitFileWithholdsTheDataFilesContent) {
   EXPECT_EQ(e.message.find(kSecret), std::string::npos) << e.message;
   EXPECT_NE(Log().find(std::string("line 1: '") + kSecret + "' is not a label"), std::string::npos)
       << Log();
+}
+
+// A data file far larger than data.max_file_mb (a sparse 1 TiB file) is
+// refused before anything is allocated for it: exit 65 naming the file,
+// not a bad_alloc abort that the supervisor would restart forever.
+TEST_F(WorkerProcess, HugeDataFileExits65NamingIt) {
+  const std::string huge = root_ + "/huge.ply";
+  std::ofstream(huge) << "ply\n";
+  fs::resize_file(huge, uint64_t{1} << 40);
+  WriteSpec("ply", "path = \"" + huge + "\"\n", 3);
+  const int status = RunConfined();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 65) << status << "\n" << Log();
+  const ExitFile e = Exit();
+  EXPECT_EQ(e.reason, "data");
+  EXPECT_NE(e.message.find(huge + ": 1048576 MiB (1099511627776 bytes) is more than "
+                                  "data.max_file_mb (4096 MiB)"),
+            std::string::npos)
+      << e.message;
+}
+
+// A FIFO among the data files (here the label side file) is not opened for
+// a blocking read, which would hang the worker until someone wrote to it:
+// exit 65 at once.
+TEST_F(WorkerProcess, FifoAmongTheDataFilesExits65InsteadOfHanging) {
+  fs::copy_file(Valid("ply/side_labels.ply"), root_ + "/room.ply");
+  const std::string fifo = root_ + "/labels.txt";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  WriteSpec("ply", "path = \"" + root_ + "/room.ply\"\nlabel_file = \"" + fifo + "\"\n", 3);
+  // The limit is a hang guard: a worker blocked in open(2) is killed.
+  const int status = WaitStatus(Launch(run_, 1, "none", {{"TRAINSUP_DATA_ROOTS", root_}}),
+                                std::chrono::seconds(60));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 65) << status << "\n" << Log();
+  EXPECT_NE(Exit().message.find(fifo + ": not a regular file"), std::string::npos)
+      << Exit().message;
 }
 
 }  // namespace

@@ -66,6 +66,10 @@ struct ReadOptions {
   // directories; otherwise the read fails with PermissionDenied naming the
   // path and where it leads. Unset: no confinement.
   std::optional<std::vector<std::string>> data_roots;
+  // A file larger than this many bytes is refused (InvalidArgument naming
+  // it, its size and the limit) before anything is allocated for it; 0: no
+  // limit. The worker sets it from data.max_file_mb.
+  uint64_t max_file_bytes = 0;
 };
 
 // Label properties tried, in order, when ReadOptions::label_property is

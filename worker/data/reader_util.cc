@@ -49,7 +49,14 @@ absl::Status CheckConfined(int fd, const std::string& path, const ReadOptions& o
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const ReadOptions& options) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // A FIFO would block open(2) until a writer came, a device may do
+  // anything on open: only regular files are opened, and O_NONBLOCK covers
+  // one swapped in after the stat.
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return InvalidFile(path, "not a regular file");
+  }
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
@@ -59,12 +66,19 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const ReadOpt
     ::close(fd);
     return confined;
   }
-  struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     return InvalidFile(path, "not a regular file");
   }
-  std::string data(static_cast<size_t>(st.st_size), '\0');
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (options.max_file_bytes > 0 && size > options.max_file_bytes) {
+    ::close(fd);
+    constexpr uint64_t kMiB = uint64_t{1} << 20;
+    return InvalidFile(path, absl::StrCat((size + kMiB - 1) / kMiB, " MiB (", size,
+                                          " bytes) is more than data.max_file_mb (",
+                                          options.max_file_bytes / kMiB, " MiB)"));
+  }
+  std::string data(static_cast<size_t>(size), '\0');
   size_t done = 0;
   while (done < data.size()) {
     ssize_t n = ::read(fd, data.data() + done, data.size() - done);
@@ -84,7 +98,7 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const ReadOpt
 
 absl::StatusOr<std::vector<std::string>> ListFolder(const std::string& dir,
                                                     const ReadOptions& options) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     return InvalidFile(dir, absl::StrCat("cannot list the folder: ", std::strerror(errno)));
   }

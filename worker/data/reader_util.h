@@ -35,9 +35,12 @@ absl::Status CorruptFile(const std::string& path, absl::string_view message);
 absl::Status CheckConfined(int fd, const std::string& path, const ReadOptions& options);
 
 // The whole file, read with one read(2) loop into a buffer sized from
-// fstat. NotFound when it does not exist, PermissionDenied when it lies
-// outside options.data_roots (CheckConfined), InvalidArgument when it is
-// not a regular file or cannot be opened, DataLoss when reading fails or
+// fstat. Anything but a regular file (a FIFO, a device, a socket) is
+// refused without being opened, and the open itself never blocks. NotFound
+// when it does not exist, PermissionDenied when it lies outside
+// options.data_roots (CheckConfined), InvalidArgument when it is not a
+// regular file, cannot be opened or is larger than options.max_file_bytes
+// (checked before the buffer is allocated), DataLoss when reading fails or
 // the file changes size underneath.
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const ReadOptions& options);
 
