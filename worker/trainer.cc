@@ -212,9 +212,11 @@ void CorruptNewest(const std::string& root) {
 class Trainer {
  public:
   Trainer(const RunSpec& spec, const TrainerOptions& options, const TrainerHooks& hooks)
-      : spec_(spec), options_(options), hooks_(hooks),
+      : spec_(spec),
+        options_(options),
+        hooks_(hooks),
         store_(RunLayout(options.run_dir).CheckpointRoot(options.rank, options.world_size),
-               ckpt::FileSystem::Default(),
+               options.file_system != nullptr ? options.file_system : ckpt::FileSystem::Default(),
                ckpt::StoreOptions{static_cast<int>(spec.train.keep_checkpoints), 0}) {}
 
   TrainerResult Run();
@@ -247,6 +249,8 @@ class Trainer {
     p.set_accuracy(last_accuracy_);
     p.set_val_miou(val_miou_);
     p.set_baseline_miou(baseline_miou_);
+    p.set_checkpoint_failures(checkpoint_failures_);
+    p.set_last_checkpoint_error(last_checkpoint_error_);
     hooks_.progress(p);
   }
   // A data error's message for the exit file and the supervisor, which
@@ -265,7 +269,14 @@ class Trainer {
     r.last_step = step_;
     return r;
   }
+  // Saves the current step. A failure is counted and reported (log,
+  // checkpoint_failed, the heartbeat) and returned; the checkpoints
+  // committed before are untouched.
   absl::Status Checkpoint();
+  // The end of an attempt whose checkpoint had to be written (`when`: at
+  // the end, before a requested stop) but failed with `s`: exit 74 when the
+  // file system is full (ResourceExhausted: ENOSPC, EDQUOT), else 1.
+  TrainerResult CheckpointFailed(const absl::Status& s, const std::string& when);
   absl::Status Resume();
   // One optimizer step over `batch`; ResourceExhausted = hard OOM.
   absl::Status Step(const Batch& batch);
@@ -293,6 +304,8 @@ class Trainer {
   int64_t cursor_ = 0;
   int64_t total_steps_ = 0;
   int64_t last_checkpoint_ = -1;
+  int64_t checkpoint_failures_ = 0;    // failed saves in this attempt
+  std::string last_checkpoint_error_;  // the newest save's error; "" once one succeeds
   double last_loss_ = 0;
   double last_accuracy_ = 0;
   double samples_per_sec_ = 0;
@@ -317,11 +330,32 @@ absl::Status Trainer::Checkpoint() {
   absl::Status s = ckpt::SaveState(store_, *model_, *optimizer_, state);
   if (s.ok()) {
     last_checkpoint_ = step_;
+    last_checkpoint_error_.clear();
     Event(v1::EVENT_KIND_CHECKPOINT, step_, absl::StrCat("checkpoint step-", step_));
     Log(absl::StrCat("checkpoint step-", step_));
+  } else {
+    ++checkpoint_failures_;
+    last_checkpoint_error_ = std::string(s.message());
+    Log(absl::StrCat("checkpoint step-", step_, " failed (", checkpoint_failures_,
+                     " failed so far; newest checkpoint ",
+                     last_checkpoint_ >= 0 ? absl::StrCat("step-", last_checkpoint_) : "none",
+                     "): ", s.message()));
+    if (hooks_.checkpoint_failed)
+      hooks_.checkpoint_failed(step_, last_checkpoint_, last_checkpoint_error_);
   }
   Report(v1::PHASE_TRAINING);
   return s;
+}
+
+TrainerResult Trainer::CheckpointFailed(const absl::Status& s, const std::string& when) {
+  if (!absl::IsResourceExhausted(s)) {
+    return Fail(1, "checkpoint_failed", std::string(s.message()));
+  }
+  return Fail(
+      ExitStatus(WorkerExit::kNoSpace), ToString(WorkerExit::kNoSpace),
+      absl::StrCat("no space left in ", store_.root(), " for checkpoint step-", step_, " ", when,
+                   ": ", s.message(), "; the newest checkpoint kept is ",
+                   last_checkpoint_ >= 0 ? absl::StrCat("step-", last_checkpoint_) : "none"));
 }
 
 absl::Status Trainer::Resume() {
@@ -604,7 +638,7 @@ TrainerResult Trainer::Run() {
   while (step_ < total_steps_) {
     if (hooks_.stop_requested && hooks_.stop_requested()) {
       absl::Status c = Checkpoint();
-      if (!c.ok()) return Fail(1, "checkpoint_failed", std::string(c.message()));
+      if (!c.ok()) return CheckpointFailed(c, "before stopping on request");
       return Fail(kExitStopped, "stopped", absl::StrCat("stopped on request after checkpoint step-", step_));
     }
     const int64_t next = step_ + 1;  // faults fire just before step `next` runs
@@ -676,13 +710,13 @@ TrainerResult Trainer::Run() {
                     spec_.train.checkpoint_every_seconds) ||
                (hooks_.checkpoint_requested && hooks_.checkpoint_requested());
     if (due && step_ < total_steps_) {
-      absl::Status c;
       try {
-        c = Checkpoint();
+        // A failed save has been reported; training goes on, and the next
+        // save comes a whole interval later.
+        Checkpoint().IgnoreError();
       } catch (const c10::OutOfMemoryError& e) {
         return Fail(kExitOom, "oom", absl::StrCat("hard out-of-memory while checkpointing: ", e.what()));
       }
-      if (!c.ok()) return Fail(1, "checkpoint_failed", std::string(c.message()));
       last_checkpoint_time = Clock::now();
     }
     if (spec_.train.eval_every_steps > 0 && step_ % spec_.train.eval_every_steps == 0 && step_ < total_steps_) {
@@ -691,7 +725,7 @@ TrainerResult Trainer::Run() {
   }
   try {
     absl::Status c = Checkpoint();
-    if (!c.ok()) return Fail(1, "checkpoint_failed", std::string(c.message()));
+    if (!c.ok()) return CheckpointFailed(c, "at the end of the run");
   } catch (const c10::OutOfMemoryError& e) {
     return Fail(kExitOom, "oom", absl::StrCat("hard out-of-memory while checkpointing: ", e.what()));
   }

@@ -223,6 +223,15 @@ int main(int argc, char** argv) {
       e.set_message(message);
       l->SendEvent(e);
     };
+    hooks.checkpoint_failed = [l](int64_t step, int64_t last_good, const std::string& error) {
+      trainsup::worker::v1::WorkerEvent e;
+      e.set_kind(trainsup::v1::EVENT_KIND_CHECKPOINT);
+      e.set_step(step);
+      e.set_checkpoint_step(last_good);
+      e.set_error(error);
+      e.set_message(absl::StrCat("checkpoint step-", step, " failed (training goes on): ", error));
+      l->SendEvent(e);
+    };
     hooks.checkpoint_requested = [l] { return l->TakeCheckpointRequest(); };
     hooks.pause_heartbeats = [l](bool paused) { l->SetHeartbeatsPaused(paused); };
   }

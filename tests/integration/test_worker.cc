@@ -41,6 +41,7 @@ namespace {
 constexpr int kExitOk = ExitStatus(WorkerExit::kCompleted);
 constexpr int kExitCrash = 1;  // not a contract code: what a crash would give
 constexpr int kExitUsage = ExitStatus(WorkerExit::kUsage);
+constexpr int kExitNoSpace = ExitStatus(WorkerExit::kNoSpace);
 constexpr int kExitOom = ExitStatus(WorkerExit::kOom);
 constexpr int kExitStopped = ExitStatus(WorkerExit::kStopped);
 constexpr double kReportExitTimeoutS = 2;
@@ -326,15 +327,35 @@ class TestWorker {
                                   {"attempt", args_.attempt},
                                   {"loss", Loss()}};
     auto pending = store_.Begin(step_);
-    if (!pending.ok()) return pending.status();
-    absl::Status s = (*pending)->WriteFile(kStateFile, state.dump() + "\n");
+    absl::Status s = pending.status();
+    if (s.ok()) s = (*pending)->WriteFile(kStateFile, state.dump() + "\n");
     if (s.ok()) {
       s = store_.Commit(std::move(*pending));
-    } else {
+    } else if (pending.ok()) {
       store_.Abort(std::move(*pending));
     }
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      // Reported, and left to the caller: a periodic save is tried again
+      // at the next interval, a final one ends the attempt.
+      const std::string error(s.message());
+      progress_.set_checkpoint_failures(progress_.checkpoint_failures() + 1);
+      progress_.set_last_checkpoint_error(error);
+      progress_.set_phase(trainsup::v1::PHASE_TRAINING);
+      link_.UpdateProgress(progress_);
+      const std::string msg =
+          absl::StrCat("checkpoint step-", step_, " failed (training goes on): ", error);
+      Say(msg);
+      trainsup::worker::v1::WorkerEvent event;
+      event.set_kind(trainsup::v1::EVENT_KIND_CHECKPOINT);
+      event.set_step(step_);
+      event.set_checkpoint_step(last_checkpoint_step_);
+      event.set_error(error);
+      event.set_message(msg);
+      link_.SendEvent(event);
+      return s;
+    }
     last_checkpoint_step_ = step_;
+    progress_.set_last_checkpoint_error("");
     last_checkpoint_time_ = std::chrono::steady_clock::now();
     progress_.set_last_checkpoint_step(step_);
     progress_.set_phase(trainsup::v1::PHASE_TRAINING);
@@ -344,10 +365,21 @@ class TestWorker {
     return absl::OkStatus();
   }
 
-  int CheckpointOrFail() {
+  // For a checkpoint that must be written (`when`: at the end, before a
+  // requested stop): -1 when it was, else the exit code: 74 when the file
+  // system is full (ResourceExhausted: ENOSPC, EDQUOT), 1 otherwise.
+  int CheckpointOrFail(const std::string& when) {
     absl::Status s = Checkpoint();
     if (s.ok()) return -1;
-    return Finish(kExitCrash, "checkpoint_failed", std::string(s.message()));
+    if (!absl::IsResourceExhausted(s)) {
+      return Finish(kExitCrash, "checkpoint_failed", std::string(s.message()));
+    }
+    return Finish(
+        kExitNoSpace, ToString(WorkerExit::kNoSpace),
+        absl::StrCat("no space left in ", store_.root(), " for checkpoint step-", step_, " ", when,
+                     ": ", s.message(), "; the newest checkpoint kept is ",
+                     last_checkpoint_step_ >= 0 ? absl::StrCat("step-", last_checkpoint_step_)
+                                                : std::string("none")));
   }
 
   double Loss() const { return 2.0 / (1.0 + 0.1 * static_cast<double>(step_)); }
@@ -409,7 +441,7 @@ class TestWorker {
       std::fflush(stdout);
       if (step_ == total) break;
       if (g_terminate.load() || link_.stop_requested()) {
-        if (int code = CheckpointOrFail(); code >= 0) return code;
+        if (int code = CheckpointOrFail("before stopping on request"); code >= 0) return code;
         return Finish(kExitStopped, "stopped",
                       g_terminate.load() ? "stopped by SIGTERM" : "stopped by the supervisor");
       }
@@ -420,10 +452,12 @@ class TestWorker {
           every_s > 0 && std::chrono::steady_clock::now() - last_checkpoint_time_ >=
                              std::chrono::duration<double>(every_s);
       if ((every > 0 && step_ % every == 0) || requested || by_time) {
-        if (int code = CheckpointOrFail(); code >= 0) return code;
+        // A failed save has been reported; the next comes an interval later.
+        Checkpoint().IgnoreError();
+        last_checkpoint_time_ = std::chrono::steady_clock::now();
       }
     }
-    if (int code = CheckpointOrFail(); code >= 0) return code;
+    if (int code = CheckpointOrFail("at the end of the run"); code >= 0) return code;
     return Finish(kExitOk, "completed", absl::StrCat("completed ", total, " steps"));
   }
 

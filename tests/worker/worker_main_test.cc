@@ -1,7 +1,7 @@
 // The real trainsup-worker as a process: what it may read (confinement to
 // the data roots the supervisor passes in TRAINSUP_DATA_ROOTS, every file
-// as it is opened) and what its exit file, which viewers of the run see,
-// may say about the data.
+// as it is opened), what its exit file, which viewers of the run see, may
+// say about the data, and what it does when the checkpoints' disk is full.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,9 +10,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "proto/exit_file.h"
+#include "tests/common/small_fs.h"
 #include "tests/worker/worker_process.h"
 
 namespace trainsup::worker {
@@ -198,6 +202,96 @@ TEST_F(WorkerProcess, FifoAmongTheDataFilesExits65InsteadOfHanging) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 65) << status << "\n" << Log();
   EXPECT_NE(Exit().message.find(fifo + ": not a regular file"), std::string::npos)
       << Exit().message;
+}
+
+// -- a full disk under the checkpoints ------------------------------------
+
+// The run's checkpoints on a small tmpfs; the exit file is outside it.
+class WorkerDiskFull : public WorkerProcess {
+ protected:
+  void Mount(uint64_t bytes) {
+    disk_ = std::make_unique<trainsup::testing::SmallFileSystem>(run_ + "/checkpoints", bytes);
+    if (!disk_->mounted()) GTEST_SKIP() << disk_->error();
+  }
+  void TearDown() override {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    disk_.reset();
+    WorkerProcess::TearDown();
+  }
+  void WriteSyntheticSpec(int steps) {
+    std::ofstream(run_ + "/spec.toml")
+        << "name = \"full\"\n[model]\nin_channels = 3\nvoxel_size = 0.1\n"
+        << "[data]\nformat = \"synthetic\"\nscenes = 4\nval_fraction = 0\n"
+        << "[train]\nsteps = " << steps
+        << "\ncheckpoint_every_steps = 2\nkeep_checkpoints = 1000\n";
+  }
+  bool Committed(int step) {
+    return fs::exists(run_ + "/checkpoints/step-" + std::to_string(step) + "/MANIFEST.json");
+  }
+  std::unique_ptr<trainsup::testing::SmallFileSystem> disk_;
+  pid_t pid_ = -1;  // a worker the test has not waited for
+};
+
+// A checkpoint (89 MB here) that finds the disk full is reported in the log
+// and training goes on; once there is space again the next interval's
+// checkpoint is written and the run completes.
+TEST_F(WorkerDiskFull, TrainingGoesOnThroughAFullDisk) {
+  Mount(uint64_t{512} << 20);
+  WriteSyntheticSpec(12);
+  pid_ = Launch(run_, 1, "none");
+  // Polls `done` while the worker runs (a hang guard of 5 minutes).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  int early_status = -1;
+  auto wait_for = [&](const std::function<bool()>& done) {
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      if (waitpid(pid_, &early_status, WNOHANG) == pid_) {
+        pid_ = -1;
+        ADD_FAILURE() << "the worker ended early, status " << early_status;
+        return done();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return done();
+  };
+  ASSERT_TRUE(wait_for([&] { return Committed(2); })) << Log();
+  ASSERT_TRUE(disk_->Fill());
+  ASSERT_TRUE(wait_for([&] { return Log().find(" failed (") != std::string::npos; })) << Log();
+  disk_->Free();
+  const int status = WaitStatus(pid_);
+  pid_ = -1;
+  const std::string log = Log();
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << log;
+  const size_t failed = log.find(" failed (1 failed so far; newest checkpoint step-");
+  ASSERT_NE(failed, std::string::npos) << log;
+  EXPECT_NE(log.find("No space left on device (ENOSPC)", failed), std::string::npos) << log;
+  EXPECT_NE(log.find("\nstep 12/12", failed), std::string::npos) << log;
+  EXPECT_TRUE(Committed(12));
+  EXPECT_EQ(Exit().reason, "completed");
+}
+
+// Not even one checkpoint fits: every save fails, training still runs to
+// the end, and the final checkpoint's failure ends the attempt with 74.
+TEST_F(WorkerDiskFull, NoSpaceForTheFinalCheckpointExits74) {
+  Mount(uint64_t{1} << 20);
+  WriteSyntheticSpec(4);
+  const int status = WaitStatus(Launch(run_, 1, "none"));
+  const std::string log = Log();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 74) << status << "\n" << log;
+  EXPECT_NE(log.find("checkpoint step-2 failed"), std::string::npos) << log;
+  EXPECT_NE(log.find("\nstep 4/4"), std::string::npos) << log;
+  const ExitFile e = Exit();
+  EXPECT_EQ(e.code, 74);
+  EXPECT_EQ(e.reason, "no_space");
+  EXPECT_EQ(e.last_step, 4);
+  EXPECT_NE(e.message.find("no space left in " + run_ +
+                           "/checkpoints for checkpoint step-4 at the end of the run"),
+            std::string::npos)
+      << e.message;
+  EXPECT_NE(e.message.find("No space left on device (ENOSPC)"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("the newest checkpoint kept is none"), std::string::npos) << e.message;
 }
 
 }  // namespace
