@@ -16,19 +16,7 @@ namespace trainsup::ckpt {
 namespace {
 
 absl::Status PosixError(const std::string& what, const std::string& path, int err) {
-  const std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(msg);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(msg);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
+  return ErrnoStatus(what, path, err);
 }
 
 class PosixWritableFile final : public WritableFile {
@@ -258,6 +246,24 @@ absl::Status FileSystem::WriteFileAtomically(const std::string& path, std::strin
   const std::string parent =
       slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   return SyncDir(parent);
+}
+
+absl::Status ErrnoStatus(const std::string& what, const std::string& path, int err) {
+  const char* name = ::strerrorname_np(err);
+  const std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err), " (",
+                                       name != nullptr ? name : absl::StrCat("errno ", err), ")");
+  switch (err) {
+    case ENOENT:
+      return absl::NotFoundError(msg);
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(msg);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
 }
 
 std::string JoinPath(const std::string& a, const std::string& b) {

@@ -86,6 +86,14 @@ class FileSystem {
 // Joins path components with '/'.
 std::string JoinPath(const std::string& a, const std::string& b);
 
+// The status the POSIX FileSystem returns when `what` ("open", "read",
+// "stat", ...) of `path` failed with errno `err`: the message is
+// "WHAT PATH: <strerror> (ENAME)"; the code is NotFound for ENOENT,
+// ResourceExhausted for ENOSPC and EDQUOT, PermissionDenied for EACCES and
+// EPERM, Internal otherwise. Fault-injecting file systems use it to fail
+// exactly as the real one would.
+absl::Status ErrnoStatus(const std::string& what, const std::string& path, int err);
+
 }  // namespace trainsup::ckpt
 
 #endif  // TRAINSUP_CHECKPOINT_FILE_SYSTEM_H_

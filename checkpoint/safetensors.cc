@@ -89,18 +89,23 @@ absl::Status WriteSafetensors(const NamedTensors& tensors,
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(FileSystem* fs, const std::string& path) {
   auto fail = [&](const std::string& what) { return absl::DataLossError(absl::StrCat(path, ": ", what)); };
+  // Read failures follow Verify's contract: a missing or short file is
+  // DataLoss, any other failure an I/O error (Unavailable).
+  auto io = [&](const absl::Status& s) {
+    return CheckpointReadError(s, absl::StrCat(path, ": ", s.message()));
+  };
   auto size = fs->FileSize(path);
-  if (!size.ok()) return size.status();
+  if (!size.ok()) return io(size.status());
   if (*size < 8) return fail("shorter than the 8-byte header length");
   uint64_t n = 0;
   absl::Status s = fs->ReadAt(path, 0, 8, reinterpret_cast<char*>(&n));
-  if (!s.ok()) return s;
+  if (!s.ok()) return io(s);
   if (n > *size - 8 || n > (uint64_t{100} << 20)) {
     return fail(absl::StrCat("header length ", n, " exceeds the file (", *size, " bytes)"));
   }
   std::string text(n, '\0');
   s = fs->ReadAt(path, 8, n, text.data());
-  if (!s.ok()) return s;
+  if (!s.ok()) return io(s);
   nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
   if (header.is_discarded() || !header.is_object()) return fail("header is not a JSON object");
   const uint64_t data_start = 8 + n;
@@ -173,7 +178,7 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(FileSystem* fs, const std::strin
     }
     if (e.end > e.begin) {
       s = fs->ReadAt(path, data_start + e.begin, e.end - e.begin, static_cast<char*>(t.data_ptr()));
-      if (!s.ok()) return s;
+      if (!s.ok()) return io(s);
     }
     out.tensors[e.name] = t;
   }

@@ -33,7 +33,10 @@ struct SafetensorsFile {
 };
 
 // Reads and validates a safetensors file (header bounds, offsets inside the
-// data, sizes matching shape and dtype). DataLoss naming the problem.
+// data, sizes matching shape and dtype). DataLoss naming the problem, also
+// for a missing or short file; Unavailable for any other read failure (an
+// I/O error: CheckpointReadError); ResourceExhausted when a tensor cannot be
+// allocated.
 absl::StatusOr<SafetensorsFile> ReadSafetensors(FileSystem* fs, const std::string& path);
 
 }  // namespace trainsup::ckpt

@@ -188,8 +188,12 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
   if (!weights.ok()) return weights.status();
   auto opt = ReadSafetensors(fs, JoinPath(checkpoint.path, kOptimizerFile));
   if (!opt.ok()) return opt.status();
-  auto trainer_text = fs->ReadSmallFile(JoinPath(checkpoint.path, kTrainerFile));
-  if (!trainer_text.ok()) return trainer_text.status();
+  const std::string trainer_path = JoinPath(checkpoint.path, kTrainerFile);
+  auto trainer_text = fs->ReadSmallFile(trainer_path);
+  if (!trainer_text.ok()) {
+    return CheckpointReadError(trainer_text.status(),
+                               absl::StrCat(trainer_path, ": ", trainer_text.status().message()));
+  }
   auto parsed_trainer = ParseTrainer(*trainer_text);
   if (!parsed_trainer.ok()) return parsed_trainer.status();
 

@@ -71,7 +71,9 @@ absl::Status WriteSnapshot(CheckpointStore& store, const StateSnapshot& snapshot
 // `trainer`, and restores LibTorch's CPU generator. Everything is read and
 // checked against the model and optimizer first (every key present, no
 // extra key, shapes and dtypes equal): on error nothing has been changed,
-// and the message names the offending key.
+// and the message names the offending key. A file that cannot be read for
+// a reason other than its content is Unavailable (CheckpointReadError): an
+// I/O error, not a verdict on the checkpoint.
 absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
                        torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                        TrainerState* trainer);

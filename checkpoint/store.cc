@@ -19,6 +19,11 @@ absl::Status Annotate(const absl::Status& s, const std::string& what) {
   return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
 }
 
+absl::Status NotVerified(const CheckpointInfo& c, const absl::Status& s) {
+  return absl::UnavailableError(
+      absl::StrCat("checkpoint step-", c.step, " not verified: ", s.message()));
+}
+
 }  // namespace
 
 int64_t ParseStepDirName(std::string_view name) {
@@ -34,6 +39,14 @@ int64_t ParseStepDirName(std::string_view name) {
 }
 
 std::string StepDirName(int64_t step) { return absl::StrCat("step-", step); }
+
+absl::Status CheckpointReadError(const absl::Status& s, const std::string& content_error) {
+  if (absl::IsNotFound(s) || absl::IsOutOfRange(s) || absl::IsDataLoss(s)) {
+    return absl::DataLossError(content_error);
+  }
+  if (absl::IsUnavailable(s)) return s;
+  return absl::UnavailableError(absl::StrCat("I/O error (not a content error): ", s.message()));
+}
 
 absl::Status PendingCheckpoint::WriteFile(const std::string& name,
                                           const std::function<absl::Status(const ByteSink&)>& producer) {
@@ -151,8 +164,9 @@ void CheckpointStore::Abort(std::unique_ptr<PendingCheckpoint> pending) {
 
 absl::StatusOr<std::vector<CheckpointInfo>> CheckpointStore::List() {
   std::vector<CheckpointInfo> out;
-  if (!fs_->IsDir(root_)) return out;
   auto names = fs_->ListDir(root_);
+  // No directory yet is no checkpoint; any other failure is not "none".
+  if (absl::IsNotFound(names.status())) return out;
   if (!names.ok()) return names.status();
   for (const auto& name : *names) {
     const int64_t step = ParseStepDirName(name);
@@ -166,7 +180,10 @@ absl::StatusOr<std::vector<CheckpointInfo>> CheckpointStore::List() {
 
 absl::StatusOr<Manifest> CheckpointStore::ReadManifest(const CheckpointInfo& checkpoint) {
   auto text = fs_->ReadSmallFile(JoinPath(checkpoint.path, kManifestName));
-  if (!text.ok()) return absl::DataLossError(absl::StrCat("manifest unreadable: ", text.status().message()));
+  if (!text.ok()) {
+    return CheckpointReadError(text.status(),
+                               absl::StrCat("manifest unreadable: ", text.status().message()));
+  }
   auto m = Manifest::FromJson(*text);
   if (!m.ok()) return absl::DataLossError(m.status().message());
   return m;
@@ -190,14 +207,16 @@ absl::Status CheckpointStore::Verify(const CheckpointInfo& checkpoint) {
     }
   }
   auto names = fs_->ListDir(checkpoint.path);
-  if (!names.ok()) return absl::DataLossError(names.status().message());
+  if (!names.ok())
+    return CheckpointReadError(names.status(), std::string(names.status().message()));
   for (const auto& n : *names) {
     if (!listed.count(n)) return absl::DataLossError(absl::StrCat("extra file '", n, "' not in the manifest"));
   }
   for (const auto& f : m->files) {
     const std::string path = JoinPath(checkpoint.path, f.name);
     auto size = fs_->FileSize(path);
-    if (!size.ok()) return absl::DataLossError(absl::StrCat("missing file '", f.name, "'"));
+    if (!size.ok())
+      return CheckpointReadError(size.status(), absl::StrCat("missing file '", f.name, "'"));
     if (*size != f.size) {
       return absl::DataLossError(absl::StrCat("file '", f.name, "' has ", *size,
                                               " bytes; the manifest says ", f.size));
@@ -207,7 +226,10 @@ absl::Status CheckpointStore::Verify(const CheckpointInfo& checkpoint) {
       h.Update(piece);
       return absl::OkStatus();
     });
-    if (!s.ok()) return absl::DataLossError(absl::StrCat("reading '", f.name, "': ", s.message()));
+    if (!s.ok()) {
+      return CheckpointReadError(s,
+                                 absl::StrCat("missing file '", f.name, "' (", s.message(), ")"));
+    }
     if (h.HexDigest() != f.xxh3_128) {
       return absl::DataLossError(absl::StrCat("file '", f.name, "' does not match its hash (xxh3-128 ",
                                               h.HexDigest(), ", manifest ", f.xxh3_128, ")"));
@@ -217,15 +239,29 @@ absl::Status CheckpointStore::Verify(const CheckpointInfo& checkpoint) {
 }
 
 absl::StatusOr<CheckpointInfo> CheckpointStore::ChooseLatest(std::vector<QuarantineReport>* quarantined) {
+  // Every failure but "none verifies" is an I/O error here: Unavailable.
   absl::Status restored = RestoreInterruptedReplacements();
-  if (!restored.ok()) return restored;
+  if (!restored.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("choosing a checkpoint in ", root_, ": ", restored.message()));
+  }
   auto all = List();
-  if (!all.ok()) return all.status();
+  if (!all.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("listing the checkpoints in ", root_, ": ", all.status().message()));
+  }
   for (auto it = all->rbegin(); it != all->rend(); ++it) {
     absl::Status s = Verify(*it);
     if (s.ok()) return *it;
+    // Only a content error condemns a checkpoint; after an I/O error an
+    // older one must not be taken instead (it would lose the newer's work).
+    if (!absl::IsDataLoss(s)) return NotVerified(*it, s);
     auto report = Quarantine(*it, std::string(s.message()));
-    if (!report.ok()) return report.status();
+    if (!report.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("checkpoint step-", it->step, " failed verification (", s.message(),
+                       ") but could not be quarantined: ", report.status().message()));
+    }
     if (quarantined != nullptr) quarantined->push_back(*report);
   }
   return absl::NotFoundError(absl::StrCat("no checkpoint in ", root_, " verifies"));

@@ -96,13 +96,29 @@ class CheckpointStore {
   // Drops an unfinished checkpoint.
   void Abort(std::unique_ptr<PendingCheckpoint> pending);
 
-  // Committed checkpoints, oldest first (unverified).
+  // Committed checkpoints, oldest first (unverified). Empty when the root
+  // does not exist; an error when it cannot be listed.
   absl::StatusOr<std::vector<CheckpointInfo>> List();
-  // OK, or DataLoss naming what is wrong (missing, extra, truncated or
-  // changed file, bad manifest, other format version, wrong step).
+
+  // Verification tells two kinds of failure apart, and only the first is a
+  // verdict on the checkpoint:
+  //  - a content error, DataLoss naming what is wrong: a missing (ENOENT),
+  //    extra, truncated or changed file, a manifest that is missing or does
+  //    not parse, another format version, the wrong step;
+  //  - an I/O error, Unavailable: the file system failed otherwise (EMFILE,
+  //    ENFILE, EIO, ENOMEM, EACCES, ...). The message names the file and
+  //    the errno ("read DIR/step-12/model.safetensors: Input/output error
+  //    (EIO)"). Nothing is known about the content; retry later.
+  // OK, DataLoss or Unavailable; nothing else.
   absl::Status Verify(const CheckpointInfo& checkpoint);
-  // The newest checkpoint that verifies. Each newer one that does not is
-  // quarantined and reported in `quarantined`. NotFound if none is left.
+  // The newest checkpoint that verifies, walking down from the newest.
+  // Each newer one with a content error is quarantined and reported in
+  // `quarantined` (which the caller should log and raise as an event).
+  // NotFound: none is left that verifies (start from scratch).
+  // Unavailable: an I/O error (listing, verifying or quarantining) stopped
+  // the walk; the checkpoint it was on is untouched and no older one is
+  // chosen in its place, so the caller must not start from scratch or from
+  // an older step: fail the attempt and retry it. Never any other code.
   absl::StatusOr<CheckpointInfo> ChooseLatest(std::vector<QuarantineReport>* quarantined);
   // Moves a committed checkpoint aside with the reason; never deletes it.
   absl::StatusOr<QuarantineReport> Quarantine(const CheckpointInfo& checkpoint,
@@ -123,7 +139,8 @@ class CheckpointStore {
   // and Begin call it.
   absl::Status RestoreInterruptedReplacements();
 
-  // Reads MANIFEST.json of a committed checkpoint.
+  // Reads MANIFEST.json of a committed checkpoint: DataLoss when it is
+  // missing or does not parse, Unavailable on an I/O error.
   absl::StatusOr<Manifest> ReadManifest(const CheckpointInfo& checkpoint);
 
  private:
@@ -132,6 +149,14 @@ class CheckpointStore {
   StoreOptions options_;
   std::thread deleter_;
 };
+
+// A failed read of a checkpoint file, classified the way Verify reports
+// it: NotFound (the file is missing), OutOfRange (it ends early) and
+// DataLoss are content errors, DataLoss(`content_error`); anything else the
+// file system reports (EMFILE, EIO, ENOMEM, EACCES, ...) is an I/O error,
+// Unavailable with the file system's message, which names the path and the
+// errno.
+absl::Status CheckpointReadError(const absl::Status& s, const std::string& content_error);
 
 // Parses "step-N" (N decimal, no sign); -1 otherwise.
 int64_t ParseStepDirName(std::string_view name);

@@ -1,5 +1,7 @@
 #include "proto/spec.h"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -12,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include <toml++/toml.h>
+#include "proto/data_roots.h"
 
 namespace trainsup {
 namespace {
@@ -167,6 +169,7 @@ absl::Status ReadData(const toml::table* t, DataSpec* d) {
   TRAINSUP_RETURN_IF_ERROR(r.Bool("augment", &d->augment));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("use_features", &d->use_features));
   TRAINSUP_RETURN_IF_ERROR(r.Double("tile_size", &d->tile_size, 0, 100000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("max_file_mb", &d->max_file_mb, 1, 1048576));
   TRAINSUP_RETURN_IF_ERROR(r.Int("scenes", &d->scenes, 1, 100000));
   TRAINSUP_RETURN_IF_ERROR(
       r.String("scene_size", &d->scene_size, {"small", "default", "large", "huge"}));
@@ -302,22 +305,12 @@ absl::Status CheckSpecPaths(const RunSpec& spec, const std::vector<std::string>&
           absl::StrCat(field, ": must be an absolute path, got \"", *path, "\""));
     }
     std::error_code ec;
-    fs::path resolved = fs::weakly_canonical(p, ec);
+    (void)fs::weakly_canonical(p, ec);  // only whether it resolves
     if (ec) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": cannot resolve \"", *path, "\": ", ec.message()));
     }
-    bool inside = false;
-    for (const std::string& root : data_roots) {
-      fs::path r = fs::weakly_canonical(fs::path(root), ec);
-      if (ec) continue;
-      auto [root_end, _] = std::mismatch(r.begin(), r.end(), resolved.begin(), resolved.end());
-      if (root_end == r.end()) {
-        inside = true;
-        break;
-      }
-    }
-    if (!inside) {
+    if (!PathInsideRoots(*path, data_roots)) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ": \"", *path, "\" is outside the configured data roots (",
           data_roots.empty() ? std::string("none configured") : absl::StrJoin(data_roots, ", "),

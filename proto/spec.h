@@ -40,6 +40,9 @@ struct DataSpec {
   // One file is cut into square xy tiles of this side (metres); 0 = chosen
   // for about 16 tiles. [0, 100000]
   double tile_size = 0;
+  // A data file larger than this is refused (exit 65 naming it) before
+  // anything is allocated for it. [1, 1048576]
+  int64_t max_file_mb = 4096;
   // synthetic only
   int64_t scenes = 8;                       // 1..100000
   std::string scene_size = "small";         // small | default | large | huge

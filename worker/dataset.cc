@@ -14,6 +14,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "proto/data_roots.h"
 #include "sparse/scene.h"
 #include "worker/data/readers.h"
 #include "worker/random.h"
@@ -102,9 +104,10 @@ absl::Status CheckScene(const PointCloud& cloud, int channels, int num_classes) 
   }
   for (size_t i = 0; i < cloud.labels.size(); ++i) {
     if (cloud.labels[i] >= num_classes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(cloud.source, ": label ", cloud.labels[i], " of point ", i,
-                       " is not below model.num_classes (", num_classes, ")"));
+      return ContentError(
+          absl::StatusCode::kInvalidArgument,
+          absl::StrCat(cloud.source, ": label ", FileContent(absl::StrCat(cloud.labels[i])),
+                       " of point ", i, " is not below model.num_classes (", num_classes, ")"));
     }
   }
   return absl::OkStatus();
@@ -124,13 +127,15 @@ absl::Status CheckChannels(const ModelSpec& model, int channels, const std::stri
 // else the largest label plus one.
 absl::StatusOr<int> NumClasses(const ModelSpec& model, int64_t max_label, const std::string& what) {
   if (max_label > kMaxLabel) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": label ", max_label, " is too large (at most ", kMaxLabel, ")"));
+    return ContentError(absl::StatusCode::kInvalidArgument,
+                        absl::StrCat(what, ": label ", FileContent(absl::StrCat(max_label)),
+                                     " is too large (at most ", kMaxLabel, ")"));
   }
   if (model.num_classes > 0) {
     if (max_label >= model.num_classes) {
-      return absl::InvalidArgumentError(absl::StrCat("model.num_classes: ", model.num_classes,
-                                                     ", but ", what, " has label ", max_label));
+      return ContentError(absl::StatusCode::kInvalidArgument,
+                          absl::StrCat("model.num_classes: ", model.num_classes, ", but ", what,
+                                       " has label ", FileContent(absl::StrCat(max_label))));
     }
     return static_cast<int>(model.num_classes);
   }
@@ -469,8 +474,9 @@ absl::StatusOr<std::vector<std::string>> ListScenes(const fs::path& dir, PointCl
   return files;
 }
 
-absl::StatusOr<std::unique_ptr<Dataset>> OpenFiles(const DataSpec& data, const ModelSpec& model,
-                                                   uint64_t seed, Split split) {
+absl::StatusOr<std::unique_ptr<Dataset>> OpenFiles(
+    const DataSpec& data, const ModelSpec& model, uint64_t seed, Split split,
+    const std::optional<std::vector<std::string>>& data_roots) {
   absl::StatusOr<PointCloudFormat> format = PointCloudFormatFromString(data.format);
   if (!format.ok()) {
     return absl::InvalidArgumentError(
@@ -478,6 +484,19 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFiles(const DataSpec& data, const M
   }
   if (data.path.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("data.path: required for format ", data.format));
+  }
+  // At every attempt, before anything is looked at: the spec was checked
+  // at submit, but links may have changed since.
+  if (data_roots.has_value()) {
+    const std::pair<const char*, const std::string*> fields[] = {
+        {"data.path", &data.path}, {"data.label_file", &data.label_file}};
+    for (const auto& [field, value] : fields) {
+      if (value->empty() || PathInsideRoots(*value, *data_roots)) continue;
+      return absl::PermissionDeniedError(absl::StrCat(
+          field, ": ", *value, " resolves outside the data roots (",
+          data_roots->empty() ? std::string("none configured") : absl::StrJoin(*data_roots, ", "),
+          ")"));
+    }
   }
   const fs::path path(data.path);
   std::error_code ec;
@@ -489,6 +508,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFiles(const DataSpec& data, const M
   options.label_property = data.label_property;
   options.label_file = data.label_file;
   options.require_labels = true;
+  options.data_roots = data_roots;
+  options.max_file_bytes = static_cast<uint64_t>(data.max_file_mb) << 20;
   const std::string format_name = ToString(*format);
 
   const bool single =
@@ -585,18 +606,21 @@ int64_t ValidationCount(int64_t n, double val_fraction) {
   return std::clamp<int64_t>(rounded, 1, n - 1);
 }
 
-absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DataSpec& data, const ModelSpec& model,
-                                                     uint64_t seed, Split split) {
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
+    const DataSpec& data, const ModelSpec& model, uint64_t seed, Split split,
+    const std::optional<std::vector<std::string>>& data_roots) {
   if (!(data.val_fraction >= 0 && data.val_fraction < 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("data.val_fraction: must be in [0, 1), got ", data.val_fraction));
   }
   if (data.format == "synthetic") return OpenSynthetic(data, model, seed, split);
-  return OpenFiles(data, model, seed, split);
+  return OpenFiles(data, model, seed, split, data_roots);
 }
 
-absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const RunSpec& spec, Split split) {
-  return OpenDataset(spec.data, spec.model, static_cast<uint64_t>(spec.train.seed), split);
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
+    const RunSpec& spec, Split split, const std::optional<std::vector<std::string>>& data_roots) {
+  return OpenDataset(spec.data, spec.model, static_cast<uint64_t>(spec.train.seed), split,
+                     data_roots);
 }
 
 }  // namespace trainsup::worker

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/spec.h"
@@ -96,17 +98,29 @@ class Dataset {
 //   data.ignore_label become -1. When model.num_classes is 0, every file is
 //   read once at open to find the largest label.
 //
+// `data_roots` set (the supervisor's TRAINSUP_DATA_ROOTS,
+// proto/data_roots.h): data.path and data.label_file must resolve inside
+// them (PermissionDenied "data.path: ... outside the data roots"), and every
+// file and folder read, now or by Get later, is confined to them as it is
+// opened (ReadOptions::data_roots): a file inside a data directory that is
+// a link out of the roots fails with PermissionDenied naming it. Unset: no
+// confinement.
+//
 // Errors: InvalidArgument naming the spec field for bad values
 // ("data.format", "data.scene_size", "data.path: no .ply files under ...",
 // "model.in_channels: ..." when the data's feature channels differ,
 // "model.num_classes: ..." when a label does not fit, or the data has no
 // labelled point); NotFound when data.path does not exist; the readers'
-// errors, which name the file, for a file that cannot be read.
-absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DataSpec& data, const ModelSpec& model,
-                                                     uint64_t seed, Split split);
+// errors, which name the file, for a file that cannot be read. Pieces of
+// file content in messages are marked (ViewerMessage withholds them).
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
+    const DataSpec& data, const ModelSpec& model, uint64_t seed, Split split,
+    const std::optional<std::vector<std::string>>& data_roots = std::nullopt);
 
 // The same for a whole run spec: spec.data, spec.model and spec.train.seed.
-absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const RunSpec& spec, Split split);
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
+    const RunSpec& spec, Split split,
+    const std::optional<std::vector<std::string>>& data_roots = std::nullopt);
 
 // The number of validation scenes out of `n` for `val_fraction`:
 // round(n * val_fraction), at least 1 when val_fraction > 0 and n >= 2, and

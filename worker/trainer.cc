@@ -36,6 +36,8 @@ constexpr int kExitUsage = ExitStatus(WorkerExit::kUsage);
 constexpr int kExitData = ExitStatus(WorkerExit::kData);
 constexpr int kExitOom = ExitStatus(WorkerExit::kOom);
 constexpr int kExitStopped = ExitStatus(WorkerExit::kStopped);
+// Not a contract code: the supervisor restarts the attempt like a crash.
+constexpr int kExitCheckpointIo = 1;
 
 // Counters kept across the whole run (checkpointed with the trainer state).
 struct Counters {
@@ -210,9 +212,11 @@ void CorruptNewest(const std::string& root) {
 class Trainer {
  public:
   Trainer(const RunSpec& spec, const TrainerOptions& options, const TrainerHooks& hooks)
-      : spec_(spec), options_(options), hooks_(hooks),
+      : spec_(spec),
+        options_(options),
+        hooks_(hooks),
         store_(RunLayout(options.run_dir).CheckpointRoot(options.rank, options.world_size),
-               ckpt::FileSystem::Default(),
+               options.file_system != nullptr ? options.file_system : ckpt::FileSystem::Default(),
                ckpt::StoreOptions{static_cast<int>(spec.train.keep_checkpoints), 0}) {}
 
   TrainerResult Run();
@@ -245,7 +249,17 @@ class Trainer {
     p.set_accuracy(last_accuracy_);
     p.set_val_miou(val_miou_);
     p.set_baseline_miou(baseline_miou_);
+    p.set_checkpoint_failures(checkpoint_failures_);
+    p.set_last_checkpoint_error(last_checkpoint_error_);
     hooks_.progress(p);
+  }
+  // A data error's message for the exit file and the supervisor, which
+  // viewers see: the file's content withheld (ViewerMessage). The rank's
+  // log gets all of it.
+  std::string DataMessage(const absl::Status& s) {
+    const std::string viewer = ViewerMessage(s);
+    if (viewer != s.message()) Log(absl::StrCat("data error: ", s.message()));
+    return viewer;
   }
   TrainerResult Fail(int code, const std::string& reason, const std::string& message) {
     TrainerResult r;
@@ -255,7 +269,14 @@ class Trainer {
     r.last_step = step_;
     return r;
   }
+  // Saves the current step. A failure is counted and reported (log,
+  // checkpoint_failed, the heartbeat) and returned; the checkpoints
+  // committed before are untouched.
   absl::Status Checkpoint();
+  // The end of an attempt whose checkpoint had to be written (`when`: at
+  // the end, before a requested stop) but failed with `s`: exit 74 when the
+  // file system is full (ResourceExhausted: ENOSPC, EDQUOT), else 1.
+  TrainerResult CheckpointFailed(const absl::Status& s, const std::string& when);
   absl::Status Resume();
   // One optimizer step over `batch`; ResourceExhausted = hard OOM.
   absl::Status Step(const Batch& batch);
@@ -283,6 +304,8 @@ class Trainer {
   int64_t cursor_ = 0;
   int64_t total_steps_ = 0;
   int64_t last_checkpoint_ = -1;
+  int64_t checkpoint_failures_ = 0;    // failed saves in this attempt
+  std::string last_checkpoint_error_;  // the newest save's error; "" once one succeeds
   double last_loss_ = 0;
   double last_accuracy_ = 0;
   double samples_per_sec_ = 0;
@@ -307,11 +330,32 @@ absl::Status Trainer::Checkpoint() {
   absl::Status s = ckpt::SaveState(store_, *model_, *optimizer_, state);
   if (s.ok()) {
     last_checkpoint_ = step_;
+    last_checkpoint_error_.clear();
     Event(v1::EVENT_KIND_CHECKPOINT, step_, absl::StrCat("checkpoint step-", step_));
     Log(absl::StrCat("checkpoint step-", step_));
+  } else {
+    ++checkpoint_failures_;
+    last_checkpoint_error_ = std::string(s.message());
+    Log(absl::StrCat("checkpoint step-", step_, " failed (", checkpoint_failures_,
+                     " failed so far; newest checkpoint ",
+                     last_checkpoint_ >= 0 ? absl::StrCat("step-", last_checkpoint_) : "none",
+                     "): ", s.message()));
+    if (hooks_.checkpoint_failed)
+      hooks_.checkpoint_failed(step_, last_checkpoint_, last_checkpoint_error_);
   }
   Report(v1::PHASE_TRAINING);
   return s;
+}
+
+TrainerResult Trainer::CheckpointFailed(const absl::Status& s, const std::string& when) {
+  if (!absl::IsResourceExhausted(s)) {
+    return Fail(1, "checkpoint_failed", std::string(s.message()));
+  }
+  return Fail(
+      ExitStatus(WorkerExit::kNoSpace), ToString(WorkerExit::kNoSpace),
+      absl::StrCat("no space left in ", store_.root(), " for checkpoint step-", step_, " ", when,
+                   ": ", s.message(), "; the newest checkpoint kept is ",
+                   last_checkpoint_ >= 0 ? absl::StrCat("step-", last_checkpoint_) : "none"));
 }
 
 absl::Status Trainer::Resume() {
@@ -332,7 +376,10 @@ absl::Status Trainer::Resume() {
   } else {
     int64_t want = std::stoll(options_.resume);
     absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = store_.List();
-    if (!list.ok()) return list.status();
+    if (!list.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("listing ", store_.root(), ": ", list.status().message()));
+    }
     for (const auto& info : *list) {
       if (info.step == want) chosen = info;
     }
@@ -340,14 +387,20 @@ absl::Status Trainer::Resume() {
       return absl::InvalidArgumentError(absl::StrCat("--resume ", want, ": no such checkpoint"));
     }
     absl::Status v = store_.Verify(*chosen);
-    if (!v.ok()) {
+    if (absl::IsDataLoss(v)) {
+      // A content error: moved aside, so the supervisor's next choice skips it.
       store_.Quarantine(*chosen, std::string(v.message())).IgnoreError();
       return absl::DataLossError(absl::StrCat("checkpoint step-", want, ": ", v.message()));
     }
+    if (!v.ok()) return v;  // an I/O error: nothing is known about the checkpoint
   }
   ckpt::TrainerState state;
   absl::Status s = ckpt::LoadState(store_, *chosen, *model_, *optimizer_, &state);
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    if (absl::IsUnavailable(s)) return s;
+    return absl::Status(s.code(),
+                        absl::StrCat("checkpoint step-", chosen->step, ": ", s.message()));
+  }
   step_ = state.step;
   epoch_ = state.epoch;
   cursor_ = state.cursor;
@@ -492,13 +545,16 @@ TrainerResult Trainer::Run() {
   auto data_failure = [this](const absl::Status& s) {
     std::string m(s.message());
     bool field = m.rfind("data.", 0) == 0 || m.rfind("model.", 0) == 0;
-    return field ? Fail(kExitUsage, "usage", m) : Fail(kExitData, "data", m);
+    return field ? Fail(kExitUsage, "usage", DataMessage(s))
+                 : Fail(kExitData, "data", DataMessage(s));
   };
-  absl::StatusOr<std::unique_ptr<Dataset>> train = OpenDataset(spec_, Split::kTrain);
+  absl::StatusOr<std::unique_ptr<Dataset>> train =
+      OpenDataset(spec_, Split::kTrain, options_.data_roots);
   if (!train.ok()) return data_failure(train.status());
   train_ = std::move(*train);
   if (spec_.data.val_fraction > 0) {
-    absl::StatusOr<std::unique_ptr<Dataset>> val = OpenDataset(spec_, Split::kVal);
+    absl::StatusOr<std::unique_ptr<Dataset>> val =
+        OpenDataset(spec_, Split::kVal, options_.data_roots);
     if (!val.ok()) return data_failure(val.status());
     val_ = std::move(*val);
   }
@@ -548,6 +604,14 @@ TrainerResult Trainer::Run() {
     if (resumed.code() == absl::StatusCode::kInvalidArgument) {
       return Fail(kExitUsage, "usage", std::string(resumed.message()));
     }
+    // An I/O error says nothing about the checkpoint: nothing was
+    // quarantined, and starting from scratch or from an older step would
+    // throw work away. The attempt fails (a crash exit) and is retried.
+    if (absl::IsUnavailable(resumed)) {
+      return Fail(kExitCheckpointIo, "checkpoint_io",
+                  absl::StrCat("cannot resume (nothing quarantined; the attempt is retried): ",
+                               resumed.message()));
+    }
     return Fail(1, "checkpoint_corrupt", std::string(resumed.message()));
   }
   int64_t batch_size = spec_.train.batch_size;
@@ -574,7 +638,7 @@ TrainerResult Trainer::Run() {
   while (step_ < total_steps_) {
     if (hooks_.stop_requested && hooks_.stop_requested()) {
       absl::Status c = Checkpoint();
-      if (!c.ok()) return Fail(1, "checkpoint_failed", std::string(c.message()));
+      if (!c.ok()) return CheckpointFailed(c, "before stopping on request");
       return Fail(kExitStopped, "stopped", absl::StrCat("stopped on request after checkpoint step-", step_));
     }
     const int64_t next = step_ + 1;  // faults fire just before step `next` runs
@@ -612,7 +676,7 @@ TrainerResult Trainer::Run() {
       }
     }
     absl::StatusOr<Batch> batch = loader_->Next();
-    if (!batch.ok()) return Fail(kExitData, "data", std::string(batch.status().message()));
+    if (!batch.ok()) return Fail(kExitData, "data", DataMessage(batch.status()));
     auto t0 = Clock::now();
     absl::Status s = Step(*batch);
     if (!s.ok()) {
@@ -646,13 +710,13 @@ TrainerResult Trainer::Run() {
                     spec_.train.checkpoint_every_seconds) ||
                (hooks_.checkpoint_requested && hooks_.checkpoint_requested());
     if (due && step_ < total_steps_) {
-      absl::Status c;
       try {
-        c = Checkpoint();
+        // A failed save has been reported; training goes on, and the next
+        // save comes a whole interval later.
+        Checkpoint().IgnoreError();
       } catch (const c10::OutOfMemoryError& e) {
         return Fail(kExitOom, "oom", absl::StrCat("hard out-of-memory while checkpointing: ", e.what()));
       }
-      if (!c.ok()) return Fail(1, "checkpoint_failed", std::string(c.message()));
       last_checkpoint_time = Clock::now();
     }
     if (spec_.train.eval_every_steps > 0 && step_ % spec_.train.eval_every_steps == 0 && step_ < total_steps_) {
@@ -661,7 +725,7 @@ TrainerResult Trainer::Run() {
   }
   try {
     absl::Status c = Checkpoint();
-    if (!c.ok()) return Fail(1, "checkpoint_failed", std::string(c.message()));
+    if (!c.ok()) return CheckpointFailed(c, "at the end of the run");
   } catch (const c10::OutOfMemoryError& e) {
     return Fail(kExitOom, "oom", absl::StrCat("hard out-of-memory while checkpointing: ", e.what()));
   }

@@ -5,27 +5,35 @@
 // (arguments, signals, the supervisor link, exit files) is worker_main.cc.
 //
 // Exit codes follow DESIGN.md: 0 done, 64 bad spec, 65 data unreadable,
-// 75 hard out-of-memory, 143 stopped on request after a checkpoint; any
-// other exception propagates (a crash, with its message in the log).
+// 74 no space for a checkpoint that had to be written (the last one, or
+// the one before a requested stop), 75 hard out-of-memory, 143 stopped on
+// request after a checkpoint; any other exception propagates (a crash,
+// with its message in the log). A periodic checkpoint that fails ends
+// nothing: it is reported (checkpoint_failed, the heartbeat's
+// checkpoint_failures and last_checkpoint_error) and tried again at the
+// next interval.
 #ifndef TRAINSUP_WORKER_TRAINER_H_
 #define TRAINSUP_WORKER_TRAINER_H_
 
-#include <cstdint>
-#include <functional>
-#include <string>
-
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/spec.h"
+#include "trainsup/v1/supervisor.pb.h"
 #include "worker/loader.h"
 #include "worker/split.h"
-#include "trainsup/v1/supervisor.pb.h"
 
 namespace trainsup::sparse {
 class MinkUNetImpl;
+}
+namespace trainsup::ckpt {
+class FileSystem;
 }
 
 namespace trainsup::worker {
@@ -41,6 +49,13 @@ struct TrainerOptions {
   // > 0: replaces train.memory_budget_mb (the supervisor lowers it after an
   // out-of-memory exit: TRAINSUP_MEMORY_BUDGET_MB).
   int64_t memory_budget_mb_override = 0;
+  // The supervisor's data roots (TRAINSUP_DATA_ROOTS, proto/data_roots.h):
+  // every data file and folder is confined to them as it is opened. Unset:
+  // no confinement.
+  std::optional<std::vector<std::string>> data_roots;
+  // Where checkpoints are written and read; null: the POSIX file system
+  // (tests pass a fault-injecting one).
+  ckpt::FileSystem* file_system = nullptr;
 };
 
 // How the loop talks to the world; every hook may be empty.
@@ -51,6 +66,9 @@ struct TrainerHooks {
   std::function<void(::trainsup::v1::EventKind kind, int64_t step, int64_t checkpoint_step,
                      const std::string& message)>
       event;
+  // A checkpoint of `step` could not be written (`error`); training goes
+  // on, and `last_good` (-1: none) is still the newest checkpoint.
+  std::function<void(int64_t step, int64_t last_good, const std::string& error)> checkpoint_failed;
   std::function<bool()> stop_requested;        // SIGTERM or a Stop command
   std::function<bool()> checkpoint_requested;  // CheckpointNow (consumed)
   std::function<void(bool)> pause_heartbeats;  // fault injection: freeze

@@ -3,15 +3,15 @@
 //   trainsup-worker --run-dir DIR --rank R --world-size W --attempt A
 //       --supervisor ENDPOINT [--resume latest|none|STEP]
 //
-// with TRAINSUP_TOKEN in the environment. Trains from DIR/spec.toml, sends
+// with TRAINSUP_TOKEN in the environment, and TRAINSUP_DATA_ROOTS when the
+// data files must stay inside the supervisor's data roots. Trains from DIR/spec.toml, sends
 // heartbeats to the supervisor (when ENDPOINT is not empty), checkpoints
 // into DIR/checkpoints, and before any intended exit writes
 // DIR/attempts/A/rank-R.exit.json. SIGTERM or a Stop command: finish the
 // step, checkpoint, exit 143.
 #include <signal.h>
-#include <unistd.h>
-
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -26,6 +26,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "proto/data_roots.h"
 #include "proto/exit_codes.h"
 #include "proto/exit_file.h"
 #include "proto/run_layout.h"
@@ -142,6 +143,11 @@ int main(int argc, char** argv) {
   if (const char* b = std::getenv("TRAINSUP_MEMORY_BUDGET_MB")) {
     absl::SimpleAtoi(b, &options.memory_budget_mb_override);
   }
+  absl::StatusOr<std::optional<std::vector<std::string>>> roots =
+      trainsup::ParseDataRoots(std::getenv(trainsup::kDataRootsEnv));
+  if (!roots.ok())
+    Exit(options.run_dir, attempt, rank, nullptr, Usage(std::string(roots.status().message())));
+  options.data_roots = *roots;
 
   const std::string spec_path = trainsup::RunLayout(options.run_dir).SpecPath();
   std::ifstream in(spec_path);
@@ -215,6 +221,15 @@ int main(int argc, char** argv) {
       e.set_step(step);
       e.set_checkpoint_step(checkpoint_step);
       e.set_message(message);
+      l->SendEvent(e);
+    };
+    hooks.checkpoint_failed = [l](int64_t step, int64_t last_good, const std::string& error) {
+      trainsup::worker::v1::WorkerEvent e;
+      e.set_kind(trainsup::v1::EVENT_KIND_CHECKPOINT);
+      e.set_step(step);
+      e.set_checkpoint_step(last_good);
+      e.set_error(error);
+      e.set_message(absl::StrCat("checkpoint step-", step, " failed (training goes on): ", error));
       l->SendEvent(e);
     };
     hooks.checkpoint_requested = [l] { return l->TakeCheckpointRequest(); };

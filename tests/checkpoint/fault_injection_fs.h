@@ -1,7 +1,10 @@
 // A FileSystem over the real one that fails on command: disk full after a
-// byte budget, short writes, fsync failures, a crash before a rename.
+// byte budget, short writes, fsync failures, a crash before a rename, and
+// read errors (EMFILE, EIO, ENOMEM, ...) on chosen paths.
 #ifndef TRAINSUP_TESTS_CHECKPOINT_FAULT_INJECTION_FS_H_
 #define TRAINSUP_TESTS_CHECKPOINT_FAULT_INJECTION_FS_H_
+
+#include <errno.h>
 
 #include <memory>
 #include <string>
@@ -23,7 +26,18 @@ class FaultInjectionFileSystem final : public FileSystem {
   // Renames into a name without ".tmp" fail as if the process died there.
   bool crash_before_rename = false;
 
+  // Read faults: while read_errno != 0, the operations in read_fault_ops on
+  // a path that ends with read_fault_path (any path when it is empty) fail
+  // the way the POSIX file system reports errno read_errno (ErrnoStatus),
+  // at most read_faults_left times (-1: every time).
+  enum ReadOp { kReadFile = 1, kReadAt = 2, kFileSize = 4, kListDir = 8 };
+  int read_errno = 0;
+  std::string read_fault_path;
+  int read_fault_ops = kReadFile | kReadAt | kFileSize | kListDir;
+  int read_faults_left = -1;
+
   int syncs = 0, appends = 0;
+  int read_faults = 0;  // read faults injected so far
 
   using FileSystem::NewWritableFile;
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
@@ -34,15 +48,23 @@ class FaultInjectionFileSystem final : public FileSystem {
   }
   absl::Status ReadFile(const std::string& path,
                         const std::function<absl::Status(std::string_view)>& sink) override {
+    // Running out of descriptors fails the open; the others the read.
+    const bool at_open = read_errno == EMFILE || read_errno == ENFILE;
+    if (ReadFault(kReadFile, path)) return ErrnoStatus(at_open ? "open" : "read", path, read_errno);
     return base_->ReadFile(path, sink);
   }
   absl::Status ReadAt(const std::string& path, uint64_t offset, uint64_t size, char* out) override {
+    if (ReadFault(kReadAt, path)) return ErrnoStatus("read", path, read_errno);
     return base_->ReadAt(path, offset, size, out);
   }
-  absl::StatusOr<uint64_t> FileSize(const std::string& path) override { return base_->FileSize(path); }
+  absl::StatusOr<uint64_t> FileSize(const std::string& path) override {
+    if (ReadFault(kFileSize, path)) return ErrnoStatus("stat", path, read_errno);
+    return base_->FileSize(path);
+  }
   bool Exists(const std::string& path) override { return base_->Exists(path); }
   absl::Status CreateDir(const std::string& path) override { return base_->CreateDir(path); }
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override {
+    if (ReadFault(kListDir, path)) return ErrnoStatus("opendir", path, read_errno);
     return base_->ListDir(path);
   }
   bool IsDir(const std::string& path) override { return base_->IsDir(path); }
@@ -70,6 +92,19 @@ class FaultInjectionFileSystem final : public FileSystem {
   }
 
  private:
+  // Whether operation `op` on `path` fails now (and counts it).
+  bool ReadFault(ReadOp op, const std::string& path) {
+    if (read_errno == 0 || (read_fault_ops & op) == 0 || read_faults_left == 0) return false;
+    const std::string& suffix = read_fault_path;
+    if (path.size() < suffix.size() ||
+        path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      return false;
+    }
+    if (read_faults_left > 0) --read_faults_left;
+    ++read_faults;
+    return true;
+  }
+
   class File final : public WritableFile {
    public:
     File(FaultInjectionFileSystem* fs, std::unique_ptr<WritableFile> base)

@@ -2,6 +2,7 @@
 // quarantine, retention, and faults injected through the file system.
 #include "checkpoint/store.h"
 
+#include <errno.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -157,6 +158,103 @@ TEST_F(StoreTest, NoCheckpointThatVerifiesIsNotFound) {
   std::vector<QuarantineReport> q;
   EXPECT_EQ(store.ChooseLatest(&q).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(q.size(), 1u);
+}
+
+// A read that fails for a reason other than the content (descriptors used
+// up, an I/O error, no memory) is no verdict on the checkpoint: Verify and
+// ChooseLatest return Unavailable naming the file and the error, nothing is
+// quarantined, no older checkpoint is chosen instead, and the same one is
+// chosen once the error is gone.
+TEST_F(StoreTest, ReadErrorsWhileVerifyingQuarantineNothing) {
+  using Fs = testing::FaultInjectionFileSystem;
+  struct Fault {
+    const char* name;
+    int err;
+    const char* file;  // under step-12 ("" for the directory itself)
+    int ops;
+    const char* says;  // part of the error message
+  };
+  const Fault faults[] = {
+      {"manifest open, EMFILE", EMFILE, "MANIFEST.json", Fs::kReadFile,
+       "Too many open files (EMFILE)"},
+      {"manifest read, EIO", EIO, "MANIFEST.json", Fs::kReadFile, "Input/output error (EIO)"},
+      {"data read, EIO", EIO, "weights.bin", Fs::kReadFile, "Input/output error (EIO)"},
+      {"data read, ENOMEM", ENOMEM, "weights.bin", Fs::kReadFile,
+       "Cannot allocate memory (ENOMEM)"},
+      {"data open, EMFILE", EMFILE, "trainer.json", Fs::kReadFile, "Too many open files (EMFILE)"},
+      {"data stat, EIO", EIO, "weights.bin", Fs::kFileSize, "Input/output error (EIO)"},
+      {"listing, EMFILE", EMFILE, "", Fs::kListDir, "Too many open files (EMFILE)"},
+      {"listing, ENOMEM", ENOMEM, "", Fs::kListDir, "Cannot allocate memory (ENOMEM)"},
+  };
+  for (const Fault& f : faults) {
+    SCOPED_TRACE(f.name);
+    FileSystem::Default()->DeleteTree(root_).IgnoreError();
+    Fs fs;
+    CheckpointStore store(root_, &fs);
+    ASSERT_TRUE(Save(store, 11).ok());
+    ASSERT_TRUE(Save(store, 12).ok());
+    const std::string target = *f.file ? Path(12, f.file) : Path(12);
+    fs.read_errno = f.err;
+    fs.read_fault_path = *f.file ? std::string("step-12/") + f.file : "step-12";
+    fs.read_fault_ops = f.ops;
+
+    absl::Status v = store.Verify({12, Path(12)});
+    EXPECT_EQ(v.code(), absl::StatusCode::kUnavailable) << v;
+    EXPECT_NE(std::string(v.message()).find(target), std::string::npos) << v;
+    EXPECT_NE(std::string(v.message()).find(f.says), std::string::npos) << v;
+
+    std::vector<QuarantineReport> q;
+    absl::StatusOr<CheckpointInfo> chosen = store.ChooseLatest(&q);
+    EXPECT_EQ(chosen.status().code(), absl::StatusCode::kUnavailable) << chosen.status();
+    EXPECT_NE(std::string(chosen.status().message()).find(target), std::string::npos)
+        << chosen.status();
+    EXPECT_TRUE(q.empty()) << q[0].reason;
+    EXPECT_GT(fs.read_faults, 0);
+    EXPECT_TRUE(FileSystem::Default()->IsDir(Path(12)));
+    EXPECT_FALSE(FileSystem::Default()->Exists(root_ + "/quarantine"));
+
+    fs.read_errno = 0;
+    EXPECT_EQ(Latest(store, &q), 12);
+    EXPECT_TRUE(q.empty());
+  }
+}
+
+// Content errors of newer checkpoints are still quarantined on the way
+// down; an I/O error on the next one stops the walk there.
+TEST_F(StoreTest, ReadErrorBelowACorruptCheckpointStopsTheWalk) {
+  testing::FaultInjectionFileSystem fs;
+  CheckpointStore store(root_, &fs);
+  ASSERT_TRUE(Save(store, 11).ok());
+  ASSERT_TRUE(Save(store, 12).ok());
+  ASSERT_TRUE(Save(store, 13).ok());
+  truncate(Path(13, "weights.bin").c_str(), 10);
+  fs.read_errno = EIO;
+  fs.read_fault_path = "step-12/weights.bin";
+  std::vector<QuarantineReport> q;
+  absl::StatusOr<CheckpointInfo> chosen = store.ChooseLatest(&q);
+  EXPECT_EQ(chosen.status().code(), absl::StatusCode::kUnavailable) << chosen.status();
+  ASSERT_EQ(q.size(), 1u);
+  EXPECT_EQ(q[0].step, 13);
+  EXPECT_TRUE(FileSystem::Default()->IsDir(Path(12)));
+  EXPECT_TRUE(FileSystem::Default()->IsDir(Path(11)));
+  fs.read_errno = 0;
+  EXPECT_EQ(Latest(store), 12);
+}
+
+// Listing the checkpoints directory itself fails: Unavailable, not "none".
+TEST_F(StoreTest, UnlistableRootIsUnavailableNotEmpty) {
+  testing::FaultInjectionFileSystem fs;
+  CheckpointStore store(root_, &fs);
+  ASSERT_TRUE(Save(store, 5).ok());
+  fs.read_errno = EMFILE;
+  fs.read_fault_path = "/checkpoints";
+  fs.read_fault_ops = testing::FaultInjectionFileSystem::kListDir;
+  absl::StatusOr<CheckpointInfo> chosen = store.ChooseLatest(nullptr);
+  EXPECT_EQ(chosen.status().code(), absl::StatusCode::kUnavailable) << chosen.status();
+  EXPECT_NE(std::string(chosen.status().message()).find(root_), std::string::npos)
+      << chosen.status();
+  fs.read_errno = 0;
+  EXPECT_EQ(Latest(store), 5);
 }
 
 TEST_F(StoreTest, CrashBetweenWritingAndRenamingLeavesThePreviousCheckpoint) {

@@ -41,6 +41,7 @@ namespace {
 constexpr int kExitOk = ExitStatus(WorkerExit::kCompleted);
 constexpr int kExitCrash = 1;  // not a contract code: what a crash would give
 constexpr int kExitUsage = ExitStatus(WorkerExit::kUsage);
+constexpr int kExitNoSpace = ExitStatus(WorkerExit::kNoSpace);
 constexpr int kExitOom = ExitStatus(WorkerExit::kOom);
 constexpr int kExitStopped = ExitStatus(WorkerExit::kStopped);
 constexpr double kReportExitTimeoutS = 2;
@@ -234,6 +235,15 @@ class TestWorker {
     Say(absl::StrCat("corrupted ", path));
   }
 
+  // An I/O error while choosing or loading the checkpoint: the attempt
+  // fails like a crash (the supervisor retries it); nothing is quarantined
+  // and the worker starts neither from scratch nor from an older step.
+  int CheckpointIoError(const absl::Status& s) {
+    return Finish(
+        kExitCrash, "checkpoint_io",
+        absl::StrCat("cannot resume (nothing quarantined; the attempt is retried): ", s.message()));
+  }
+
   // Returns an exit code when the worker must end, else -1.
   int Resume() {
     if (args_.resume == "none") return -1;
@@ -248,6 +258,7 @@ class TestWorker {
         Event(trainsup::v1::EVENT_KIND_LOG, msg);
       }
       if (absl::IsNotFound(latest.status())) return -1;
+      if (absl::IsUnavailable(latest.status())) return CheckpointIoError(latest.status());
       if (!latest.ok()) {
         return Finish(kExitCrash, "checkpoint_error", std::string(latest.status().message()));
       }
@@ -256,9 +267,7 @@ class TestWorker {
       int64_t want = 0;
       absl::SimpleAtoi(args_.resume, &want);
       auto list = store_.List();
-      if (!list.ok()) {
-        return Finish(kExitCrash, "checkpoint_error", std::string(list.status().message()));
-      }
+      if (!list.ok()) return CheckpointIoError(list.status());
       bool found = false;
       for (const auto& info : *list) {
         if (info.step == want) {
@@ -273,18 +282,26 @@ class TestWorker {
       }
       // A corrupt checkpoint is moved aside, so the supervisor's next choice
       // skips it, and the attempt ends as a crash (restartable).
-      if (absl::Status s = store_.Verify(chosen); !s.ok()) {
+      if (absl::Status s = store_.Verify(chosen); absl::IsDataLoss(s)) {
         auto q = store_.Quarantine(chosen, std::string(s.message()));
         const std::string msg =
             absl::StrCat("checkpoint step-", want, " quarantined: ", s.message());
         Say(msg);
         Event(trainsup::v1::EVENT_KIND_LOG, msg);
         return Finish(kExitCrash, "checkpoint_corrupt", msg);
+      } else if (!s.ok()) {
+        return CheckpointIoError(s);
       }
     }
-    auto text = ReadWholeFile(ckpt::JoinPath(chosen.path, kStateFile));
-    const nlohmann::json state =
-        text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+    const std::string state_path = ckpt::JoinPath(chosen.path, kStateFile);
+    auto text = store_.fs()->ReadSmallFile(state_path);
+    if (!text.ok()) {
+      absl::Status s = ckpt::CheckpointReadError(
+          text.status(), absl::StrCat(state_path, ": ", text.status().message()));
+      if (absl::IsUnavailable(s)) return CheckpointIoError(s);
+      return Finish(kExitCrash, "checkpoint_error", std::string(s.message()));
+    }
+    const nlohmann::json state = nlohmann::json::parse(*text, nullptr, false);
     if (!state.is_object() || !state.contains("step") || !state["step"].is_number_integer() ||
         state["step"].get<int64_t>() != chosen.step) {
       return Finish(kExitCrash, "checkpoint_error",
@@ -310,15 +327,35 @@ class TestWorker {
                                   {"attempt", args_.attempt},
                                   {"loss", Loss()}};
     auto pending = store_.Begin(step_);
-    if (!pending.ok()) return pending.status();
-    absl::Status s = (*pending)->WriteFile(kStateFile, state.dump() + "\n");
+    absl::Status s = pending.status();
+    if (s.ok()) s = (*pending)->WriteFile(kStateFile, state.dump() + "\n");
     if (s.ok()) {
       s = store_.Commit(std::move(*pending));
-    } else {
+    } else if (pending.ok()) {
       store_.Abort(std::move(*pending));
     }
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      // Reported, and left to the caller: a periodic save is tried again
+      // at the next interval, a final one ends the attempt.
+      const std::string error(s.message());
+      progress_.set_checkpoint_failures(progress_.checkpoint_failures() + 1);
+      progress_.set_last_checkpoint_error(error);
+      progress_.set_phase(trainsup::v1::PHASE_TRAINING);
+      link_.UpdateProgress(progress_);
+      const std::string msg =
+          absl::StrCat("checkpoint step-", step_, " failed (training goes on): ", error);
+      Say(msg);
+      trainsup::worker::v1::WorkerEvent event;
+      event.set_kind(trainsup::v1::EVENT_KIND_CHECKPOINT);
+      event.set_step(step_);
+      event.set_checkpoint_step(last_checkpoint_step_);
+      event.set_error(error);
+      event.set_message(msg);
+      link_.SendEvent(event);
+      return s;
+    }
     last_checkpoint_step_ = step_;
+    progress_.set_last_checkpoint_error("");
     last_checkpoint_time_ = std::chrono::steady_clock::now();
     progress_.set_last_checkpoint_step(step_);
     progress_.set_phase(trainsup::v1::PHASE_TRAINING);
@@ -328,10 +365,21 @@ class TestWorker {
     return absl::OkStatus();
   }
 
-  int CheckpointOrFail() {
+  // For a checkpoint that must be written (`when`: at the end, before a
+  // requested stop): -1 when it was, else the exit code: 74 when the file
+  // system is full (ResourceExhausted: ENOSPC, EDQUOT), 1 otherwise.
+  int CheckpointOrFail(const std::string& when) {
     absl::Status s = Checkpoint();
     if (s.ok()) return -1;
-    return Finish(kExitCrash, "checkpoint_failed", std::string(s.message()));
+    if (!absl::IsResourceExhausted(s)) {
+      return Finish(kExitCrash, "checkpoint_failed", std::string(s.message()));
+    }
+    return Finish(
+        kExitNoSpace, ToString(WorkerExit::kNoSpace),
+        absl::StrCat("no space left in ", store_.root(), " for checkpoint step-", step_, " ", when,
+                     ": ", s.message(), "; the newest checkpoint kept is ",
+                     last_checkpoint_step_ >= 0 ? absl::StrCat("step-", last_checkpoint_step_)
+                                                : std::string("none")));
   }
 
   double Loss() const { return 2.0 / (1.0 + 0.1 * static_cast<double>(step_)); }
@@ -393,7 +441,7 @@ class TestWorker {
       std::fflush(stdout);
       if (step_ == total) break;
       if (g_terminate.load() || link_.stop_requested()) {
-        if (int code = CheckpointOrFail(); code >= 0) return code;
+        if (int code = CheckpointOrFail("before stopping on request"); code >= 0) return code;
         return Finish(kExitStopped, "stopped",
                       g_terminate.load() ? "stopped by SIGTERM" : "stopped by the supervisor");
       }
@@ -404,10 +452,12 @@ class TestWorker {
           every_s > 0 && std::chrono::steady_clock::now() - last_checkpoint_time_ >=
                              std::chrono::duration<double>(every_s);
       if ((every > 0 && step_ % every == 0) || requested || by_time) {
-        if (int code = CheckpointOrFail(); code >= 0) return code;
+        // A failed save has been reported; the next comes an interval later.
+        Checkpoint().IgnoreError();
+        last_checkpoint_time_ = std::chrono::steady_clock::now();
       }
     }
-    if (int code = CheckpointOrFail(); code >= 0) return code;
+    if (int code = CheckpointOrFail("at the end of the run"); code >= 0) return code;
     return Finish(kExitOk, "completed", absl::StrCat("completed ", total, " steps"));
   }
 

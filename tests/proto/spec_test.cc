@@ -104,6 +104,16 @@ TEST(RunSpec, ErrorsNameTheField) {
   EXPECT_NE(Error("name = \n").find("spec: not valid TOML at line 1"), std::string::npos);
 }
 
+TEST(RunSpec, DataFilesHaveASizeLimit) {
+  EXPECT_EQ(ParseRunSpec("")->data.max_file_mb, 4096);
+  absl::StatusOr<RunSpec> spec = ParseRunSpec("[data]\nmax_file_mb = 100\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data.max_file_mb, 100);
+  EXPECT_EQ(Error("[data]\nmax_file_mb = 0\n"), "data.max_file_mb: must be in [1, 1048576], got 0");
+  EXPECT_EQ(Error("[data]\nmax_file_mb = 1048577\n"),
+            "data.max_file_mb: must be in [1, 1048576], got 1048577");
+}
+
 TEST(RunSpec, PathsStayInsideDataRoots) {
   namespace fs = std::filesystem;
   fs::path root = fs::temp_directory_path() / ("spec_test_" + std::to_string(getpid()));

@@ -24,9 +24,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::unique_ptr<Dataset> MustOpen(const DataSpec& data, const ModelSpec& model, uint64_t seed,
-                                  Split split) {
-  absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset(data, model, seed, split);
+std::unique_ptr<Dataset> MustOpen(
+    const DataSpec& data, const ModelSpec& model, uint64_t seed, Split split,
+    const std::optional<std::vector<std::string>>& data_roots = std::nullopt) {
+  absl::StatusOr<std::unique_ptr<Dataset>> d = OpenDataset(data, model, seed, split, data_roots);
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? std::move(*d) : nullptr;
 }
@@ -398,6 +399,51 @@ TEST(FileDataset, ErrorsNameTheFileOrTheField) {
   ASSERT_TRUE(good);
   EXPECT_EQ(good->Get(-1).status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(good->Get(good->size()).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+// With data roots, the spec's paths are re-checked when the dataset opens,
+// and every file it reads, then or later, is confined as it is opened.
+TEST(FileDataset, DataRootsConfineEveryFile) {
+  TempDir dir;
+  const fs::path root = dir.path() / "root", outside = dir.path() / "outside";
+  fs::create_directories(root / "scenes");
+  fs::create_directories(outside);
+  WritePly(root / "scenes" / "a.ply", GridPoints());
+  WritePly(outside / "b.ply", GridPoints(0, 0));
+  const std::vector<std::string> roots = {root.string()};
+
+  const absl::Status escaped =
+      OpenDataset(FileSpec("ply", outside / "b.ply", 0.0), ModelSpec(), 1, Split::kTrain, roots)
+          .status();
+  EXPECT_EQ(escaped.code(), absl::StatusCode::kPermissionDenied) << escaped;
+  EXPECT_NE(
+      std::string(escaped.message())
+          .find("data.path: " + (outside / "b.ply").string() + " resolves outside the data roots"),
+      std::string::npos)
+      << escaped;
+
+  fs::create_symlink(outside / "b.ply", root / "scenes" / "b.ply");
+  const absl::Status linked =
+      OpenDataset(FileSpec("ply", root / "scenes", 0.0), ModelSpec(), 1, Split::kTrain, roots)
+          .status();
+  EXPECT_EQ(linked.code(), absl::StatusCode::kPermissionDenied) << linked;
+  EXPECT_NE(std::string(linked.message()).find((root / "scenes" / "b.ply").string() + ": leads to"),
+            std::string::npos)
+      << linked;
+
+  // Opened while the link pointed inside; Get re-checks when it reads.
+  fs::remove(root / "scenes" / "b.ply");
+  WritePly(root / "scenes" / "b.ply", GridPoints(0, 0));
+  ModelSpec model;
+  model.num_classes = 10;  // no scan of every file at open
+  auto dataset = MustOpen(FileSpec("ply", root / "scenes", 0.0), model, 1, Split::kTrain, roots);
+  ASSERT_TRUE(dataset);
+  ASSERT_EQ(dataset->size(), 2);
+  EXPECT_TRUE(dataset->Get(1).ok());
+  fs::remove(root / "scenes" / "b.ply");
+  fs::create_symlink(outside / "b.ply", root / "scenes" / "b.ply");
+  EXPECT_EQ(dataset->Get(1).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(dataset->Get(0).ok());
 }
 
 // The real CGAL samples, when deploy/fetch-sample-data.sh has fetched them.

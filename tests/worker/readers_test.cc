@@ -4,10 +4,14 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <set>
 #include <string>
@@ -485,6 +489,213 @@ TEST(ReadPointCloud, MissingFileIsNotFound) {
     EXPECT_EQ(cloud.status().code(), absl::StatusCode::kNotFound) << format;
     EXPECT_THAT(std::string(cloud.status().message()), HasSubstr("no/such/file"));
   }
+}
+
+// Confinement: with data roots set, every file and folder a reader opens
+// must lie inside them as opened, after every link.
+class Confinement : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (std::filesystem::temp_directory_path() / "readers_test.XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    top_ = pattern;
+    root_ = top_ + "/root";
+    outside_ = top_ + "/outside";
+    std::filesystem::create_directories(root_);
+    std::filesystem::create_directories(outside_);
+    confined_.data_roots = std::vector<std::string>{root_};
+  }
+  void TearDown() override { std::filesystem::remove_all(top_); }
+
+  void ExpectOutside(const absl::StatusOr<PointCloud>& cloud, const std::string& path,
+                     const std::string& leads_to) {
+    ASSERT_FALSE(cloud.ok());
+    EXPECT_EQ(cloud.status().code(), absl::StatusCode::kPermissionDenied) << cloud.status();
+    EXPECT_THAT(
+        std::string(cloud.status().message()),
+        HasSubstr(path + ": leads to " + leads_to + ", outside the data roots (" + root_ + ")"));
+  }
+
+  std::string top_, root_, outside_;
+  ReadOptions confined_;
+};
+
+TEST_F(Confinement, FilesInsideTheRootsAreRead) {
+  std::filesystem::copy_file(DataPath("valid/ply/points_le.ply"), root_ + "/a.ply");
+  std::filesystem::create_symlink("a.ply", root_ + "/b.ply");  // a link that stays inside
+  absl::StatusOr<PointCloud> direct = ReadPointCloud(root_ + "/a.ply", "ply", confined_);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  ExpectStandardPoints(*direct);
+  absl::StatusOr<PointCloud> linked = ReadPointCloud(root_ + "/b.ply", "ply", confined_);
+  ASSERT_TRUE(linked.ok()) << linked.status();
+  ExpectStandardPoints(*linked);
+}
+
+TEST_F(Confinement, AFileLinkedOutIsNotRead) {
+  std::filesystem::copy_file(DataPath("valid/ply/points_le.ply"), outside_ + "/a.ply");
+  std::filesystem::create_symlink(outside_ + "/a.ply", root_ + "/a.ply");
+  ExpectOutside(ReadPointCloud(root_ + "/a.ply", "ply", confined_), root_ + "/a.ply",
+                outside_ + "/a.ply");
+  // A folder on the way that is a link counts the same.
+  std::filesystem::create_directory_symlink(outside_, root_ + "/dir");
+  ExpectOutside(ReadPointCloud(root_ + "/dir/a.ply", "ply", confined_), root_ + "/dir/a.ply",
+                outside_ + "/a.ply");
+  // Without roots nothing is confined; with an empty list nothing is inside.
+  EXPECT_TRUE(ReadPointCloud(root_ + "/a.ply", "ply", {}).ok());
+  ReadOptions nothing;
+  nothing.data_roots = std::vector<std::string>{};
+  absl::StatusOr<PointCloud> none =
+      ReadPointCloud(DataPath("valid/ply/points_le.ply"), "ply", nothing);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kPermissionDenied) << none.status();
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("(none configured)"));
+}
+
+TEST_F(Confinement, SideFilesAndFoldersAreConfinedToo) {
+  // A label side file.
+  std::filesystem::copy_file(DataPath("valid/ply/side_labels.ply"), root_ + "/room.ply");
+  std::filesystem::copy_file(DataPath("valid/ply/side_labels.labels"), outside_ + "/labels");
+  std::filesystem::create_symlink(outside_ + "/labels", root_ + "/labels");
+  ReadOptions side = confined_;
+  side.label_file = root_ + "/labels";
+  ExpectOutside(ReadPointCloud(root_ + "/room.ply", "ply", side), root_ + "/labels",
+                outside_ + "/labels");
+  // SemanticKITTI's labels/ sibling.
+  const std::string seq = root_ + "/sequences/00";
+  std::filesystem::create_directories(seq + "/velodyne");
+  std::filesystem::copy_file(DataPath("valid/semantickitti/sequences/00/velodyne/000000.bin"),
+                             seq + "/velodyne/000000.bin");
+  std::filesystem::create_directories(outside_ + "/kitti_labels");
+  std::filesystem::copy_file(DataPath("valid/semantickitti/sequences/00/labels/000000.label"),
+                             outside_ + "/kitti_labels/000000.label");
+  std::filesystem::create_directory_symlink(outside_ + "/kitti_labels", seq + "/labels");
+  ExpectOutside(ReadPointCloud(seq + "/velodyne/000000.bin", "semantickitti", confined_),
+                seq + "/labels/000000.label", outside_ + "/kitti_labels/000000.label");
+  // An S3DIS room's Annotations/ folder.
+  std::filesystem::create_directories(root_ + "/office_1");
+  std::filesystem::copy(DataPath("valid/s3dis/Area_1/office_1/Annotations"),
+                        outside_ + "/Annotations");
+  std::filesystem::create_directory_symlink(outside_ + "/Annotations",
+                                            root_ + "/office_1/Annotations");
+  ExpectOutside(ReadPointCloud(root_ + "/office_1", "s3dis", confined_),
+                root_ + "/office_1/Annotations", outside_ + "/Annotations");
+  // One object file of a real Annotations/ folder.
+  std::filesystem::create_directories(root_ + "/office_2/Annotations");
+  std::filesystem::copy_file(outside_ + "/Annotations/ceiling_1.txt",
+                             root_ + "/office_2/Annotations/ceiling_1.txt");
+  std::filesystem::create_symlink(outside_ + "/Annotations/chair_2.txt",
+                                  root_ + "/office_2/Annotations/chair_2.txt");
+  ExpectOutside(ReadPointCloud(root_ + "/office_2", "s3dis", confined_),
+                root_ + "/office_2/Annotations/chair_2.txt", outside_ + "/Annotations/chair_2.txt");
+}
+
+// Only regular files are read: a FIFO would block open(2) until a writer
+// came. The wait below is a hang guard (the FIFO is then opened for
+// writing to let a stuck reader go), not a timing assertion.
+TEST_F(Confinement, AFifoIsRefusedWithoutBlocking) {
+  const std::string fifo = root_ + "/labels";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  std::filesystem::copy_file(DataPath("valid/ply/side_labels.ply"), root_ + "/room.ply");
+  for (const std::string& path : {fifo, root_ + "/room.ply"}) {
+    SCOPED_TRACE(path);
+    ReadOptions options = confined_;
+    if (path != fifo) options.label_file = fifo;
+    std::future<absl::StatusOr<PointCloud>> read =
+        std::async(std::launch::async, [&] { return ReadPointCloud(path, "ply", options); });
+    if (read.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+      ADD_FAILURE() << "the reader blocked on the FIFO";
+      std::ofstream unblock(fifo);
+    }
+    absl::StatusOr<PointCloud> cloud = read.get();
+    ASSERT_FALSE(cloud.ok());
+    EXPECT_EQ(cloud.status().code(), absl::StatusCode::kInvalidArgument) << cloud.status();
+    EXPECT_THAT(std::string(cloud.status().message()), HasSubstr(fifo + ": not a regular file"));
+  }
+}
+
+// A file above options.max_file_bytes is refused before its buffer is
+// allocated: a sparse 1 TiB file, which could never be allocated, fails
+// with the limit's error, not with bad_alloc.
+TEST_F(Confinement, FilesAboveTheSizeLimitAreRefusedBeforeAllocating) {
+  const std::string huge = root_ + "/huge.ply";
+  std::ofstream(huge) << "ply\n";
+  std::filesystem::resize_file(huge, uint64_t{1} << 40);
+  ReadOptions options;
+  options.max_file_bytes = uint64_t{4096} << 20;
+  for (const char* format : {"ply", "las", "semantickitti", "s3dis"}) {
+    absl::StatusOr<PointCloud> cloud = ReadPointCloud(huge, format, options);
+    ASSERT_FALSE(cloud.ok()) << format;
+    EXPECT_EQ(cloud.status().code(), absl::StatusCode::kInvalidArgument) << cloud.status();
+    EXPECT_THAT(std::string(cloud.status().message()),
+                HasSubstr(huge + ": 1048576 MiB (1099511627776 bytes) is more than "
+                                 "data.max_file_mb (4096 MiB)"));
+  }
+  // At the limit is fine; one byte over is not.
+  std::filesystem::copy_file(DataPath("valid/ply/points_le.ply"), root_ + "/a.ply");
+  const uint64_t size = std::filesystem::file_size(root_ + "/a.ply");
+  options.max_file_bytes = size;
+  EXPECT_TRUE(ReadPointCloud(root_ + "/a.ply", "ply", options).ok());
+  options.max_file_bytes = size - 1;
+  EXPECT_EQ(ReadPointCloud(root_ + "/a.ply", "ply", options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// What viewers see of a reader error: where and what, but nothing the file
+// says. The message itself (the rank's log, these tests) keeps it all.
+TEST(ViewerMessage, WithholdsEveryPieceOfTheFile) {
+  struct Case {
+    std::string format, file;
+    std::string content;  // quoted in the message, withheld from viewers
+    std::string viewer;   // part of the viewer message
+    std::string label_file = "";
+  };
+  const Case cases[] = {
+      {"ply", "not_a_number.ply", "2.2.5", "'<withheld>' is not a number (property '<withheld>'"},
+      {"ply", "unknown_format.ply", "binary_middle_endian", "unknown format '<withheld>'"},
+      {"ply", "unexpected_keyword.ply", "end_headr", "header line 13: unexpected '<withheld>'"},
+      {"ply", "unknown_type.ply", "float16", "unknown property type '<withheld>' for property"},
+      {"ply", "negative_label.ply", "-7", "label <withheld> at point 3 is below -1"},
+      {"ply", "value_out_of_range.ply", "300", "value <withheld> of uchar property '<withheld>'"},
+      {"s3dis", "header_line.txt", "'x'", "line 1: '<withheld>' is not a number"},
+      {"s3dis", "colour_out_of_range.txt", "300", "line 1: colour <withheld> is outside [0, 255]"},
+      {"s3dis", "fractional_label.txt", "1.5", "line 3: label <withheld> is not an integer"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.format + "/" + c.file);
+    const std::string path = DataPath("malformed/" + c.format + "/" + c.file);
+    absl::StatusOr<PointCloud> cloud = ReadPointCloud(path, c.format, {});
+    ASSERT_FALSE(cloud.ok());
+    EXPECT_THAT(std::string(cloud.status().message()), HasSubstr(c.content));
+    const std::string viewer = ViewerMessage(cloud.status());
+    EXPECT_THAT(viewer, HasSubstr(path + ": "));
+    EXPECT_THAT(viewer, HasSubstr(c.viewer));
+    EXPECT_EQ(viewer.find(c.content), std::string::npos) << viewer;
+  }
+  // A label side file that is not labels at all.
+  const std::string dir = DataPath("valid/ply/");
+  std::string pattern = (std::filesystem::temp_directory_path() / "readers_test.XXXXXX").string();
+  ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+  std::ofstream(pattern + "/labels") << "hunter2\n";
+  ReadOptions options;
+  options.label_file = pattern + "/labels";
+  absl::StatusOr<PointCloud> cloud = ReadPointCloud(dir + "side_labels.ply", "ply", options);
+  std::filesystem::remove_all(pattern);
+  ASSERT_FALSE(cloud.ok());
+  EXPECT_THAT(std::string(cloud.status().message()), HasSubstr("line 1: 'hunter2' is not a label"));
+  EXPECT_THAT(ViewerMessage(cloud.status()), HasSubstr("line 1: '<withheld>' is not a label"));
+  EXPECT_EQ(ViewerMessage(cloud.status()).find("hunter2"), std::string::npos);
+  // Nothing quoted: the viewer sees the message as it is.
+  absl::StatusOr<PointCloud> truncated =
+      ReadPointCloud(DataPath("malformed/las/truncated.las"), "las", {});
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_EQ(ViewerMessage(truncated.status()), truncated.status().message());
+}
+
+TEST(ViewerMessage, MarkersInTheFileCannotUnwithholdIt) {
+  const std::string marked = "a " + FileContent("x\x1fy\x1ez") + " b";
+  const absl::Status s = ContentError(absl::StatusCode::kDataLoss, marked);
+  EXPECT_EQ(s.message(), "a xyz b");
+  EXPECT_EQ(ViewerMessage(s), "a <withheld> b");
+  EXPECT_EQ(ViewerMessage(absl::DataLossError("plain")), "plain");
 }
 
 TEST(PointCloudFormat, StringRoundTrip) {

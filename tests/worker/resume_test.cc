@@ -5,12 +5,11 @@
 // epoch) and 2 validation rooms; checkpoints every 3 steps, so most resume
 // points lie inside an epoch.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,22 +25,21 @@
 #include <vector>
 
 #include "proto/exit_file.h"
+#include "tests/common/fault_open.h"
+#include "tests/worker/worker_process.h"
 
 namespace trainsup::worker {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Launch;
+using testing::LogPath;
+using testing::ReadFile;
+using testing::WaitStatus;
 
 constexpr int kSteps = 30;
 
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::string MakeRunDir(const std::string& name) {
+std::string MakeRunDir(const std::string& name, int steps = kSteps) {
   fs::path dir = fs::path(::testing::TempDir()) /
                  ("resume_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -58,37 +56,12 @@ std::string MakeRunDir(const std::string& name) {
                                       "[train]\n"
                                       "batch_size = 2\n"
                                       "steps = "
-                                   << kSteps
+                                   << steps
                                    << "\n"
                                       "checkpoint_every_steps = 3\n"
                                       "deterministic = true\n"
                                       "threads = 2\n";
   return dir.string();
-}
-
-std::string LogPath(const std::string& dir, int attempt) {
-  return dir + "/attempt-" + std::to_string(attempt) + ".log";
-}
-
-// Starts trainsup-worker standalone (no supervisor), its output in
-// DIR/attempt-A.log.
-pid_t Launch(const std::string& dir, int attempt) {
-  std::string log = LogPath(dir, attempt);
-  std::string attempt_arg = std::to_string(attempt);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    execl(TRAINSUP_WORKER_BIN, TRAINSUP_WORKER_BIN, "--run-dir", dir.c_str(), "--rank", "0",
-          "--world-size", "1", "--attempt", attempt_arg.c_str(), "--supervisor", "", "--resume",
-          "latest", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
 }
 
 // The committed checkpoints' steps (step-N directories), ascending.
@@ -108,22 +81,6 @@ std::vector<int64_t> CheckpointSteps(const std::string& dir) {
 int64_t NewestCheckpoint(const std::string& dir) {
   std::vector<int64_t> steps = CheckpointSteps(dir);
   return steps.empty() ? -1 : steps.back();
-}
-
-// Waits for `pid`; a worker still running after `limit` is killed (a hang
-// guard, not a timing assertion) and reported as -1.
-int WaitStatus(pid_t pid, std::chrono::seconds limit = std::chrono::seconds(300)) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return status;
 }
 
 TEST(Resume, SigkilledThreeTimesEndsBitIdenticalToAnUninterruptedRun) {
@@ -217,6 +174,51 @@ TEST(Resume, SigkilledThreeTimesEndsBitIdenticalToAnUninterruptedRun) {
   }
   fs::remove_all(a);
   fs::remove_all(b);
+}
+
+// A read error on the checkpoint to resume from (an LD_PRELOAD shim fails
+// chosen opens with EIO or EMFILE) is not corruption: the attempt exits 1
+// with reason checkpoint_io naming the file and the errno, quarantines
+// nothing and trains neither from scratch nor from an older checkpoint.
+// Without the error the next attempt resumes from the newest checkpoint.
+TEST(Resume, ReadErrorFailsTheAttemptAndQuarantinesNothing) {
+  const std::string dir = MakeRunDir("io", 4);  // checkpoints step-3 and step-4
+  int status = WaitStatus(Launch(dir, 1));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << ":\n"
+                                                             << ReadFile(LogPath(dir, 1));
+  ASSERT_EQ(CheckpointSteps(dir), (std::vector<int64_t>{3, 4}));
+  const trainsup::testing::OpenFault faults[] = {
+      {"EIO", "step-4/model.safetensors", "0", "latest"},     // verifying
+      {"EMFILE", "step-4/model.safetensors", "1", "latest"},  // loading, after it verified
+      {"EIO", "step-3/trainer.json", "0", "3"},               // --resume STEP
+  };
+  int attempt = 2;
+  for (const auto& f : faults) {
+    SCOPED_TRACE(std::string(f.errno_name) + " on " + f.file + ", --resume " + f.resume);
+    const std::string path = dir + "/checkpoints/" + f.file;
+    status = WaitStatus(Launch(dir, attempt, f.resume,
+                               trainsup::testing::FaultOpenEnv(TRAINSUP_FAULT_OPEN_SHIM, path, f)));
+    const std::string log = ReadFile(LogPath(dir, attempt));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status << ":\n"
+                                                               << log;
+    absl::StatusOr<ExitFile> exit_file = ReadExitFile(ExitFilePath(dir, attempt, 0));
+    ASSERT_TRUE(exit_file.ok()) << exit_file.status() << "\n" << log;
+    EXPECT_EQ(exit_file->code, 1);
+    EXPECT_EQ(exit_file->reason, "checkpoint_io");
+    EXPECT_NE(exit_file->message.find(path), std::string::npos) << exit_file->message;
+    EXPECT_NE(exit_file->message.find(std::string("(") + f.errno_name + ")"), std::string::npos)
+        << exit_file->message;
+    EXPECT_EQ(log.find("resumed from"), std::string::npos) << log;
+    EXPECT_EQ(log.find("\nstep 1/"), std::string::npos) << log;
+    EXPECT_FALSE(fs::exists(fs::path(dir) / "checkpoints" / "quarantine")) << log;
+    EXPECT_EQ(CheckpointSteps(dir), (std::vector<int64_t>{3, 4})) << log;
+    ++attempt;
+  }
+  status = WaitStatus(Launch(dir, attempt));
+  const std::string log = ReadFile(LogPath(dir, attempt));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << ":\n" << log;
+  EXPECT_NE(log.find("resumed from step 4"), std::string::npos) << log;
+  fs::remove_all(dir);
 }
 
 }  // namespace

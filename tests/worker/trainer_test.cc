@@ -18,8 +18,10 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/store.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
+#include "tests/checkpoint/fault_injection_fs.h"
 #include "worker/dataset.h"
 #include "worker/loader.h"
 
@@ -378,6 +380,112 @@ TEST(Train, ReportsDroppedScenesInItsEvents) {
     skipped |= line.find("no labelled voxel fitted in memory") != std::string::npos;
   }
   EXPECT_TRUE(skipped);
+}
+
+// Checkpoints through the fault-injecting file system (a full disk from a
+// chosen save on). What the trainer reported, and the run directory.
+struct CheckpointFaults {
+  explicit CheckpointFaults(const std::string& name) : run_dir(RunDir(name)) {}
+  ~CheckpointFaults() { fs::remove_all(run_dir); }
+
+  // Trains `spec`; the disk fills up once checkpoint `full_after` is
+  // committed, and gets space back after `failures_until_space` failed
+  // saves (-1: never).
+  TrainerResult Train(const RunSpec& spec, int64_t full_after, int failures_until_space) {
+    TrainerOptions options;
+    options.run_dir = run_dir;
+    options.resume = "none";
+    options.file_system = &disk;
+    TrainerHooks hooks = captured.Hooks();
+    hooks.event = [&, inner = hooks.event](v1::EventKind kind, int64_t step,
+                                           int64_t checkpoint_step, const std::string& message) {
+      inner(kind, step, checkpoint_step, message);
+      if (kind == v1::EVENT_KIND_CHECKPOINT && checkpoint_step == full_after) disk.space_left = 0;
+    };
+    hooks.checkpoint_failed = [&](int64_t step, int64_t last_good, const std::string& error) {
+      failed.push_back({step, last_good, error});
+      if (static_cast<int>(failed.size()) == failures_until_space) disk.space_left = -1;
+    };
+    hooks.progress = [&, inner = hooks.progress](const v1::Progress& p) {
+      inner(p);
+      reports.push_back(p);
+    };
+    TrainerResult r = worker::Train(spec, options, hooks);
+    sparse::SetMemoryBudget(0);
+    return r;
+  }
+
+  bool Committed(int64_t step) const {
+    return fs::exists(fs::path(run_dir) / "checkpoints" / ("step-" + std::to_string(step)));
+  }
+
+  struct Failure {
+    int64_t step, last_good;
+    std::string error;
+  };
+  std::string run_dir;
+  ckpt::testing::FaultInjectionFileSystem disk;
+  Captured captured;
+  std::vector<Failure> failed;
+  std::vector<v1::Progress> reports;
+};
+
+// A save that fails (a full disk) does not end training: it is reported
+// (checkpoint_failed, the heartbeat's checkpoint_failures and
+// last_checkpoint_error) and the next interval's save is tried again.
+TEST(Train, AFailedCheckpointIsReportedAndTrainingGoesOn) {
+  sparse::InstallCountingAllocator();
+  BudgetGuard guard;
+  RunSpec spec = SyntheticSpec(4, 0.05, 8);
+  spec.train.checkpoint_every_steps = 2;
+  spec.train.keep_checkpoints = 10;
+  CheckpointFaults t("ckpt_fails_once");
+  TrainerResult r = t.Train(spec, /*full_after=*/2, /*failures_until_space=*/1);
+  ASSERT_EQ(r.exit_code, 0) << r.reason << ": " << r.message;
+  EXPECT_EQ(r.last_step, 8);
+  ASSERT_EQ(t.failed.size(), 1u);
+  EXPECT_EQ(t.failed[0].step, 4);
+  EXPECT_EQ(t.failed[0].last_good, 2);
+  EXPECT_NE(t.failed[0].error.find("No space left on device"), std::string::npos)
+      << t.failed[0].error;
+  EXPECT_TRUE(t.Committed(2));
+  EXPECT_FALSE(t.Committed(4));
+  EXPECT_TRUE(t.Committed(6));
+  EXPECT_TRUE(t.Committed(8));
+  bool reported = false;
+  for (const v1::Progress& p : t.reports) {
+    reported |= p.checkpoint_failures() == 1 &&
+                p.last_checkpoint_error().find("No space left") != std::string::npos &&
+                p.last_checkpoint_step() == 2;
+  }
+  EXPECT_TRUE(reported) << "no progress report carried the failure";
+  EXPECT_EQ(t.reports.back().checkpoint_failures(), 1);
+  EXPECT_EQ(t.reports.back().last_checkpoint_error(), "");
+  EXPECT_EQ(t.reports.back().last_checkpoint_step(), 8);
+}
+
+// No space for the final checkpoint: exit 74 (no_space) saying so, after
+// training every step, with the last good checkpoint kept.
+TEST(Train, NoSpaceForTheFinalCheckpointExits74) {
+  sparse::InstallCountingAllocator();
+  BudgetGuard guard;
+  RunSpec spec = SyntheticSpec(4, 0.05, 6);
+  spec.train.checkpoint_every_steps = 2;
+  CheckpointFaults t("ckpt_no_space");
+  TrainerResult r = t.Train(spec, /*full_after=*/2, /*failures_until_space=*/-1);
+  EXPECT_EQ(r.exit_code, 74) << r.message;
+  EXPECT_EQ(r.reason, "no_space");
+  EXPECT_EQ(r.last_step, 6);
+  const std::string root = t.run_dir + "/checkpoints";
+  EXPECT_NE(
+      r.message.find("no space left in " + root + " for checkpoint step-6 at the end of the run"),
+      std::string::npos)
+      << r.message;
+  EXPECT_NE(r.message.find("the newest checkpoint kept is step-2"), std::string::npos) << r.message;
+  ASSERT_EQ(t.failed.size(), 2u);  // steps 4 and 6
+  EXPECT_EQ(t.failed[1].step, 6);
+  ckpt::CheckpointStore store(root);
+  EXPECT_TRUE(store.Verify({2, root + "/step-2"}).ok());
 }
 
 TEST(Train, HeavyTailedUnderTightBudget) {

@@ -36,7 +36,7 @@ constexpr size_t kClassification = 15;
 }  // namespace
 
 absl::StatusOr<PointCloud> ReadLas(const std::string& path, const ReadOptions& options) {
-  absl::StatusOr<std::string> file = internal::ReadWholeFile(path);
+  absl::StatusOr<std::string> file = internal::ReadWholeFile(path, options);
   if (!file.ok()) return file.status();
   const std::string& data = *file;
   const char* d = data.data();

@@ -215,8 +215,8 @@ absl::StatusOr<Header> ParseHeader(const std::string& path, const std::string& d
       } else if (tokens[1] == "binary_big_endian") {
         header.encoding = Encoding::kBinaryBigEndian;
       } else {
-        return InvalidFile(
-            path, absl::StrCat("header line ", line, ": unknown format '", tokens[1], "'"));
+        return InvalidFile(path, absl::StrCat("header line ", line, ": unknown format '",
+                                              FileContent(tokens[1]), "'"));
       }
       have_format = true;
     } else if (key == "element") {
@@ -241,19 +241,21 @@ absl::StatusOr<Header> ParseHeader(const std::string& path, const std::string& d
         std::optional<PlyType> item_type = ParseType(tokens[3]);
         if (!count_type || !item_type) {
           return InvalidFile(path, absl::StrCat("header line ", line, ": unknown property type '",
-                                                !count_type ? tokens[2] : tokens[3],
-                                                "' for property '", tokens[4], "'"));
+                                                FileContent(!count_type ? tokens[2] : tokens[3]),
+                                                "' for property '", FileContent(tokens[4]), "'"));
         }
         if (!IsInteger(*count_type)) {
-          return InvalidFile(path, absl::StrCat("header line ", line, ": list '", tokens[4],
-                                                "' has a non-integer count type"));
+          return InvalidFile(path,
+                             absl::StrCat("header line ", line, ": list '", FileContent(tokens[4]),
+                                          "' has a non-integer count type"));
         }
         property = Property{std::string(tokens[4]), *item_type, true, *count_type};
       } else if (tokens.size() == 3) {
         std::optional<PlyType> type = ParseType(tokens[1]);
         if (!type) {
           return InvalidFile(path, absl::StrCat("header line ", line, ": unknown property type '",
-                                                tokens[1], "' for property '", tokens[2], "'"));
+                                                FileContent(tokens[1]), "' for property '",
+                                                FileContent(tokens[2]), "'"));
         }
         property = Property{std::string(tokens[2]), *type, false, PlyType::kUint8};
       } else {
@@ -261,7 +263,8 @@ absl::StatusOr<Header> ParseHeader(const std::string& path, const std::string& d
       }
       header.elements.back().properties.push_back(std::move(property));
     } else {
-      return InvalidFile(path, absl::StrCat("header line ", line, ": unexpected '", key, "'"));
+      return InvalidFile(
+          path, absl::StrCat("header line ", line, ": unexpected '", FileContent(key), "'"));
     }
     pos = next;
   }
@@ -286,8 +289,9 @@ absl::StatusOr<Selection> Select(const std::string& path, const Element& vertex,
   for (int a = 0; a < 3; ++a) {
     s.xyz[a] = vertex.Find(kXyz[a]);
     if (s.xyz[a] < 0) {
-      return InvalidFile(path, absl::StrCat("vertex element has no '", kXyz[a],
-                                            "' property (it has: ", vertex.PropertyNames(), ")"));
+      return InvalidFile(
+          path, absl::StrCat("vertex element has no '", kXyz[a],
+                             "' property (it has: ", FileContent(vertex.PropertyNames()), ")"));
     }
     if (vertex.properties[s.xyz[a]].is_list) {
       return InvalidFile(path, absl::StrCat("vertex property '", kXyz[a], "' is a list"));
@@ -317,7 +321,7 @@ absl::StatusOr<Selection> Select(const std::string& path, const Element& vertex,
     if (s.label < 0) {
       return InvalidFile(
           path, absl::StrCat("vertex element has no label property '", options.label_property,
-                             "' (it has: ", vertex.PropertyNames(), ")"));
+                             "' (it has: ", FileContent(vertex.PropertyNames()), ")"));
     }
   } else {
     for (const char* name : kDefaultPlyLabelProperties) {
@@ -327,7 +331,8 @@ absl::StatusOr<Selection> Select(const std::string& path, const Element& vertex,
   }
   if (s.label >= 0 && vertex.properties[s.label].is_list) {
     return InvalidFile(
-        path, absl::StrCat("label property '", vertex.properties[s.label].name, "' is a list"));
+        path, absl::StrCat("label property '", FileContent(vertex.properties[s.label].name),
+                           "' is a list"));
   }
   return s;
 }
@@ -357,8 +362,9 @@ class VertexSink {
       IntegerRange(prop.type, &lo, &hi);
       if (!(v >= lo && v <= hi) || v != std::floor(v)) {
         return CorruptFile(
-            path_, absl::StrCat("value ", v, " of ", TypeName(prop.type), " property '", prop.name,
-                                "' at vertex ", i, " does not fit its type"));
+            path_, absl::StrCat("value ", FileContent(absl::StrCat(v)), " of ", TypeName(prop.type),
+                                " property '", FileContent(prop.name), "' at vertex ", i,
+                                " does not fit its type"));
       }
     }
     const int r = role_[p];
@@ -371,8 +377,9 @@ class VertexSink {
     } else {
       if (!(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max()) ||
           v != std::floor(v)) {
-        return CorruptFile(path_, absl::StrCat("label property '", prop.name, "' = ", v,
-                                               " at vertex ", i, " is not a 32-bit integer"));
+        return CorruptFile(path_, absl::StrCat("label property '", FileContent(prop.name),
+                                               "' = ", FileContent(absl::StrCat(v)), " at vertex ",
+                                               i, " is not a 32-bit integer"));
       }
       labels_[i] = static_cast<int32_t>(v);
     }
@@ -426,10 +433,10 @@ class BinaryBody {
   absl::Status CheckCount(const Element& element, size_t pos) const {
     const uint64_t min_bytes = element.MinRecordBytes();
     if (!FitsIn(element.count, min_bytes, pos, data_.size())) {
-      return CorruptFile(path_,
-                         absl::StrCat("truncated: element '", element.name, "' has ", element.count,
-                                      " records of at least ", min_bytes, " bytes, but only ",
-                                      data_.size() - pos, " bytes follow the header"));
+      return CorruptFile(
+          path_, absl::StrCat("truncated: element '", FileContent(element.name), "' has ",
+                              element.count, " records of at least ", min_bytes,
+                              " bytes, but only ", data_.size() - pos, " bytes follow the header"));
     }
     return absl::OkStatus();
   }
@@ -500,8 +507,9 @@ class BinaryBody {
       if (!FitsIn(1, bytes, *pos, data_.size())) return Truncated(element, i);
       const double items = LoadScalar(data_.data() + *pos, p.count_type, big_endian_);
       if (items < 0) {
-        return CorruptFile(path_, absl::StrCat("list '", p.name, "' of ", element.name, " ", i,
-                                               " has a negative length"));
+        return CorruptFile(
+            path_, absl::StrCat("list '", FileContent(p.name), "' of ", FileContent(element.name),
+                                " ", i, " has a negative length"));
       }
       *pos += bytes;
       bytes = static_cast<uint64_t>(items) * SizeOf(p.type);
@@ -512,9 +520,9 @@ class BinaryBody {
   }
 
   absl::Status Truncated(const Element& element, uint64_t i) const {
-    return CorruptFile(path_,
-                       absl::StrCat("truncated: ", element.name, " ", i, " of ", element.count,
-                                    " runs past the end of the file (", data_.size(), " bytes)"));
+    return CorruptFile(
+        path_, absl::StrCat("truncated: ", FileContent(element.name), " ", i, " of ", element.count,
+                            " runs past the end of the file (", data_.size(), " bytes)"));
   }
 
   const std::string& path_;
@@ -536,9 +544,9 @@ class AsciiBody {
     const uint64_t values = element.properties.size();
     const uint64_t left = static_cast<uint64_t>(end_ - p_);
     if (element.count > 0 && values > 0 && !FitsIn(element.count, 2 * values, 0, left + 1)) {
-      return CorruptFile(
-          path_, absl::StrCat("truncated: element '", element.name, "' has ", element.count,
-                              " records of ", values, " values, but only ", left, " bytes follow"));
+      return CorruptFile(path_, absl::StrCat("truncated: element '", FileContent(element.name),
+                                             "' has ", element.count, " records of ", values,
+                                             " values, but only ", left, " bytes follow"));
     }
     return absl::OkStatus();
   }
@@ -586,8 +594,8 @@ class AsciiBody {
     if (!NextToken()) return Truncated(element, i);
     int64_t items = 0;
     if (!internal::ParseInt64(token_.data(), token_.data() + token_.size(), &items) || items < 0) {
-      return CorruptFile(path_, absl::StrCat("line ", line_, ": list length '", token_, "' of '",
-                                             p.name, "' is not a count"));
+      return CorruptFile(path_, absl::StrCat("line ", line_, ": list length '", FileContent(token_),
+                                             "' of '", FileContent(p.name), "' is not a count"));
     }
     return static_cast<uint64_t>(items);
   }
@@ -604,14 +612,14 @@ class AsciiBody {
   }
 
   absl::Status Truncated(const Element& element, uint64_t i) const {
-    return CorruptFile(path_, absl::StrCat("truncated: ", element.name, " ", i, " of ",
+    return CorruptFile(path_, absl::StrCat("truncated: ", FileContent(element.name), " ", i, " of ",
                                            element.count, " ends early (body line ", line_, ")"));
   }
 
   absl::Status NotANumber(const Element& element, uint64_t i, const Property& p) const {
-    return CorruptFile(
-        path_, absl::StrCat("body line ", line_, ": '", token_, "' is not a number (property '",
-                            p.name, "' of ", element.name, " ", i, ")"));
+    return CorruptFile(path_, absl::StrCat("body line ", line_, ": '", FileContent(token_),
+                                           "' is not a number (property '", FileContent(p.name),
+                                           "' of ", FileContent(element.name), " ", i, ")"));
   }
 
   const std::string& path_;
@@ -624,7 +632,7 @@ class AsciiBody {
 }  // namespace
 
 absl::StatusOr<PointCloud> ReadPly(const std::string& path, const ReadOptions& options) {
-  absl::StatusOr<std::string> data = internal::ReadWholeFile(path);
+  absl::StatusOr<std::string> data = internal::ReadWholeFile(path, options);
   if (!data.ok()) return data.status();
   absl::StatusOr<Header> header = ParseHeader(path, *data);
   if (!header.ok()) return header.status();

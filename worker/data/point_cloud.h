@@ -7,10 +7,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace trainsup::worker {
 
@@ -56,6 +59,17 @@ struct ReadOptions {
   std::string kitti_label_file;
   // Fail (InvalidArgument) when the cloud comes out without labels.
   bool require_labels = false;
+  // Confinement to the supervisor's data roots (proto/data_roots.h). Set:
+  // every file and folder a reader opens must, as opened (its real path read
+  // back from /proc/self/fd, so every symlink on the way counts, and a link
+  // swapped in after a check is caught), lie inside one of these
+  // directories; otherwise the read fails with PermissionDenied naming the
+  // path and where it leads. Unset: no confinement.
+  std::optional<std::vector<std::string>> data_roots;
+  // A file larger than this many bytes is refused (InvalidArgument naming
+  // it, its size and the limit) before anything is allocated for it; 0: no
+  // limit. The worker sets it from data.max_file_mb.
+  uint64_t max_file_bytes = 0;
 };
 
 // Label properties tried, in order, when ReadOptions::label_property is
@@ -70,6 +84,27 @@ enum class PointCloudFormat {
   kSemanticKitti,  // "semantickitti": .bin scan, optional .label
   kS3dis,          // "s3dis": a room text file or an Annotations folder
 };
+
+// File content in error messages. Reader errors quote what they found
+// ("line 1: 'x' is not a number"), which helps whoever reads the rank's
+// log; but a run's reason and its events are shown to every viewer, and a
+// data file may be anything (a label file that is a link to a secret
+// printed the secret in the run's reason). So every piece of a file's
+// content (a token, a name from a header, a value of a text file, a label)
+// is marked with FileContent where a message is built, ContentError makes
+// the status, and ViewerMessage withholds the marked pieces.
+
+// `content` (marker bytes 0x1E and 0x1F removed from it) between the two
+// markers: only for messages passed to ContentError.
+std::string FileContent(absl::string_view content);
+// A status with code `code`, whose message() is `marked_message` without the
+// markers (everything shown, for logs and tests) and whose viewer message
+// has "<withheld>" for each marked piece.
+absl::Status ContentError(absl::StatusCode code, absl::string_view marked_message);
+// What viewers may see of `status`: its message with every piece of file
+// content replaced by "<withheld>" ("'<withheld>' is not a number"). The
+// message itself when nothing in it was marked.
+std::string ViewerMessage(const absl::Status& status);
 
 // "ply", "las", "semantickitti", "s3dis".
 std::string ToString(PointCloudFormat format);

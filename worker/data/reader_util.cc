@@ -1,38 +1,84 @@
 #include "worker/data/reader_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "absl/strings/str_join.h"
+#include "proto/data_roots.h"
+
 namespace trainsup::worker::internal {
 
 absl::Status InvalidFile(const std::string& path, absl::string_view message) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", message));
+  return ContentError(absl::StatusCode::kInvalidArgument, absl::StrCat(path, ": ", message));
 }
 
 absl::Status CorruptFile(const std::string& path, absl::string_view message) {
-  return absl::DataLossError(absl::StrCat(path, ": ", message));
+  return ContentError(absl::StatusCode::kDataLoss, absl::StrCat(path, ": ", message));
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+absl::Status CheckConfined(int fd, const std::string& path, const ReadOptions& options) {
+  if (!options.data_roots.has_value()) return absl::OkStatus();
+  const std::vector<std::string>& roots = *options.data_roots;
+  const std::string roots_text = roots.empty() ? "none configured" : absl::StrJoin(roots, ", ");
+  // What the kernel opened, every symlink resolved: a link swapped in
+  // after any earlier check is seen here.
+  char real[PATH_MAX + 1];
+  const std::string link = absl::StrCat("/proc/self/fd/", fd);
+  const ssize_t n = ::readlink(link.c_str(), real, PATH_MAX);
+  if (n <= 0 || real[0] != '/') {
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": cannot tell where it leads (", link,
+                     " unreadable), so it is not read (data roots: ", roots_text, ")"));
+  }
+  const std::string resolved(real, static_cast<size_t>(n));
+  if (!PathInsideRoots(resolved, roots)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": leads to ", resolved, ", outside the data roots (", roots_text, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const ReadOptions& options) {
+  // A FIFO would block open(2) until a writer came, a device may do
+  // anything on open: only regular files are opened, and O_NONBLOCK covers
+  // one swapped in after the stat.
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return InvalidFile(path, "not a regular file");
+  }
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
     return InvalidFile(path, absl::StrCat("cannot open: ", std::strerror(err)));
   }
-  struct stat st;
+  if (absl::Status confined = CheckConfined(fd, path, options); !confined.ok()) {
+    ::close(fd);
+    return confined;
+  }
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     return InvalidFile(path, "not a regular file");
   }
-  std::string data(static_cast<size_t>(st.st_size), '\0');
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (options.max_file_bytes > 0 && size > options.max_file_bytes) {
+    ::close(fd);
+    constexpr uint64_t kMiB = uint64_t{1} << 20;
+    return InvalidFile(path, absl::StrCat((size + kMiB - 1) / kMiB, " MiB (", size,
+                                          " bytes) is more than data.max_file_mb (",
+                                          options.max_file_bytes / kMiB, " MiB)"));
+  }
+  std::string data(static_cast<size_t>(size), '\0');
   size_t done = 0;
   while (done < data.size()) {
     ssize_t n = ::read(fd, data.data() + done, data.size() - done);
@@ -48,6 +94,36 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   }
   ::close(fd);
   return data;
+}
+
+absl::StatusOr<std::vector<std::string>> ListFolder(const std::string& dir,
+                                                    const ReadOptions& options) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    return InvalidFile(dir, absl::StrCat("cannot list the folder: ", std::strerror(errno)));
+  }
+  if (absl::Status confined = CheckConfined(fd, dir, options); !confined.ok()) {
+    ::close(fd);
+    return confined;
+  }
+  DIR* d = ::fdopendir(fd);  // owns fd from here
+  if (d == nullptr) {
+    const int err = errno;
+    ::close(fd);
+    return InvalidFile(dir, absl::StrCat("cannot list the folder: ", std::strerror(err)));
+  }
+  std::vector<std::string> names;
+  errno = 0;
+  while (const struct dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  const int err = errno;
+  ::closedir(d);
+  if (err != 0)
+    return InvalidFile(dir, absl::StrCat("cannot list the folder: ", std::strerror(err)));
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 bool PathExists(const std::string& path) {
@@ -130,7 +206,8 @@ absl::Status SetCoordinates(const std::string& path, const std::vector<double>& 
     const double v = xyz[i] - cloud->origin[i % 3];
     if (std::fabs(v) > std::numeric_limits<float>::max()) {
       return CorruptFile(path, absl::StrCat("coordinate ", std::string(1, kAxis[i % 3]), " = ",
-                                            xyz[i], " at point ", i / 3, " does not fit in float"));
+                                            FileContent(absl::StrCat(xyz[i])), " at point ", i / 3,
+                                            " does not fit in float"));
     }
     cloud->xyz[i] = static_cast<float>(v);
   }
@@ -152,15 +229,16 @@ absl::Status CheckFeatures(const std::string& path, const PointCloud& cloud) {
 absl::Status CheckLabels(const std::string& path, const std::vector<int32_t>& labels) {
   for (size_t i = 0; i < labels.size(); ++i) {
     if (labels[i] < -1) {
-      return CorruptFile(path, absl::StrCat("label ", labels[i], " at point ", i,
-                                            " is below -1 (the unlabelled mark)"));
+      return CorruptFile(path, absl::StrCat("label ", FileContent(absl::StrCat(labels[i])),
+                                            " at point ", i, " is below -1 (the unlabelled mark)"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int32_t>> ReadLabelFile(const std::string& path, size_t expected) {
-  absl::StatusOr<std::string> text = ReadWholeFile(path);
+absl::StatusOr<std::vector<int32_t>> ReadLabelFile(const std::string& path, size_t expected,
+                                                   const ReadOptions& options) {
+  absl::StatusOr<std::string> text = ReadWholeFile(path, options);
   if (!text.ok()) return text.status();
   std::vector<int32_t> labels;
   labels.reserve(expected);
@@ -176,7 +254,7 @@ absl::StatusOr<std::vector<int32_t>> ReadLabelFile(const std::string& path, size
     const absl::string_view t = tokens[0];
     if (!ParseInt64(t.data(), t.data() + t.size(), &v) || v < -1 ||
         v > std::numeric_limits<int32_t>::max()) {
-      return CorruptFile(path, absl::StrCat("line ", lines.line(), ": '", t,
+      return CorruptFile(path, absl::StrCat("line ", lines.line(), ": '", FileContent(t),
                                             "' is not a label (an integer >= -1)"));
     }
     if (count < expected) labels.push_back(static_cast<int32_t>(v));
@@ -191,7 +269,8 @@ absl::StatusOr<std::vector<int32_t>> ReadLabelFile(const std::string& path, size
 
 absl::Status FinishLabels(const std::string& path, const ReadOptions& options, PointCloud* cloud) {
   if (!options.label_file.empty()) {
-    absl::StatusOr<std::vector<int32_t>> labels = ReadLabelFile(options.label_file, cloud->size());
+    absl::StatusOr<std::vector<int32_t>> labels =
+        ReadLabelFile(options.label_file, cloud->size(), options);
     if (!labels.ok()) return labels.status();
     cloud->labels = *std::move(labels);
   }

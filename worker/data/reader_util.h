@@ -18,6 +18,9 @@
 
 namespace trainsup::worker::internal {
 
+// Both take a message whose pieces of file content are marked with
+// FileContent (point_cloud.h), so that ViewerMessage can withhold them.
+//
 // "<path>: <message>" as InvalidArgument: the file is not what the reader
 // was asked to read, or uses something the reader does not support.
 absl::Status InvalidFile(const std::string& path, absl::string_view message);
@@ -25,11 +28,27 @@ absl::Status InvalidFile(const std::string& path, absl::string_view message);
 // that does not match, a non-finite value, a token that is not a number).
 absl::Status CorruptFile(const std::string& path, absl::string_view message);
 
+// With options.data_roots set: OK when the file or folder open as `fd`
+// lies inside one of the roots (its real path, from /proc/self/fd);
+// PermissionDenied "<path>: leads to <real path>, outside the data roots
+// (<roots>)" otherwise, or when the real path cannot be read back.
+absl::Status CheckConfined(int fd, const std::string& path, const ReadOptions& options);
+
 // The whole file, read with one read(2) loop into a buffer sized from
-// fstat. NotFound when it does not exist, InvalidArgument when it is not a
-// regular file or cannot be opened, DataLoss when reading fails or the file
-// changes size underneath.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+// fstat. Anything but a regular file (a FIFO, a device, a socket) is
+// refused without being opened, and the open itself never blocks. NotFound
+// when it does not exist, PermissionDenied when it lies outside
+// options.data_roots (CheckConfined), InvalidArgument when it is not a
+// regular file, cannot be opened or is larger than options.max_file_bytes
+// (checked before the buffer is allocated), DataLoss when reading fails or
+// the file changes size underneath.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const ReadOptions& options);
+
+// The names in folder `dir` (without "." and ".."), sorted, with the
+// folder confined like ReadWholeFile's files. InvalidArgument when it
+// cannot be listed.
+absl::StatusOr<std::vector<std::string>> ListFolder(const std::string& dir,
+                                                    const ReadOptions& options);
 
 // Whether `path` exists (any kind), and whether it is a directory.
 bool PathExists(const std::string& path);
@@ -95,7 +114,8 @@ absl::Status CheckLabels(const std::string& path, const std::vector<int32_t>& la
 
 // Labels from a text side file, one integer per line; DataLoss when a line
 // is not an integer in [-1, 2^31) or the count is not `expected`.
-absl::StatusOr<std::vector<int32_t>> ReadLabelFile(const std::string& path, size_t expected);
+absl::StatusOr<std::vector<int32_t>> ReadLabelFile(const std::string& path, size_t expected,
+                                                   const ReadOptions& options);
 
 // What every reader does last: labels from options.label_file (replacing the
 // file's own), options.require_labels, and the label range check.

@@ -27,8 +27,8 @@ struct Accumulator {
 };
 
 absl::Status ParseText(const std::string& path, bool object_file, int object_label,
-                       Accumulator* out) {
-  absl::StatusOr<std::string> text = internal::ReadWholeFile(path);
+                       const ReadOptions& options, Accumulator* out) {
+  absl::StatusOr<std::string> text = internal::ReadWholeFile(path, options);
   if (!text.ok()) return text.status();
   internal::TextLines lines(*text);
   std::vector<absl::string_view> tokens;
@@ -52,8 +52,8 @@ absl::Status ParseText(const std::string& path, bool object_file, int object_lab
     for (size_t c = 0; c < columns; ++c) {
       const absl::string_view t = tokens[c];
       if (!internal::ParseDouble(t.data(), t.data() + t.size(), &v[c])) {
-        return CorruptFile(path,
-                           absl::StrCat("line ", lines.line(), ": '", t, "' is not a number"));
+        return CorruptFile(
+            path, absl::StrCat("line ", lines.line(), ": '", FileContent(t), "' is not a number"));
       }
     }
     for (int a = 0; a < 3; ++a) {
@@ -65,12 +65,14 @@ absl::Status ParseText(const std::string& path, bool object_file, int object_lab
     for (int c = 3; c < 6; ++c) {
       if (!(v[c] >= 0 && v[c] <= 255)) {
         return CorruptFile(
-            path, absl::StrCat("line ", lines.line(), ": colour ", v[c], " is outside [0, 255]"));
+            path, absl::StrCat("line ", lines.line(), ": colour ", FileContent(absl::StrCat(v[c])),
+                               " is outside [0, 255]"));
       }
     }
     if (columns == 7 && !(v[6] >= -1 && v[6] <= INT32_MAX && v[6] == static_cast<int64_t>(v[6]))) {
       return CorruptFile(
-          path, absl::StrCat("line ", lines.line(), ": label ", v[6], " is not an integer >= -1"));
+          path, absl::StrCat("line ", lines.line(), ": label ", FileContent(absl::StrCat(v[6])),
+                             " is not an integer >= -1"));
     }
     out->xyz.insert(out->xyz.end(), v, v + 3);
     for (int c = 3; c < 6; ++c) out->rgb.push_back(static_cast<float>(v[c] / 255.0));
@@ -84,16 +86,16 @@ absl::Status ParseText(const std::string& path, bool object_file, int object_lab
   return absl::OkStatus();
 }
 
-absl::Status ReadAnnotations(const std::string& dir, Accumulator* out) {
-  std::error_code ec;
+absl::Status ReadAnnotations(const std::string& dir, const ReadOptions& options, Accumulator* out) {
+  // Listed through an fd that is checked against the data roots: the
+  // folder may be a link.
+  absl::StatusOr<std::vector<std::string>> listed = internal::ListFolder(dir, options);
+  if (!listed.ok()) return listed.status();
   std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
+  for (const std::string& name : *listed) {
     if (name.size() > 4 && name.compare(name.size() - 4, 4, ".txt") == 0) names.push_back(name);
   }
-  if (ec) return InvalidFile(dir, absl::StrCat("cannot list the folder: ", ec.message()));
   if (names.empty()) return InvalidFile(dir, "no object files (<class>_<n>.txt)");
-  std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
     const std::string file = absl::StrCat(dir, "/", name);
     const std::string stem = name.substr(0, name.size() - 4);
@@ -107,7 +109,7 @@ absl::Status ReadAnnotations(const std::string& dir, Accumulator* out) {
     if (!label.ok()) {
       return InvalidFile(file, std::string(label.status().message()));
     }
-    absl::Status status = ParseText(file, /*object_file=*/true, *label, out);
+    absl::Status status = ParseText(file, /*object_file=*/true, *label, options, out);
     if (!status.ok()) return status;
   }
   return absl::OkStatus();
@@ -130,10 +132,10 @@ absl::StatusOr<PointCloud> ReadS3dis(const std::string& path, const ReadOptions&
   if (internal::IsDirectory(path)) {
     const std::string annotations = absl::StrCat(path, "/Annotations");
     absl::Status status =
-        ReadAnnotations(internal::IsDirectory(annotations) ? annotations : path, &acc);
+        ReadAnnotations(internal::IsDirectory(annotations) ? annotations : path, options, &acc);
     if (!status.ok()) return status;
   } else {
-    absl::Status status = ParseText(path, /*object_file=*/false, -1, &acc);
+    absl::Status status = ParseText(path, /*object_file=*/false, -1, options, &acc);
     if (!status.ok()) return status;
   }
   PointCloud cloud;

@@ -32,7 +32,7 @@ std::string KittiLabelPath(const std::string& path) {
 }
 
 absl::StatusOr<PointCloud> ReadSemanticKitti(const std::string& path, const ReadOptions& options) {
-  absl::StatusOr<std::string> data = internal::ReadWholeFile(path);
+  absl::StatusOr<std::string> data = internal::ReadWholeFile(path, options);
   if (!data.ok()) return data.status();
   if (data->size() % kPointBytes != 0) {
     return CorruptFile(path, absl::StrCat("truncated: size ", data->size(),
@@ -61,7 +61,7 @@ absl::StatusOr<PointCloud> ReadSemanticKitti(const std::string& path, const Read
     if (!internal::PathExists(label_path)) label_path.clear();
   }
   if (!label_path.empty() && options.label_file.empty()) {
-    absl::StatusOr<std::string> labels = internal::ReadWholeFile(label_path);
+    absl::StatusOr<std::string> labels = internal::ReadWholeFile(label_path, options);
     if (!labels.ok()) return labels.status();
     if (labels->size() % kLabelBytes != 0) {
       return CorruptFile(label_path, absl::StrCat("truncated: size ", labels->size(),
