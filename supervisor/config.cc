@@ -344,6 +344,12 @@ absl::Status CheckCombinations(const DaemonConfig& c) {
                                                      c.restart.initial_backoff_s, ")"));
   }
   const DaemonSection& d = c.daemon;
+  for (const std::string& root : d.data_roots) {
+    // Workers get the roots ':'-joined (TRAINSUP_DATA_ROOTS).
+    if (root.find(':') != std::string::npos) {
+      return bad("daemon.data_roots", absl::StrCat("'", root, "' contains ':'"));
+    }
+  }
   std::string host;
   int port = 0;
   if (!d.tcp_address.empty()) {

@@ -93,6 +93,9 @@ class DaemonImpl final : public Daemon,
   void RemoveWorkerMetrics(const std::string& id, int rank) override {
     metrics_->RemoveWorker(id, rank);
   }
+  void CountCheckpointFailures(const std::string& id, int64_t n) override {
+    metrics_->CountCheckpointFailures(id, n);
+  }
 
   // ApiBackend (gRPC threads: everything goes to the loop).
   void Submit(const v1::SubmitRunRequest& req, RunSpec spec,

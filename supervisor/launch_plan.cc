@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "absl/strings/str_join.h"
+#include "proto/data_roots.h"
 #include "proto/run_layout.h"
 
 namespace trainsup::supervisor {
@@ -31,7 +31,10 @@ LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
   spec.env["WORLD_SIZE"] = std::to_string(w.world_size);
   spec.env["MASTER_ADDR"] = w.master_addr;
   spec.env["MASTER_PORT"] = std::to_string(w.master_port);
-  if (!w.data_roots.empty()) spec.env["TRAINSUP_DATA_ROOTS"] = absl::StrJoin(w.data_roots, ":");
+  // Always set: unset would mean "no confinement" to the worker; a root it
+  // cannot be told (config validation refuses those) leaves it none.
+  absl::StatusOr<std::string> roots = FormatDataRoots(w.data_roots);
+  spec.env[kDataRootsEnv] = roots.ok() ? *roots : "";
   if (w.memory_budget_mb > 0) {
     spec.env["TRAINSUP_MEMORY_BUDGET_MB"] = std::to_string(w.memory_budget_mb);
   }

@@ -40,8 +40,9 @@ struct WorkerLaunch {
 // ENDPOINT --resume STEP|none. Environment: kPassedThrough from daemon_env
 // (PATH defaults to /usr/local/bin:/usr/bin:/bin), TRAINSUP_TOKEN,
 // TRAINSUP_RUN_ID, TRAINSUP_ATTEMPT, CUDA_VISIBLE_DEVICES, RANK, LOCAL_RANK,
-// WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TRAINSUP_DATA_ROOTS (when roots are
-// configured) and TRAINSUP_MEMORY_BUDGET_MB (when lowered). Working
+// WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TRAINSUP_DATA_ROOTS (always: empty
+// when no root is configured, which lets the worker read no data file) and
+// TRAINSUP_MEMORY_BUDGET_MB (when lowered). Working
 // directory: the run directory; log: RunLayout's rank log.
 LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w);
 

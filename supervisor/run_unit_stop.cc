@@ -253,6 +253,10 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
       r.progressed = true;
     }
     r.phase = WorkerPhaseFromProto(hb.progress().phase()).value_or(WorkerPhase::kTraining);
+    // Failed saves, counted per attempt by the worker.
+    const int64_t failed_saves =
+        hb.progress().checkpoint_failures() - r.status.progress().checkpoint_failures();
+    if (failed_saves > 0) env_.host->CountCheckpointFailures(id(), failed_saves);
     *r.status.mutable_progress() = hb.progress();
     r.status.set_last_heartbeat_ms(env_.clock->WallMs());
     StoreBatch b;
@@ -289,7 +293,9 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
     v1::RunEvent e = Event(we.kind() == v1::EVENT_KIND_UNSPECIFIED ? v1::EVENT_KIND_LOG : we.kind(),
                            rank, we.message());
     e.set_checkpoint_step(we.checkpoint_step());
-    if (we.kind() == v1::EVENT_KIND_CHECKPOINT && we.checkpoint_step() > 0) {
+    // A CHECKPOINT event with an error reports a failed save (the worker
+    // trains on); its step is the newest good checkpoint, unchanged.
+    if (we.kind() == v1::EVENT_KIND_CHECKPOINT && we.checkpoint_step() > 0 && we.error().empty()) {
       last_checkpoint_ms_ = env_.clock->WallMs();
       run_.mutable_progress()->set_last_checkpoint_step(we.checkpoint_step());
     }

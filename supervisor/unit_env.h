@@ -136,6 +136,8 @@ class UnitHost {
   virtual void CountWorkerExit(const std::string& exit_class) = 0;
   virtual void CountRestart(const std::string& exit_class) = 0;
   virtual void RemoveWorkerMetrics(const std::string& run_id, int rank) = 0;
+  // `n` more checkpoint saves of the run failed (a worker's heartbeat said).
+  virtual void CountCheckpointFailures(const std::string& run_id, int64_t n) = 0;
 };
 
 struct UnitEnv {

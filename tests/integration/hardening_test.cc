@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "supervisor/state_store.h"
+#include "tests/common/small_fs.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/daemon_test_util.h"
 #include "trainsup/v1/worker.grpc.pb.h"
@@ -379,6 +380,70 @@ TEST(Hardening, LockedStoreNeitherStallsTheLoopNorAdvancesTheRunUnstored) {
   EXPECT_EQ(run.attempts_size(), 2) << Describe(run);
 }
 
+// A store the daemon cannot read fails start-up: serving with no runs
+// would hide them and leave their workers unwatched.
+TEST(Hardening, UnreadableStoreFailsStartUpNamingIt) {
+  DaemonHarness h;
+  ASSERT_FALSE(StoreRunWithManyEvents(h).empty());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((h.state_dir() + "/trainsupd.db").c_str(), &db), SQLITE_OK);
+  // An unfinished run whose stored progress is not a protobuf message.
+  ASSERT_EQ(sqlite3_exec(db,
+                         "UPDATE runs SET state = 1, progress = X'0A05FF'"
+                         " WHERE run_id = 'long-history'",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  EXPECT_FALSE(h.Start()) << "the daemon served with a store it cannot read";
+  EXPECT_THAT(h.DaemonLog(), HasSubstr("cannot read the state store"));
+}
+
+// --- #17: a full disk ----------------------------------------------------------------------
+
+// The run directories sit on a small file system the test fills. The worker
+// trains on past failed saves, exits 74 when even its final checkpoint does
+// not fit; the daemon waits for space (no new attempt into the full disk,
+// no restart budget: max_restarts = 0 would fail any crash) and resumes the
+// run once space is back.
+TEST(Hardening, AFullDiskWaitsForSpaceAndResumesWithoutTheRestartBudget) {
+  DaemonHarness h;
+  trainsup::testing::SmallFileSystem small(h.state_dir() + "/runs", 16 << 20);
+  if (!small.mounted()) GTEST_SKIP() << small.error();
+  h.Set("restart.max_restarts", "0");
+  h.Set("restart.max_backoff_s", "1");
+  h.Set("restart.min_free_space_mb", "1");
+  ASSERT_TRUE(h.Start());
+  const std::string id = h.Submit(Spec("diskfull", 40, 50, 5));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitFor(
+      id, [](const v1::Run& r) { return r.progress().last_checkpoint_step() >= 5; }, kRunLimit,
+      &run))
+      << Describe(run);
+  ASSERT_TRUE(small.Fill());
+  ASSERT_TRUE(h.WaitFor(
+      id,
+      [](const v1::Run& r) {
+        return r.attempts_size() == 1 && r.attempts(0).exit_class() == v1::EXIT_CLASS_NO_SPACE;
+      },
+      kRunLimit, &run))
+      << Describe(run);
+  EXPECT_EQ(run.state(), v1::RUN_STATE_RESTARTING) << Describe(run);
+  EXPECT_THAT(run.attempts(0).exit_reason(), HasSubstr("no space")) << Describe(run);
+  // No attempt into the full disk.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  run = h.GetRun(id);
+  EXPECT_EQ(run.attempts_size(), 1) << Describe(run);
+  EXPECT_EQ(run.state(), v1::RUN_STATE_RESTARTING) << Describe(run);
+  small.Free();
+  ASSERT_TRUE(h.WaitForEnd(id, kRunLimit, &run));
+  EXPECT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  EXPECT_GE(run.attempts(1).resumed_from_step(), 5) << Describe(run);
+  const std::vector<v1::RunEvent> events = h.History(id);
+  EXPECT_TRUE(HasEvent(events, v1::EVENT_KIND_LOG, "waiting for disk space")) << Describe(events);
+  EXPECT_TRUE(HasEvent(events, v1::EVENT_KIND_LOG, "disk space is back")) << Describe(events);
+}
+
 // --- #10: process-group identity -------------------------------------------------------------
 
 // A stranded slot must never signal a process group whose id was reused by
@@ -512,6 +577,11 @@ TEST(Hardening, ReloadNamesTheKnobsThatNeedARestart) {
       << log;
   EXPECT_THAT(log, HasSubstr("daemon.socket_group"));
   EXPECT_THAT(log, HasSubstr("slots.use_gpus"));
+  // GetNode says so too, and the applied knob is in force.
+  v1::Node node = GetNode(h);
+  std::vector<std::string> keys(node.restart_needed().begin(), node.restart_needed().end());
+  EXPECT_THAT(keys, ::testing::ElementsAre("daemon.socket_group", "slots.use_gpus"));
+  EXPECT_THAT(log, HasSubstr("applied: [restart.max_restarts]"));
 }
 
 }  // namespace

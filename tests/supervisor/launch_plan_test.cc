@@ -56,8 +56,14 @@ TEST(BuildWorkerLaunch, EnvironmentIsBuiltNotInherited) {
   EXPECT_EQ(s.env.at("WORLD_SIZE"), "2");
   EXPECT_EQ(s.env.at("MASTER_ADDR"), "127.0.0.1");
   EXPECT_EQ(s.env.at("MASTER_PORT"), "29517");
-  EXPECT_EQ(s.env.count("TRAINSUP_DATA_ROOTS"), 0u);
+  EXPECT_EQ(s.env.at("TRAINSUP_DATA_ROOTS"), "") << "no roots: no data file may be read";
   EXPECT_EQ(s.env.count("TRAINSUP_MEMORY_BUDGET_MB"), 0u);
+}
+
+TEST(BuildWorkerLaunch, ARootTheWorkerCannotBeToldLeavesItNone) {
+  WorkerLaunch w = Facts();
+  w.data_roots = {"/srv/a:b"};
+  EXPECT_EQ(BuildWorkerLaunch(w).env.at("TRAINSUP_DATA_ROOTS"), "");
 }
 
 TEST(BuildWorkerLaunch, DataRootsBudgetAndDefaultPath) {

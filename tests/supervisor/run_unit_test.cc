@@ -190,6 +190,7 @@ class FakeEnv final : public UnitClock,
   void CountWorkerExit(const std::string& cls) override { exit_counts[cls]++; }
   void CountRestart(const std::string&) override {}
   void RemoveWorkerMetrics(const std::string&, int) override {}
+  void CountCheckpointFailures(const std::string&, int64_t n) override { checkpoint_failures += n; }
 
   // Every stored event of `kind`.
   std::vector<v1::RunEvent> Stored(v1::EventKind kind) const {
@@ -236,6 +237,7 @@ class FakeEnv final : public UnitClock,
   absl::StatusOr<int64_t> free_bytes = int64_t{1} << 40;
   int64_t checkpoint_bytes = 0;
   int space_checks = 0;
+  int64_t checkpoint_failures = 0;
 
  private:
   struct Timer {
