@@ -4,7 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "sparse/canonical_order.h"
-#include "sparse/kernels_cpu.h"
+#include "sparse/cpu/kernels.h"
 #include "sparse/ops.h"
 
 namespace trainsup::sparse {

@@ -2,7 +2,7 @@
 // activations.
 #include <ATen/ATen.h>
 
-#include "sparse/batch_norm.h"
+#include "sparse/cpu/batch_norm.h"
 #include "sparse/canonical_order.h"
 #include "sparse/determinism.h"
 #include "sparse/ops.h"

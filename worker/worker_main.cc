@@ -28,7 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/exit_file.h"
 #include "proto/spec.h"
-#include "sparse/blas.h"
+#include "sparse/cpu/blas.h"
 #include "worker/link.h"
 #include "worker/trainer.h"
 

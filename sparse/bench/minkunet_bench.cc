@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "sparse/bench/bench_util.h"
-#include "sparse/blas.h"
-#include "sparse/kernels_cpu.h"
+#include "sparse/cpu/blas.h"
+#include "sparse/cpu/kernels.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
 #include "sparse/quantize.h"

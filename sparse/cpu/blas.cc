@@ -1,4 +1,4 @@
-#include "sparse/blas.h"
+#include "sparse/cpu/blas.h"
 
 #include <dlfcn.h>
 #include <unistd.h>
