@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "sparse/cpu/backend.h"
+#include "sparse/generic/backend.h"
 
 namespace trainsup::sparse {
 namespace {
@@ -14,7 +15,8 @@ namespace {
 // cpu first. Static libraries drop self-registering objects, so the list
 // is spelled out here.
 const std::vector<const Backend*>& Registry() {
-  static const std::vector<const Backend*> backends = {&cpu::CpuBackend()};
+  static const std::vector<const Backend*> backends = {&cpu::CpuBackend(),
+                                                       &generic::GenericBackend()};
   return backends;
 }
 
