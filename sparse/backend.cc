@@ -7,6 +7,9 @@
 
 #include "sparse/cpu/backend.h"
 #include "sparse/generic/backend.h"
+#if TRAINSUP_HAVE_CUDA
+#include "sparse/cuda/backend.h"
+#endif
 
 namespace trainsup::sparse {
 namespace {
@@ -15,8 +18,12 @@ namespace {
 // cpu first. Static libraries drop self-registering objects, so the list
 // is spelled out here.
 const std::vector<const Backend*>& Registry() {
-  static const std::vector<const Backend*> backends = {&cpu::CpuBackend(),
-                                                       &generic::GenericBackend()};
+  static const std::vector<const Backend*> backends = {
+      &cpu::CpuBackend(), &generic::GenericBackend(),
+#if TRAINSUP_HAVE_CUDA
+      &cuda::CudaBackend(),
+#endif
+  };
   return backends;
 }
 

@@ -249,23 +249,30 @@ TEST_P(CrossBackend, KernelMapsAreEqual) {
     int32_t kernel, stride, dilation;
     int64_t origin;
     bool sorted;
+    int32_t first_batch;
   };
-  // The last two lie at the edges of the coordinate range, where the
-  // packed-key shift would leave a field.
-  const MapShape shapes[] = {{3, 1, 1, 0, true},
-                             {3, 1, 1, 0, false},
-                             {2, 2, 1, 0, true},
-                             {3, 2, 1, -3, false},
-                             {5, 1, 2, 5, true},
-                             {1, 1, 1, 0, false},
-                             {3, 1, 1, kMinCoordinate, false},
-                             {3, 1, 1, kMaxCoordinate - 7, true}};
+  // Origins at the edges of the coordinate range, where the packed-key
+  // shift would leave a field; batch indices from 511 and 1000, whose keys
+  // have the top bit set (negative once biased for the device,
+  // kDeviceKeyBias).
+  const MapShape shapes[] = {{3, 1, 1, 0, true, 0},
+                             {3, 1, 1, 0, false, 0},
+                             {2, 2, 1, 0, true, 0},
+                             {3, 2, 1, -3, false, 0},
+                             {5, 1, 2, 5, true, 0},
+                             {1, 1, 1, 0, false, 0},
+                             {3, 1, 1, kMinCoordinate, false, 0},
+                             {3, 1, 1, kMaxCoordinate - 7, true, 0},
+                             {3, 1, 1, -4, false, 1000},
+                             {2, 2, 1, 0, true, 511}};
   for (const MapShape& s : shapes) {
     SCOPED_TRACE("kernel " + std::to_string(s.kernel) + " stride " + std::to_string(s.stride) +
-                 " dilation " + std::to_string(s.dilation) + " origin " + std::to_string(s.origin));
+                 " dilation " + std::to_string(s.dilation) + " origin " + std::to_string(s.origin) +
+                 " batch " + std::to_string(s.first_batch));
     Check(
         [&](c10::Device device) {
           auto in = MakeRandomInput(2, 8, 0.35, 1, at::kFloat, 7, s.origin, !s.sorted);
+          in.coordinates.select(1, 0).add_(s.first_batch);
           SparseTensor x(in.features.to(device), in.coordinates);
           auto& m = x.manager();
           const CoordinateSetId out = m->Downsample(x.set_id(), s.stride);
@@ -471,6 +478,61 @@ TEST_P(CrossBackend, MinkUNetStep) {
         return out;
       },
       at::kDouble);
+}
+
+// ---------------------------------------------------------------------------
+// Deterministic mode on every backend that runs on `device`: a small
+// MinkUNet14 step in float on rows in key order and on a permutation of
+// them gives outputs (in key order) and gradients equal bit for bit, and
+// equal again on a second run.
+void ExpectDeterministicStep(c10::Device device) {
+  for (BackendKind kind : BuiltBackends()) {
+    if (!FindBackend(kind)->runs_on(device.type())) continue;
+    SCOPED_TRACE(ToString(kind));
+    BackendGuard backend(kind);
+    DeterministicGuard deterministic(true);
+    auto step = [&](bool shuffle) {
+      torch::manual_seed(6);
+      MinkUNetConfig config = MinkUNetPlan(14, 3, 5);
+      config.planes = {16, 16, 24, 24, 24, 16, 16, 16};
+      config.init_dim = 16;
+      MinkUNet model(config);
+      model->to(device);
+      auto in = MakeRandomInput(2, 20, 0.2, 3, at::kFloat, 41, 0, /*shuffle=*/false);
+      if (shuffle) {
+        at::Generator gen = at::detail::createCPUGenerator(43);
+        const at::Tensor perm = at::randperm(in.coordinates.size(0), gen, at::kLong);
+        in.coordinates = in.coordinates.index_select(0, perm);
+        in.features = in.features.index_select(0, perm);
+      }
+      SparseTensor x(in.features.to(device), in.coordinates);
+      SparseTensor y = model->forward(x);
+      at::Tensor labels = in.coordinates.select(1, 1).remainder(5).to(at::kLong).to(device);
+      torch::nll_loss(torch::log_softmax(y.F(), 1), labels).backward();
+      // Rows in key order, whatever order they came in.
+      const at::Tensor order = x.manager()->CanonicalOrder(x.set_id()).to(device);
+      std::vector<at::Tensor> out = {y.F().detach().index_select(0, order).cpu()};
+      for (const auto& p : model->parameters()) out.push_back(p.grad().cpu());
+      return out;
+    };
+    const std::vector<at::Tensor> sorted = step(false);
+    const std::vector<at::Tensor> again = step(false);
+    const std::vector<at::Tensor> shuffled = step(true);
+    ASSERT_EQ(sorted.size(), shuffled.size());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      EXPECT_TRUE(at::equal(sorted[i], again[i])) << "result " << i << " differs between runs";
+      EXPECT_TRUE(at::equal(sorted[i], shuffled[i])) << "result " << i << " depends on row order";
+    }
+  }
+}
+
+TEST(Determinism, StepIsBitIdenticalAcrossRunsAndRowOrdersOnTheCpu) {
+  ExpectDeterministicStep(c10::Device(c10::DeviceType::CPU));
+}
+
+TEST(CudaDeterminism, StepIsBitIdenticalAcrossRunsAndRowOrders) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (or LibTorch without CUDA)";
+  ExpectDeterministicStep(c10::Device(c10::DeviceType::CUDA, 0));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTargets, CrossBackend, ::testing::ValuesIn(kTargets),
