@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -89,11 +90,23 @@ void Release(void* ctx) {
   delete a;
 }
 
+// LibTorch 2.3 made c10::Allocator::allocate non-const and added a pure
+// virtual copy_data: this class has both allocate overloads and copy_data,
+// without `override`, so it implements the interface of either version.
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) const { return Allocate(n); }
+  c10::DataPtr allocate(size_t n) { return Allocate(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+ private:
+  c10::DataPtr Allocate(size_t n) const {
     const int64_t bytes = static_cast<int64_t>(n);
     const int64_t now = g_current.fetch_add(bytes) + bytes;
     const int64_t budget = g_budget.load();
@@ -123,9 +136,6 @@ class CountingAllocator final : public c10::Allocator {
     return c10::DataPtr(data, ctx, &Release, c10::Device(c10::DeviceType::CPU));
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-
- private:
   c10::Allocator* base_;
 };
 
