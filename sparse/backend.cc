@@ -19,9 +19,10 @@ namespace {
 // is spelled out here.
 const std::vector<const Backend*>& Registry() {
   static const std::vector<const Backend*> backends = {
-      &cpu::CpuBackend(), &generic::GenericBackend(),
+    &cpu::CpuBackend(),
+    &generic::GenericBackend(),
 #if TRAINSUP_HAVE_CUDA
-      &cuda::CudaBackend(),
+    &cuda::CudaBackend(),
 #endif
   };
   return backends;

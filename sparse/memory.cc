@@ -179,8 +179,8 @@ namespace {
 #endif
 
 void CheckDevice(c10::Device device) {
-  TORCH_CHECK(device.is_cpu() || device.is_cuda(), "memory accounting covers the CPU and CUDA, not ",
-              device);
+  TORCH_CHECK(device.is_cpu() || device.is_cuda(),
+              "memory accounting covers the CPU and CUDA, not ", device);
 }
 
 }  // namespace
@@ -194,8 +194,8 @@ MemoryStats GetMemoryStats(c10::Device device) {
   s.current_bytes = m.allocated;
   s.peak_bytes = m.peak_allocated;
   s.cached_bytes = m.reserved - m.allocated;
-  s.budget_bytes = m.fraction < 1.0 ? static_cast<int64_t>(m.fraction * static_cast<double>(m.total))
-                                    : 0;
+  s.budget_bytes =
+      m.fraction < 1.0 ? static_cast<int64_t>(m.fraction * static_cast<double>(m.total)) : 0;
   return s;
 #else
   NoCuda(device);
@@ -220,8 +220,8 @@ void SetMemoryBudget(c10::Device device, int64_t bytes) {
   const int64_t total = cuda::GetDeviceMemory(index).total;
   TORCH_CHECK(bytes <= total, "memory budget of ", bytes, " bytes is more than ", device, " has (",
               total, " bytes)");
-  cuda::SetFraction(index, bytes > 0 ? static_cast<double>(bytes) / static_cast<double>(total)
-                                     : 1.0);
+  cuda::SetFraction(index,
+                    bytes > 0 ? static_cast<double>(bytes) / static_cast<double>(total) : 1.0);
 #else
   NoCuda(device);
 #endif

@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
       scene_name = argv[++i];
     } else if (a == "--device" && i + 1 < argc) {
       const std::string d = argv[++i];
-      device = d == "cuda" ? c10::Device(c10::DeviceType::CUDA, 0) : c10::Device(c10::DeviceType::CPU);
+      device =
+          d == "cuda" ? c10::Device(c10::DeviceType::CUDA, 0) : c10::Device(c10::DeviceType::CPU);
     } else if (a == "--backend" && i + 1 < argc) {
       backend = ts::BackendKindFromString(argv[++i]);
     } else if (a == "--depths" && i + 1 < argc) {
@@ -72,9 +73,10 @@ int main(int argc, char** argv) {
       std::stringstream ss(argv[++i]);
       for (std::string x; std::getline(ss, x, ',');) depths.push_back(std::atoi(x.c_str()));
     } else {
-      std::fprintf(stderr, "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
-                           "[--scene small|default|large|huge] [--block-cache-mib N] [--device cpu|cuda] "
-                           "[--backend cpu|generic|cuda]\n");
+      std::fprintf(stderr,
+                   "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
+                   "[--scene small|default|large|huge] [--block-cache-mib N] [--device cpu|cuda] "
+                   "[--backend cpu|generic|cuda]\n");
       return 64;
     }
   }
@@ -97,17 +99,20 @@ int main(int argc, char** argv) {
   std::ostringstream js;
   // TRAINSUP_FUSED=0 selects the gather-BLAS-scatter convolutions.
   const ts::Backend& b = ts::BackendFor(device);
-  const char* kernels = b.kind != ts::BackendKind::kCpu       ? b.name
+  const char* kernels = b.kind != ts::BackendKind::kCpu  ? b.name
                         : ts::cpu::FusedKernelsEnabled() ? "fused AVX-512"
                                                          : "gather-BLAS-scatter";
   js << "{\"device\": \"" << device.str() << "\", \"backend\": \"" << b.name
-     << "\", \"block_cache_mib\": " << cache_mib << ", \"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName()
-     << "\", \"conv_kernels\": \"" << kernels << "\", \"voxels\": " << n;
+     << "\", \"block_cache_mib\": " << cache_mib << ", \"threads\": " << threads
+     << ", \"blas_core\": \"" << ts::BlasCoreName() << "\", \"conv_kernels\": \"" << kernels
+     << "\", \"voxels\": " << n;
   if (!json) {
-    std::printf("minkunet_bench: %s, backend %s, %d threads (at::set_num_threads), %s convolutions, BLAS %s "
-                "kernels, block cache %lld MiB; scene %s: %lld voxels at 2 cm; medians of %d\n",
-                device.str().c_str(), b.name, threads, kernels, ts::BlasCoreName().c_str(), static_cast<long long>(cache_mib), scene_name.c_str(),
-                static_cast<long long>(n), repeats);
+    std::printf(
+        "minkunet_bench: %s, backend %s, %d threads (at::set_num_threads), %s convolutions, BLAS "
+        "%s "
+        "kernels, block cache %lld MiB; scene %s: %lld voxels at 2 cm; medians of %d\n",
+        device.str().c_str(), b.name, threads, kernels, ts::BlasCoreName().c_str(),
+        static_cast<long long>(cache_mib), scene_name.c_str(), static_cast<long long>(n), repeats);
   }
   for (int depth : depths) {
     ts::MinkUNet net(ts::MinkUNetPlan(depth, 3, 20));
