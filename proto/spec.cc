@@ -214,6 +214,9 @@ absl::Status ReadTrain(const toml::table* t, TrainSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.Int("threads", &s->threads, 1, 256));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("predictive_split", &s->predictive_split));
   TRAINSUP_RETURN_IF_ERROR(r.Int("min_piece_points", &s->min_piece_points, 1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.String("device", &s->device, {"auto", "cpu", "cuda"}));
+  TRAINSUP_RETURN_IF_ERROR(
+      r.Int("empty_cache_every_steps", &s->empty_cache_every_steps, 0, kBillion));
   return r.Finish();
 }
 

@@ -72,6 +72,10 @@ struct TrainSpec {
   int64_t threads = 2;                    // 1..256
   bool predictive_split = true;
   int64_t min_piece_points = 500;         // 1..1e9: the splitting floor
+  // auto: cuda:0 when the worker's LibTorch has CUDA and a device is visible
+  // (CUDA_VISIBLE_DEVICES), else the CPU | cpu | cuda (an error without one).
+  std::string device = "auto";
+  int64_t empty_cache_every_steps = 0;    // 0 (off)..1e9: hand cached memory back
 };
 
 // Fault injection for tests and the demo (the [testing] table). -1: off.

@@ -17,7 +17,8 @@ template <typename Fn>
 at::Tensor InCanonicalOrder(const SparseTensor& x, Fn fn) {
   const CoordinateSet& set = x.manager()->Set(x.set_id());
   if (!IsDeterministic() || set.sorted) return fn(x.F());
-  return fn(x.F().index_select(0, set.order)).index_select(0, set.rank);
+  const DeviceCoordinates& d = x.manager()->OnDevice(x.set_id(), x.F().device());
+  return fn(x.F().index_select(0, d.order)).index_select(0, d.rank);
 }
 
 }  // namespace trainsup::sparse

@@ -1,10 +1,12 @@
 // Autograd functions over kernel maps (convolution, transposed convolution,
-// window pooling) and the public ops built on them.
+// window pooling) and the public ops built on them. The arithmetic is the
+// backend's (backend.h), chosen by the features' device; backward runs on
+// the backend forward ran on.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "sparse/backend.h"
 #include "sparse/canonical_order.h"
-#include "sparse/kernels_cpu.h"
 #include "sparse/ops.h"
 
 namespace trainsup::sparse {
@@ -13,64 +15,46 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The pair lists of a saved map, oriented for the op's direction.
-struct SavedPairs {
-  at::Tensor in_rows, out_rows;
-  std::vector<int64_t> begin;
-  int64_t identity_offset;
-  bool transposed;
-  bool sorted;
-  cpu::PairLists View() const {
-    cpu::PairLists p;
-    const int32_t* in = in_rows.data_ptr<int32_t>();
-    const int32_t* out = out_rows.data_ptr<int32_t>();
-    p.src = transposed ? out : in;
-    p.dst = transposed ? in : out;
-    p.begin = begin.data();
-    p.volume = static_cast<int64_t>(begin.size()) - 1;
-    p.identity_offset = identity_offset;
-    p.sorted = sorted;
-    return p;
-  }
-};
-
-void SaveMap(AutogradContext* ctx, const KernelMap& map, bool transposed) {
+void SaveMap(AutogradContext* ctx, const KernelMap& map, bool transposed, const Backend& backend) {
   ctx->saved_data["begin"] = map.begin;
   ctx->saved_data["identity"] = map.identity_offset;
   ctx->saved_data["transposed"] = transposed;
   ctx->saved_data["sorted"] = map.rows_sorted;
   ctx->saved_data["num_in"] = transposed ? map.num_out : map.num_in;
   ctx->saved_data["num_out"] = transposed ? map.num_in : map.num_out;
+  ctx->saved_data["backend"] = static_cast<int64_t>(backend.kind);
 }
 
-SavedPairs LoadMap(AutogradContext* ctx, const at::Tensor& in_rows, const at::Tensor& out_rows) {
-  return SavedPairs{in_rows, out_rows, ctx->saved_data["begin"].toIntVector(),
-                    ctx->saved_data["identity"].toInt(), ctx->saved_data["transposed"].toBool(),
-                    ctx->saved_data["sorted"].toBool()};
+const Backend& SavedBackend(AutogradContext* ctx) {
+  return *FindBackend(static_cast<BackendKind>(ctx->saved_data["backend"].toInt()));
 }
 
-SavedPairs PairsOf(const KernelMap& map, bool transposed) {
-  return SavedPairs{map.in_rows, map.out_rows, map.begin, map.identity_offset, transposed,
-                    map.rows_sorted};
+// The pairs of a saved map, oriented as at forward. `begin` holds the
+// offsets the view points into.
+PairView LoadPairs(AutogradContext* ctx, const at::Tensor& in_rows, const at::Tensor& out_rows,
+                   std::vector<int64_t>* begin) {
+  *begin = ctx->saved_data["begin"].toIntVector();
+  const bool transposed = ctx->saved_data["transposed"].toBool();
+  PairView p;
+  p.src = transposed ? out_rows : in_rows;
+  p.dst = transposed ? in_rows : out_rows;
+  p.begin = begin;
+  p.identity_offset = ctx->saved_data["identity"].toInt();
+  p.sorted = ctx->saved_data["sorted"].toBool();
+  return p;
 }
 
 class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& features,
                             const at::Tensor& weight, const KernelMap* map, bool transposed) {
-    const int64_t num_in = transposed ? map->num_out : map->num_in;
     const int64_t num_out = transposed ? map->num_in : map->num_out;
     at::Tensor f = features.contiguous();
     at::Tensor w = weight.contiguous();
-    at::Tensor out = at::empty({num_out, w.size(2)}, f.options());
-    const SavedPairs pairs = PairsOf(*map, transposed);
-    AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "sparse_conv_forward", [&] {
-      cpu::ConvForward<scalar_t>(f.data_ptr<scalar_t>(), num_in, w.size(1),
-                                 w.data_ptr<scalar_t>(), w.size(2), pairs.View(),
-                                 out.data_ptr<scalar_t>(), num_out);
-    });
+    const Backend& backend = BackendFor(f.device());
+    at::Tensor out = backend.conv_forward(f, w, PairsOf(*map, transposed), num_out);
     ctx->save_for_backward({f, w, map->in_rows, map->out_rows});
-    SaveMap(ctx, *map, transposed);
+    SaveMap(ctx, *map, transposed, backend);
     return out;
   }
 
@@ -78,21 +62,12 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
     auto saved = ctx->get_saved_variables();
     const at::Tensor& f = saved[0];
     const at::Tensor& w = saved[1];
-    const SavedPairs pairs = LoadMap(ctx, saved[2], saved[3]);
+    std::vector<int64_t> begin;
+    const PairView pairs = LoadPairs(ctx, saved[2], saved[3], &begin);
     at::Tensor grad = grad_outputs[0].contiguous();
-    const bool need_in = ctx->needs_input_grad(0);
-    const bool need_w = ctx->needs_input_grad(1);
-    at::Tensor grad_in = need_in ? at::empty_like(f) : at::Tensor();
-    at::Tensor grad_w = need_w ? at::empty_like(w) : at::Tensor();
-    if (need_in || need_w) {
-      AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "sparse_conv_backward", [&] {
-        cpu::ConvBackward<scalar_t>(
-            f.data_ptr<scalar_t>(), f.size(0), w.size(1), w.data_ptr<scalar_t>(), w.size(2),
-            pairs.View(), grad.data_ptr<scalar_t>(), grad.size(0),
-            need_in ? grad_in.data_ptr<scalar_t>() : nullptr,
-            need_w ? grad_w.data_ptr<scalar_t>() : nullptr);
-      });
-    }
+    at::Tensor grad_in, grad_w;
+    SavedBackend(ctx).conv_backward(f, w, pairs, grad, ctx->needs_input_grad(0),
+                                    ctx->needs_input_grad(1), &grad_in, &grad_w);
     return {grad_in, grad_w, at::Tensor(), at::Tensor()};
   }
 };
@@ -100,20 +75,15 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
 class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
  public:
   // order: int64 output rows in key order (deterministic mode, unsorted
-  // output set), or empty for row order.
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& features,
-                            const KernelMap* map, const at::Tensor& order) {
+  // output set) on the features' device, or empty for row order.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& features, const KernelMap* map,
+                            const at::Tensor& order) {
     at::Tensor f = features.contiguous();
-    at::Tensor out = at::empty({map->num_out, f.size(1)}, f.options());
-    at::Tensor argmax = at::empty({map->num_out, f.size(1)}, f.options().dtype(at::kInt));
-    const SavedPairs pairs = PairsOf(*map, false);
-    AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "sparse_max_pool_forward", [&] {
-      cpu::MaxPoolForward<scalar_t>(f.data_ptr<scalar_t>(), f.size(1), pairs.View(),
-                                    out.data_ptr<scalar_t>(), argmax.data_ptr<int32_t>(),
-                                    map->num_out);
-    });
-    ctx->save_for_backward({argmax, order});
-    ctx->saved_data["num_in"] = f.size(0);
+    const Backend& backend = BackendFor(f.device());
+    at::Tensor out, argmax;
+    backend.max_pool_forward(f, PairsOf(*map, false), map->num_out, &out, &argmax);
+    ctx->save_for_backward({argmax, order, map->in_rows, map->out_rows});
+    SaveMap(ctx, *map, false, backend);
     return out;
   }
 
@@ -121,49 +91,37 @@ class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& argmax = saved[0];
     const at::Tensor& order = saved[1];
+    std::vector<int64_t> begin;
+    const PairView pairs = LoadPairs(ctx, saved[2], saved[3], &begin);
     at::Tensor grad = grad_outputs[0].contiguous();
-    at::Tensor grad_in = at::zeros({ctx->saved_data["num_in"].toInt(), grad.size(1)},
-                                   grad.options());
-    AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "sparse_max_pool_backward", [&] {
-      cpu::MaxPoolBackward<scalar_t>(grad.data_ptr<scalar_t>(), argmax.data_ptr<int32_t>(),
-                                     grad.size(0), grad.size(1),
-                                     order.numel() > 0 ? order.data_ptr<int64_t>() : nullptr,
-                                     grad_in.data_ptr<scalar_t>());
-    });
+    at::Tensor grad_in = SavedBackend(ctx).max_pool_backward(
+        grad, argmax, pairs, order.numel() > 0 ? order : at::Tensor(),
+        ctx->saved_data["num_in"].toInt());
     return {grad_in, at::Tensor(), at::Tensor()};
   }
 };
 
 class WindowSumFunction : public torch::autograd::Function<WindowSumFunction> {
  public:
-  // inv_divisor: [num_out], same dtype as features.
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& features,
-                            const KernelMap* map, const at::Tensor& inv_divisor) {
+  // inv_divisor: [num_out], same dtype and device as features.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& features, const KernelMap* map,
+                            const at::Tensor& inv_divisor) {
     at::Tensor f = features.contiguous();
-    at::Tensor out = at::empty({map->num_out, f.size(1)}, f.options());
-    const SavedPairs pairs = PairsOf(*map, false);
-    AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "sparse_window_sum_forward", [&] {
-      cpu::WindowSumForward<scalar_t>(f.data_ptr<scalar_t>(), f.size(1), pairs.View(),
-                                      inv_divisor.data_ptr<scalar_t>(),
-                                      out.data_ptr<scalar_t>(), map->num_out);
-    });
+    const Backend& backend = BackendFor(f.device());
+    at::Tensor out = backend.window_sum_forward(f, PairsOf(*map, false), inv_divisor, map->num_out);
     ctx->save_for_backward({map->in_rows, map->out_rows, inv_divisor});
-    SaveMap(ctx, *map, false);
+    SaveMap(ctx, *map, false, backend);
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto saved = ctx->get_saved_variables();
-    const SavedPairs pairs = LoadMap(ctx, saved[0], saved[1]);
+    std::vector<int64_t> begin;
+    const PairView pairs = LoadPairs(ctx, saved[0], saved[1], &begin);
     const at::Tensor& inv_divisor = saved[2];
     at::Tensor grad = grad_outputs[0].contiguous();
-    const int64_t num_in = ctx->saved_data["num_in"].toInt();
-    at::Tensor grad_in = at::empty({num_in, grad.size(1)}, grad.options());
-    AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "sparse_window_sum_backward", [&] {
-      cpu::WindowSumBackward<scalar_t>(grad.data_ptr<scalar_t>(), grad.size(1), pairs.View(),
-                                       inv_divisor.data_ptr<scalar_t>(),
-                                       grad_in.data_ptr<scalar_t>(), num_in);
-    });
+    at::Tensor grad_in = SavedBackend(ctx).window_sum_backward(grad, pairs, inv_divisor,
+                                                               ctx->saved_data["num_in"].toInt());
     return {grad_in, at::Tensor(), at::Tensor()};
   }
 };
@@ -174,10 +132,14 @@ void CheckOptions(const ConvOptions& o, const char* what) {
   TORCH_CHECK(o.dilation >= 1, what, ": dilation must be >= 1, got ", o.dilation);
 }
 
-void CheckCpuFeatures(const SparseTensor& x, const char* what) {
+// Also throws when no backend of this build runs on the features' device.
+void CheckFeatures(const SparseTensor& x, const char* what) {
   TORCH_CHECK(x.defined(), what, ": undefined SparseTensor");
-  TORCH_CHECK(x.F().device().is_cpu(), what, ": this build runs on the CPU only, features are on ",
-              x.F().device());
+  try {
+    BackendFor(x.F().device());
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, what, ": ", e.what_without_backtrace());
+  }
 }
 
 void CheckWeight(const at::Tensor& features, const at::Tensor& weight, const at::Tensor& bias,
@@ -214,6 +176,9 @@ at::Tensor KernelMapConv(const at::Tensor& features, const at::Tensor& weight,
   TORCH_CHECK(features.dim() == 2 && features.size(0) == (transposed ? map.num_out : map.num_in),
               "KernelMapConv: features have shape ", features.sizes(), " but the map expects ",
               transposed ? map.num_out : map.num_in, " rows");
+  TORCH_CHECK(map.in_rows.device() == features.device(), "KernelMapConv: the map is on ",
+              map.in_rows.device(), ", the features on ", features.device(),
+              " (GetKernelMap takes the device)");
   CheckWeight(features, weight, at::Tensor(), map.volume, "KernelMapConv");
   return KernelMapConvFunction::apply(features, weight, &map, transposed);
 }
@@ -221,13 +186,14 @@ at::Tensor KernelMapConv(const at::Tensor& features, const at::Tensor& weight,
 SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
                   const ConvOptions& options) {
   CheckOptions(options, "Conv");
-  CheckCpuFeatures(x, "Conv");
-  const int64_t volume = static_cast<int64_t>(options.kernel_size) * options.kernel_size *
-                         options.kernel_size;
+  CheckFeatures(x, "Conv");
+  const int64_t volume =
+      static_cast<int64_t>(options.kernel_size) * options.kernel_size * options.kernel_size;
   CheckWeight(x.F(), weight, bias, volume, "Conv");
   auto& manager = x.manager();
   const CoordinateSetId out_set = manager->Downsample(x.set_id(), options.stride);
-  auto map = manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation);
+  auto map = manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation,
+                                   x.F().device());
   SparseTensor y(KernelMapConvFunction::apply(x.F(), weight, map.get(), false), out_set, manager);
   return AddBias(y, bias);
 }
@@ -236,9 +202,9 @@ SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight,
                            const at::Tensor& bias, const ConvOptions& options,
                            const SparseTensor* target) {
   CheckOptions(options, "ConvTranspose");
-  CheckCpuFeatures(x, "ConvTranspose");
-  const int64_t volume = static_cast<int64_t>(options.kernel_size) * options.kernel_size *
-                         options.kernel_size;
+  CheckFeatures(x, "ConvTranspose");
+  const int64_t volume =
+      static_cast<int64_t>(options.kernel_size) * options.kernel_size * options.kernel_size;
   CheckWeight(x.F(), weight, bias, volume, "ConvTranspose");
   auto& manager = x.manager();
   CoordinateSetId fine = x.set_id();
@@ -256,30 +222,33 @@ SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight,
               "ConvTranspose: target stride ", fine_stride, " times stride ", options.stride,
               " must equal the input's tensor stride ", x.stride());
   // The transpose of the map from the fine set to the input's coarse set.
-  auto map = manager->GetKernelMap(fine, x.set_id(), options.kernel_size, options.dilation);
+  auto map = manager->GetKernelMap(fine, x.set_id(), options.kernel_size, options.dilation,
+                                   x.F().device());
   SparseTensor y(KernelMapConvFunction::apply(x.F(), weight, map.get(), true), fine, manager);
   return AddBias(y, bias);
 }
 
 SparseTensor Pool(const SparseTensor& x, PoolMode mode, const ConvOptions& options) {
   CheckOptions(options, "Pool");
-  CheckCpuFeatures(x, "Pool");
+  CheckFeatures(x, "Pool");
   auto& manager = x.manager();
   const CoordinateSetId out_set = manager->Downsample(x.set_id(), options.stride);
-  auto map = manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation);
+  const c10::Device device = x.F().device();
+  auto map =
+      manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation, device);
   at::Tensor out;
   if (mode == PoolMode::kMax) {
-    const CoordinateSet& out_coords = manager->Set(out_set);
-    const at::Tensor order = IsDeterministic() && !out_coords.sorted ? out_coords.order
-                                                                     : at::empty({0}, at::kLong);
+    // Autograd takes every tensor argument for an input: "none" is empty.
+    at::Tensor order = IsDeterministic() ? manager->OnDevice(out_set, device).order : at::Tensor();
+    if (!order.defined()) order = at::empty({0}, x.F().options().dtype(at::kLong));
     out = MaxPoolFunction::apply(x.F(), map.get(), order);
   } else {
-    at::Tensor inv = at::ones({map->num_out}, x.F().options().requires_grad(false));
+    const at::TensorOptions options_f = x.F().options().requires_grad(false);
+    at::Tensor inv = at::ones({map->num_out}, options_f);
     if (mode == PoolMode::kAverage) {
-      at::Tensor counts = at::zeros({map->num_out}, at::kLong);
-      counts.index_add_(0, map->out_rows.to(at::kLong), at::ones({map->pairs()}, at::kLong));
-      inv = at::where(counts > 0, 1.0 / counts.to(x.F().scalar_type()),
-                      at::zeros({}, x.F().options()))
+      at::Tensor counts = at::zeros({map->num_out}, options_f.dtype(at::kLong));
+      counts.index_add_(0, map->out_rows.to(at::kLong), at::ones({map->pairs()}, counts.options()));
+      inv = at::where(counts > 0, 1.0 / counts.to(x.F().scalar_type()), at::zeros({}, options_f))
                 .contiguous();
     }
     out = WindowSumFunction::apply(x.F(), map.get(), inv);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "sparse/backend.h"
 #include "sparse/determinism.h"
 
 namespace trainsup::sparse {
@@ -199,11 +200,14 @@ at::Tensor CoordinateManager::CanonicalOrder(CoordinateSetId id) {
 std::shared_ptr<const KernelMap> CoordinateManager::GetKernelMap(CoordinateSetId in,
                                                                  CoordinateSetId out,
                                                                  int32_t kernel_size,
-                                                                 int32_t dilation) {
+                                                                 int32_t dilation,
+                                                                 c10::Device device) {
   TORCH_CHECK(kernel_size >= 1, "kernel_size must be >= 1, got ", kernel_size);
   TORCH_CHECK(dilation >= 1, "dilation must be >= 1, got ", dilation);
   const bool deterministic = IsDeterministic();
-  const auto key = std::make_tuple(in, out, kernel_size, dilation, deterministic);
+  const auto key =
+      std::make_tuple(in, out, kernel_size, dilation, deterministic,
+                      static_cast<int>(device.type()), static_cast<int>(device.index()));
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = kernel_maps_.find(key);
@@ -214,154 +218,64 @@ std::shared_ptr<const KernelMap> CoordinateManager::GetKernelMap(CoordinateSetId
   }
   const CoordinateSet& in_set = Set(in);
   const CoordinateSet& out_set = Set(out);
-  TORCH_CHECK(out_set.stride % in_set.stride == 0, "kernel map: output stride ",
-              out_set.stride, " is not a multiple of input stride ", in_set.stride);
-  auto map = BuildKernelMap(in_set, out_set, kernel_size, dilation, deterministic);
+  TORCH_CHECK(out_set.stride % in_set.stride == 0, "kernel map: output stride ", out_set.stride,
+              " is not a multiple of input stride ", in_set.stride);
+  KernelMapInputs inputs;
+  inputs.in = &in_set;
+  inputs.out = &out_set;
+  inputs.same_set = in == out;
+  inputs.kernel_size = kernel_size;
+  inputs.offsets = KernelOffsets(kernel_size);
+  inputs.step = static_cast<int64_t>(dilation) * in_set.stride;
+  inputs.device = device;
+  TORCH_CHECK(inputs.step * (kernel_size - 1) <= kMaxCoordinate, "kernel extent ",
+              inputs.step * (kernel_size - 1), " is too large");
+  const Backend& backend = BackendFor(device);
+  if (backend.builds_from_device_keys) {
+    inputs.in_device = &OnDevice(in, device);
+    inputs.out_device = &OnDevice(out, device);
+  }
+  auto map = std::make_shared<KernelMap>();
+  map->kernel_size = kernel_size;
+  map->dilation = dilation;
+  map->volume = static_cast<int64_t>(inputs.offsets.size());
+  map->num_in = in_set.size();
+  map->num_out = out_set.size();
+  backend.build_kernel_map(inputs, map.get());
+  // The centre of an odd kernel on one set maps every row to itself; in row
+  // order when the set is sorted. Deterministic mode keeps to the gathered
+  // path, so its arithmetic is the same whatever the input's row order.
+  const bool symmetric = inputs.same_set && kernel_size % 2 == 1;
+  if (symmetric && out_set.sorted && !deterministic) map->identity_offset = map->volume / 2;
+  map->rows_sorted = in_set.sorted && out_set.sorted && !deterministic;
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.kernel_map_builds;
   kernel_maps_[key] = map;
   return map;
 }
 
-std::shared_ptr<const KernelMap> CoordinateManager::BuildKernelMap(
-    const CoordinateSet& in, const CoordinateSet& out, int32_t kernel_size, int32_t dilation,
-    bool deterministic) const {
-  const auto offsets = KernelOffsets(kernel_size);
-  const int64_t volume = static_cast<int64_t>(offsets.size());
-  const int64_t n_out = out.size();
-  const int64_t n_in = in.size();
-  const int64_t step = static_cast<int64_t>(dilation) * in.stride;
-  TORCH_CHECK(step * (kernel_size - 1) <= kMaxCoordinate, "kernel extent ",
-              step * (kernel_size - 1), " is too large");
-  // For an odd kernel on one set, offset k from u finding v means offset
-  // volume-1-k from v finds u: look up half the offsets and mirror.
-  const bool symmetric = (&in == &out) && (kernel_size % 2 == 1);
-  const int64_t center = volume / 2;
-  const int64_t lookups = symmetric ? center + 1 : volume;
-
-  // Shifting every coordinate by one offset keeps key order, so each
-  // offset is a merge of two sorted key lists. Adding the packed offset to
-  // a key is exact while no field leaves its range; outside that (sets near
-  // the range limits) targets are computed field by field.
-  int64_t lo = 0, hi = 0;
-  for (const auto& o : offsets) {
-    for (int a = 0; a < 3; ++a) {
-      lo = std::min<int64_t>(lo, o[a] * step);
-      hi = std::max<int64_t>(hi, o[a] * step);
-    }
+const DeviceCoordinates& CoordinateManager::OnDevice(CoordinateSetId id, c10::Device device) {
+  const auto key =
+      std::make_tuple(id, static_cast<int>(device.type()), static_cast<int>(device.index()));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = on_device_.find(key);
+    if (it != on_device_.end()) return *it->second;
   }
-  bool packed_add = true;
-  for (int a = 0; a < 3 && n_out > 0; ++a) {
-    packed_add = packed_add && out.min[a] + lo >= kMinCoordinate && out.max[a] + hi <= kMaxCoordinate;
+  const CoordinateSet& set = Set(id);
+  auto d = std::make_shared<DeviceCoordinates>();
+  const int64_t n = set.size();
+  at::Tensor keys = at::empty({n}, at::kLong);
+  int64_t* k = keys.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) k[i] = static_cast<int64_t>(set.sorted_keys[i] ^ kDeviceKeyBias);
+  d->keys = keys.to(device);
+  if (!set.sorted) {
+    d->rows = at::tensor(at::ArrayRef<int32_t>(set.sorted_rows), at::kInt).to(device);
+    d->order = set.order.to(device);
+    d->rank = set.rank.to(device);
   }
-  std::vector<uint64_t> delta(volume);
-  for (int64_t k = 0; k < volume; ++k) {
-    const int64_t d = offsets[k][0] * step * (int64_t{1} << (2 * kCoordinateBits)) +
-                      offsets[k][1] * step * (int64_t{1} << kCoordinateBits) +
-                      offsets[k][2] * step;
-    delta[k] = static_cast<uint64_t>(d);
-  }
-  const uint64_t* ok = out.sorted_keys.data();
-  const uint64_t* ik = in.sorted_keys.data();
-  auto target = [&](int64_t p, int64_t k, uint64_t* t) -> bool {
-    if (packed_add) {
-      *t = ok[p] + delta[k];
-      return true;
-    }
-    int32_t u[4];
-    UnpackKey(ok[p], u);
-    int64_t v[3];
-    for (int a = 0; a < 3; ++a) {
-      v[a] = u[a + 1] + offsets[k][a] * step;
-      if (v[a] < kMinCoordinate || v[a] > kMaxCoordinate) return false;
-    }
-    *t = PackKey(u[0], static_cast<int32_t>(v[0]), static_cast<int32_t>(v[1]),
-                 static_cast<int32_t>(v[2]));
-    return true;
-  };
-
-  // Stage: pairs of chunk ch for offset k go to slots [k][ch * kChunk, ...);
-  // a chunk adds at most one pair per row to each offset. Only the slots
-  // written are touched.
-  constexpr int64_t kChunk = 4096;
-  const int64_t chunks = (n_out + kChunk - 1) / kChunk;
-  const int64_t padded = chunks * kChunk;
-  std::unique_ptr<int32_t[]> stage_in(new int32_t[static_cast<size_t>(volume * padded)]);
-  std::unique_ptr<int32_t[]> stage_out(new int32_t[static_cast<size_t>(volume * padded)]);
-  std::vector<int64_t> counts(static_cast<size_t>(chunks * volume), 0);
-  at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
-    for (int64_t ch = cb; ch < ce; ++ch) {
-      const int64_t p0 = ch * kChunk, p1 = std::min(n_out, p0 + kChunk);
-      int64_t* cnt = counts.data() + ch * volume;
-      for (int64_t k = 0; k < lookups; ++k) {
-        const bool mirror = symmetric && k != center;
-        const int64_t mk = volume - 1 - k;
-        int32_t* si = stage_in.get() + k * padded + ch * kChunk;
-        int32_t* so = stage_out.get() + k * padded + ch * kChunk;
-        int32_t* mi = stage_in.get() + mk * padded + ch * kChunk;
-        int32_t* mo = stage_out.get() + mk * padded + ch * kChunk;
-        int64_t c = 0, mc = 0;
-        int64_t j = -1;
-        for (int64_t p = p0; p < p1; ++p) {
-          uint64_t t;
-          if (!target(p, k, &t)) continue;
-          if (j < 0) j = std::lower_bound(ik, ik + n_in, t) - ik;
-          while (j < n_in && ik[j] < t) ++j;
-          if (j == n_in) break;
-          if (ik[j] != t) continue;
-          const int32_t row_in = in.RowAt(j), row_out = out.RowAt(p);
-          si[c] = row_in;
-          so[c] = row_out;
-          ++c;
-          if (mirror) {
-            mi[mc] = row_out;
-            mo[mc] = row_in;
-            ++mc;
-          }
-        }
-        cnt[k] = c;
-        if (mirror) cnt[mk] = mc;
-      }
-    }
-  });
-
-  auto map = std::make_shared<KernelMap>();
-  map->kernel_size = kernel_size;
-  map->dilation = dilation;
-  map->volume = volume;
-  map->num_in = n_in;
-  map->num_out = n_out;
-  // The centre of an odd kernel on one set maps every row to itself; in row
-  // order when the set is sorted. Deterministic mode keeps to the gathered
-  // path, so its arithmetic is the same whatever the input's row order.
-  if (symmetric && out.sorted && !deterministic) map->identity_offset = center;
-  map->rows_sorted = in.sorted && out.sorted && !deterministic;
-  map->begin.assign(volume + 1, 0);
-  std::vector<int64_t> start(static_cast<size_t>(chunks * volume));
-  int64_t total = 0;
-  for (int64_t k = 0; k < volume; ++k) {
-    map->begin[k] = total;
-    for (int64_t ch = 0; ch < chunks; ++ch) {
-      start[ch * volume + k] = total;
-      total += counts[ch * volume + k];
-    }
-  }
-  map->begin[volume] = total;
-  map->in_rows = at::empty({total}, at::kInt);
-  map->out_rows = at::empty({total}, at::kInt);
-  int32_t* in_rows = map->in_rows.data_ptr<int32_t>();
-  int32_t* out_rows = map->out_rows.data_ptr<int32_t>();
-  at::parallel_for(0, chunks * volume, 1, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t ch = i / volume, k = i % volume;
-      const int64_t c = counts[i];
-      if (c == 0) continue;
-      const int64_t src = k * padded + ch * kChunk;
-      std::memcpy(in_rows + start[i], stage_in.get() + src, c * sizeof(int32_t));
-      std::memcpy(out_rows + start[i], stage_out.get() + src, c * sizeof(int32_t));
-    }
-  });
-  return map;
+  std::lock_guard<std::mutex> lock(mu_);
+  return *on_device_.emplace(key, std::move(d)).first->second;
 }
 
 CoordinateManagerStats CoordinateManager::stats() const {

@@ -1,11 +1,14 @@
 // The coordinate manager owns the coordinate sets of one batch (one per
 // tensor stride and origin), their hash maps, and the kernel maps between
 // them. Layers with the same geometry share one kernel map: it is built once
-// and served from the cache afterwards.
+// per device and served from the cache afterwards. The sets themselves live
+// on the host; a copy of a set's keys and permutations is made once per
+// device that needs them (OnDevice).
 #ifndef TRAINSUP_SPARSE_COORDINATE_MANAGER_H_
 #define TRAINSUP_SPARSE_COORDINATE_MANAGER_H_
 
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <array>
 #include <cstdint>
@@ -48,6 +51,19 @@ struct CoordinateSet {
   int32_t RowAt(int64_t p) const { return sorted ? static_cast<int32_t>(p) : sorted_rows[p]; }
 };
 
+// One coordinate set's data on a device, for the ops and kernel-map
+// builders that run there.
+struct DeviceCoordinates {
+  // int64 [N]: CoordinateSet::sorted_keys with the top bit flipped
+  // (kDeviceKeyBias), so that signed int64 order is key order.
+  at::Tensor keys;
+  at::Tensor rows;         // int32 [N]: the row of each key; undefined for a sorted set
+  at::Tensor order, rank;  // CoordinateSet::order and rank; undefined for a sorted set
+};
+// Flipping the top bit adds 2^63 modulo 2^64, which commutes with adding a
+// packed offset (the kernel map's shifted keys).
+inline constexpr uint64_t kDeviceKeyBias = uint64_t{1} << 63;
+
 // Gather/scatter pairs per kernel offset: for offset k, pairs
 // [begin[k], begin[k+1]) map input row in_rows[p] to output row out_rows[p].
 // Within one offset every output row and every input row appears at most
@@ -55,6 +71,7 @@ struct CoordinateSet {
 // offset are in key order of the coordinates (for the mirrored half of an
 // odd kernel on one set, of the input coordinates), so the map depends on
 // the coordinates alone, never on the order of the rows.
+// The pair lists live on the device of the features that use the map.
 struct KernelMap {
   int32_t kernel_size = 0;
   int32_t dilation = 1;
@@ -101,11 +118,18 @@ class CoordinateManager {
   CoordinateSetId Downsample(CoordinateSetId id, int32_t factor);
 
   // The kernel map from input set `in` to output set `out` for a cubic
-  // kernel. The input offset of output coordinate u for kernel offset k is
-  // u + k * dilation * Set(in).stride. `out` is `in` itself (stride 1) or a
-  // set at a coarser stride. Built once per key, then served from the cache.
-  std::shared_ptr<const KernelMap> GetKernelMap(CoordinateSetId in, CoordinateSetId out,
-                                                int32_t kernel_size, int32_t dilation);
+  // kernel, with its pair lists on `device`. The input offset of output
+  // coordinate u for kernel offset k is u + k * dilation * Set(in).stride.
+  // `out` is `in` itself (stride 1) or a set at a coarser stride. Built by
+  // the backend that runs on `device` (backend.h) once per key and device,
+  // then served from the cache.
+  std::shared_ptr<const KernelMap> GetKernelMap(
+      CoordinateSetId in, CoordinateSetId out, int32_t kernel_size, int32_t dilation,
+      c10::Device device = c10::Device(c10::DeviceType::CPU));
+
+  // Set(id)'s keys, rows and permutations on `device`: copied once, then
+  // served from the cache (the CPU's too, as tensors).
+  const DeviceCoordinates& OnDevice(CoordinateSetId id, c10::Device device);
 
   // Row permutation that sorts Set(id) by key (int64, length N). Identity
   // for sets that are sorted already.
@@ -114,18 +138,18 @@ class CoordinateManager {
   CoordinateManagerStats stats() const;
 
  private:
-  std::shared_ptr<const KernelMap> BuildKernelMap(const CoordinateSet& in,
-                                                  const CoordinateSet& out,
-                                                  int32_t kernel_size, int32_t dilation,
-                                                  bool deterministic) const;
   CoordinateSetId AddValidated(at::Tensor coordinates, int32_t stride, bool check);
 
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<CoordinateSet>> sets_;
   std::map<std::pair<CoordinateSetId, int32_t>, CoordinateSetId> downsampled_;
-  std::map<std::tuple<CoordinateSetId, CoordinateSetId, int32_t, int32_t, bool>,
+  // Keys: (in, out, kernel size, dilation, deterministic, device type,
+  // device index).
+  std::map<std::tuple<CoordinateSetId, CoordinateSetId, int32_t, int32_t, bool, int, int>,
            std::shared_ptr<const KernelMap>>
       kernel_maps_;
+  std::map<std::tuple<CoordinateSetId, int, int>, std::shared_ptr<const DeviceCoordinates>>
+      on_device_;
   CoordinateManagerStats stats_;
 };
 

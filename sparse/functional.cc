@@ -2,7 +2,7 @@
 // activations.
 #include <ATen/ATen.h>
 
-#include "sparse/batch_norm.h"
+#include "sparse/backend.h"
 #include "sparse/canonical_order.h"
 #include "sparse/determinism.h"
 #include "sparse/ops.h"
@@ -13,9 +13,13 @@ at::Tensor GlobalPool(const SparseTensor& x, PoolMode mode) {
   TORCH_CHECK(x.defined(), "GlobalPool: undefined SparseTensor");
   const int64_t batch = x.batch_size();
   const at::Tensor& f = x.F();
-  at::Tensor order = IsDeterministic() ? x.manager()->CanonicalOrder(x.set_id())
-                                       : at::arange(x.size(), at::kLong);
-  at::Tensor batch_of_row = x.C().select(1, 0).index_select(0, order);
+  const at::TensorOptions index = f.options().dtype(at::kLong).requires_grad(false);
+  at::Tensor order = at::arange(x.size(), index);
+  if (IsDeterministic()) {
+    const at::Tensor& key_order = x.manager()->OnDevice(x.set_id(), f.device()).order;
+    if (key_order.defined()) order = key_order;
+  }
+  at::Tensor batch_of_row = x.C().select(1, 0).to(f.device()).index_select(0, order);
   std::vector<at::Tensor> rows;
   rows.reserve(batch);
   for (int64_t b = 0; b < batch; ++b) {
@@ -73,8 +77,9 @@ SparseTensor BatchNorm(const SparseTensor& x, const at::Tensor& weight, const at
               "BatchNorm: training needs more than one row per channel, got ", x.size());
   if (x.size() == 0) return x;
   return x.WithFeatures(InCanonicalOrder(x, [&](const at::Tensor& f) {
-    if (training && f.device().is_cpu()) {
-      return BatchNormTrainingRows(f, weight, bias, running_mean, running_var, momentum, eps, relu);
+    if (training) {
+      return BackendFor(f.device())
+          .batch_norm_training(f, weight, bias, running_mean, running_var, momentum, eps, relu);
     }
     at::Tensor y = at::batch_norm(f, weight, bias, running_mean, running_var, training, momentum,
                                   eps, /*cudnn_enabled=*/false);

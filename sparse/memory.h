@@ -1,9 +1,13 @@
 // Accounting of LibTorch's CPU memory: a wrapper around the CPU allocator
 // that counts every tensor allocation (current and peak bytes) and can
 // enforce a budget, raising the same out-of-memory error a GPU would
-// (c10::OutOfMemoryError) for an allocation past it.
+// (c10::OutOfMemoryError) for an allocation past it. The device overloads
+// at the end answer for the CPU from it and for CUDA from LibTorch's
+// caching allocator, so the worker treats both alike.
 #ifndef TRAINSUP_SPARSE_MEMORY_H_
 #define TRAINSUP_SPARSE_MEMORY_H_
+
+#include <c10/core/Device.h>
 
 #include <cstdint>
 
@@ -35,6 +39,24 @@ void SetMemoryBudget(int64_t bytes);
 // applies to live tensors. 0 (the default) turns caching off and frees the
 // cache.
 void SetBlockCacheLimit(int64_t bytes);
+
+// The same for any device. CPU: the functions above. CUDA (builds with
+// TRAINSUP_HAVE_CUDA; elsewhere they throw c10::Error): current and peak
+// are the caching allocator's allocated bytes, cached_bytes what it holds
+// beyond them, budget_bytes its cap; allocations, refused and cache_hits
+// are 0.
+MemoryStats GetMemoryStats(c10::Device device);
+void ResetPeakMemory(c10::Device device);
+// CUDA: the caching allocator's memory fraction becomes bytes / the
+// device's memory (0: the whole device); throws c10::Error for more than
+// the device has. Past it the allocator raises c10::OutOfMemoryError.
+void SetMemoryBudget(c10::Device device, int64_t bytes);
+// Hands cached blocks back (CPU: the block cache's, keeping its limit;
+// CUDA: the caching allocator's, as torch.cuda.empty_cache()).
+void ReleaseCachedMemory(c10::Device device);
+// Whether this build has the CUDA backend and LibTorch sees a CUDA device
+// (CUDA_VISIBLE_DEVICES decides which).
+bool CudaDeviceAvailable();
 
 }  // namespace trainsup::sparse
 

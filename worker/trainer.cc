@@ -109,7 +109,8 @@ struct GroupTensors {
 // `height` > 0: one more channel after the data's, the voxel's z times
 // `height` (the voxel size: metres above the scene's lowest point).
 GroupTensors Assemble(const Batch& batch, const Group& group, int channels,
-                      at::ScalarType dtype = at::kFloat, double height = 0) {
+                      at::ScalarType dtype = at::kFloat, double height = 0,
+                      c10::Device device = c10::Device(c10::DeviceType::CPU)) {
   const int data_channels = channels - (height > 0 ? 1 : 0);
   int64_t rows = GroupVoxels(group);
   at::Tensor coords = at::empty({rows, 4}, at::kInt);
@@ -140,7 +141,9 @@ GroupTensors Assemble(const Batch& batch, const Group& group, int channels,
     }
   }
   if (dtype != at::kFloat) feats = feats.to(dtype);
-  return {sparse::SparseTensor(feats, coords), labels, labelled};
+  // Coordinates stay on the host (the coordinate manager's); features and
+  // labels go where the model is.
+  return {sparse::SparseTensor(feats.to(device), coords), labels.to(device), labelled};
 }
 
 // Confusion-matrix metrics over voxels with a label.
@@ -237,7 +240,7 @@ class Trainer {
     p.set_phase(phase);
     p.set_loss(last_loss_);
     p.set_samples_per_sec(samples_per_sec_);
-    sparse::MemoryStats m = sparse::GetMemoryStats();
+    sparse::MemoryStats m = sparse::GetMemoryStats(device_);
     p.set_memory_current_bytes(m.current_bytes);
     p.set_memory_peak_bytes(run_peak_);
     p.set_memory_budget_bytes(budget_);
@@ -298,6 +301,7 @@ class Trainer {
   int channels_ = 0;     // model input channels (the data's, plus the height)
   double height_ = 0;    // > 0: the height channel's scale (the voxel size)
   int64_t budget_ = 0;
+  c10::Device device_{c10::DeviceType::CPU};
   int64_t run_peak_ = 0;
   int64_t step_ = 0;  // the next step to run (== steps done)
   int64_t epoch_ = 0;
@@ -498,10 +502,11 @@ void Trainer::Evaluate(TrainerResult* result) {
     }
     RunGroup run = [&](const Group& group, double) -> absl::Status {
       try {
-        GroupTensors t = Assemble(*batch, group, channels_, at::kFloat, height_);
-        at::Tensor pred = model_->forward(t.input).features().argmax(1);
-        confusion.Add(pred, t.labels);
-        baseline.Add(at::full_like(t.labels, majority_class_), t.labels);
+        GroupTensors t = Assemble(*batch, group, channels_, at::kFloat, height_, device_);
+        at::Tensor pred = model_->forward(t.input).features().argmax(1).cpu();
+        at::Tensor labels = t.labels.cpu();
+        confusion.Add(pred, labels);
+        baseline.Add(at::full_like(labels, majority_class_), labels);
         return absl::OkStatus();
       } catch (const c10::OutOfMemoryError& e) {
         return absl::ResourceExhaustedError(e.what());
@@ -509,7 +514,9 @@ void Trainer::Evaluate(TrainerResult* result) {
     };
     SplitOptions o;
     o.min_piece_voxels = spec_.train.min_piece_points;
-    RunSplitting(views, o, run, [] { sparse::SetBlockCacheLimit(0); }, nullptr, budget_).IgnoreError();
+    RunSplitting(
+        views, o, run, [this] { sparse::ReleaseCachedMemory(device_); }, nullptr, budget_)
+        .IgnoreError();
   }
   model_->train();
   result->val_miou = confusion.MeanIoU();
@@ -524,7 +531,6 @@ void Trainer::Evaluate(TrainerResult* result) {
   Event(v1::EVENT_KIND_LOG, -1, line);
   Report(v1::PHASE_TRAINING);
 }
-
 
 TrainerResult Trainer::Run() {
   // Everything LibTorch allocates from here on counts against the budget.
@@ -573,9 +579,16 @@ TrainerResult Trainer::Run() {
   }
   class_counts_.assign(num_classes_, 0);
 
+  absl::StatusOr<c10::Device> device =
+      TrainingDevice(spec_.train.device, sparse::CudaDeviceAvailable());
+  if (!device.ok()) return Fail(kExitUsage, "usage", std::string(device.status().message()));
+  device_ = *device;
+
   sparse::SetDeterministic(spec_.train.deterministic);
   torch::manual_seed(seed);
-  model_ = sparse::MinkUNet(sparse::MinkUNetPlan(DepthOf(spec_.model.arch), channels_, num_classes_));
+  model_ =
+      sparse::MinkUNet(sparse::MinkUNetPlan(DepthOf(spec_.model.arch), channels_, num_classes_));
+  model_->to(device_);
   if (spec_.model.gradient_checkpointing) sparse::EnableGradientCheckpointing(*model_);
   model_->train();
   params_ = model_->parameters();
@@ -592,10 +605,12 @@ TrainerResult Trainer::Run() {
   int64_t budget_mb = options_.memory_budget_mb_override > 0 ? options_.memory_budget_mb_override
                                                              : spec_.train.memory_budget_mb;
   budget_ = budget_mb << 20;
-  sparse::SetMemoryBudget(budget_);
-  if (budget_ > 0 && sparse::GetMemoryStats().current_bytes > budget_) {
+  // On a GPU the budget becomes the caching allocator's memory fraction.
+  sparse::SetMemoryBudget(device_, budget_);
+  if (budget_ > 0 && sparse::GetMemoryStats(device_).current_bytes > budget_) {
     return Fail(kExitOom, "oom",
-                absl::StrCat("the model and optimizer alone need ", sparse::GetMemoryStats().current_bytes,
+                absl::StrCat("the model and optimizer alone need ",
+                             sparse::GetMemoryStats(device_).current_bytes,
                              " bytes, more than the budget of ", budget_));
   }
 
@@ -630,7 +645,8 @@ TrainerResult Trainer::Run() {
   Log(absl::StrCat("training ", spec_.model.arch, " (", model_->NumParameters(), " parameters, ",
                    num_classes_, " classes, ", channels_, " input channels) on ", train_->size(),
                    " training and ", val_ ? val_->size() : 0, " validation scenes, ", total_steps_,
-                   " steps, budget ", budget_mb, " MiB, ", at::get_num_threads(), " threads"));
+                   " steps, budget ", budget_mb, " MiB, ", at::get_num_threads(), " threads, on ",
+                   device_.str()));
   Report(v1::PHASE_TRAINING);
 
   TrainerResult result;
@@ -667,9 +683,13 @@ TrainerResult Trainer::Run() {
       if (faults.oom_at_step == next) {
         // Outside the splittable region, as an optimizer step would.
         Log(absl::StrCat("injected allocation past the memory budget at step ", next));
-        if (budget_ == 0) sparse::SetMemoryBudget(sparse::GetMemoryStats().current_bytes + (1 << 20));
+        if (budget_ == 0) {
+          sparse::SetMemoryBudget(device_,
+                                  sparse::GetMemoryStats(device_).current_bytes + (1 << 20));
+        }
         try {
-          at::Tensor big = at::empty({int64_t{1} << 28}, at::kFloat);
+          at::Tensor big =
+              at::empty({int64_t{1} << 28}, at::TensorOptions(at::kFloat).device(device_));
         } catch (const c10::OutOfMemoryError& e) {
           return Fail(kExitOom, "oom", absl::StrCat("hard out-of-memory outside the splittable region: ", e.what()));
         }
@@ -700,6 +720,12 @@ TrainerResult Trainer::Run() {
       cursor_ = 0;
     }
     if (hooks_.advance) hooks_.advance();
+    if (spec_.train.empty_cache_every_steps > 0 &&
+        step_ % spec_.train.empty_cache_every_steps == 0) {
+      const int64_t cached = sparse::GetMemoryStats(device_).cached_bytes;
+      sparse::ReleaseCachedMemory(device_);
+      Log(absl::StrCat("step ", step_, ": handed ", cached, " cached bytes back to the system"));
+    }
     Report(v1::PHASE_TRAINING);
     Log(absl::StrCat("step ", step_, "/", total_steps_, " epoch ", epoch_, " loss ", last_loss_,
                      " acc ", last_accuracy_, " ", samples_per_sec_, " scenes/s peak ",
@@ -757,13 +783,16 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
     views.push_back({s.xyz.data(), static_cast<int64_t>(s.labels.size()), s.labelled.data()});
   }
   for (at::Tensor& a : accum) a.zero_();
+  // The model's device (where its parameters are).
+  const c10::Device device =
+      params.empty() ? c10::Device(c10::DeviceType::CPU) : params.front().device();
   StepOutcome outcome;
   // Forward and backward on one group; its gradients reach `accum` only
   // when the whole group succeeded, so an OOM half-way leaves no trace.
   RunGroup run = [&](const Group& group, double weight) -> absl::Status {
     try {
-      sparse::ResetPeakMemory();
-      GroupTensors t = Assemble(batch, group, channels, dtype, height);
+      sparse::ResetPeakMemory(device);
+      GroupTensors t = Assemble(batch, group, channels, dtype, height, device);
       sparse::SparseTensor out = model.forward(t.input);
       at::Tensor logits = out.features();
       at::Tensor loss = t.labelled > 0
@@ -781,7 +810,7 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
       at::Tensor mask = t.labels >= 0;
       outcome.hits += (pred.eq(t.labels) & mask).sum().item<int64_t>();
       outcome.labelled += t.labelled;
-      int64_t peak = sparse::GetMemoryStats().peak_bytes;
+      int64_t peak = sparse::GetMemoryStats(device).peak_bytes;
       if (run_peak != nullptr) *run_peak = std::max(*run_peak, peak);
       if (predictor != nullptr) predictor->Observe(GroupVoxels(group), -1, peak);
       return absl::OkStatus();
@@ -789,8 +818,9 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
       return absl::ResourceExhaustedError(e.what());
     }
   };
-  // Freed tensors are already back; drop the allocator's block cache too.
-  auto free_memory = [] { sparse::SetBlockCacheLimit(0); };
+  // Freed tensors are already back; hand the allocator's cached blocks
+  // back too (CUDA: torch.cuda.empty_cache()).
+  auto free_memory = [device] { sparse::ReleaseCachedMemory(device); };
   // The memory model learns on every step; it plans only under a budget.
   absl::StatusOr<SplitStats> stats =
       baseline ? RunBaselineSplitting(views, run, free_memory, options.min_piece_voxels)
@@ -802,6 +832,22 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
   }
   outcome.stats = *stats;
   return outcome;
+}
+
+absl::StatusOr<c10::Device> TrainingDevice(const std::string& device, bool cuda_available) {
+  if (device == "cpu" || (device == "auto" && !cuda_available)) {
+    return c10::Device(c10::DeviceType::CPU);
+  }
+  if (device != "auto" && device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.device: must be one of auto, cpu, cuda; got \"", device, "\""));
+  }
+  if (!cuda_available) {
+    return absl::InvalidArgumentError(
+        "train.device: \"cuda\", but this worker has no CUDA device (its LibTorch has no CUDA, or "
+        "CUDA_VISIBLE_DEVICES shows none)");
+  }
+  return c10::Device(c10::DeviceType::CUDA, 0);
 }
 
 TrainerResult Train(const RunSpec& spec, const TrainerOptions& options, const TrainerHooks& hooks) {

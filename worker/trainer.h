@@ -86,6 +86,12 @@ struct TrainerResult {
   double val_accuracy = -1;
 };
 
+// The device a run trains on, from train.device and whether this worker
+// has a CUDA device (LibTorch with CUDA, a device that CUDA_VISIBLE_DEVICES
+// shows): "cpu" and "auto" without CUDA give the CPU, "auto" and "cuda"
+// with it cuda:0; "cuda" without it is InvalidArgument (exit 64).
+absl::StatusOr<c10::Device> TrainingDevice(const std::string& device, bool cuda_available);
+
 // Trains according to `spec`. Returns the outcome; throws only for what is
 // not an out-of-memory error, a bad spec or unreadable data.
 TrainerResult Train(const RunSpec& spec, const TrainerOptions& options, const TrainerHooks& hooks);

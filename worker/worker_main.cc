@@ -31,7 +31,7 @@
 #include "proto/exit_file.h"
 #include "proto/run_layout.h"
 #include "proto/spec.h"
-#include "sparse/blas.h"
+#include "sparse/cpu/blas.h"
 #include "worker/link.h"
 #include "worker/trainer.h"
 

@@ -20,7 +20,7 @@
 
 #include "checkpoint/state.h"
 #include "sparse/bench/bench_util.h"
-#include "sparse/blas.h"
+#include "sparse/cpu/blas.h"
 
 namespace ck = trainsup::ckpt;
 

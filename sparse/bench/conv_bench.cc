@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "sparse/bench/bench_util.h"
-#include "sparse/blas.h"
-#include "sparse/kernels_cpu.h"
+#include "sparse/cpu/blas.h"
+#include "sparse/cpu/kernels.h"
 #include "sparse/ops.h"
 #include "sparse/quantize.h"
 #include "sparse/scene.h"

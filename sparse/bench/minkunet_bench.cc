@@ -3,7 +3,8 @@
 // gradient checkpointing off and on: median time and peak memory above the
 // resting state (the model), from the counting CPU allocator: activations,
 // their gradients and the parameter gradients.
-// --json prints one JSON object.
+// --json prints one JSON object. --device cuda runs it on cuda:0 (memory
+// from the caching allocator), --backend forces a backend (sparse/backend.h).
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -11,13 +12,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "sparse/backend.h"
 #include "sparse/bench/bench_util.h"
-#include "sparse/blas.h"
-#include "sparse/kernels_cpu.h"
+#include "sparse/cpu/blas.h"
+#include "sparse/cpu/kernels.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
 #include "sparse/quantize.h"
@@ -30,6 +33,11 @@ namespace {
 using trainsup::bench::Median;
 using trainsup::bench::Now;
 
+// Waits for the device's queued work, so that timings cover it.
+void Sync(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -40,6 +48,8 @@ int main(int argc, char** argv) {
   std::vector<int> depths = {14, 34};
   std::string scene_name = "default";
   int64_t cache_mib = 2048;
+  c10::Device device(c10::DeviceType::CPU);
+  std::optional<ts::BackendKind> backend;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json") {
@@ -52,17 +62,26 @@ int main(int argc, char** argv) {
       cache_mib = std::atoll(argv[++i]);
     } else if (a == "--scene" && i + 1 < argc) {
       scene_name = argv[++i];
+    } else if (a == "--device" && i + 1 < argc) {
+      const std::string d = argv[++i];
+      device =
+          d == "cuda" ? c10::Device(c10::DeviceType::CUDA, 0) : c10::Device(c10::DeviceType::CPU);
+    } else if (a == "--backend" && i + 1 < argc) {
+      backend = ts::BackendKindFromString(argv[++i]);
     } else if (a == "--depths" && i + 1 < argc) {
       depths.clear();
       std::stringstream ss(argv[++i]);
       for (std::string x; std::getline(ss, x, ',');) depths.push_back(std::atoi(x.c_str()));
     } else {
-      std::fprintf(stderr, "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
-                           "[--scene small|default|large|huge] [--block-cache-mib N]\n");
+      std::fprintf(stderr,
+                   "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
+                   "[--scene small|default|large|huge] [--block-cache-mib N] [--device cpu|cuda] "
+                   "[--backend cpu|generic|cuda]\n");
       return 64;
     }
   }
   at::set_num_threads(threads);
+  if (backend) ts::SetBackendOverride(backend);
   ts::InstallCountingAllocator();
   ts::SetBlockCacheLimit(cache_mib << 20);
   torch::manual_seed(0);
@@ -72,22 +91,32 @@ int main(int argc, char** argv) {
   at::Tensor colors = at::from_blob(scene.colors.data(), {scene.size(), 3}, at::kFloat).clone();
   at::Tensor labels = at::from_blob(scene.labels.data(), {scene.size()}, at::kInt).to(at::kLong);
   ts::Quantized q = ts::Quantize(points, 0.02, colors, labels);
+  q.features = q.features.to(device);
+  q.labels = q.labels.to(device);
   const int64_t n = q.coordinates.size(0);
   at::Tensor coords = at::cat({at::zeros({n, 1}, at::kInt), q.coordinates}, 1);
 
   std::ostringstream js;
   // TRAINSUP_FUSED=0 selects the gather-BLAS-scatter convolutions.
-  const char* kernels = ts::cpu::FusedKernelsEnabled() ? "fused AVX-512" : "gather-BLAS-scatter";
-  js << "{\"block_cache_mib\": " << cache_mib << ", \"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName()
-     << "\", \"conv_kernels\": \"" << kernels << "\", \"voxels\": " << n;
+  const ts::Backend& b = ts::BackendFor(device);
+  const char* kernels = b.kind != ts::BackendKind::kCpu  ? b.name
+                        : ts::cpu::FusedKernelsEnabled() ? "fused AVX-512"
+                                                         : "gather-BLAS-scatter";
+  js << "{\"device\": \"" << device.str() << "\", \"backend\": \"" << b.name
+     << "\", \"block_cache_mib\": " << cache_mib << ", \"threads\": " << threads
+     << ", \"blas_core\": \"" << ts::BlasCoreName() << "\", \"conv_kernels\": \"" << kernels
+     << "\", \"voxels\": " << n;
   if (!json) {
-    std::printf("minkunet_bench: %d threads (at::set_num_threads), %s convolutions, BLAS %s kernels, block cache "
-                "%lld MiB; scene %s: %lld voxels at 2 cm; medians of %d\n",
-                threads, kernels, ts::BlasCoreName().c_str(), static_cast<long long>(cache_mib), scene_name.c_str(),
-                static_cast<long long>(n), repeats);
+    std::printf(
+        "minkunet_bench: %s, backend %s, %d threads (at::set_num_threads), %s convolutions, BLAS "
+        "%s "
+        "kernels, block cache %lld MiB; scene %s: %lld voxels at 2 cm; medians of %d\n",
+        device.str().c_str(), b.name, threads, kernels, ts::BlasCoreName().c_str(),
+        static_cast<long long>(cache_mib), scene_name.c_str(), static_cast<long long>(n), repeats);
   }
   for (int depth : depths) {
     ts::MinkUNet net(ts::MinkUNetPlan(depth, 3, 20));
+    net->to(device);
     const std::string k = "minkunet" + std::to_string(depth);
     // Inference: a fresh coordinate manager per run, as a new scene would have.
     net->eval();
@@ -97,6 +126,7 @@ int main(int argc, char** argv) {
       ts::SparseTensor x(q.features, coords);
       const double t0 = Now();
       net->forward(x);
+      Sync(device);
       if (r > 0) fwd.push_back(Now() - t0);
     }
     js << ", \"" << k << "_params\": " << net->NumParameters() << ", \"" << k << "_forward_s\": " << Median(fwd);
@@ -125,16 +155,18 @@ int main(int argc, char** argv) {
       ts::SparseTensor x(q.features, coords);
       for (int r = 0; r <= repeats; ++r) {
         for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
-        const int64_t rest = ts::GetMemoryStats().current_bytes;
-        ts::ResetPeakMemory();
+        Sync(device);
+        const int64_t rest = ts::GetMemoryStats(device).current_bytes;
+        ts::ResetPeakMemory(device);
         const double t0 = Now();
         at::Tensor loss = at::cross_entropy_loss(net->forward(x).F(), q.labels);
         loss.backward();
+        Sync(device);
         const double t = Now() - t0;
         if (r == 0) first_step = t;
         if (r > 0) {
           times.push_back(t);
-          peaks.push_back(static_cast<double>(ts::GetMemoryStats().peak_bytes - rest));
+          peaks.push_back(static_cast<double>(ts::GetMemoryStats(device).peak_bytes - rest));
         }
       }
       const double t = Median(times), total = Median(peaks), peak = total - grad_bytes;

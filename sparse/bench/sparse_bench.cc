@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "sparse/bench/bench_util.h"
-#include "sparse/blas.h"
+#include "sparse/cpu/blas.h"
 #include "sparse/ops.h"
 #include "sparse/quantize.h"
 #include "sparse/scene.h"

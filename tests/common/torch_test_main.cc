@@ -6,7 +6,7 @@
 
 #include <cstdlib>
 
-#include "sparse/blas.h"
+#include "sparse/cpu/blas.h"
 
 int main(int argc, char** argv) {
   trainsup::sparse::EnsureFastBlasKernels(argc, argv);

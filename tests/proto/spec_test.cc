@@ -25,6 +25,8 @@ TEST(RunSpec, EmptyGivesDefaults) {
   EXPECT_EQ(spec->model.arch, "minkunet14");
   EXPECT_EQ(spec->data.format, "synthetic");
   EXPECT_EQ(spec->train.steps, 100);
+  EXPECT_EQ(spec->train.device, "auto");
+  EXPECT_EQ(spec->train.empty_cache_every_steps, 0);
   EXPECT_EQ(spec->testing.crash_at_step, -1);
 }
 
@@ -59,6 +61,8 @@ checkpoint_every_seconds = 600
 memory_budget_mb = 2048
 deterministic = false
 seed = 7
+device = "cuda"
+empty_cache_every_steps = 25
 [testing]
 exit_at_step = 3
 exit_code = 75
@@ -79,6 +83,8 @@ only_attempt = 1
   EXPECT_DOUBLE_EQ(spec->optimizer.lr, 1e-3);
   EXPECT_EQ(spec->train.memory_budget_mb, 2048);
   EXPECT_FALSE(spec->train.deterministic);
+  EXPECT_EQ(spec->train.device, "cuda");
+  EXPECT_EQ(spec->train.empty_cache_every_steps, 25);
   EXPECT_EQ(spec->testing.exit_code, 75);
   EXPECT_EQ(spec->testing.only_attempt, 1);
 }
@@ -101,6 +107,10 @@ TEST(RunSpec, ErrorsNameTheField) {
             "model.arch: must be one of minkunet14, minkunet18, minkunet34, minkunet50; got "
             "\"resnet\"");
   EXPECT_EQ(Error("[optimizer]\nlr = nan\n"), "optimizer.lr: must be in (0, 10], got nan");
+  EXPECT_EQ(Error("[train]\ndevice = \"gpu\"\n"),
+            "train.device: must be one of auto, cpu, cuda; got \"gpu\"");
+  EXPECT_EQ(Error("[train]\nempty_cache_every_steps = -1\n"),
+            "train.empty_cache_every_steps: must be in [0, 1000000000], got -1");
   EXPECT_NE(Error("name = \n").find("spec: not valid TOML at line 1"), std::string::npos);
 }
 

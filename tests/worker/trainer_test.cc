@@ -350,6 +350,54 @@ TEST(ForwardBackward, NoSilentDrop) {
   for (const at::Tensor& g : accum) EXPECT_EQ(g.abs().max().item<double>(), 0);
 }
 
+TEST(TrainingDevice, FollowsTheSpecAndTheDevicesPresent) {
+  const c10::Device cpu(c10::DeviceType::CPU), cuda(c10::DeviceType::CUDA, 0);
+  EXPECT_EQ(*TrainingDevice("auto", false), cpu);
+  EXPECT_EQ(*TrainingDevice("auto", true), cuda);
+  EXPECT_EQ(*TrainingDevice("cpu", true), cpu);
+  EXPECT_EQ(*TrainingDevice("cuda", true), cuda);
+  absl::StatusOr<c10::Device> none = TrainingDevice("cuda", false);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("no CUDA device"), std::string::npos);
+  EXPECT_FALSE(TrainingDevice("tpu", true).ok());
+}
+
+TEST(Train, CudaWithoutADeviceIsAUsageError) {
+  if (sparse::CudaDeviceAvailable()) GTEST_SKIP() << "this worker has a CUDA device";
+  RunSpec spec = SyntheticSpec(2, 0.05, 1);
+  spec.train.device = "cuda";
+  Captured c;
+  TrainerResult r = RunTrain(spec, "nocuda", &c);
+  EXPECT_EQ(r.exit_code, 64);
+  EXPECT_EQ(r.reason, "usage");
+  EXPECT_NE(r.message.find("train.device: \"cuda\", but this worker has no CUDA device"),
+            std::string::npos)
+      << r.message;
+}
+
+// train.empty_cache_every_steps: the allocator's cached blocks go back on
+// that interval, and the log says how much.
+TEST(Train, EmptiesTheCacheOnItsInterval) {
+  sparse::InstallCountingAllocator();
+  sparse::SetBlockCacheLimit(int64_t{512} << 20);
+  RunSpec spec = SyntheticSpec(2, 0.02, 3);
+  spec.train.empty_cache_every_steps = 2;
+  Captured c;
+  TrainerResult r = RunTrain(spec, "emptycache", &c);
+  sparse::SetBlockCacheLimit(0);
+  ASSERT_EQ(r.exit_code, 0) << r.message;
+  std::vector<int64_t> handed;
+  for (const std::string& line : c.logs) {
+    const size_t at = line.find(": handed ");
+    if (at == std::string::npos) continue;
+    EXPECT_EQ(line.rfind("step 2: handed ", 0), 0u) << line;  // steps 2 of 3 only
+    handed.push_back(std::stoll(line.substr(at + 9)));
+  }
+  ASSERT_EQ(handed.size(), 1u);
+  EXPECT_GT(handed[0], 0);  // a step frees blocks of at least 1 MiB
+}
+
 TEST(Train, ReportsDroppedScenesInItsEvents) {
   sparse::InstallCountingAllocator();
   BudgetGuard guard;

@@ -29,7 +29,7 @@
 #include "absl/status/statusor.h"
 #include "proto/spec.h"
 #include "sparse/bench/bench_util.h"
-#include "sparse/blas.h"
+#include "sparse/cpu/blas.h"
 #include "sparse/determinism.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"

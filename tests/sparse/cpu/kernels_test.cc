@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "sparse/kernels_cpu.h"
+#include "sparse/cpu/kernels.h"
 #include "sparse/ops.h"
 #include "tests/sparse/test_util.h"
 

@@ -2,8 +2,8 @@
 // per-chunk matrix products, and the knobs around it: which kernel set it
 // runs, its thread count, and choosing the fast kernels where the library's
 // own detection falls back to slow ones.
-#ifndef TRAINSUP_SPARSE_BLAS_H_
-#define TRAINSUP_SPARSE_BLAS_H_
+#ifndef TRAINSUP_SPARSE_CPU_BLAS_H_
+#define TRAINSUP_SPARSE_CPU_BLAS_H_
 
 #include <cstdint>
 #include <string>
@@ -47,4 +47,4 @@ void EnsureFastBlasKernels(int argc, char** argv);
 
 }  // namespace trainsup::sparse
 
-#endif  // TRAINSUP_SPARSE_BLAS_H_
+#endif  // TRAINSUP_SPARSE_CPU_BLAS_H_

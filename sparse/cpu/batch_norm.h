@@ -1,8 +1,8 @@
 // BatchNorm over the rows of a [N, C] feature matrix, optionally followed
 // by ReLU, as one autograd function. Internal to sparse/ (ops.h's
 // BatchNorm is the public entry point).
-#ifndef TRAINSUP_SPARSE_BATCH_NORM_H_
-#define TRAINSUP_SPARSE_BATCH_NORM_H_
+#ifndef TRAINSUP_SPARSE_CPU_BATCH_NORM_H_
+#define TRAINSUP_SPARSE_CPU_BATCH_NORM_H_
 
 #include <ATen/ATen.h>
 
@@ -22,4 +22,4 @@ at::Tensor BatchNormTrainingRows(const at::Tensor& features, const at::Tensor& w
 
 }  // namespace trainsup::sparse
 
-#endif  // TRAINSUP_SPARSE_BATCH_NORM_H_
+#endif  // TRAINSUP_SPARSE_CPU_BATCH_NORM_H_

@@ -1,4 +1,4 @@
-#include "sparse/kernels_cpu.h"
+#include "sparse/cpu/kernels.h"
 
 #include <ATen/Parallel.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "sparse/blas.h"
+#include "sparse/cpu/blas.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

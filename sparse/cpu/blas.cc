@@ -1,4 +1,4 @@
-#include "sparse/blas.h"
+#include "sparse/cpu/blas.h"
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -8,6 +8,9 @@
 #include <mutex>
 #include <cstring>
 
+// Without a system BLAS (TRAINSUP_SYSTEM_BLAS=0: LibTorch wheels bring
+// their own, not exported), Gemm is blas_aten.cc's.
+#if TRAINSUP_SYSTEM_BLAS
 extern "C" {
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
             const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
@@ -16,6 +19,7 @@ void dgemm_(const char* transa, const char* transb, const int* m, const int* n, 
             const double* alpha, const double* a, const int* lda, const double* b,
             const int* ldb, const double* beta, double* c, const int* ldc);
 }
+#endif
 
 namespace trainsup::sparse {
 namespace {
@@ -59,6 +63,7 @@ void RowMajorGemm(FortranGemm<T> gemm, bool trans_a, bool trans_b, int64_t m, in
 
 }  // namespace
 
+#if TRAINSUP_SYSTEM_BLAS
 template <>
 void Gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -71,6 +76,7 @@ void Gemm<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
                   int64_t ldc) {
   RowMajorGemm<double>(dgemm_, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
+#endif
 
 std::string BlasCoreName() {
   auto fn = Lookup<char* (*)()>("openblas_get_corename");
@@ -78,6 +84,9 @@ std::string BlasCoreName() {
 }
 
 std::string BlasLibraryPath() {
+#if !TRAINSUP_SYSTEM_BLAS
+  return "LibTorch (at::mm; no system BLAS at build time)";
+#else
   Dl_info info;
   if (dladdr(reinterpret_cast<void*>(&sgemm_), &info) != 0 && info.dli_fname != nullptr) {
     char resolved[4096];
@@ -85,6 +94,7 @@ std::string BlasLibraryPath() {
     return info.dli_fname;
   }
   return "unknown";
+#endif
 }
 
 int BlasThreads() {

@@ -1,4 +1,4 @@
-#include "sparse/batch_norm.h"
+#include "sparse/cpu/batch_norm.h"
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>

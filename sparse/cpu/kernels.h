@@ -1,8 +1,8 @@
 // CPU kernels of the engine: raw-pointer functions over a kernel map's pair
 // lists. Internal to sparse/; the autograd functions call them. A CUDA
 // backend provides the same functions over device pointers.
-#ifndef TRAINSUP_SPARSE_KERNELS_CPU_H_
-#define TRAINSUP_SPARSE_KERNELS_CPU_H_
+#ifndef TRAINSUP_SPARSE_CPU_KERNELS_H_
+#define TRAINSUP_SPARSE_CPU_KERNELS_H_
 
 #include <cstdint>
 
@@ -75,4 +75,4 @@ void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs,
 
 }  // namespace trainsup::sparse::cpu
 
-#endif  // TRAINSUP_SPARSE_KERNELS_CPU_H_
+#endif  // TRAINSUP_SPARSE_CPU_KERNELS_H_

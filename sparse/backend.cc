@@ -1,0 +1,142 @@
+#include "sparse/backend.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "sparse/cpu/backend.h"
+#include "sparse/generic/backend.h"
+#if TRAINSUP_HAVE_CUDA
+#include "sparse/cuda/backend.h"
+#endif
+
+namespace trainsup::sparse {
+namespace {
+
+// The registry, after ggml-backend-reg.cpp: every backend this build has,
+// cpu first. Static libraries drop self-registering objects, so the list
+// is spelled out here.
+const std::vector<const Backend*>& Registry() {
+  static const std::vector<const Backend*> backends = {
+    &cpu::CpuBackend(),
+    &generic::GenericBackend(),
+#if TRAINSUP_HAVE_CUDA
+    &cuda::CudaBackend(),
+#endif
+  };
+  return backends;
+}
+
+std::string BuiltNames() {
+  std::string names;
+  for (const Backend* b : Registry()) names += (names.empty() ? "" : ", ") + std::string(b->name);
+  return names;
+}
+
+// The override, read from TRAINSUP_BACKEND on first use.
+struct OverrideState {
+  std::mutex mu;
+  bool initialised = false;
+  std::optional<BackendKind> kind;
+};
+
+OverrideState& Override() {
+  static OverrideState* state = new OverrideState();
+  return *state;
+}
+
+void CheckBuilt(BackendKind kind) {
+  TORCH_CHECK(FindBackend(kind) != nullptr, "backend '", ToString(kind),
+              "' is not in this build (built: ", BuiltNames(), ")");
+}
+
+// Requires state.mu.
+void InitialiseOverride(OverrideState& state) {
+  if (state.initialised) return;
+  state.initialised = true;
+  const char* env = std::getenv("TRAINSUP_BACKEND");
+  if (env == nullptr || *env == '\0') return;
+  const BackendKind kind = BackendKindFromString(env);
+  CheckBuilt(kind);
+  state.kind = kind;
+}
+
+}  // namespace
+
+std::string ToString(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kCpu:
+      return "cpu";
+    case BackendKind::kGeneric:
+      return "generic";
+    case BackendKind::kCuda:
+      return "cuda";
+  }
+  return "unknown";
+}
+
+BackendKind BackendKindFromString(const std::string& name) {
+  if (name == "cpu") return BackendKind::kCpu;
+  if (name == "generic") return BackendKind::kGeneric;
+  if (name == "cuda") return BackendKind::kCuda;
+  TORCH_CHECK(false, "unknown backend '", name, "' (expected cpu, generic or cuda)");
+}
+
+PairView PairsOf(const KernelMap& map, bool transposed) {
+  PairView p;
+  p.src = transposed ? map.out_rows : map.in_rows;
+  p.dst = transposed ? map.in_rows : map.out_rows;
+  p.begin = &map.begin;
+  p.identity_offset = map.identity_offset;
+  p.sorted = map.rows_sorted;
+  return p;
+}
+
+const Backend* FindBackend(BackendKind kind) {
+  for (const Backend* b : Registry()) {
+    if (b->kind == kind) return b;
+  }
+  return nullptr;
+}
+
+std::vector<BackendKind> BuiltBackends() {
+  std::vector<BackendKind> kinds;
+  for (const Backend* b : Registry()) kinds.push_back(b->kind);
+  return kinds;
+}
+
+std::optional<BackendKind> BackendOverride() {
+  OverrideState& state = Override();
+  std::lock_guard<std::mutex> lock(state.mu);
+  InitialiseOverride(state);
+  return state.kind;
+}
+
+std::optional<BackendKind> SetBackendOverride(std::optional<BackendKind> kind) {
+  if (kind) CheckBuilt(*kind);
+  OverrideState& state = Override();
+  std::lock_guard<std::mutex> lock(state.mu);
+  InitialiseOverride(state);
+  std::optional<BackendKind> previous = state.kind;
+  state.kind = kind;
+  return previous;
+}
+
+const Backend& BackendFor(c10::Device device) {
+  const std::optional<BackendKind> forced = BackendOverride();
+  if (forced) {
+    const Backend* b = FindBackend(*forced);
+    if (b->runs_on(device.type())) return *b;
+  }
+  // The defaults: cpu on the CPU; on CUDA the generic backend until the
+  // CUDA kernels have passed the cross-backend test on a GPU (backend.h).
+  const BackendKind fallback =
+      device.type() == c10::DeviceType::CPU ? BackendKind::kCpu : BackendKind::kGeneric;
+  const Backend* b = FindBackend(fallback);
+  TORCH_CHECK(b != nullptr && b->runs_on(device.type()), "no backend of this build runs on ",
+              device, " (built: ", BuiltNames(), ")");
+  return *b;
+}
+
+}  // namespace trainsup::sparse

@@ -1,0 +1,115 @@
+#include "sparse/cpu/backend.h"
+
+#include <ATen/ATen.h>
+
+#include "sparse/cpu/batch_norm.h"
+#include "sparse/cpu/kernel_map.h"
+#include "sparse/cpu/kernels.h"
+
+namespace trainsup::sparse::cpu {
+namespace {
+
+bool RunsOn(c10::DeviceType type) { return type == c10::DeviceType::CPU; }
+
+PairLists View(const PairView& p) {
+  PairLists lists;
+  lists.src = p.src.data_ptr<int32_t>();
+  lists.dst = p.dst.data_ptr<int32_t>();
+  lists.begin = p.begin->data();
+  lists.volume = p.volume();
+  lists.identity_offset = p.identity_offset;
+  lists.sorted = p.sorted;
+  return lists;
+}
+
+template <typename T>
+T* DataOrNull(at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+at::Tensor ConvForwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
+                            int64_t num_out) {
+  at::Tensor out = at::empty({num_out, w.size(2)}, f.options());
+  AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "sparse_conv_forward", [&] {
+    ConvForward<scalar_t>(f.data_ptr<scalar_t>(), f.size(0), w.size(1), w.data_ptr<scalar_t>(),
+                          w.size(2), View(pairs), out.data_ptr<scalar_t>(), num_out);
+  });
+  return out;
+}
+
+void ConvBackwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
+                       const at::Tensor& grad_out, bool need_input, bool need_weight,
+                       at::Tensor* grad_in, at::Tensor* grad_weight) {
+  *grad_in = need_input ? at::empty_like(f) : at::Tensor();
+  *grad_weight = need_weight ? at::empty_like(w) : at::Tensor();
+  if (!need_input && !need_weight) return;
+  AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "sparse_conv_backward", [&] {
+    ConvBackward<scalar_t>(f.data_ptr<scalar_t>(), f.size(0), w.size(1), w.data_ptr<scalar_t>(),
+                           w.size(2), View(pairs), grad_out.data_ptr<scalar_t>(), grad_out.size(0),
+                           DataOrNull<scalar_t>(*grad_in), DataOrNull<scalar_t>(*grad_weight));
+  });
+}
+
+void MaxPoolForwardEntry(const at::Tensor& f, const PairView& pairs, int64_t num_out,
+                         at::Tensor* out, at::Tensor* argmax) {
+  *out = at::empty({num_out, f.size(1)}, f.options());
+  *argmax = at::empty({num_out, f.size(1)}, f.options().dtype(at::kInt));
+  AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "sparse_max_pool_forward", [&] {
+    MaxPoolForward<scalar_t>(f.data_ptr<scalar_t>(), f.size(1), View(pairs),
+                             out->data_ptr<scalar_t>(), argmax->data_ptr<int32_t>(), num_out);
+  });
+}
+
+at::Tensor MaxPoolBackwardEntry(const at::Tensor& grad_out, const at::Tensor& argmax,
+                                const PairView& pairs, const at::Tensor& order, int64_t num_in) {
+  (void)pairs;
+  at::Tensor grad_in = at::zeros({num_in, grad_out.size(1)}, grad_out.options());
+  AT_DISPATCH_FLOATING_TYPES(grad_out.scalar_type(), "sparse_max_pool_backward", [&] {
+    MaxPoolBackward<scalar_t>(grad_out.data_ptr<scalar_t>(), argmax.data_ptr<int32_t>(),
+                              grad_out.size(0), grad_out.size(1),
+                              order.defined() ? order.data_ptr<int64_t>() : nullptr,
+                              grad_in.data_ptr<scalar_t>());
+  });
+  return grad_in;
+}
+
+at::Tensor WindowSumForwardEntry(const at::Tensor& f, const PairView& pairs,
+                                 const at::Tensor& inv_divisor, int64_t num_out) {
+  at::Tensor out = at::empty({num_out, f.size(1)}, f.options());
+  AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "sparse_window_sum_forward", [&] {
+    WindowSumForward<scalar_t>(f.data_ptr<scalar_t>(), f.size(1), View(pairs),
+                               inv_divisor.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), num_out);
+  });
+  return out;
+}
+
+at::Tensor WindowSumBackwardEntry(const at::Tensor& grad_out, const PairView& pairs,
+                                  const at::Tensor& inv_divisor, int64_t num_in) {
+  at::Tensor grad_in = at::empty({num_in, grad_out.size(1)}, grad_out.options());
+  AT_DISPATCH_FLOATING_TYPES(grad_out.scalar_type(), "sparse_window_sum_backward", [&] {
+    WindowSumBackward<scalar_t>(grad_out.data_ptr<scalar_t>(), grad_out.size(1), View(pairs),
+                                inv_divisor.data_ptr<scalar_t>(), grad_in.data_ptr<scalar_t>(),
+                                num_in);
+  });
+  return grad_in;
+}
+
+}  // namespace
+
+const Backend& CpuBackend() {
+  static const Backend backend{BackendKind::kCpu,
+                               "cpu",
+                               &RunsOn,
+                               /*builds_from_device_keys=*/false,
+                               &BuildKernelMap,
+                               &ConvForwardEntry,
+                               &ConvBackwardEntry,
+                               &MaxPoolForwardEntry,
+                               &MaxPoolBackwardEntry,
+                               &WindowSumForwardEntry,
+                               &WindowSumBackwardEntry,
+                               &BatchNormTrainingRows};
+  return backend;
+}
+
+}  // namespace trainsup::sparse::cpu

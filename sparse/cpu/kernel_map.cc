@@ -1,0 +1,142 @@
+#include "sparse/cpu/kernel_map.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "sparse/coordinates.h"
+
+namespace trainsup::sparse::cpu {
+
+void BuildKernelMap(const KernelMapInputs& inputs, KernelMap* map) {
+  const CoordinateSet& in = *inputs.in;
+  const CoordinateSet& out = *inputs.out;
+  const int32_t kernel_size = inputs.kernel_size;
+  const auto& offsets = inputs.offsets;
+  const int64_t volume = static_cast<int64_t>(offsets.size());
+  const int64_t n_out = out.size();
+  const int64_t n_in = in.size();
+  const int64_t step = inputs.step;
+  // For an odd kernel on one set, offset k from u finding v means offset
+  // volume-1-k from v finds u: look up half the offsets and mirror.
+  const bool symmetric = inputs.same_set && (kernel_size % 2 == 1);
+  const int64_t center = volume / 2;
+  const int64_t lookups = symmetric ? center + 1 : volume;
+
+  // Shifting every coordinate by one offset keeps key order, so each
+  // offset is a merge of two sorted key lists. Adding the packed offset to
+  // a key is exact while no field leaves its range; outside that (sets near
+  // the range limits) targets are computed field by field.
+  int64_t lo = 0, hi = 0;
+  for (const auto& o : offsets) {
+    for (int a = 0; a < 3; ++a) {
+      lo = std::min<int64_t>(lo, o[a] * step);
+      hi = std::max<int64_t>(hi, o[a] * step);
+    }
+  }
+  bool packed_add = true;
+  for (int a = 0; a < 3 && n_out > 0; ++a) {
+    packed_add =
+        packed_add && out.min[a] + lo >= kMinCoordinate && out.max[a] + hi <= kMaxCoordinate;
+  }
+  std::vector<uint64_t> delta(volume);
+  for (int64_t k = 0; k < volume; ++k) {
+    const int64_t d = offsets[k][0] * step * (int64_t{1} << (2 * kCoordinateBits)) +
+                      offsets[k][1] * step * (int64_t{1} << kCoordinateBits) + offsets[k][2] * step;
+    delta[k] = static_cast<uint64_t>(d);
+  }
+  const uint64_t* ok = out.sorted_keys.data();
+  const uint64_t* ik = in.sorted_keys.data();
+  auto target = [&](int64_t p, int64_t k, uint64_t* t) -> bool {
+    if (packed_add) {
+      *t = ok[p] + delta[k];
+      return true;
+    }
+    int32_t u[4];
+    UnpackKey(ok[p], u);
+    int64_t v[3];
+    for (int a = 0; a < 3; ++a) {
+      v[a] = u[a + 1] + offsets[k][a] * step;
+      if (v[a] < kMinCoordinate || v[a] > kMaxCoordinate) return false;
+    }
+    *t = PackKey(u[0], static_cast<int32_t>(v[0]), static_cast<int32_t>(v[1]),
+                 static_cast<int32_t>(v[2]));
+    return true;
+  };
+
+  // Stage: pairs of chunk ch for offset k go to slots [k][ch * kChunk, ...);
+  // a chunk adds at most one pair per row to each offset. Only the slots
+  // written are touched.
+  constexpr int64_t kChunk = 4096;
+  const int64_t chunks = (n_out + kChunk - 1) / kChunk;
+  const int64_t padded = chunks * kChunk;
+  std::unique_ptr<int32_t[]> stage_in(new int32_t[static_cast<size_t>(volume * padded)]);
+  std::unique_ptr<int32_t[]> stage_out(new int32_t[static_cast<size_t>(volume * padded)]);
+  std::vector<int64_t> counts(static_cast<size_t>(chunks * volume), 0);
+  at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t ch = cb; ch < ce; ++ch) {
+      const int64_t p0 = ch * kChunk, p1 = std::min(n_out, p0 + kChunk);
+      int64_t* cnt = counts.data() + ch * volume;
+      for (int64_t k = 0; k < lookups; ++k) {
+        const bool mirror = symmetric && k != center;
+        const int64_t mk = volume - 1 - k;
+        int32_t* si = stage_in.get() + k * padded + ch * kChunk;
+        int32_t* so = stage_out.get() + k * padded + ch * kChunk;
+        int32_t* mi = stage_in.get() + mk * padded + ch * kChunk;
+        int32_t* mo = stage_out.get() + mk * padded + ch * kChunk;
+        int64_t c = 0, mc = 0;
+        int64_t j = -1;
+        for (int64_t p = p0; p < p1; ++p) {
+          uint64_t t;
+          if (!target(p, k, &t)) continue;
+          if (j < 0) j = std::lower_bound(ik, ik + n_in, t) - ik;
+          while (j < n_in && ik[j] < t) ++j;
+          if (j == n_in) break;
+          if (ik[j] != t) continue;
+          const int32_t row_in = in.RowAt(j), row_out = out.RowAt(p);
+          si[c] = row_in;
+          so[c] = row_out;
+          ++c;
+          if (mirror) {
+            mi[mc] = row_out;
+            mo[mc] = row_in;
+            ++mc;
+          }
+        }
+        cnt[k] = c;
+        if (mirror) cnt[mk] = mc;
+      }
+    }
+  });
+
+  map->begin.assign(volume + 1, 0);
+  std::vector<int64_t> start(static_cast<size_t>(chunks * volume));
+  int64_t total = 0;
+  for (int64_t k = 0; k < volume; ++k) {
+    map->begin[k] = total;
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      start[ch * volume + k] = total;
+      total += counts[ch * volume + k];
+    }
+  }
+  map->begin[volume] = total;
+  map->in_rows = at::empty({total}, at::kInt);
+  map->out_rows = at::empty({total}, at::kInt);
+  int32_t* in_rows = map->in_rows.data_ptr<int32_t>();
+  int32_t* out_rows = map->out_rows.data_ptr<int32_t>();
+  at::parallel_for(0, chunks * volume, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t ch = i / volume, k = i % volume;
+      const int64_t c = counts[i];
+      if (c == 0) continue;
+      const int64_t src = k * padded + ch * kChunk;
+      std::memcpy(in_rows + start[i], stage_in.get() + src, c * sizeof(int32_t));
+      std::memcpy(out_rows + start[i], stage_out.get() + src, c * sizeof(int32_t));
+    }
+  });
+}
+
+}  // namespace trainsup::sparse::cpu

@@ -1,0 +1,199 @@
+#include "sparse/generic/backend.h"
+
+#include <ATen/ATen.h>
+
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "sparse/coordinates.h"
+
+namespace trainsup::sparse::generic {
+namespace {
+
+bool RunsOn(c10::DeviceType) { return true; }
+
+// A pair list as int64 indices (what index_copy_ takes), sliced per offset.
+struct Indices {
+  explicit Indices(const PairView& p)
+      : src(p.src.to(at::kLong)), dst(p.dst.to(at::kLong)), view(p) {}
+  at::Tensor Src(int64_t k) const { return src.narrow(0, (*view.begin)[k], view.count(k)); }
+  at::Tensor Dst(int64_t k) const { return dst.narrow(0, (*view.begin)[k], view.count(k)); }
+  at::Tensor src, dst;
+  const PairView& view;
+};
+
+void BuildKernelMapEntry(const KernelMapInputs& inputs, KernelMap* map) {
+  const at::Tensor& in_keys = inputs.in_device->keys;
+  const at::Tensor& out_keys = inputs.out_device->keys;
+  const int64_t n_in = in_keys.size(0), n_out = out_keys.size(0);
+  const int64_t volume = static_cast<int64_t>(inputs.offsets.size());
+  const at::TensorOptions index = in_keys.options();
+  map->begin.assign(volume + 1, 0);
+  if (n_in == 0 || n_out == 0) {
+    map->in_rows = at::empty({0}, index.dtype(at::kInt));
+    map->out_rows = at::empty({0}, index.dtype(at::kInt));
+    return;
+  }
+  // The fields of the output keys, each biased into [0, 2^kCoordinateBits).
+  const int64_t mask = (int64_t{1} << kCoordinateBits) - 1;
+  const at::Tensor raw = at::bitwise_xor(out_keys, std::numeric_limits<int64_t>::min());
+  const at::Tensor field[3] = {at::bitwise_and(at::__rshift__(raw, 2 * kCoordinateBits), mask),
+                               at::bitwise_and(at::__rshift__(raw, kCoordinateBits), mask),
+                               at::bitwise_and(raw, mask)};
+  const at::Tensor& in_rows = inputs.in_device->rows;
+  const at::Tensor& out_rows = inputs.out_device->rows;
+  std::vector<at::Tensor> ins, outs;
+  for (int64_t k = 0; k < volume; ++k) {
+    // Adding the packed offset to a key is exact where no field leaves its
+    // range; elsewhere nothing is added (no overflow) and `valid` is false.
+    at::Tensor valid = at::ones({n_out}, index.dtype(at::kBool));
+    int64_t delta = 0;
+    for (int a = 0; a < 3; ++a) {
+      const int64_t d = inputs.offsets[k][a] * inputs.step;
+      const at::Tensor moved = field[a] + d;
+      valid = valid.logical_and(moved.ge(0)).logical_and(moved.le(mask));
+      delta += d * (int64_t{1} << ((2 - a) * kCoordinateBits));
+    }
+    const at::Tensor target = out_keys + valid.to(at::kLong) * delta;
+    const at::Tensor found = at::searchsorted(in_keys, target).clamp_max(n_in - 1);
+    const at::Tensor hit = valid.logical_and(in_keys.index_select(0, found).eq(target));
+    const at::Tensor pos = hit.nonzero().select(1, 0);
+    const at::Tensor in_pos = found.index_select(0, pos);
+    ins.push_back(in_rows.defined() ? in_rows.index_select(0, in_pos) : in_pos.to(at::kInt));
+    outs.push_back(out_rows.defined() ? out_rows.index_select(0, pos) : pos.to(at::kInt));
+    map->begin[k + 1] = map->begin[k] + pos.size(0);
+  }
+  map->in_rows = at::cat(ins).to(at::kInt);
+  map->out_rows = at::cat(outs).to(at::kInt);
+}
+
+at::Tensor ConvForwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
+                            int64_t num_out) {
+  const int64_t id = pairs.identity_offset;
+  // The identity offset maps row p to row p for every row: a plain product.
+  at::Tensor out = id >= 0 ? at::mm(f, w[id]) : at::zeros({num_out, w.size(2)}, f.options());
+  const Indices idx(pairs);
+  for (int64_t k = 0; k < pairs.volume(); ++k) {
+    if (k == id || pairs.count(k) == 0) continue;
+    out.index_add_(0, idx.Dst(k), at::mm(f.index_select(0, idx.Src(k)), w[k]));
+  }
+  return out;
+}
+
+void ConvBackwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
+                       const at::Tensor& grad_out, bool need_input, bool need_weight,
+                       at::Tensor* grad_in, at::Tensor* grad_weight) {
+  const int64_t id = pairs.identity_offset;
+  const Indices idx(pairs);
+  *grad_in = at::Tensor();
+  *grad_weight = at::Tensor();
+  if (need_input) {
+    *grad_in = id >= 0 ? at::mm(grad_out, w[id].t()) : at::zeros_like(f);
+    for (int64_t k = 0; k < pairs.volume(); ++k) {
+      if (k == id || pairs.count(k) == 0) continue;
+      grad_in->index_add_(0, idx.Src(k), at::mm(grad_out.index_select(0, idx.Dst(k)), w[k].t()));
+    }
+  }
+  if (need_weight) {
+    *grad_weight = at::empty_like(w);
+    for (int64_t k = 0; k < pairs.volume(); ++k) {
+      at::Tensor gk = (*grad_weight)[k];
+      if (k == id) {
+        at::mm_out(gk, f.t(), grad_out);
+      } else {
+        at::mm_out(gk, f.index_select(0, idx.Src(k)).t(), grad_out.index_select(0, idx.Dst(k)));
+      }
+    }
+  }
+}
+
+void MaxPoolForwardEntry(const at::Tensor& f, const PairView& pairs, int64_t num_out,
+                         at::Tensor* out, at::Tensor* argmax) {
+  *out = at::full({num_out, f.size(1)}, -std::numeric_limits<double>::infinity(), f.options());
+  *argmax = at::full({num_out, f.size(1)}, -1, f.options().dtype(at::kInt));
+  const Indices idx(pairs);
+  for (int64_t k = 0; k < pairs.volume(); ++k) {
+    if (pairs.count(k) == 0) continue;
+    const at::Tensor src = idx.Src(k), dst = idx.Dst(k);
+    const at::Tensor candidate = f.index_select(0, src);
+    const at::Tensor current = out->index_select(0, dst);
+    const at::Tensor current_arg = argmax->index_select(0, dst);
+    // The cpu backend's rule: a larger value, or the window's first one.
+    const at::Tensor take = candidate.gt(current).logical_or(current_arg.lt(0));
+    out->index_copy_(0, dst, at::where(take, candidate, current));
+    argmax->index_copy_(
+        0, dst, at::where(take, src.to(at::kInt).unsqueeze(1).expand_as(current_arg), current_arg));
+  }
+  out->masked_fill_(argmax->lt(0), 0);
+}
+
+// Offset by offset, each input row taking the gradient of the windows it is
+// the maximum of: the order depends on the map alone, never on row order,
+// so `order` is not needed.
+at::Tensor MaxPoolBackwardEntry(const at::Tensor& grad_out, const at::Tensor& argmax,
+                                const PairView& pairs, const at::Tensor& order, int64_t num_in) {
+  (void)order;
+  at::Tensor grad_in = at::zeros({num_in, grad_out.size(1)}, grad_out.options());
+  const Indices idx(pairs);
+  for (int64_t k = 0; k < pairs.volume(); ++k) {
+    if (pairs.count(k) == 0) continue;
+    const at::Tensor src = idx.Src(k), dst = idx.Dst(k);
+    const at::Tensor miss = argmax.index_select(0, dst).ne(src.to(at::kInt).unsqueeze(1));
+    grad_in.index_add_(0, src, grad_out.index_select(0, dst).masked_fill_(miss, 0));
+  }
+  return grad_in;
+}
+
+at::Tensor WindowSumForwardEntry(const at::Tensor& f, const PairView& pairs,
+                                 const at::Tensor& inv_divisor, int64_t num_out) {
+  at::Tensor out = at::zeros({num_out, f.size(1)}, f.options());
+  const Indices idx(pairs);
+  for (int64_t k = 0; k < pairs.volume(); ++k) {
+    if (pairs.count(k) == 0) continue;
+    out.index_add_(0, idx.Dst(k), f.index_select(0, idx.Src(k)));
+  }
+  return out.mul_(inv_divisor.unsqueeze(1));
+}
+
+at::Tensor WindowSumBackwardEntry(const at::Tensor& grad_out, const PairView& pairs,
+                                  const at::Tensor& inv_divisor, int64_t num_in) {
+  at::Tensor grad_in = at::zeros({num_in, grad_out.size(1)}, grad_out.options());
+  const at::Tensor scaled = grad_out * inv_divisor.unsqueeze(1);
+  const Indices idx(pairs);
+  for (int64_t k = 0; k < pairs.volume(); ++k) {
+    if (pairs.count(k) == 0) continue;
+    grad_in.index_add_(0, idx.Src(k), scaled.index_select(0, idx.Dst(k)));
+  }
+  return grad_in;
+}
+
+at::Tensor BatchNormTrainingEntry(const at::Tensor& f, const at::Tensor& weight,
+                                  const at::Tensor& bias, const at::Tensor& running_mean,
+                                  const at::Tensor& running_var, double momentum, double eps,
+                                  bool relu) {
+  at::Tensor y = at::batch_norm(f, weight, bias, running_mean, running_var, /*training=*/true,
+                                momentum, eps, /*cudnn_enabled=*/false);
+  // batch_norm's backward reads its input, not its output.
+  return relu ? y.relu_() : y;
+}
+
+}  // namespace
+
+const Backend& GenericBackend() {
+  static const Backend backend{BackendKind::kGeneric,
+                               "generic",
+                               &RunsOn,
+                               /*builds_from_device_keys=*/true,
+                               &BuildKernelMapEntry,
+                               &ConvForwardEntry,
+                               &ConvBackwardEntry,
+                               &MaxPoolForwardEntry,
+                               &MaxPoolBackwardEntry,
+                               &WindowSumForwardEntry,
+                               &WindowSumBackwardEntry,
+                               &BatchNormTrainingEntry};
+  return backend;
+}
+
+}  // namespace trainsup::sparse::generic
