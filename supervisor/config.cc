@@ -348,6 +348,14 @@ absl::Status CheckCombinations(const DaemonConfig& c) {
     if (d.tls_cert.empty() || d.tls_key.empty()) {
       return bad("daemon.tcp_address", "TCP requires TLS; set daemon.tls_cert and daemon.tls_key");
     }
+    // Without a token every caller is an operator; on a unix socket its
+    // mode bounds who that is, on a TCP port nothing does.
+    if (c.auth.tokens.empty() && !c.auth.generate_default_tokens) {
+      return bad("daemon.tcp_address",
+                 "TCP with auth.generate_default_tokens = false and no auth.tokens would make "
+                 "every caller on the port an operator; configure [[auth.tokens]] or set "
+                 "auth.generate_default_tokens = true");
+    }
   }
   if (!d.metrics_address.empty()) {
     if (!SplitHostPort(d.metrics_address, &host, &port)) {

@@ -130,8 +130,10 @@ DaemonConfig DefaultConfig();
 // `base_dir` (made absolute against the working directory if relative).
 // InvalidArgument naming the key for a syntax error (with line and column),
 // an unknown key, a wrong type, a value out of bounds or an inconsistent
-// combination (tcp_address without tls_cert and tls_key, a remote
-// metrics_address without metrics_allow_remote).
+// combination (tcp_address without tls_cert and tls_key, or with neither
+// auth.tokens nor auth.generate_default_tokens, which would make every
+// caller on the port an operator; a remote metrics_address without
+// metrics_allow_remote).
 absl::StatusOr<DaemonConfig> ParseConfig(const std::string& toml_text, const std::string& base_dir);
 
 // The configuration as a TOML file that ParseConfig reads back to the same

@@ -313,6 +313,28 @@ TEST(Config, InconsistentCombinationsNameTheField) {
   EXPECT_NE(ParseError("[slots\n").find("line 1"), std::string::npos);
 }
 
+// With no token the daemon authorizes nobody apart: every caller is an
+// operator, which only the socket's mode bounds. A TCP port has no such
+// bound, so that combination is refused, naming the keys that make it.
+TEST(Config, TcpWithoutAnyTokenIsRefused) {
+  constexpr char kTcp[] =
+      "[daemon]\ntcp_address = \"0.0.0.0:50051\"\ntls_cert = \"c\"\ntls_key = \"k\"\n";
+  const std::string message =
+      ParseError(absl::StrCat(kTcp, "[auth]\ngenerate_default_tokens = false\n"));
+  for (const char* key : {"daemon.tcp_address", "auth.generate_default_tokens", "auth.tokens"}) {
+    EXPECT_NE(message.find(key), std::string::npos) << "missing " << key << " in: " << message;
+  }
+  // Generated tokens or a configured one make TCP acceptable again, and a
+  // unix socket alone may still go without tokens.
+  EXPECT_TRUE(ParseConfig(kTcp, "/base").ok());
+  EXPECT_TRUE(ParseConfig(absl::StrCat(kTcp,
+                                       "[auth]\ngenerate_default_tokens = false\n"
+                                       "[[auth.tokens]]\nname = \"ci\"\ntoken_file = \"f\"\n"),
+                          "/base")
+                  .ok());
+  EXPECT_TRUE(ParseConfig("[auth]\ngenerate_default_tokens = false\n", "/base").ok());
+}
+
 TEST(Config, LoopbackMetricsAddressesAreAccepted) {
   for (const char* address : {"127.0.0.1:9100", "localhost:9100", "[::1]:9100", "127.3.2.1:1"}) {
     absl::StatusOr<DaemonConfig> config =
