@@ -19,6 +19,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
+namespace trainsup::ckpt {
+class FileSystem;
+}
+
 namespace trainsup::supervisor {
 
 // [daemon]
@@ -152,12 +156,16 @@ struct Token {
 };
 
 // Reads the secrets of auth.tokens (each file's content without surrounding
-// whitespace; an empty file is an error). A token file readable or writable
-// by others is PermissionDenied naming the entry, since anyone on the box
-// could use it. With no tokens configured and generate_default_tokens, makes
-// <state_dir>/auth/{operator,viewer}.token (random, 0600 and 0640) when
-// missing and returns them; with no tokens and no generation, an empty list.
+// whitespace; an empty file is an error). PermissionDenied naming the entry,
+// the file and its mode for an operator token with any group or other
+// permission bit (it must be 0600 or stricter: the group is the socket's
+// users, who would all become operators) and for a viewer token that others
+// may read or write (0640 is fine). With no tokens configured and
+// generate_default_tokens, makes <state_dir>/auth/{operator,viewer}.token
+// (random, 0600 and 0640) when missing, through `fs`'s atomic write, and
+// returns them; with no tokens and no generation, an empty list.
 absl::StatusOr<std::vector<Token>> LoadTokens(const DaemonConfig& config);
+absl::StatusOr<std::vector<Token>> LoadTokens(const DaemonConfig& config, ckpt::FileSystem* fs);
 
 }  // namespace trainsup::supervisor
 

@@ -8,7 +8,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "tests/checkpoint/fault_injection_fs.h"
 #include "tests/common/temp_dir.h"
 
 namespace trainsup::supervisor {
@@ -381,6 +383,46 @@ TEST(LoadTokens, ReadsConfiguredTokensAndRefusesWorldReadableOnes) {
       << tokens.status();
 }
 
+// The socket's group is exactly the set of people who may call as viewers;
+// an operator token they can read (or write) would make each an operator.
+TEST(LoadTokens, OperatorTokensMustHaveNoGroupOrOtherBits) {
+  TempDir dir;
+  const std::string ci = dir.path() + "/ci.token";
+  WriteFile(ci, "s3cret\n", 0600);
+  WriteFile(dir.path() + "/view.token", "v1ew", 0640);
+  absl::StatusOr<DaemonConfig> config = ParseConfig(
+      "[[auth.tokens]]\nname = \"ci\"\nrole = \"operator\"\ntoken_file = \"ci.token\"\n"
+      "[[auth.tokens]]\nname = \"dash\"\nrole = \"viewer\"\ntoken_file = \"view.token\"\n",
+      dir.path());
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(LoadTokens(*config).ok());
+  for (mode_t mode : {0640, 0620, 0610, 0604, 0602}) {
+    chmod(ci.c_str(), mode);
+    absl::StatusOr<std::vector<Token>> tokens = LoadTokens(*config);
+    ASSERT_FALSE(tokens.ok()) << absl::StrFormat("mode %04o", mode);
+    EXPECT_EQ(tokens.status().code(), absl::StatusCode::kPermissionDenied);
+    const std::string message(tokens.status().message());
+    for (const std::string& want : {std::string("auth.tokens[0] ('ci')"), ci,
+                                    absl::StrFormat("mode %04o", mode), std::string("0600")}) {
+      EXPECT_NE(message.find(want), std::string::npos) << "missing " << want << " in: " << message;
+    }
+  }
+  chmod(ci.c_str(), 0400);  // read-only for its owner is private too
+  EXPECT_TRUE(LoadTokens(*config).ok());
+
+  // A generated operator token someone opened to the group is refused too.
+  TempDir state;
+  absl::StatusOr<DaemonConfig> generated = ParseConfig("", state.path());
+  ASSERT_TRUE(generated.ok());
+  ASSERT_TRUE(LoadTokens(*generated).ok());
+  const std::string op = state.path() + "/trainsup-state/auth/operator.token";
+  chmod(op.c_str(), 0640);
+  absl::StatusOr<std::vector<Token>> tokens = LoadTokens(*generated);
+  ASSERT_FALSE(tokens.ok());
+  EXPECT_EQ(tokens.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(tokens.status().message().find(op), absl::string_view::npos) << tokens.status();
+}
+
 TEST(LoadTokens, GeneratesDefaultTokensOnceWithPrivateModes) {
   TempDir dir;
   absl::StatusOr<DaemonConfig> config = ParseConfig("", dir.path());
@@ -408,6 +450,38 @@ TEST(LoadTokens, GeneratesDefaultTokensOnceWithPrivateModes) {
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->empty());
   EXPECT_FALSE(fs::exists(dir.path() + "/trainsup-state/auth"));
+}
+
+// Generated tokens go through the checkpoint core's atomic write: a crash
+// before the rename leaves no token file (and none half-written), a failed
+// directory fsync is an error, and the file has its mode from the start.
+TEST(LoadTokens, GeneratedTokensAreWrittenAtomicallyAndDurably) {
+  TempDir dir;
+  absl::StatusOr<DaemonConfig> config = ParseConfig("", dir.path());
+  ASSERT_TRUE(config.ok());
+  const std::string auth = dir.path() + "/trainsup-state/auth";
+
+  ckpt::testing::FaultInjectionFileSystem crash;
+  crash.crash_before_rename = true;
+  absl::StatusOr<std::vector<Token>> tokens = LoadTokens(*config, &crash);
+  EXPECT_FALSE(tokens.ok());
+  EXPECT_FALSE(fs::exists(auth + "/operator.token"));
+
+  ckpt::testing::FaultInjectionFileSystem no_dir_sync;
+  no_dir_sync.fail_sync_at = 2;  // the file's fsync passes, the directory's fails
+  tokens = LoadTokens(*config, &no_dir_sync);
+  ASSERT_FALSE(tokens.ok());
+  EXPECT_NE(tokens.status().message().find("fsync"), absl::string_view::npos) << tokens.status();
+  EXPECT_EQ(no_dir_sync.syncs, 2);
+
+  ckpt::testing::FaultInjectionFileSystem fine;
+  tokens = LoadTokens(*config, &fine);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(fine.appends, 1);  // the viewer token; the operator's was kept
+  EXPECT_FALSE(fs::exists(auth + "/viewer.token.tmp"));
+  struct stat st;
+  ASSERT_EQ(stat((auth + "/viewer.token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
 }
 
 }  // namespace
