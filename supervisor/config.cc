@@ -383,8 +383,8 @@ absl::Status CheckCombinations(const DaemonConfig& c) {
 void ResolvePaths(const fs::path& base, DaemonConfig& c) {
   DaemonSection& d = c.daemon;
   d.state_dir = Resolve(base, d.state_dir);
-  d.socket_path =
-      d.socket_path.empty() ? d.state_dir + "/run/trainsupd.sock" : Resolve(base, d.socket_path);
+  d.socket_path = d.socket_path.empty() ? StateLayout(d.state_dir).DefaultSocketPath()
+                                        : Resolve(base, d.socket_path);
   for (std::string* path :
        {&d.tls_cert, &d.tls_key, &d.tls_client_ca, &d.worker_binary, &c.testing.fake_gpu_file}) {
     *path = Resolve(base, *path);

@@ -225,6 +225,23 @@ TEST(Config, DefaultsRoundTrip) {
   EXPECT_EQ(again->daemon.state_dir, "/x/trainsup-state");
 }
 
+// Derived paths come from StateLayout: one '/' between components, so a
+// state directory of "/" gives "/run/trainsupd.sock", and the formatted
+// configuration reads back to itself.
+TEST(Config, RootStateDirDerivesCleanPathsAndRoundTrips) {
+  for (const char* dir : {"/", "//", "/./"}) {
+    absl::StatusOr<DaemonConfig> config =
+        ParseConfig(absl::StrCat("[daemon]\nstate_dir = \"", dir, "\"\n"), "/base");
+    ASSERT_TRUE(config.ok()) << dir << ": " << config.status();
+    EXPECT_EQ(config->daemon.state_dir, "/") << dir;
+    EXPECT_EQ(config->daemon.socket_path, "/run/trainsupd.sock") << dir;
+    const std::string formatted = FormatConfig(*config);
+    absl::StatusOr<DaemonConfig> again = ParseConfig(formatted, "/elsewhere");
+    ASSERT_TRUE(again.ok()) << again.status() << "\n" << formatted;
+    EXPECT_EQ(FormatConfig(*again), formatted);
+  }
+}
+
 TEST(Config, LoadConfigResolvesAgainstTheFilesDirectory) {
   TempDir dir;
   const std::string path = dir.path() + "/trainsupd.toml";
