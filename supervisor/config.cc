@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/file_system.h"
 #include "proto/run_layout.h"
+#include "proto/toml_guard.h"
 
 namespace trainsup::supervisor {
 namespace {
@@ -494,6 +495,7 @@ DaemonConfig DefaultConfig() { return DaemonConfig(); }
 
 absl::StatusOr<DaemonConfig> ParseConfig(const std::string& toml_text,
                                          const std::string& base_dir) {
+  if (absl::Status s = CheckTomlCharacters(toml_text); !s.ok()) return s;
   toml::table root;
   try {
     root = toml::parse(toml_text);

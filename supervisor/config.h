@@ -132,7 +132,9 @@ DaemonConfig DefaultConfig();
 
 // Parses and validates `toml_text`; relative paths are resolved against
 // `base_dir` (made absolute against the working directory if relative).
-// InvalidArgument naming the key for a syntax error (with line and column),
+// InvalidArgument naming the key for a syntax error (with line and column;
+// a non-ASCII character outside strings and comments is one, refused before
+// the TOML parser sees it, see proto/toml_guard.h),
 // an unknown key, a wrong type, a value out of bounds or an inconsistent
 // combination (tcp_address without tls_cert and tls_key, or with neither
 // auth.tokens nor auth.generate_default_tokens, which would make every

@@ -354,6 +354,21 @@ TEST(Config, TcpWithoutAnyTokenIsRefused) {
   EXPECT_TRUE(ParseConfig("[auth]\ngenerate_default_tokens = false\n", "/base").ok());
 }
 
+// The same guard as the run spec's (proto/toml_guard.h): non-ASCII outside
+// strings and comments is refused before toml++ 3.3.0 sees it.
+TEST(Config, NonAsciiOutsideStringsIsRefusedWithItsPosition) {
+  const std::string message = ParseError("[slots]\ncpu_slots = 2\xc3\xa9\n");
+  EXPECT_NE(message.find("non-ASCII character U+00E9 at line 2, column 14"), std::string::npos)
+      << message;
+  EXPECT_NE(ParseError("[slots]\ncpu_slots = 2\xc2\xa0\n").find("U+00A0 at line 2, column 14"),
+            std::string::npos);
+  EXPECT_NE(ParseError("\xc3\xa9").find("line 1, column 1"), std::string::npos);
+  absl::StatusOr<DaemonConfig> fine =
+      ParseConfig("# \xc3\xa9tat\n[daemon]\nsocket_group = \"\xc3\xa9quipe\"\n", "/base");
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->daemon.socket_group, "\xc3\xa9quipe");
+}
+
 TEST(Config, LoopbackMetricsAddressesAreAccepted) {
   for (const char* address : {"127.0.0.1:9100", "localhost:9100", "[::1]:9100", "127.3.2.1:1"}) {
     absl::StatusOr<DaemonConfig> config =
