@@ -409,15 +409,24 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 // so it is the mode of what is read.
 absl::StatusOr<std::string> ReadSecret(const std::string& what, const std::string& path,
                                        TokenRole role) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in its place must not block the daemon in open().
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(what, ": cannot open ", path, ": ", strerror(errno)));
+    const int err = errno;
+    const std::string message = absl::StrCat(what, ": cannot open ", path, ": ", strerror(err));
+    if (err == ENOENT) return absl::NotFoundError(message);
+    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
+    return absl::InternalError(message);
   }
   struct stat st;
   if (fstat(fd, &st) != 0) {
     const int err = errno;
     close(fd);
     return absl::InternalError(absl::StrCat(what, ": cannot stat ", path, ": ", strerror(err)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", path, " is not a regular file"));
   }
   const mode_t mode = st.st_mode & 07777;
   if (role == TokenRole::kOperator && (mode & 077) != 0) {

@@ -162,10 +162,12 @@ struct Token {
 // the file and its mode for an operator token with any group or other
 // permission bit (it must be 0600 or stricter: the group is the socket's
 // users, who would all become operators) and for a viewer token that others
-// may read or write (0640 is fine). With no tokens configured and
-// generate_default_tokens, makes <state_dir>/auth/{operator,viewer}.token
-// (random, 0600 and 0640) when missing, through `fs`'s atomic write, and
-// returns them; with no tokens and no generation, an empty list.
+// may read or write (0640 is fine); InvalidArgument for a token file that
+// is not a regular file (a FIFO is not waited on). With no tokens
+// configured and generate_default_tokens, makes
+// <state_dir>/auth/{operator,viewer}.token (random, 0600 and 0640 less the
+// umask) when missing, through `fs`'s atomic write, and returns them; with
+// no tokens and no generation, an empty list.
 absl::StatusOr<std::vector<Token>> LoadTokens(const DaemonConfig& config);
 absl::StatusOr<std::vector<Token>> LoadTokens(const DaemonConfig& config, ckpt::FileSystem* fs);
 

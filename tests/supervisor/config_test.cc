@@ -442,6 +442,14 @@ TEST(LoadTokens, OperatorTokensMustHaveNoGroupOrOtherBits) {
   chmod(ci.c_str(), 0400);  // read-only for its owner is private too
   EXPECT_TRUE(LoadTokens(*config).ok());
 
+  // A FIFO in a token file's place is refused, not waited on.
+  ASSERT_EQ(unlink(ci.c_str()), 0);
+  ASSERT_EQ(mkfifo(ci.c_str(), 0600), 0);
+  absl::StatusOr<std::vector<Token>> fifo = LoadTokens(*config);
+  ASSERT_FALSE(fifo.ok());
+  EXPECT_NE(fifo.status().message().find("not a regular file"), absl::string_view::npos)
+      << fifo.status();
+
   // A generated operator token someone opened to the group is refused too.
   TempDir state;
   absl::StatusOr<DaemonConfig> generated = ParseConfig("", state.path());
