@@ -6,9 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/file_system.h"
@@ -54,15 +52,41 @@ absl::Status WriteExitFile(ckpt::FileSystem* fs, const std::string& run_dir, int
 }
 
 absl::StatusOr<ExitFile> ReadExitFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) return PosixError("open", path, errno);
-    return absl::InternalError(absl::StrCat("cannot read ", path));
+  // The run directory is the worker's: O_NONBLOCK so a FIFO in the exit
+  // file's place cannot block the daemon in open(), then only a regular
+  // file of at most kMaxExitFile bytes is read.
+  constexpr int64_t kMaxExitFile = 1 << 20;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return PosixError("open", path, errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return PosixError("stat", path, err);
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
+  if (!S_ISREG(st.st_mode) || st.st_size > kMaxExitFile) {
+    ::close(fd);
+    return absl::DataLossError(
+        absl::StrCat(path, S_ISREG(st.st_mode) ? ": larger than 1 MiB" : ": not a regular file"));
+  }
+  std::string text;
+  char buffer[8192];
+  while (static_cast<int64_t>(text.size()) <= kMaxExitFile) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n == 0) break;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return PosixError("read", path, err);
+    }
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (static_cast<int64_t>(text.size()) > kMaxExitFile) {
+    return absl::DataLossError(absl::StrCat(path, ": larger than 1 MiB"));
+  }
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::DataLossError(absl::StrCat(path, ": not a JSON object"));
   }

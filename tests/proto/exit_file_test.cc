@@ -2,6 +2,12 @@
 #include "proto/exit_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <thread>
 
 #include "checkpoint/file_system.h"
 #include "tests/checkpoint/fault_injection_fs.h"
@@ -65,6 +71,33 @@ TEST(ReadExitFile, NumbersOutsideTheirRangeAreDataLossNamingTheField) {
   absl::StatusOr<ExitFile> none = ReadBack(R"({"code": 0, "last_step": -1, "time_ms": 0})");
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_EQ(none->last_step, -1);
+}
+
+// The run directory is the worker's: a FIFO (or a directory) where the exit
+// file should be must not block the daemon, and a huge file is not read.
+TEST(ReadExitFile, RefusesWhatIsNotASmallRegularFile) {
+  trainsup::testing::TempDir dir;
+  const std::string fifo = dir.path() + "/rank-0.exit.json";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  // Shared: on the old code the thread stays blocked after the test ends.
+  auto done = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> result = done->get_future();
+  std::thread([done, fifo] { done->set_value(ReadExitFile(fifo).status()); }).detach();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(5)), std::future_status::ready)
+      << "ReadExitFile blocked on a FIFO";
+  const absl::Status s = result.get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("not a regular file"), absl::string_view::npos) << s;
+
+  EXPECT_EQ(ReadExitFile(dir.path()).status().code(), absl::StatusCode::kDataLoss);
+
+  const std::string big = dir.path() + "/big.exit.json";
+  ASSERT_TRUE(
+      FileSystem::Default()
+          ->WriteSmallFile(big, R"({"code": 0, "message": ")" + std::string(2 << 20, 'x') + "\"}")
+          .ok());
+  absl::StatusOr<ExitFile> f = ReadExitFile(big);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << f.status();
 }
 
 }  // namespace
