@@ -116,8 +116,8 @@ TEST(RunSpec, NonAsciiOutsideStringsIsRefusedWithItsPosition) {
   EXPECT_NE(message.find("line 3, column 12"), std::string::npos) << message;
   const std::string continued = Error("name = \"\"\"a\\\n\xc3\xa9\"\"\"\n");
   EXPECT_NE(continued.find("line 2, column 1"), std::string::npos) << continued;
-  absl::StatusOr<RunSpec> fine =
-      ParseRunSpec("# caf\xc3\xa9\nname = \"r\" # \xce\xbb\n[data]\nlabel_property = 'caf\xc3\xa9'\n");
+  absl::StatusOr<RunSpec> fine = ParseRunSpec(
+      "# caf\xc3\xa9\nname = \"r\" # \xce\xbb\n[data]\nlabel_property = 'caf\xc3\xa9'\n");
   ASSERT_TRUE(fine.ok()) << fine.status();
   EXPECT_EQ(fine->data.label_property, "caf\xc3\xa9");
 }
