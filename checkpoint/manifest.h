@@ -29,7 +29,10 @@ struct Manifest {
 
   std::string ToJson() const;
   // Parses and checks the structure (not the files). InvalidArgument
-  // ("DataLoss" for the caller) naming what is wrong.
+  // ("DataLoss" for the caller) naming what is wrong and the field. Numbers
+  // are read in full width and range-checked, never narrowed:
+  // format_version 1..2^31-1, step 0..2^63-1, size 0..2^64-1; xxh3_128 is
+  // 32 lower-case hex digits.
   static absl::StatusOr<Manifest> FromJson(std::string_view json);
 };
 

@@ -22,8 +22,8 @@ packages=(
   libsqlite3-dev libsystemd-dev prometheus-cpp-dev
   # shared libraries
   libspdlog-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # tests and benchmarks; clang's libFuzzer and sanitizers for fuzz/
+  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
   # trainsupd's stack capture of hung workers; deploy checks (systemd-analyze,
   # the dashboard and config checkers)
   gdb systemd python3

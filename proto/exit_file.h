@@ -40,9 +40,12 @@ absl::Status WriteExitFile(const std::string& run_dir, int attempt, int rank,
 absl::Status WriteExitFile(ckpt::FileSystem* fs, const std::string& run_dir, int attempt, int rank,
                            const ExitFile& exit_file);
 
-// Reads an exit file. NotFound when it does not exist; DataLoss naming the
-// problem when it is not valid JSON, "code" is missing, or a field has the
-// wrong type. Fields other than "code" are optional.
+// Reads an exit file. NotFound when it does not exist; DataLoss when it is
+// not a regular file (a FIFO is refused without blocking) or is larger than
+// 1 MiB, and naming the problem and the field when it is not valid JSON, "code" is missing, a
+// field has the wrong type, or a number is outside its field's range (code
+// 0..255, last_step -1..2^63-1, time_ms 0..2^63-1; never narrowed). Fields
+// other than "code" are optional.
 absl::StatusOr<ExitFile> ReadExitFile(const std::string& path);
 
 }  // namespace trainsup

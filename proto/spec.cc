@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "proto/data_roots.h"
+#include "proto/toml_guard.h"
+#include <toml++/toml.h>
 
 namespace trainsup {
 namespace {
@@ -250,6 +252,9 @@ bool IsNameChar(char c) {
 absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
   if (toml_text.size() > (1 << 20)) {
     return absl::InvalidArgumentError("spec: larger than 1 MiB");
+  }
+  if (absl::Status s = CheckTomlCharacters(toml_text); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: ", s.message()));
   }
   toml::table root;
   try {

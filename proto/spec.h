@@ -112,7 +112,9 @@ struct RunSpec {
 
 // Parses and validates `toml_text`. Errors are InvalidArgument naming the
 // field ("train.batch_size: must be in [1, 4096], got 0"), unknown keys and
-// tables included ("model.arhc: unknown key").
+// tables included ("model.arhc: unknown key"). Non-ASCII characters outside
+// strings and comments are refused with their line and column before the
+// TOML parser sees them (proto/toml_guard.h).
 absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text);
 
 // Checks that every path in the spec resolves (after symlinks) inside one of

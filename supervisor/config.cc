@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <toml++/toml.h>
 #include <unistd.h>
@@ -19,6 +20,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/file_system.h"
+#include "proto/run_layout.h"
+#include "proto/toml_guard.h"
 
 namespace trainsup::supervisor {
 namespace {
@@ -359,6 +363,14 @@ absl::Status CheckCombinations(const DaemonConfig& c) {
     if (d.tls_cert.empty() || d.tls_key.empty()) {
       return bad("daemon.tcp_address", "TCP requires TLS; set daemon.tls_cert and daemon.tls_key");
     }
+    // Without a token every caller is an operator; on a unix socket its
+    // mode bounds who that is, on a TCP port nothing does.
+    if (c.auth.tokens.empty() && !c.auth.generate_default_tokens) {
+      return bad("daemon.tcp_address",
+                 "TCP with auth.generate_default_tokens = false and no auth.tokens would make "
+                 "every caller on the port an operator; configure [[auth.tokens]] or set "
+                 "auth.generate_default_tokens = true");
+    }
   }
   if (!d.metrics_address.empty()) {
     if (!SplitHostPort(d.metrics_address, &host, &port)) {
@@ -383,8 +395,8 @@ absl::Status CheckCombinations(const DaemonConfig& c) {
 void ResolvePaths(const fs::path& base, DaemonConfig& c) {
   DaemonSection& d = c.daemon;
   d.state_dir = Resolve(base, d.state_dir);
-  d.socket_path =
-      d.socket_path.empty() ? d.state_dir + "/run/trainsupd.sock" : Resolve(base, d.socket_path);
+  d.socket_path = d.socket_path.empty() ? StateLayout(d.state_dir).DefaultSocketPath()
+                                        : Resolve(base, d.socket_path);
   for (std::string* path :
        {&d.tls_cert, &d.tls_key, &d.tls_client_ca, &d.worker_binary, &c.testing.fake_gpu_file}) {
     *path = Resolve(base, *path);
@@ -401,53 +413,84 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return out.str();
 }
 
-// Reads a token file that only its owner (and group) may read.
-absl::StatusOr<std::string> ReadSecret(const std::string& what, const std::string& path) {
+// Reads the secret of a token file. Nobody but its owner may read or write
+// an operator token: the group is exactly the socket's users, whom a
+// readable operator token would all make operators. A viewer token may be
+// the group's, never the others'. The mode is checked on the opened file,
+// so it is the mode of what is read.
+absl::StatusOr<std::string> ReadSecret(const std::string& what, const std::string& path,
+                                       TokenRole role) {
+  // O_NONBLOCK: a FIFO in its place must not block the daemon in open().
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string message = absl::StrCat(what, ": cannot open ", path, ": ", strerror(err));
+    if (err == ENOENT) return absl::NotFoundError(message);
+    if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
+    return absl::InternalError(message);
+  }
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat(what, ": cannot stat ", path, ": ", strerror(errno)));
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat(what, ": cannot stat ", path, ": ", strerror(err)));
   }
-  if ((st.st_mode & (S_IROTH | S_IWOTH)) != 0) {
-    return absl::PermissionDeniedError(
-        absl::StrFormat("%s: %s is accessible by others (mode %04o); run chmod o-rw on it", what,
-                        path, st.st_mode & 07777));
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", path, " is not a regular file"));
   }
-  absl::StatusOr<std::string> text = ReadWholeFile(path);
-  if (!text.ok())
-    return absl::Status(text.status().code(), absl::StrCat(what, ": ", text.status().message()));
-  std::string secret(absl::StripAsciiWhitespace(*text));
+  const mode_t mode = st.st_mode & 07777;
+  if (role == TokenRole::kOperator && (mode & 077) != 0) {
+    close(fd);
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s: %s is accessible by its group or others (mode %04o); an operator token must be "
+        "0600, readable by its owner only; run chmod 600 on it",
+        what, path, mode));
+  }
+  if ((mode & (S_IROTH | S_IWOTH)) != 0) {
+    close(fd);
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s: %s is accessible by others (mode %04o); run chmod o-rw on it", what, path, mode));
+  }
+  constexpr size_t kMaxTokenFile = 64 << 10;
+  std::string text;
+  char buffer[4096];
+  ssize_t n;
+  while (text.size() <= kMaxTokenFile && (n = read(fd, buffer, sizeof buffer)) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      close(fd);
+      return absl::InternalError(absl::StrCat(what, ": cannot read ", path, ": ", strerror(err)));
+    }
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  if (text.size() > kMaxTokenFile) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", path, " is larger than 64 KiB"));
+  }
+  std::string secret(absl::StripAsciiWhitespace(text));
   if (secret.empty())
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", path, " is empty"));
   return secret;
 }
 
-// Creates `path` with a random secret and `mode` unless it exists; written
-// under a temporary name and renamed, so it is never seen half-written.
-absl::Status EnsureSecretFile(const std::string& path, mode_t mode) {
-  if (access(path.c_str(), F_OK) == 0) return absl::OkStatus();
+// Creates `path` with a random secret and `mode` unless it exists, through
+// the atomic write (never seen half-written, durable once this returns).
+absl::Status EnsureSecretFile(ckpt::FileSystem* fs, const std::string& path, mode_t mode) {
+  if (fs->Exists(path)) return absl::OkStatus();
   unsigned char bytes[32];
-  std::ifstream random("/dev/urandom", std::ios::binary);
-  if (!random.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) {
-    return absl::InternalError("cannot read /dev/urandom");
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::InternalError(absl::StrCat("getrandom: ", strerror(errno)));
+    got += static_cast<size_t>(n);
   }
   std::string secret;
   for (unsigned char b : bytes) secret += absl::StrFormat("%02x", b);
   secret += "\n";
-  const std::string tmp = path + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0)
-    return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
-  const bool ok = fchmod(fd, mode) == 0 &&
-                  write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size()) &&
-                  fsync(fd) == 0;
-  const int saved = errno;
-  close(fd);
-  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
-    unlink(tmp.c_str());
-    return absl::InternalError(
-        absl::StrCat("cannot write ", path, ": ", strerror(ok ? errno : saved)));
-  }
-  return absl::OkStatus();
+  return fs->WriteFileAtomically(path, secret, mode);
 }
 
 }  // namespace
@@ -472,6 +515,7 @@ DaemonConfig DefaultConfig() { return DaemonConfig(); }
 
 absl::StatusOr<DaemonConfig> ParseConfig(const std::string& toml_text,
                                          const std::string& base_dir) {
+  if (absl::Status s = CheckTomlCharacters(toml_text); !s.ok()) return s;
   toml::table root;
   try {
     root = toml::parse(toml_text);
@@ -572,26 +616,30 @@ absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path) {
 }
 
 absl::StatusOr<std::vector<Token>> LoadTokens(const DaemonConfig& config) {
+  return LoadTokens(config, ckpt::FileSystem::Default());
+}
+
+absl::StatusOr<std::vector<Token>> LoadTokens(const DaemonConfig& config, ckpt::FileSystem* fs) {
   std::vector<Token> tokens;
   const std::vector<TokenEntry>& entries = config.auth.tokens;
   for (size_t i = 0; i < entries.size(); ++i) {
-    absl::StatusOr<std::string> secret = ReadSecret(
-        absl::StrCat("auth.tokens[", i, "] ('", entries[i].name, "')"), entries[i].token_file);
+    absl::StatusOr<std::string> secret =
+        ReadSecret(absl::StrCat("auth.tokens[", i, "] ('", entries[i].name, "')"),
+                   entries[i].token_file, entries[i].role);
     if (!secret.ok()) return secret.status();
     tokens.push_back({entries[i].name, entries[i].role, *std::move(secret)});
   }
   if (!entries.empty() || !config.auth.generate_default_tokens) return tokens;
 
-  const std::string dir = config.daemon.state_dir + "/auth";
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  const StateLayout layout(config.daemon.state_dir);
+  if (absl::Status s = fs->CreateDirs(layout.AuthDir()); !s.ok()) return s;
   for (const auto& [role, mode] : {std::pair{TokenRole::kOperator, mode_t{0600}},
                                    std::pair{TokenRole::kViewer, mode_t{0640}}}) {
     const std::string name = ToString(role);
-    const std::string path = absl::StrCat(dir, "/", name, ".token");
-    if (absl::Status s = EnsureSecretFile(path, mode); !s.ok()) return s;
-    absl::StatusOr<std::string> secret = ReadSecret("auth (generated " + name + " token)", path);
+    const std::string path = layout.TokenPath(name);
+    if (absl::Status s = EnsureSecretFile(fs, path, mode); !s.ok()) return s;
+    absl::StatusOr<std::string> secret =
+        ReadSecret("auth (generated " + name + " token)", path, role);
     if (!secret.ok()) return secret.status();
     tokens.push_back({name, role, *std::move(secret)});
   }

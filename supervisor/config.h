@@ -19,6 +19,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
+namespace trainsup::ckpt {
+class FileSystem;
+}
+
 namespace trainsup::supervisor {
 
 // [daemon]
@@ -140,10 +144,14 @@ DaemonConfig DefaultConfig();
 
 // Parses and validates `toml_text`; relative paths are resolved against
 // `base_dir` (made absolute against the working directory if relative).
-// InvalidArgument naming the key for a syntax error (with line and column),
+// InvalidArgument naming the key for a syntax error (with line and column;
+// a non-ASCII character outside strings and comments is one, refused before
+// the TOML parser sees it, see proto/toml_guard.h),
 // an unknown key, a wrong type, a value out of bounds or an inconsistent
-// combination (tcp_address without tls_cert and tls_key, a remote
-// metrics_address without metrics_allow_remote).
+// combination (tcp_address without tls_cert and tls_key, or with neither
+// auth.tokens nor auth.generate_default_tokens, which would make every
+// caller on the port an operator; a remote metrics_address without
+// metrics_allow_remote).
 absl::StatusOr<DaemonConfig> ParseConfig(const std::string& toml_text, const std::string& base_dir);
 
 // The configuration as a TOML file that ParseConfig reads back to the same
@@ -166,12 +174,18 @@ struct Token {
 };
 
 // Reads the secrets of auth.tokens (each file's content without surrounding
-// whitespace; an empty file is an error). A token file readable or writable
-// by others is PermissionDenied naming the entry, since anyone on the box
-// could use it. With no tokens configured and generate_default_tokens, makes
-// <state_dir>/auth/{operator,viewer}.token (random, 0600 and 0640) when
-// missing and returns them; with no tokens and no generation, an empty list.
+// whitespace; an empty file is an error). PermissionDenied naming the entry,
+// the file and its mode for an operator token with any group or other
+// permission bit (it must be 0600 or stricter: the group is the socket's
+// users, who would all become operators) and for a viewer token that others
+// may read or write (0640 is fine); InvalidArgument for a token file that
+// is not a regular file (a FIFO is not waited on). With no tokens
+// configured and generate_default_tokens, makes
+// <state_dir>/auth/{operator,viewer}.token (random, 0600 and 0640 less the
+// umask) when missing, through `fs`'s atomic write, and returns them; with
+// no tokens and no generation, an empty list.
 absl::StatusOr<std::vector<Token>> LoadTokens(const DaemonConfig& config);
+absl::StatusOr<std::vector<Token>> LoadTokens(const DaemonConfig& config, ckpt::FileSystem* fs);
 
 }  // namespace trainsup::supervisor
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -19,7 +20,19 @@ namespace trainsup::supervisor {
 namespace {
 
 constexpr int kBarWidth = 10;
+constexpr int kMinBarWidth = 3;
 constexpr int64_t kStaleReportMs = 30'000;
+
+// `line` cut to width - 1 columns (every character here is one column);
+// unchanged when width <= 0. A line that filled the last column would leave
+// the cursor waiting to wrap, where some terminals move it on the next
+// character and "\r" no longer reaches the line's start.
+std::string FitWidth(std::string line, int width) {
+  if (width > 0 && static_cast<int>(line.size()) > width - 1) {
+    line.resize(static_cast<size_t>(std::max(width - 1, 0)));
+  }
+  return line;
+}
 
 // Every enum of the API names its zero value <PREFIX>UNSPECIFIED; the
 // prefix is derived from it rather than spelled out per enum.
@@ -61,9 +74,11 @@ std::string Ago(int64_t then_ms, int64_t now_ms) {
   return absl::StrCat(FormatDuration(now_ms - then_ms), " ago");
 }
 
-std::string StepOfTotal(const v1::Progress& p) {
-  return absl::StrCat(p.step(), "/", p.total_steps() > 0 ? absl::StrCat(p.total_steps()) : "?");
+std::string StepOfTotal(int64_t step, const v1::Progress& p) {
+  return absl::StrCat(step, "/", p.total_steps() > 0 ? absl::StrCat(p.total_steps()) : "?");
 }
+
+std::string StepOfTotal(const v1::Progress& p) { return StepOfTotal(p.step(), p); }
 
 std::string Field(const std::string& label, const std::string& value) {
   return absl::StrFormat("%-16s%s\n", label + ":", value);
@@ -202,7 +217,7 @@ std::string FormatRunsTable(const std::vector<v1::Run>& runs, int64_t now_ms) {
       {"ID", "NAME", "STATE", "STEP/TOTAL", "RESTARTS", "AGE"}};
   for (const v1::Run& run : runs) {
     rows.push_back({run.run_id(), run.name().empty() ? "-" : run.name(), ToString(run.state()),
-                    StepOfTotal(run.progress()), absl::StrCat(run.restarts()),
+                    StepOfTotal(ReachedStep(run), run.progress()), absl::StrCat(run.restarts()),
                     FormatDuration(now_ms - run.created_ms())});
   }
   return FormatTable(rows);
@@ -221,8 +236,9 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
   if (run.ended_ms() > 0) absl::StrAppend(&out, Field("Ended", FormatTimestamp(run.ended_ms())));
   absl::StrAppend(&out, Field("Run dir", run.run_dir()));
 
-  std::string progress = absl::StrCat("step ", StepOfTotal(p));
-  if (p.total_steps() > 0) absl::StrAppend(&progress, " (", p.step() * 100 / p.total_steps(), "%)");
+  const int64_t step = ReachedStep(run);
+  std::string progress = absl::StrCat("step ", StepOfTotal(step, p));
+  if (p.total_steps() > 0) absl::StrAppend(&progress, " (", step * 100 / p.total_steps(), "%)");
   absl::StrAppend(&progress, ", epoch ", p.epoch());
   if (p.phase() != v1::PHASE_UNSPECIFIED) absl::StrAppend(&progress, ", ", ToString(p.phase()));
   if (p.step() > 0) absl::StrAppend(&progress, absl::StrFormat(", loss %.4g", p.loss()));
@@ -308,36 +324,78 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
   return out;
 }
 
-std::string FormatProgressLine(const v1::Run& run, std::optional<int64_t> eta_ms, int64_t now_ms) {
+int64_t ReachedStep(const v1::Run& run) {
   const v1::Progress& p = run.progress();
-  std::string line;
+  if (run.state() == v1::RUN_STATE_SUCCEEDED && p.total_steps() > 0) return p.total_steps();
+  return std::max(p.step(), p.last_checkpoint_step());
+}
+
+std::string FormatProgressLine(const v1::Run& run, std::optional<int64_t> eta_ms, int64_t now_ms,
+                               int width) {
+  const v1::Progress& p = run.progress();
+  const int64_t step = ReachedStep(run);
+  // The fields after the bar, in order, each with the rank at which it is
+  // given up when the line is too wide (0: never; higher: later).
+  struct Part {
+    std::string text;
+    int drop_rank;
+  };
+  std::vector<Part> parts;
   if (p.total_steps() > 0) {
-    const int64_t step = std::clamp<int64_t>(p.step(), 0, p.total_steps());
-    const int filled = static_cast<int>(step * kBarWidth / p.total_steps());
-    absl::StrAppend(&line, "[", std::string(filled, '#'), std::string(kBarWidth - filled, '.'),
-                    "] ", p.step(), "/", p.total_steps(), " ", step * 100 / p.total_steps(), "%");
+    parts.push_back(
+        {absl::StrCat(step, "/", p.total_steps(), " ",
+                      std::clamp<int64_t>(step, 0, p.total_steps()) * 100 / p.total_steps(), "%"),
+         0});
   } else {
-    absl::StrAppend(&line, "step ", p.step());
+    parts.push_back({absl::StrCat("step ", step), 0});
   }
-  if (p.step() > 0) absl::StrAppend(&line, absl::StrFormat(" loss %.3f", p.loss()));
-  if (p.samples_per_sec() > 0)
-    absl::StrAppend(&line, absl::StrFormat(" %.1f samples/s", p.samples_per_sec()));
-  if (eta_ms.has_value()) absl::StrAppend(&line, " ETA ", FormatDuration(*eta_ms));
-  absl::StrAppend(&line, " restarts ", run.restarts());
+  if (step > 0) parts.push_back({absl::StrFormat(" loss %.3f", p.loss()), 2});
+  if (p.samples_per_sec() > 0) {
+    parts.push_back({absl::StrFormat(" %.1f samples/s", p.samples_per_sec()), 1});
+  }
+  if (eta_ms.has_value() && !IsFinal(run.state())) {
+    parts.push_back({absl::StrCat(" ETA ", FormatDuration(*eta_ms)), 5});
+  }
+  parts.push_back({absl::StrCat(" restarts ", run.restarts()), 3});
   if (run.state() != v1::RUN_STATE_RUNNING) {
-    absl::StrAppend(&line, " ", ToString(run.state()));
+    std::string state = absl::StrCat(" ", ToString(run.state()));
     if (run.state() == v1::RUN_STATE_RESTARTING && run.next_restart_ms() > now_ms) {
-      absl::StrAppend(&line, " in ", FormatDuration(run.next_restart_ms() - now_ms));
+      absl::StrAppend(&state, " in ", FormatDuration(run.next_restart_ms() - now_ms));
     }
+    parts.push_back({state, 0});
+  } else {
+    if (p.phase() != v1::PHASE_TRAINING && p.phase() != v1::PHASE_UNSPECIFIED) {
+      parts.push_back({absl::StrCat(" ", absl::AsciiStrToLower(ToString(p.phase()))), 6});
+    }
+    if (p.time_ms() > 0 && now_ms - p.time_ms() > kStaleReportMs) {
+      parts.push_back({absl::StrCat(" last report ", Ago(p.time_ms(), now_ms)), 4});
+    }
+  }
+  const auto join = [&parts] {
+    std::string line;
+    for (const Part& part : parts) line += part.text;
     return line;
+  };
+  std::string line = join();
+  // On a terminal the last column stays free (see FitWidth). First the bar
+  // gives up cells, down to kMinBarWidth ("[", "] " cost 3 more columns),
+  // then it goes, then the fields by rank, then the text is cut.
+  const int room = width > 0 ? width - 1 : std::numeric_limits<int>::max();
+  int cells = p.total_steps() > 0 ? kBarWidth : 0;
+  if (cells > 0 && static_cast<int64_t>(line.size()) + 3 + cells > room) {
+    const int64_t left = static_cast<int64_t>(room) - static_cast<int64_t>(line.size()) - 3;
+    cells = left >= kMinBarWidth ? static_cast<int>(left) : 0;
   }
-  if (p.phase() != v1::PHASE_TRAINING && p.phase() != v1::PHASE_UNSPECIFIED) {
-    absl::StrAppend(&line, " ", absl::AsciiStrToLower(ToString(p.phase())));
+  for (int rank = 1; cells == 0 && static_cast<int64_t>(line.size()) > room && rank <= 6; ++rank) {
+    parts.erase(std::remove_if(parts.begin(), parts.end(),
+                               [rank](const Part& part) { return part.drop_rank == rank; }),
+                parts.end());
+    line = join();
   }
-  if (p.time_ms() > 0 && now_ms - p.time_ms() > kStaleReportMs) {
-    absl::StrAppend(&line, " last report ", Ago(p.time_ms(), now_ms));
-  }
-  return line;
+  if (cells == 0) return FitWidth(line, width);
+  const int64_t clamped = std::clamp<int64_t>(step, 0, p.total_steps());
+  const int filled = static_cast<int>(clamped * cells / p.total_steps());
+  return absl::StrCat("[", std::string(filled, '#'), std::string(cells - filled, '.'), "] ", line);
 }
 
 std::string FormatEventLine(const v1::RunEvent& e) {

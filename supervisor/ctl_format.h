@@ -76,12 +76,26 @@ std::string FormatRunsTable(const std::vector<v1::Run>& runs, int64_t now_ms);
 // step resumed from, ranks with pid, slot, GPU, heartbeat age and log path),
 // checkpoints and the last heartbeat. Ends with a newline.
 std::string FormatRunDescription(const v1::Run& run, int64_t now_ms);
+// The step `run` has reached as far as its messages tell, the one every
+// view shows: the total for a SUCCEEDED run that knows it (exit 0 means
+// every step ran, while the last progress report, sent once per heartbeat
+// interval, may be a few steps older); else the newer of the last progress
+// report and the last checkpoint (a run stopped on request checkpoints
+// after its last report).
+int64_t ReachedStep(const v1::Run& run);
+
 // The one-line progress of `watch`, without a newline:
 // "[#####.....] 512/1000 51% loss 0.423 12.3 samples/s ETA 3m12s restarts 1",
-// followed by the state when it is not RUNNING ("RESTARTING in 2s"), else by
-// the phase when it is not training ("checkpointing") and "last report 1m05s
-// ago" when rank 0's last report is older than 30 s.
-std::string FormatProgressLine(const v1::Run& run, std::optional<int64_t> eta_ms, int64_t now_ms);
+// at ReachedStep, followed by the state when it is not RUNNING ("RESTARTING
+// in 2s"; no ETA once the run is final), else by the phase when it is not
+// training ("checkpointing") and "last report 1m05s ago" when rank 0's last
+// report is older than 30 s. With `width` > 0 (a terminal's columns) the
+// line has at most width - 1 characters, so it never wraps: the bar
+// shrinks first (to 3 cells, then it is dropped), then fields are left out
+// (samples/s, loss, restarts, last report, ETA, phase, in that order; the
+// step and the state stay), then the text is cut.
+std::string FormatProgressLine(const v1::Run& run, std::optional<int64_t> eta_ms, int64_t now_ms,
+                               int width = 0);
 // One event as a line without a newline, for logs and pipes:
 // "2026-11-29T13:45:01Z run-1 attempt 2 RESTART exit 1 (crash); backoff 2.0 s".
 std::string FormatEventLine(const v1::RunEvent& event);

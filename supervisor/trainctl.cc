@@ -2,6 +2,7 @@
 // exit codes are in docs/trainctl.md; what it prints is ctl_format's.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,6 +34,14 @@ constexpr auto kFollowPoll = std::chrono::milliseconds(250);
 constexpr auto kRunPoll = std::chrono::seconds(2);
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// Columns of the terminal on stdout, asked at every redraw (it may have been
+// resized); 80 when the terminal does not say.
+int TerminalWidth() {
+  struct winsize size;
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  return 80;
+}
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -204,11 +213,15 @@ int Watch(const Client& client, const std::string& run_id, const Options& o) {
           while (window.front().time_ms() < e.progress().time_ms() - kRateWindowMs)
             window.pop_front();
         }
-        if (IsNotable(e)) std::cout << "\r\x1b[K" << FormatEventLine(e) << "\n";
+        // The progress line never fills its row (FormatProgressLine with
+        // the width), so "\r" and erase-line remove all of it before the
+        // next line is written; one that wrapped would leave rows behind.
+        if (IsNotable(e)) std::cout << "\r\x1b[2K" << FormatEventLine(e) << "\n";
         const v1::Progress* previous = window.size() > 1 ? &window.front() : nullptr;
-        std::cout << "\r\x1b[K"
-                  << FormatProgressLine(
-                         run, EstimateEtaMs(run.progress(), previous, samples_per_step), NowMs())
+        std::cout << "\r\x1b[2K"
+                  << FormatProgressLine(run,
+                                        EstimateEtaMs(run.progress(), previous, samples_per_step),
+                                        NowMs(), TerminalWidth())
                   << std::flush;
         drawn = true;
       }

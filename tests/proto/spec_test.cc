@@ -124,6 +124,24 @@ TEST(RunSpec, DataFilesHaveASizeLimit) {
             "data.max_file_mb: must be in [1, 1048576], got 1048577");
 }
 
+// toml++ 3.3.0 reaches undefined behaviour on some non-ASCII characters
+// where whitespace may stand (proto/toml_guard.h); the spec refuses them
+// before toml++ sees them, naming where they are. Inside strings and
+// comments they are fine.
+TEST(RunSpec, NonAsciiOutsideStringsIsRefusedWithItsPosition) {
+  EXPECT_NE(Error("\xc3\xa9").find("spec: non-ASCII character U+00E9 at line 1, column 1"),
+            std::string::npos)
+      << Error("\xc3\xa9");
+  const std::string message = Error("name = \"caf\xc3\xa9\"\n[train]\nsteps = 10 \xc3\xa9\n");
+  EXPECT_NE(message.find("line 3, column 12"), std::string::npos) << message;
+  const std::string continued = Error("name = \"\"\"a\\\n\xc3\xa9\"\"\"\n");
+  EXPECT_NE(continued.find("line 2, column 1"), std::string::npos) << continued;
+  absl::StatusOr<RunSpec> fine = ParseRunSpec(
+      "# caf\xc3\xa9\nname = \"r\" # \xce\xbb\n[data]\nlabel_property = 'caf\xc3\xa9'\n");
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->data.label_property, "caf\xc3\xa9");
+}
+
 TEST(RunSpec, PathsStayInsideDataRoots) {
   namespace fs = std::filesystem;
   fs::path root = fs::temp_directory_path() / ("spec_test_" + std::to_string(getpid()));

@@ -8,7 +8,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "tests/checkpoint/fault_injection_fs.h"
 #include "tests/common/temp_dir.h"
 
 namespace trainsup::supervisor {
@@ -223,6 +225,23 @@ TEST(Config, DefaultsRoundTrip) {
   EXPECT_EQ(again->daemon.state_dir, "/x/trainsup-state");
 }
 
+// Derived paths come from StateLayout: one '/' between components, so a
+// state directory of "/" gives "/run/trainsupd.sock", and the formatted
+// configuration reads back to itself.
+TEST(Config, RootStateDirDerivesCleanPathsAndRoundTrips) {
+  for (const char* dir : {"/", "//", "/./"}) {
+    absl::StatusOr<DaemonConfig> config =
+        ParseConfig(absl::StrCat("[daemon]\nstate_dir = \"", dir, "\"\n"), "/base");
+    ASSERT_TRUE(config.ok()) << dir << ": " << config.status();
+    EXPECT_EQ(config->daemon.state_dir, "/") << dir;
+    EXPECT_EQ(config->daemon.socket_path, "/run/trainsupd.sock") << dir;
+    const std::string formatted = FormatConfig(*config);
+    absl::StatusOr<DaemonConfig> again = ParseConfig(formatted, "/elsewhere");
+    ASSERT_TRUE(again.ok()) << again.status() << "\n" << formatted;
+    EXPECT_EQ(FormatConfig(*again), formatted);
+  }
+}
+
 TEST(Config, LoadConfigResolvesAgainstTheFilesDirectory) {
   TempDir dir;
   const std::string path = dir.path() + "/trainsupd.toml";
@@ -313,6 +332,43 @@ TEST(Config, InconsistentCombinationsNameTheField) {
   EXPECT_NE(ParseError("[slots\n").find("line 1"), std::string::npos);
 }
 
+// With no token the daemon authorizes nobody apart: every caller is an
+// operator, which only the socket's mode bounds. A TCP port has no such
+// bound, so that combination is refused, naming the keys that make it.
+TEST(Config, TcpWithoutAnyTokenIsRefused) {
+  constexpr char kTcp[] =
+      "[daemon]\ntcp_address = \"0.0.0.0:50051\"\ntls_cert = \"c\"\ntls_key = \"k\"\n";
+  const std::string message =
+      ParseError(absl::StrCat(kTcp, "[auth]\ngenerate_default_tokens = false\n"));
+  for (const char* key : {"daemon.tcp_address", "auth.generate_default_tokens", "auth.tokens"}) {
+    EXPECT_NE(message.find(key), std::string::npos) << "missing " << key << " in: " << message;
+  }
+  // Generated tokens or a configured one make TCP acceptable again, and a
+  // unix socket alone may still go without tokens.
+  EXPECT_TRUE(ParseConfig(kTcp, "/base").ok());
+  EXPECT_TRUE(ParseConfig(absl::StrCat(kTcp,
+                                       "[auth]\ngenerate_default_tokens = false\n"
+                                       "[[auth.tokens]]\nname = \"ci\"\ntoken_file = \"f\"\n"),
+                          "/base")
+                  .ok());
+  EXPECT_TRUE(ParseConfig("[auth]\ngenerate_default_tokens = false\n", "/base").ok());
+}
+
+// The same guard as the run spec's (proto/toml_guard.h): non-ASCII outside
+// strings and comments is refused before toml++ 3.3.0 sees it.
+TEST(Config, NonAsciiOutsideStringsIsRefusedWithItsPosition) {
+  const std::string message = ParseError("[slots]\ncpu_slots = 2\xc3\xa9\n");
+  EXPECT_NE(message.find("non-ASCII character U+00E9 at line 2, column 14"), std::string::npos)
+      << message;
+  EXPECT_NE(ParseError("[slots]\ncpu_slots = 2\xc2\xa0\n").find("U+00A0 at line 2, column 14"),
+            std::string::npos);
+  EXPECT_NE(ParseError("\xc3\xa9").find("line 1, column 1"), std::string::npos);
+  absl::StatusOr<DaemonConfig> fine =
+      ParseConfig("# \xc3\xa9tat\n[daemon]\nsocket_group = \"\xc3\xa9quipe\"\n", "/base");
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->daemon.socket_group, "\xc3\xa9quipe");
+}
+
 TEST(Config, LoopbackMetricsAddressesAreAccepted) {
   for (const char* address : {"127.0.0.1:9100", "localhost:9100", "[::1]:9100", "127.3.2.1:1"}) {
     absl::StatusOr<DaemonConfig> config =
@@ -359,6 +415,54 @@ TEST(LoadTokens, ReadsConfiguredTokensAndRefusesWorldReadableOnes) {
       << tokens.status();
 }
 
+// The socket's group is exactly the set of people who may call as viewers;
+// an operator token they can read (or write) would make each an operator.
+TEST(LoadTokens, OperatorTokensMustHaveNoGroupOrOtherBits) {
+  TempDir dir;
+  const std::string ci = dir.path() + "/ci.token";
+  WriteFile(ci, "s3cret\n", 0600);
+  WriteFile(dir.path() + "/view.token", "v1ew", 0640);
+  absl::StatusOr<DaemonConfig> config = ParseConfig(
+      "[[auth.tokens]]\nname = \"ci\"\nrole = \"operator\"\ntoken_file = \"ci.token\"\n"
+      "[[auth.tokens]]\nname = \"dash\"\nrole = \"viewer\"\ntoken_file = \"view.token\"\n",
+      dir.path());
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(LoadTokens(*config).ok());
+  for (mode_t mode : {0640, 0620, 0610, 0604, 0602}) {
+    chmod(ci.c_str(), mode);
+    absl::StatusOr<std::vector<Token>> tokens = LoadTokens(*config);
+    ASSERT_FALSE(tokens.ok()) << absl::StrFormat("mode %04o", mode);
+    EXPECT_EQ(tokens.status().code(), absl::StatusCode::kPermissionDenied);
+    const std::string message(tokens.status().message());
+    for (const std::string& want : {std::string("auth.tokens[0] ('ci')"), ci,
+                                    absl::StrFormat("mode %04o", mode), std::string("0600")}) {
+      EXPECT_NE(message.find(want), std::string::npos) << "missing " << want << " in: " << message;
+    }
+  }
+  chmod(ci.c_str(), 0400);  // read-only for its owner is private too
+  EXPECT_TRUE(LoadTokens(*config).ok());
+
+  // A FIFO in a token file's place is refused, not waited on.
+  ASSERT_EQ(unlink(ci.c_str()), 0);
+  ASSERT_EQ(mkfifo(ci.c_str(), 0600), 0);
+  absl::StatusOr<std::vector<Token>> fifo = LoadTokens(*config);
+  ASSERT_FALSE(fifo.ok());
+  EXPECT_NE(fifo.status().message().find("not a regular file"), absl::string_view::npos)
+      << fifo.status();
+
+  // A generated operator token someone opened to the group is refused too.
+  TempDir state;
+  absl::StatusOr<DaemonConfig> generated = ParseConfig("", state.path());
+  ASSERT_TRUE(generated.ok());
+  ASSERT_TRUE(LoadTokens(*generated).ok());
+  const std::string op = state.path() + "/trainsup-state/auth/operator.token";
+  chmod(op.c_str(), 0640);
+  absl::StatusOr<std::vector<Token>> tokens = LoadTokens(*generated);
+  ASSERT_FALSE(tokens.ok());
+  EXPECT_EQ(tokens.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(tokens.status().message().find(op), absl::string_view::npos) << tokens.status();
+}
+
 TEST(LoadTokens, GeneratesDefaultTokensOnceWithPrivateModes) {
   TempDir dir;
   absl::StatusOr<DaemonConfig> config = ParseConfig("", dir.path());
@@ -386,6 +490,38 @@ TEST(LoadTokens, GeneratesDefaultTokensOnceWithPrivateModes) {
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->empty());
   EXPECT_FALSE(fs::exists(dir.path() + "/trainsup-state/auth"));
+}
+
+// Generated tokens go through the checkpoint core's atomic write: a crash
+// before the rename leaves no token file (and none half-written), a failed
+// directory fsync is an error, and the file has its mode from the start.
+TEST(LoadTokens, GeneratedTokensAreWrittenAtomicallyAndDurably) {
+  TempDir dir;
+  absl::StatusOr<DaemonConfig> config = ParseConfig("", dir.path());
+  ASSERT_TRUE(config.ok());
+  const std::string auth = dir.path() + "/trainsup-state/auth";
+
+  ckpt::testing::FaultInjectionFileSystem crash;
+  crash.crash_before_rename = true;
+  absl::StatusOr<std::vector<Token>> tokens = LoadTokens(*config, &crash);
+  EXPECT_FALSE(tokens.ok());
+  EXPECT_FALSE(fs::exists(auth + "/operator.token"));
+
+  ckpt::testing::FaultInjectionFileSystem no_dir_sync;
+  no_dir_sync.fail_sync_at = 2;  // the file's fsync passes, the directory's fails
+  tokens = LoadTokens(*config, &no_dir_sync);
+  ASSERT_FALSE(tokens.ok());
+  EXPECT_NE(tokens.status().message().find("fsync"), absl::string_view::npos) << tokens.status();
+  EXPECT_EQ(no_dir_sync.syncs, 2);
+
+  ckpt::testing::FaultInjectionFileSystem fine;
+  tokens = LoadTokens(*config, &fine);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(fine.appends, 1);  // the viewer token; the operator's was kept
+  EXPECT_FALSE(fs::exists(auth + "/viewer.token.tmp"));
+  struct stat st;
+  ASSERT_EQ(stat((auth + "/viewer.token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
 }
 
 }  // namespace

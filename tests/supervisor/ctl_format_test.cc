@@ -153,6 +153,83 @@ TEST(ProgressLine, WithoutTotalAndPastTotal) {
   EXPECT_EQ(FormatProgressLine(run, std::nullopt, kT).substr(0, 27), "[##########] 1200/1000 100%");
 }
 
+// A run that ended: its last progress report (every heartbeat_interval) was
+// at step 97 of 100, and the last checkpoint at `checkpoint_step`.
+v1::Run EndedRun(v1::RunState state, int64_t checkpoint_step) {
+  v1::Run run = RunningRun();
+  run.set_state(state);
+  run.set_ended_ms(kT);
+  v1::Progress* p = run.mutable_progress();
+  p->set_step(97);
+  p->set_total_steps(100);
+  p->set_last_checkpoint_step(checkpoint_step);
+  return run;
+}
+
+TEST(ReachedStep, FinishedRunsShowTheirFinalStepNotTheLastReport) {
+  // Exit 0 means every step ran; the final checkpoint says the same.
+  EXPECT_EQ(ReachedStep(EndedRun(v1::RUN_STATE_SUCCEEDED, 100)), 100);
+  EXPECT_EQ(ReachedStep(EndedRun(v1::RUN_STATE_SUCCEEDED, 0)), 100);
+  // A cancelled run stops after a checkpoint newer than the last report.
+  EXPECT_EQ(ReachedStep(EndedRun(v1::RUN_STATE_CANCELLED, 98)), 98);
+  EXPECT_EQ(ReachedStep(EndedRun(v1::RUN_STATE_FAILED, 90)), 97);
+  EXPECT_EQ(ReachedStep(RunningRun()), 512);
+  v1::Run unknown_total = EndedRun(v1::RUN_STATE_SUCCEEDED, 99);
+  unknown_total.mutable_progress()->set_total_steps(0);
+  EXPECT_EQ(ReachedStep(unknown_total), 99);
+}
+
+TEST(RunsTable, FinishedRunShowsItsFinalStep) {
+  v1::Run done = EndedRun(v1::RUN_STATE_SUCCEEDED, 100);
+  const std::string table = FormatRunsTable({done}, kT);
+  EXPECT_NE(table.find("SUCCEEDED  100/100 "), std::string::npos) << table;
+  EXPECT_EQ(table.find("97/100"), std::string::npos) << table;
+}
+
+TEST(Describe, FinishedRunShowsItsFinalStep) {
+  const std::string text = FormatRunDescription(EndedRun(v1::RUN_STATE_SUCCEEDED, 100), kT);
+  EXPECT_NE(text.find("step 100/100 (100%)"), std::string::npos) << text;
+}
+
+TEST(ProgressLine, FinishedRunShowsItsFinalStepAndNoEta) {
+  EXPECT_EQ(FormatProgressLine(EndedRun(v1::RUN_STATE_SUCCEEDED, 100), 3'000, kT),
+            "[##########] 100/100 100% loss 0.423 12.3 samples/s restarts 1 SUCCEEDED");
+}
+
+// On a terminal the line must fit in one row: one that wraps cannot be
+// cleared with "\r" and leaves its first rows behind at every redraw.
+TEST(ProgressLine, FitsTheWidthShrinkingTheBarFirst) {
+  const v1::Run run = RunningRun();
+  const std::string full = FormatProgressLine(run, 192'000, kT);
+  EXPECT_EQ(FormatProgressLine(run, 192'000, kT, 200), full);
+  EXPECT_EQ(FormatProgressLine(run, 192'000, kT, static_cast<int>(full.size()) + 1), full);
+  for (int width = 1; width <= static_cast<int>(full.size()); ++width) {
+    const std::string line = FormatProgressLine(run, 192'000, kT, width);
+    EXPECT_LE(static_cast<int>(line.size()), width - 1) << width << ": " << line;
+  }
+  // Four columns fewer: the bar gives them up, the figures stay.
+  const int narrower = static_cast<int>(full.size()) + 1 - 4;
+  EXPECT_EQ(FormatProgressLine(run, 192'000, kT, narrower),
+            "[###...] 512/1000 51% loss 0.423 12.3 samples/s ETA 3m12s restarts 1");
+  // Too narrow for even a small bar: no bar, then the least useful fields
+  // go (samples/s, loss, restarts, ETA), then the text is cut.
+  EXPECT_EQ(FormatProgressLine(run, 192'000, kT, 60),
+            "512/1000 51% loss 0.423 12.3 samples/s ETA 3m12s restarts 1");
+  EXPECT_EQ(FormatProgressLine(run, 192'000, kT, 50),
+            "512/1000 51% loss 0.423 ETA 3m12s restarts 1");
+  EXPECT_EQ(FormatProgressLine(run, 192'000, kT, 40), "512/1000 51% ETA 3m12s restarts 1");
+  EXPECT_EQ(FormatProgressLine(run, 192'000, kT, 21), "512/1000 51%");
+  EXPECT_EQ(FormatProgressLine(run, 192'000, kT, 6), "512/1");
+  // The state stays while the figures around it go.
+  v1::Run restarting = RunningRun();
+  restarting.set_state(v1::RUN_STATE_RESTARTING);
+  restarting.set_next_restart_ms(kT + 2'000);
+  EXPECT_EQ(FormatProgressLine(restarting, std::nullopt, kT, 42),
+            "512/1000 51% restarts 1 RESTARTING in 2s");
+  EXPECT_EQ(FormatProgressLine(restarting, std::nullopt, kT, 40), "512/1000 51% RESTARTING in 2s");
+  EXPECT_EQ(FormatProgressLine(run, 192'000, kT, 0), full);  // 0: no limit
+}
+
 TEST(EventLine, Restart) {
   v1::RunEvent e;
   e.set_time_ms(kT);
