@@ -19,15 +19,20 @@
 #include <vector>
 
 #include "checkpoint/state.h"
-#include "sparse/bench/bench_util.h"
-#include "sparse/cpu/blas.h"
 
 namespace ck = trainsup::ckpt;
 
 namespace {
 
-using trainsup::bench::Median;
-using trainsup::bench::Now;
+// checkpoint/ depends on nothing else of ours (DESIGN.md), so the two
+// timing helpers are its own.
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 struct Net : torch::nn::Module {
   explicit Net(int64_t floats) {
@@ -84,7 +89,6 @@ void Evict(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  trainsup::sparse::EnsureFastBlasKernels(argc, argv);
   int repeats = 3;
   bool json = false;
   std::string base = "/var/tmp";
