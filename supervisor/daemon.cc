@@ -450,14 +450,17 @@ void DaemonImpl::Reload() {
     sd_notify(0, "READY=1");
     return;
   }
-  absl::StatusOr<std::vector<Token>> tokens = LoadTokens(*next);
+  ReloadPlan plan = PlanReload(config_, *next);
+  // Tokens against the configuration in force: a state_dir that changed
+  // in the file (restart needed) must not make the daemon read or make
+  // tokens somewhere else.
+  absl::StatusOr<std::vector<Token>> tokens = LoadTokens(plan.effective);
   if (!tokens.ok()) {
     log_->error("reload failed, keeping the running configuration: tokens: {}",
                 std::string(tokens.status().message()));
     sd_notify(0, "READY=1");
     return;
   }
-  ReloadPlan plan = PlanReload(config_, *next);
   config_ = std::move(plan.effective);
   PublishPolicy(*tokens);
   restart_needed_ = plan.restart_needed;

@@ -57,8 +57,11 @@ void LoopEnv::Write(const std::string& run_id, StoreBatch batch,
                     std::function<void(absl::Status, StoreBatch)> done) {
   auto shared = std::make_shared<StoreBatch>(std::move(batch));
   store_->Write([this, run_id, shared, done = std::move(done)](StateStore& store) {
-    absl::Status s = ApplyBatch(store, run_id, shared.get());
-    asio::post(io_, [s, shared, done] { done(s, std::move(*shared)); });
+    // The status moves to the loop: its error payload is reference-counted,
+    // and one owner at a time keeps the two threads off the count.
+    asio::post(io_, [s = ApplyBatch(store, run_id, shared.get()), shared, done]() mutable {
+      done(std::move(s), std::move(*shared));
+    });
   });
 }
 

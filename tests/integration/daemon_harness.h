@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -464,7 +465,9 @@ inline void DaemonHarness::WriteConfig() const {
     out << "[" << section << "]\n";
     for (const auto& [k, v] : entries) out << k << " = " << v << "\n";
   }
-  WriteFileText(config_path(), out.str());
+  // Through a rename: a daemon reloading now reads the old file or the new.
+  WriteFileText(config_path() + ".tmp", out.str());
+  std::rename((config_path() + ".tmp").c_str(), config_path().c_str());
 }
 
 inline ::testing::AssertionResult DaemonHarness::Start(const std::vector<std::string>& extra_env) {
@@ -472,8 +475,12 @@ inline ::testing::AssertionResult DaemonHarness::Start(const std::vector<std::st
   WriteConfig();
   ++starts_;
   const std::string log = dir_ + "/trainsupd-" + std::to_string(starts_) + ".log";
-  pid_ = SpawnProcess({TRAINSUPD_BIN, "--config", config_path()}, TestEnvironment(extra_env), log,
-                      log);
+  // TRAINSUP_TEST_DAEMON runs the tests against another build of the daemon
+  // (the ThreadSanitizer one of tests/integration/tsan).
+  const char* daemon = getenv("TRAINSUP_TEST_DAEMON");
+  pid_ = SpawnProcess(
+      {daemon != nullptr && *daemon != 0 ? daemon : TRAINSUPD_BIN, "--config", config_path()},
+      TestEnvironment(extra_env), log, log);
   if (pid_ < 0) return ::testing::AssertionFailure() << "cannot start " << TRAINSUPD_BIN;
   std::string why = "no answer";
   bool up = Eventually(

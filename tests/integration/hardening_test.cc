@@ -507,6 +507,72 @@ TEST(Hardening, AdoptedDeadWorkersReusedGroupIdIsNotSignalled) {
   waitpid(stranger, nullptr, 0);
 }
 
+// --- #8: SubmitRun while SIGHUP replaces the configuration ------------------------------------
+
+// gRPC threads check every SubmitRun against the configuration while SIGHUP
+// replaces it on the loop: with a shared snapshot there is no data race.
+// Run against the ThreadSanitizer build of the daemon (ctest -L tsan) a race
+// aborts the daemon (halt_on_error) and fails this test.
+TEST(Hardening, SubmitsDuringAReloadStormAreAllAnswered) {
+  DaemonHarness h;
+  h.Set("restart.max_restarts", "3");
+  ASSERT_TRUE(h.Start());
+  std::atomic<bool> stop{false};
+  std::thread reloader([&] {
+    int i = 0;
+    while (!stop.load()) {
+      // A hot knob and the data roots change at every reload.
+      h.Set("restart.max_restarts", std::to_string(3 + (i % 2)));
+      h.Set("daemon.data_roots",
+            i % 2 ? "[\"" + h.data_dir() + "\"]" : "[\"" + h.data_dir() + "\", \"/tmp\"]");
+      h.WriteConfig();
+      h.Signal(SIGHUP);
+      ++i;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  // Every spec names a data file, so every check reads the data roots.
+  const std::string scan = h.data_dir() + "/scan.ply";
+  WriteFileText(scan, "ply\n");
+  int accepted = 0;
+  for (int i = 0; i < 40; ++i) {
+    std::string id;
+    grpc::Status s = h.TrySubmit("name = \"storm-" + std::to_string(i) +
+                                     "\"\n[data]\nformat = \"ply\"\npath = \"" + scan +
+                                     "\"\n[train]\nsteps = 1\n",
+                                 h.operator_token(), &id);
+    if (s.ok()) ++accepted;
+    EXPECT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+  }
+  stop = true;
+  reloader.join();
+  EXPECT_EQ(accepted, 40);
+  EXPECT_TRUE(LoopAnswers(h, Seconds(10)));
+  EXPECT_TRUE(ProcessAlive(h.daemon_pid())) << h.DaemonLog();
+}
+
+// Found by the storm above on the old daemon: a reload made it load (and
+// generate) tokens under the state_dir of the new file, which only takes
+// effect at a restart, so every client's token became unknown. The running
+// state directory's tokens stay.
+TEST(Hardening, AReloadNamingAnotherStateDirKeepsTheTokensInForce) {
+  DaemonHarness h;
+  ASSERT_TRUE(h.Start());
+  h.Set("daemon.state_dir", "\"" + h.dir() + "/elsewhere\"");
+  h.Set("daemon.socket_path", "\"" + h.socket_path() + "\"");
+  h.WriteConfig();
+  h.Signal(SIGHUP);
+  EXPECT_TRUE(
+      Eventually([&] { return h.DaemonLog().find("reloaded") != std::string::npos; }, Seconds(20)))
+      << h.DaemonLog();
+  v1::Node node;
+  auto ctx = h.Context(h.viewer_token());
+  grpc::Status s = h.stub().GetNode(ctx.get(), v1::GetNodeRequest(), &node);
+  EXPECT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
+  EXPECT_FALSE(fs::exists(h.dir() + "/elsewhere/auth"))
+      << "tokens were made under the new state_dir";
+}
+
 // --- #13: exit 0 without a hello -------------------------------------------------------------
 
 TEST(Hardening, ExitZeroWithoutHelloOrExitFileIsNotSuccess) {
