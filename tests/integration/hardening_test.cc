@@ -588,6 +588,31 @@ TEST(Hardening, ExitZeroWithoutHelloOrExitFileIsNotSuccess) {
   EXPECT_THAT(run.attempts(0).exit_reason(), HasSubstr("without a hello")) << Describe(run);
 }
 
+// --- #9: authorize before parsing -----------------------------------------------------------
+
+// A caller who may not submit learns nothing about the spec: not its parse
+// error, not whether its data path resolves. (On the old daemon a viewer got
+// INVALID_ARGUMENT naming the parse error, or the data path outside the
+// roots: the spec was parsed and resolved before the role was checked.)
+TEST(Hardening, SubmitAuthorizesBeforeItReadsTheSpec) {
+  DaemonHarness h;
+  ASSERT_TRUE(h.Start());
+  const std::string unparsable = "name = \"x\"\n[train\nsteps = = 3\n";
+  const std::string outside = "name = \"x\"\n[data]\nformat = \"ply\"\npath = \"/etc/passwd\"\n";
+  for (const std::string& spec : {unparsable, outside}) {
+    std::string id;
+    grpc::Status s = h.TrySubmit(spec, h.viewer_token(), &id);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_THAT(s.error_message(), Not(HasSubstr("passwd")));
+    s = h.TrySubmit(spec, "", &id);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+    // The operator gets the spec's own error.
+    s = h.TrySubmit(spec, h.operator_token(), &id);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  EXPECT_TRUE(fs::is_empty(h.state_dir() + "/runs"));
+}
+
 // --- #14: the [testing] table ------------------------------------------------------------------
 
 TEST(Hardening, TestingTableIsRefusedUnlessTheDaemonAllowsFaultInjection) {
