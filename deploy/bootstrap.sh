@@ -27,6 +27,8 @@ packages=(
   # trainsupd's stack capture of hung workers; deploy checks (systemd-analyze,
   # the dashboard and config checkers)
   gdb systemd python3
+  # docs/examples/dashboard_client.py and its test (Debian's /usr/bin/python3)
+  python3-grpcio python3-protobuf
 )
 
 missing=()
