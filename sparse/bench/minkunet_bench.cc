@@ -76,12 +76,13 @@ int main(int argc, char** argv) {
   at::Tensor coords = at::cat({at::zeros({n, 1}, at::kInt), q.coordinates}, 1);
 
   std::ostringstream js;
-  // TRAINSUP_FUSED=0 selects the gather-BLAS-scatter convolutions.
-  const char* kernels = ts::cpu::FusedKernelsEnabled() ? "fused AVX-512" : "gather-BLAS-scatter";
+  // TRAINSUP_KERNELS=avx512|avx2|blas (or TRAINSUP_FUSED=0 for blas) selects the convolution kernels.
+  const std::string kernel_set = ts::cpu::ToString(ts::cpu::ActiveKernelSet());
+  const char* kernels = kernel_set.c_str();
   js << "{\"block_cache_mib\": " << cache_mib << ", \"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName()
      << "\", \"conv_kernels\": \"" << kernels << "\", \"voxels\": " << n;
   if (!json) {
-    std::printf("minkunet_bench: %d threads (at::set_num_threads), %s convolutions, BLAS %s kernels, block cache "
+    std::printf("minkunet_bench: %d threads (at::set_num_threads), convolution kernels %s, BLAS %s kernels, block cache "
                 "%lld MiB; scene %s: %lld voxels at 2 cm; medians of %d\n",
                 threads, kernels, ts::BlasCoreName().c_str(), static_cast<long long>(cache_mib), scene_name.c_str(),
                 static_cast<long long>(n), repeats);
