@@ -1,6 +1,7 @@
 #include "sparse/batch_norm.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -146,6 +147,7 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                             const at::Tensor& bias, const RunningStats* running, double momentum,
                             double eps, bool relu) {
+    RECORD_USER_SCOPE("batch norm");
     const at::Tensor& running_mean = running->mean;
     const at::Tensor& running_var = running->var;
     at::Tensor x = input.contiguous();
@@ -191,6 +193,7 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    RECORD_USER_SCOPE("batch norm backward");
     auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& weight = saved[1];

@@ -1,6 +1,7 @@
 // Autograd functions over kernel maps (convolution, transposed convolution,
 // window pooling) and the public ops built on them.
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "sparse/canonical_order.h"
@@ -34,6 +35,25 @@ struct SavedPairs {
   }
 };
 
+// Profiler scope names by kind of convolution (RecordFunction user scopes,
+// e.g. minkunet_bench --profile), forward then backward. The scopes carry
+// one input, the floating-point operations of the call (evaluated only
+// while a profiler listens).
+constexpr const char* kConvScopes[][2] = {
+    {"conv 3x3x3", "conv 3x3x3 backward"},
+    {"conv 1x1x1", "conv 1x1x1 backward"},
+    {"conv strided", "conv strided backward"},
+    {"conv transposed", "conv transposed backward"},
+    {"conv other", "conv other backward"},
+};
+
+int64_t ConvScope(const KernelMap& map, bool transposed) {
+  if (transposed) return 3;
+  if (map.volume == 1) return 1;
+  if (map.num_in != map.num_out || map.identity_offset < 0) return 2;
+  return map.kernel_size == 3 ? 0 : 4;
+}
+
 void SaveMap(AutogradContext* ctx, const KernelMap& map, bool transposed) {
   ctx->saved_data["begin"] = map.begin;
   ctx->saved_data["identity"] = map.identity_offset;
@@ -41,6 +61,7 @@ void SaveMap(AutogradContext* ctx, const KernelMap& map, bool transposed) {
   ctx->saved_data["sorted"] = map.rows_sorted;
   ctx->saved_data["num_in"] = transposed ? map.num_out : map.num_in;
   ctx->saved_data["num_out"] = transposed ? map.num_in : map.num_out;
+  ctx->saved_data["scope"] = ConvScope(map, transposed);
 }
 
 SavedPairs LoadMap(AutogradContext* ctx, const at::Tensor& in_rows, const at::Tensor& out_rows) {
@@ -58,6 +79,10 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& features,
                             const at::Tensor& weight, const KernelMap* map, bool transposed) {
+    RECORD_USER_SCOPE_WITH_INPUTS(
+        kConvScopes[ConvScope(*map, transposed)][0],
+        std::vector<c10::IValue>{2.0 * static_cast<double>(map->pairs()) *
+                                 static_cast<double>(weight.size(1) * weight.size(2))});
     const int64_t num_in = transposed ? map->num_out : map->num_in;
     const int64_t num_out = transposed ? map->num_in : map->num_out;
     at::Tensor f = features.contiguous();
@@ -78,10 +103,15 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
     auto saved = ctx->get_saved_variables();
     const at::Tensor& f = saved[0];
     const at::Tensor& w = saved[1];
-    const SavedPairs pairs = LoadMap(ctx, saved[2], saved[3]);
-    at::Tensor grad = grad_outputs[0].contiguous();
     const bool need_in = ctx->needs_input_grad(0);
     const bool need_w = ctx->needs_input_grad(1);
+    RECORD_USER_SCOPE_WITH_INPUTS(
+        kConvScopes[ctx->saved_data["scope"].toInt()][1],
+        std::vector<c10::IValue>{2.0 * static_cast<double>(saved[2].numel()) *
+                                 static_cast<double>(w.size(1) * w.size(2)) *
+                                 ((need_in ? 1 : 0) + (need_w ? 1 : 0))});
+    const SavedPairs pairs = LoadMap(ctx, saved[2], saved[3]);
+    at::Tensor grad = grad_outputs[0].contiguous();
     at::Tensor grad_in = need_in ? at::empty_like(f) : at::Tensor();
     at::Tensor grad_w = need_w ? at::empty_like(w) : at::Tensor();
     if (need_in || need_w) {
@@ -204,6 +234,7 @@ void CheckWeight(const at::Tensor& features, const at::Tensor& weight, const at:
 // The bias gradient sums over rows: in key order under deterministic mode.
 SparseTensor AddBias(const SparseTensor& y, const at::Tensor& bias) {
   if (!bias.defined()) return y;
+  RECORD_USER_SCOPE("conv bias");
   return y.WithFeatures(InCanonicalOrder(y, [&](const at::Tensor& f) { return f + bias; }));
 }
 

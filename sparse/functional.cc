@@ -1,6 +1,7 @@
 // Ops on features alone: global pooling, concatenation, BatchNorm and
 // activations.
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include "sparse/batch_norm.h"
 #include "sparse/canonical_order.h"
@@ -43,6 +44,7 @@ at::Tensor GlobalPool(const SparseTensor& x, PoolMode mode) {
 
 SparseTensor Cat(const std::vector<SparseTensor>& xs) {
   TORCH_CHECK(!xs.empty(), "Cat: no tensors given");
+  RECORD_USER_SCOPE("cat");
   std::vector<at::Tensor> features;
   features.reserve(xs.size());
   for (const auto& x : xs) {

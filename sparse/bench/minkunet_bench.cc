@@ -3,12 +3,17 @@
 // gradient checkpointing off and on: median time and peak memory above the
 // resting state (the model), from the counting CPU allocator: activations,
 // their gradients and the parameter gradients.
-// --json prints one JSON object.
+// --json prints one JSON object. --profile instead breaks the forward
+// without gradients and the training step (checkpointing off) down by op
+// kind (bench/op_profile.h), medians over --repeats; under valgrind's
+// callgrind (--collect-atstart=no) it collects the instructions of the
+// first profiled step alone.
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -16,6 +21,7 @@
 #include <vector>
 
 #include "sparse/bench/bench_util.h"
+#include "sparse/bench/op_profile.h"
 #include "sparse/blas.h"
 #include "sparse/kernels_cpu.h"
 #include "sparse/memory.h"
@@ -25,10 +31,78 @@
 
 namespace ts = trainsup::sparse;
 
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define TRAINSUP_CALLGRIND_TOGGLE() CALLGRIND_TOGGLE_COLLECT
+#else
+#define TRAINSUP_CALLGRIND_TOGGLE()
+#endif
+
 namespace {
 
 using trainsup::bench::Median;
 using trainsup::bench::Now;
+
+// Median seconds per op kind over runs (a kind missing from a run counts
+// 0 there), largest first, and the floating-point operations of the kinds
+// that report them (the same in every run).
+struct Breakdown {
+  std::vector<std::pair<std::string, double>> rows;
+  std::map<std::string, double> flops;
+  double total = 0;  // median wall time of the whole
+};
+
+Breakdown Summarise(const std::vector<std::map<std::string, double>>& runs,
+                    const std::map<std::string, double>& flops, const std::vector<double>& totals) {
+  std::map<std::string, std::vector<double>> by_name;
+  for (const auto& run : runs) {
+    for (const auto& [name, t] : run) by_name[name];
+  }
+  for (auto& [name, v] : by_name) {
+    for (const auto& run : runs) {
+      auto it = run.find(name);
+      v.push_back(it == run.end() ? 0.0 : it->second);
+    }
+  }
+  Breakdown b;
+  b.total = Median(totals);
+  b.flops = flops;
+  for (const auto& [name, v] : by_name) b.rows.emplace_back(name, Median(v));
+  std::sort(b.rows.begin(), b.rows.end(),
+            [](const auto& l, const auto& r) { return l.second > r.second; });
+  return b;
+}
+
+void PrintBreakdown(const char* what, const Breakdown& b, std::ostringstream& js, const std::string& key,
+                    bool json) {
+  double attributed = 0;
+  for (const auto& [name, t] : b.rows) attributed += t;
+  if (!json) {
+    std::printf("%s: %.3f s (median); per op kind, medians (share of the whole):\n", what, b.total);
+    for (const auto& [name, t] : b.rows) {
+      if (t < 0.0005) continue;
+      std::printf("  %-44s %8.1f ms  %5.1f%%", name.c_str(), 1e3 * t, 100 * t / b.total);
+      auto f = b.flops.find(name);
+      if (f != b.flops.end()) std::printf("  %7.1f GFLOP = %4.0f GFLOP/s", f->second * 1e-9, f->second * 1e-9 / t);
+      std::printf("\n");
+    }
+    std::printf("  %-44s %8.1f ms  %5.1f%%\n", "(outside any op: autograd engine, glue)",
+                1e3 * (b.total - attributed), 100 * (b.total - attributed) / b.total);
+  }
+  js << ", \"" << key << "_s\": " << b.total << ", \"" << key << "_ops\": {";
+  bool first = true;
+  for (const auto& [name, t] : b.rows) {
+    js << (first ? "" : ", ") << "\"" << name << "\": " << t;
+    first = false;
+  }
+  js << "}, \"" << key << "_gflop\": {";
+  first = true;
+  for (const auto& [name, f] : b.flops) {
+    js << (first ? "" : ", ") << "\"" << name << "\": " << f * 1e-9;
+    first = false;
+  }
+  js << "}";
+}
 
 }  // namespace
 
@@ -37,6 +111,7 @@ int main(int argc, char** argv) {
   int repeats = 3;
   int threads = 2;
   bool json = false;
+  bool profile = false;
   std::vector<int> depths = {14, 34};
   std::string scene_name = "default";
   int64_t cache_mib = 2048;
@@ -44,6 +119,8 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--json") {
       json = true;
+    } else if (a == "--profile") {
+      profile = true;
     } else if (a == "--repeats" && i + 1 < argc) {
       repeats = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--threads" && i + 1 < argc) {
@@ -58,7 +135,7 @@ int main(int argc, char** argv) {
       for (std::string x; std::getline(ss, x, ',');) depths.push_back(std::atoi(x.c_str()));
     } else {
       std::fprintf(stderr, "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
-                           "[--scene small|default|large|huge] [--block-cache-mib N]\n");
+                           "[--scene small|default|large|huge] [--block-cache-mib N] [--profile]\n");
       return 64;
     }
   }
@@ -90,6 +167,59 @@ int main(int argc, char** argv) {
   for (int depth : depths) {
     ts::MinkUNet net(ts::MinkUNetPlan(depth, 3, 20));
     const std::string k = "minkunet" + std::to_string(depth);
+    if (profile) {
+      // The forward without gradients (a fresh coordinate manager per run,
+      // kernel maps included), then the training step on one manager after
+      // a first step that built the maps, as timed below.
+      std::vector<std::map<std::string, double>> fwd_ops, step_ops;
+      std::map<std::string, double> fwd_flops, step_flops;
+      std::vector<double> fwd_t, step_t, step_fwd_t;
+      net->eval();
+      for (int r = 0; r <= repeats; ++r) {
+        torch::NoGradGuard no_grad;
+        ts::SparseTensor x(q.features, coords);
+        trainsup::bench::OpProfile ops;
+        const double t0 = Now();
+        net->forward(x);
+        const double t = Now() - t0;
+        if (r > 0) {
+          fwd_t.push_back(t);
+          fwd_ops.push_back(ops.Take());
+          fwd_flops = ops.TakeFlops();
+        }
+      }
+      net->train();
+      ts::DisableGradientCheckpointing(*net);
+      ts::SparseTensor x(q.features, coords);
+      for (int r = 0; r <= repeats; ++r) {
+        for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
+        if (r == 1) TRAINSUP_CALLGRIND_TOGGLE();
+        trainsup::bench::OpProfile ops;
+        const double t0 = Now();
+        at::Tensor logits = net->forward(x).F();
+        at::Tensor loss = at::cross_entropy_loss(logits, q.labels);
+        const double t1 = Now();
+        loss.backward();
+        const double t = Now() - t0;
+        if (r == 1) TRAINSUP_CALLGRIND_TOGGLE();
+        if (r > 0) {
+          step_t.push_back(t);
+          step_fwd_t.push_back(t1 - t0);
+          step_ops.push_back(ops.Take());
+          step_flops = ops.TakeFlops();
+        }
+      }
+      PrintBreakdown(("MinkUNet" + std::to_string(depth) + " forward without gradients").c_str(),
+                     Summarise(fwd_ops, fwd_flops, fwd_t), js, k + "_forward", json);
+      if (!json) {
+        std::printf("MinkUNet%d training step: forward (with the loss) %.3f s of it\n", depth,
+                    Median(step_fwd_t));
+      }
+      js << ", \"" << k << "_step_forward_s\": " << Median(step_fwd_t);
+      PrintBreakdown(("MinkUNet" + std::to_string(depth) + " training step").c_str(),
+                     Summarise(step_ops, step_flops, step_t), js, k + "_step", json);
+      continue;
+    }
     // Inference: a fresh coordinate manager per run, as a new scene would have.
     net->eval();
     std::vector<double> fwd;
