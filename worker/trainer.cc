@@ -454,7 +454,7 @@ void Trainer::Evaluate(TrainerResult* result) {
     };
     SplitOptions o;
     o.min_piece_voxels = spec_.train.min_piece_points;
-    RunSplitting(views, o, run, [] { sparse::SetBlockCacheLimit(0); }, nullptr, budget_).IgnoreError();
+    RunSplitting(views, o, run, [] { sparse::ReleaseCachedBlocks(); }, nullptr, budget_).IgnoreError();
   }
   model_->train();
   result->val_miou = confusion.MeanIoU();
@@ -534,7 +534,10 @@ TrainerResult Trainer::Run() {
   int64_t budget_mb = options_.memory_budget_mb_override > 0 ? options_.memory_budget_mb_override
                                                              : spec_.train.memory_budget_mb;
   budget_ = budget_mb << 20;
-  sparse::SetMemoryBudget(budget_);
+  // The allocator settings minkunet_bench measures: the block cache sized
+  // against the budget and counted in it (sparse/memory.h).
+  const sparse::AllocatorSettings allocator = sparse::TrainingAllocatorSettings(budget_);
+  sparse::ApplyAllocatorSettings(allocator);
   if (budget_ > 0 && sparse::GetMemoryStats().current_bytes > budget_) {
     return Fail(kExitOom, "oom",
                 absl::StrCat("the model and optimizer alone need ", sparse::GetMemoryStats().current_bytes,
@@ -564,7 +567,7 @@ TrainerResult Trainer::Run() {
   Log(absl::StrCat("training ", spec_.model.arch, " (", model_->NumParameters(), " parameters, ",
                    num_classes_, " classes, ", channels_, " input channels) on ", train_->size(),
                    " training and ", val_ ? val_->size() : 0, " validation scenes, ", total_steps_,
-                   " steps, budget ", budget_mb, " MiB, ", at::get_num_threads(), " threads"));
+                   " steps, ", sparse::ToString(allocator), ", ", at::get_num_threads(), " threads"));
   Report(v1::PHASE_TRAINING);
 
   TrainerResult result;
@@ -723,8 +726,9 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
       return absl::ResourceExhaustedError(e.what());
     }
   };
-  // Freed tensors are already back; drop the allocator's block cache too.
-  auto free_memory = [] { sparse::SetBlockCacheLimit(0); };
+  // Freed tensors are already back; free the allocator's cached blocks too
+  // (they give way to live tensors anyway; this returns them to the system).
+  auto free_memory = [] { sparse::ReleaseCachedBlocks(); };
   // The memory model learns on every step; it plans only under a budget.
   absl::StatusOr<SplitStats> stats =
       baseline ? RunBaselineSplitting(views, run, free_memory, options.min_piece_voxels)

@@ -114,7 +114,8 @@ int main(int argc, char** argv) {
   bool profile = false;
   std::vector<int> depths = {14, 34};
   std::string scene_name = "default";
-  int64_t cache_mib = 2048;
+  int64_t cache_mib = -1;  // -1: the worker's settings (TrainingAllocatorSettings)
+  int64_t budget_mib = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json") {
@@ -127,6 +128,8 @@ int main(int argc, char** argv) {
       threads = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--block-cache-mib" && i + 1 < argc) {
       cache_mib = std::atoll(argv[++i]);
+    } else if (a == "--budget-mib" && i + 1 < argc) {
+      budget_mib = std::atoll(argv[++i]);
     } else if (a == "--scene" && i + 1 < argc) {
       scene_name = argv[++i];
     } else if (a == "--depths" && i + 1 < argc) {
@@ -135,13 +138,16 @@ int main(int argc, char** argv) {
       for (std::string x; std::getline(ss, x, ',');) depths.push_back(std::atoi(x.c_str()));
     } else {
       std::fprintf(stderr, "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
-                           "[--scene small|default|large|huge] [--block-cache-mib N] [--profile]\n");
+                           "[--scene small|default|large|huge] [--budget-mib N] [--block-cache-mib N] [--profile]\n");
       return 64;
     }
   }
   at::set_num_threads(threads);
-  ts::InstallCountingAllocator();
-  ts::SetBlockCacheLimit(cache_mib << 20);
+  // The allocator as the worker sets it up for a budget of --budget-mib (0:
+  // none); --block-cache-mib overrides the cache for A/B runs.
+  ts::AllocatorSettings allocator = ts::TrainingAllocatorSettings(budget_mib << 20);
+  if (cache_mib >= 0) allocator.block_cache_bytes = cache_mib << 20;
+  ts::ApplyAllocatorSettings(allocator);
   torch::manual_seed(0);
 
   ts::Scene scene = ts::GenerateScene(ts::ScenePreset(scene_name, 1));
@@ -156,13 +162,16 @@ int main(int argc, char** argv) {
   // TRAINSUP_KERNELS=avx512|avx2|blas (or TRAINSUP_FUSED=0 for blas) selects the convolution kernels.
   const std::string kernel_set = ts::cpu::ToString(ts::cpu::ActiveKernelSet());
   const char* kernels = kernel_set.c_str();
-  js << "{\"block_cache_mib\": " << cache_mib << ", \"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName()
-     << "\", \"conv_kernels\": \"" << kernels << "\", \"voxels\": " << n;
+  js << "{\"block_cache_mib\": " << (allocator.block_cache_bytes >> 20) << ", \"budget_mib\": "
+     << (allocator.budget_bytes >> 20) << ", \"allocator\": \"" << ts::ToString(allocator)
+     << "\", \"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName()
+     << "\", \"conv_kernels\": \"" << kernels << "\", \"scene\": \"" << scene_name
+     << "\", \"voxels\": " << n;
   if (!json) {
-    std::printf("minkunet_bench: %d threads (at::set_num_threads), convolution kernels %s, BLAS %s kernels, block cache "
-                "%lld MiB; scene %s: %lld voxels at 2 cm; medians of %d\n",
-                threads, kernels, ts::BlasCoreName().c_str(), static_cast<long long>(cache_mib), scene_name.c_str(),
-                static_cast<long long>(n), repeats);
+    std::printf("minkunet_bench: %d threads (at::set_num_threads), convolution kernels %s, BLAS %s "
+                "kernels, allocator: %s; scene %s: %lld voxels at 2 cm; medians of %d\n",
+                threads, kernels, ts::BlasCoreName().c_str(), ts::ToString(allocator).c_str(),
+                scene_name.c_str(), static_cast<long long>(n), repeats);
   }
   for (int depth : depths) {
     ts::MinkUNet net(ts::MinkUNetPlan(depth, 3, 20));

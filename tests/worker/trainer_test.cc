@@ -98,9 +98,9 @@ int64_t MeasurePeak(sparse::MinkUNetImpl& model, const Batch& batch, int channel
   return peak;
 }
 
-// Removes the process-wide budget however the test ends.
+// Removes the process-wide budget and block cache however the test ends.
 struct BudgetGuard {
-  ~BudgetGuard() { sparse::SetMemoryBudget(0); }
+  ~BudgetGuard() { sparse::ApplyAllocatorSettings(sparse::AllocatorSettings{}); }
 };
 
 TEST(ForwardBackward, SplittingEquivalence) {
@@ -261,6 +261,7 @@ struct Captured {
   std::vector<std::pair<v1::EventKind, std::string>> events;
   int64_t peak = 0;
   int64_t splits = 0, retries = 0, wasted = 0, dropped = 0;
+  sparse::MemoryStats after;  // the allocator's counters when Train returned
   TrainerHooks Hooks() {
     TrainerHooks h;
     h.log = [this](const std::string& line) {
@@ -287,7 +288,9 @@ TrainerResult RunTrain(const RunSpec& spec, const std::string& name, Captured* c
   options.run_dir = RunDir(name);
   options.resume = "none";
   TrainerResult r = Train(spec, options, captured->Hooks());
-  sparse::SetMemoryBudget(0);  // Train leaves its budget installed
+  captured->after = sparse::GetMemoryStats();
+  // Train leaves its allocator settings installed.
+  sparse::ApplyAllocatorSettings(sparse::AllocatorSettings{});
   fs::remove_all(options.run_dir);
   return r;
 }
@@ -378,6 +381,32 @@ TEST(Train, ReportsDroppedScenesInItsEvents) {
     skipped |= line.find("no labelled voxel fitted in memory") != std::string::npos;
   }
   EXPECT_TRUE(skipped);
+}
+
+// The worker runs with the allocator settings minkunet_bench measures
+// (sparse::TrainingAllocatorSettings): a block cache sized against the
+// budget, counted in it, and reused from step to step.
+TEST(Train, UsesTheAllocatorSettingsTheBenchmarkMeasures) {
+  sparse::InstallCountingAllocator();
+  BudgetGuard guard;
+  RunSpec spec = SyntheticSpec(4, 0.1, 4);
+  spec.train.memory_budget_mb = 1024;
+  const int64_t budget = spec.train.memory_budget_mb << 20;
+  const int64_t hits = sparse::GetMemoryStats().cache_hits;
+  Captured c;
+  TrainerResult r = RunTrain(spec, "allocator", &c);
+  ASSERT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(c.after.budget_bytes, budget);
+  EXPECT_EQ(c.after.block_cache_limit_bytes,
+            sparse::TrainingAllocatorSettings(budget).block_cache_bytes);
+  EXPECT_GT(c.after.cache_hits, hits) << "the block cache was not used";
+  EXPECT_LE(c.after.current_bytes + c.after.cached_bytes, budget);
+  bool logged = false;
+  for (const std::string& line : c.logs) {
+    logged |= line.find(sparse::ToString(sparse::TrainingAllocatorSettings(budget))) !=
+              std::string::npos;
+  }
+  EXPECT_TRUE(logged) << "the settings are not in the log";
 }
 
 TEST(Train, HeavyTailedUnderTightBudget) {

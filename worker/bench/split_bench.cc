@@ -318,7 +318,9 @@ int main(int argc, char** argv) {
   double loss_sum[2] = {0, 0};
   int64_t loss_steps[2] = {0, 0};
   const double load_before = LoadAverage();
-  ts::SetMemoryBudget(budget);
+  // The allocator as the worker sets it up for this budget (block cache
+  // counted in it).
+  ts::ApplyAllocatorSettings(ts::TrainingAllocatorSettings(budget));
   for (size_t i = 0; i < batches.size(); ++i) {
     const tw::Batch& batch = batches[i];
     for (int turn = 0; turn < 2; ++turn) {
