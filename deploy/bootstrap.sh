@@ -27,6 +27,8 @@ packages=(
   # trainsupd's stack capture of hung workers; deploy checks (systemd-analyze,
   # the dashboard and config checkers)
   gdb systemd python3
+  # docs/plots: the benchmark plots of docs/benchmarks.md (pngcairo)
+  gnuplot-nox
 )
 
 missing=()
