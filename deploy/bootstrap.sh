@@ -29,6 +29,8 @@ packages=(
   gdb systemd python3
   # docs/examples/dashboard_client.py and its test (Debian's /usr/bin/python3)
   python3-grpcio python3-protobuf
+  # docs/plots: the benchmark plots of docs/benchmarks.md (pngcairo)
+  gnuplot-nox
 )
 
 missing=()

@@ -3,6 +3,7 @@
 // backend's (backend.h), chosen by the features' device; backward runs on
 // the backend forward ran on.
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "sparse/backend.h"
@@ -14,6 +15,23 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// Profiler scope names by kind of convolution (RecordFunction user scopes,
+// e.g. minkunet_bench --profile), forward then backward. The scopes carry
+// one input, the floating-point operations of the call (evaluated only
+// while a profiler listens).
+constexpr const char* kConvScopes[][2] = {
+    {"conv 3x3x3", "conv 3x3x3 backward"},     {"conv 1x1x1", "conv 1x1x1 backward"},
+    {"conv strided", "conv strided backward"}, {"conv transposed", "conv transposed backward"},
+    {"conv other", "conv other backward"},
+};
+
+int64_t ConvScope(const KernelMap& map, bool transposed) {
+  if (transposed) return 3;
+  if (map.volume == 1) return 1;
+  if (map.num_in != map.num_out || map.identity_offset < 0) return 2;
+  return map.kernel_size == 3 ? 0 : 4;
+}
 
 void SaveMap(AutogradContext* ctx, const KernelMap& map, bool transposed, const Backend& backend) {
   ctx->saved_data["begin"] = map.begin;
@@ -48,6 +66,10 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& features,
                             const at::Tensor& weight, const KernelMap* map, bool transposed) {
+    RECORD_USER_SCOPE_WITH_INPUTS(
+        kConvScopes[ConvScope(*map, transposed)][0],
+        std::vector<c10::IValue>{2.0 * static_cast<double>(map->pairs()) *
+                                 static_cast<double>(weight.size(1) * weight.size(2))});
     const int64_t num_out = transposed ? map->num_in : map->num_out;
     at::Tensor f = features.contiguous();
     at::Tensor w = weight.contiguous();
@@ -55,6 +77,7 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
     at::Tensor out = backend.conv_forward(f, w, PairsOf(*map, transposed), num_out);
     ctx->save_for_backward({f, w, map->in_rows, map->out_rows});
     SaveMap(ctx, *map, transposed, backend);
+    ctx->saved_data["scope"] = ConvScope(*map, transposed);
     return out;
   }
 
@@ -62,12 +85,18 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
     auto saved = ctx->get_saved_variables();
     const at::Tensor& f = saved[0];
     const at::Tensor& w = saved[1];
+    const bool need_in = ctx->needs_input_grad(0);
+    const bool need_w = ctx->needs_input_grad(1);
+    RECORD_USER_SCOPE_WITH_INPUTS(
+        kConvScopes[ctx->saved_data["scope"].toInt()][1],
+        std::vector<c10::IValue>{2.0 * static_cast<double>(saved[2].numel()) *
+                                 static_cast<double>(w.size(1) * w.size(2)) *
+                                 ((need_in ? 1 : 0) + (need_w ? 1 : 0))});
     std::vector<int64_t> begin;
     const PairView pairs = LoadPairs(ctx, saved[2], saved[3], &begin);
     at::Tensor grad = grad_outputs[0].contiguous();
     at::Tensor grad_in, grad_w;
-    SavedBackend(ctx).conv_backward(f, w, pairs, grad, ctx->needs_input_grad(0),
-                                    ctx->needs_input_grad(1), &grad_in, &grad_w);
+    SavedBackend(ctx).conv_backward(f, w, pairs, grad, need_in, need_w, &grad_in, &grad_w);
     return {grad_in, grad_w, at::Tensor(), at::Tensor()};
   }
 };
@@ -166,6 +195,7 @@ void CheckWeight(const at::Tensor& features, const at::Tensor& weight, const at:
 // The bias gradient sums over rows: in key order under deterministic mode.
 SparseTensor AddBias(const SparseTensor& y, const at::Tensor& bias) {
   if (!bias.defined()) return y;
+  RECORD_USER_SCOPE("conv bias");
   return y.WithFeatures(InCanonicalOrder(y, [&](const at::Tensor& f) { return f + bias; }));
 }
 

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -155,6 +156,7 @@ CoordinateSetId CoordinateManager::Downsample(CoordinateSetId id, int32_t factor
     auto it = downsampled_.find({id, factor});
     if (it != downsampled_.end()) return it->second;
   }
+  RECORD_USER_SCOPE("coordinates downsample");
   const CoordinateSet& in = Set(id);
   const int64_t wide = static_cast<int64_t>(in.stride) * factor;
   TORCH_CHECK(wide <= kMaxCoordinate, "tensor stride ", wide, " is too large");
@@ -216,6 +218,10 @@ std::shared_ptr<const KernelMap> CoordinateManager::GetKernelMap(CoordinateSetId
       return it->second;
     }
   }
+  // Profiler scope names by kernel size.
+  static constexpr const char* kScopes[] = {"kernel map 1x1x1", "kernel map 2x2x2",
+                                            "kernel map 3x3x3", "kernel map other"};
+  RECORD_USER_SCOPE(kScopes[kernel_size <= 3 ? kernel_size - 1 : 3]);
   const CoordinateSet& in_set = Set(in);
   const CoordinateSet& out_set = Set(out);
   TORCH_CHECK(out_set.stride % in_set.stride == 0, "kernel map: output stride ", out_set.stride,

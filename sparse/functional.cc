@@ -1,6 +1,7 @@
 // Ops on features alone: global pooling, concatenation, BatchNorm and
 // activations.
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include "sparse/backend.h"
 #include "sparse/canonical_order.h"
@@ -47,6 +48,7 @@ at::Tensor GlobalPool(const SparseTensor& x, PoolMode mode) {
 
 SparseTensor Cat(const std::vector<SparseTensor>& xs) {
   TORCH_CHECK(!xs.empty(), "Cat: no tensors given");
+  RECORD_USER_SCOPE("cat");
   std::vector<at::Tensor> features;
   features.reserve(xs.size());
   for (const auto& x : xs) {
@@ -62,6 +64,7 @@ SparseTensor BatchNorm(const SparseTensor& x, const at::Tensor& weight, const at
                        const at::Tensor& running_mean, const at::Tensor& running_var,
                        bool training, double momentum, double eps, bool relu) {
   TORCH_CHECK(x.defined(), "BatchNorm: undefined SparseTensor");
+  RECORD_USER_SCOPE("batch norm");
   const int64_t c = x.F().size(1);
   for (const at::Tensor* t : {&weight, &bias, &running_mean, &running_var}) {
     if (t->defined()) {

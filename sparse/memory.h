@@ -10,6 +10,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <string>
 
 namespace trainsup::sparse {
 
@@ -21,6 +22,8 @@ struct MemoryStats {
   int64_t refused = 0;       // allocations that raised out-of-memory
   int64_t cached_bytes = 0;  // freed large blocks kept for reuse
   int64_t cache_hits = 0;
+  int64_t block_cache_limit_bytes = 0;
+  int64_t evicted_bytes = 0;  // cached blocks freed to make room (limit or budget)
 };
 
 // Installs the counting allocator as LibTorch's CPU allocator (once per
@@ -35,10 +38,31 @@ void SetMemoryBudget(int64_t bytes);
 // Freed blocks of at least 1 MiB are kept (up to `bytes` in all) and handed
 // out again for an allocation of the same size: training repeats the same
 // shapes every step, and a fresh large block costs page faults and zeroing
-// on every use. Cached blocks do not count as current use; the budget
-// applies to live tensors. 0 (the default) turns caching off and frees the
-// cache.
+// on every use. Cached blocks do not count as current use, but they count
+// in the budget: live + cached never exceeds it. An allocation that would
+// cross the budget only because of cached blocks frees the oldest of them
+// first (out-of-memory is raised only when the live tensors alone would
+// cross it), a block is kept only while live + cached stays within the
+// budget, and when the cache is full the oldest blocks make room. 0 (the
+// default) turns caching off and frees the cache.
 void SetBlockCacheLimit(int64_t bytes);
+
+// The allocator's settings for training, one code path for the worker and
+// the benchmarks that measure it (minkunet_bench).
+struct AllocatorSettings {
+  int64_t budget_bytes = 0;       // 0: none
+  int64_t block_cache_bytes = 0;  // 0: no block cache
+};
+// The block cache without a budget.
+constexpr int64_t kDefaultBlockCacheBytes = int64_t{2} << 30;
+// Under a budget the cache may hold whatever the live tensors leave of it
+// (and gives it back on demand); without one, kDefaultBlockCacheBytes.
+AllocatorSettings TrainingAllocatorSettings(int64_t budget_bytes);
+// Installs the counting allocator (if it is not yet) and applies both.
+void ApplyAllocatorSettings(const AllocatorSettings& settings);
+// For logs and benchmark output, e.g. "budget 512 MiB, block cache up to
+// 512 MiB (counted in the budget)".
+std::string ToString(const AllocatorSettings& settings);
 
 // The same for any device. CPU: the functions above. CUDA (builds with
 // TRAINSUP_HAVE_CUDA; elsewhere they throw c10::Error): current and peak

@@ -471,6 +471,133 @@ absl::StatusOr<SplitStats> RunSplitting(const std::vector<SceneView>& scenes,
   return stats;
 }
 
+namespace {
+
+constexpr double kProbeHeadroom = 0.8;
+
+// Pieces of at most `unit` voxels covering `scenes`, scene by scene and
+// depth-first within a scene (first half first); a piece that is not
+// Bisectable stays whole.
+std::vector<Piece> CalibrationUnits(const std::vector<SceneView>& scenes,
+                                    const SplitOptions& options, int64_t unit) {
+  std::vector<Piece> units;
+  for (size_t i = 0; i < scenes.size(); ++i) {
+    if (scenes[i].n == 0) continue;
+    std::vector<Piece> todo{WholeScene(static_cast<int>(i), scenes[i])};
+    while (!todo.empty()) {
+      Piece piece = std::move(todo.back());
+      todo.pop_back();
+      if (piece.voxels <= unit || !Bisectable(piece, scenes[i], options)) {
+        units.push_back(std::move(piece));
+        continue;
+      }
+      auto halves = BisectPiece(piece, scenes[i]);
+      todo.push_back(std::move(halves.second));
+      todo.push_back(std::move(halves.first));
+    }
+  }
+  return units;
+}
+
+// The first `count` units merged per scene: one piece per scene, its rows
+// the union (ascending), the whole scene when it is all of it.
+Group MergeUnits(const std::vector<Piece>& units, size_t count,
+                 const std::vector<SceneView>& scenes) {
+  Group group;
+  for (size_t u = 0; u < count;) {
+    const int scene = units[u].scene;
+    const SceneView& view = scenes[static_cast<size_t>(scene)];
+    std::vector<int64_t> rows;
+    for (; u < count && units[u].scene == scene; ++u) {
+      const std::vector<int64_t> r = RowsOf(units[u], view);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    std::sort(rows.begin(), rows.end());
+    if (static_cast<int64_t>(rows.size()) == view.n) {
+      group.push_back(WholeScene(scene, view));
+    } else {
+      group.push_back(MakePiece(scene, view, std::move(rows), 1));
+    }
+  }
+  return group;
+}
+
+}  // namespace
+
+absl::StatusOr<CalibrationStats> CalibrateMemoryModel(
+    const std::vector<SceneView>& scenes, const SplitOptions& options, int64_t budget_bytes,
+    const CalibrationOptions& calibration, const ProbeRun& probe,
+    const std::function<void()>& free_memory, MemoryModel* model) {
+  CalibrationStats stats;
+  if (budget_bytes <= 0 || model == nullptr || calibration.max_probes <= 0) return stats;
+  int64_t total = 0;
+  for (const SceneView& s : scenes) total += s.n;
+  if (total == 0) return stats;
+  const int64_t first = std::min(
+      total, calibration.first_voxels > 0 ? calibration.first_voxels
+                                          : std::max(options.min_piece_voxels, (total + 31) / 32));
+  const std::vector<Piece> units = CalibrationUnits(scenes, options, first);
+  std::vector<int64_t> prefix(units.size() + 1, 0);  // voxels of the first u units
+  for (size_t u = 0; u < units.size(); ++u) prefix[u + 1] = prefix[u] + units[u].voxels;
+  // A probe is run only if planning would run it (predicted peak within
+  // safety * budget) with the growth of the prediction over its value at 0
+  // voxels taken a quarter larger: the fit it extrapolates is rough while
+  // it has few observations, and the part at 0 voxels (model, optimizer
+  // state, parameter gradients) is what the probes measure best.
+  const double limit = options.safety * static_cast<double>(budget_bytes);
+  auto fits = [&](int64_t voxels) {
+    const double base = static_cast<double>(model->Predict(0) + calibration.extra_bytes);
+    const double growth = static_cast<double>(model->Predict(voxels) - model->Predict(0));
+    return base + growth / kProbeHeadroom <= limit;
+  };
+  size_t done = 0;  // units in the largest probe so far
+  for (int k = 0; k < calibration.max_probes && done < units.size(); ++k) {
+    int64_t target = first;
+    if (k == 1) {
+      target = 2 * first;
+    } else if (k >= 2) {
+      // The largest size predicted to fit (binary search over prefixes),
+      // then geometric steps from the last probe to it.
+      size_t lo = done, hi = units.size();
+      while (lo < hi) {
+        const size_t mid = (lo + hi + 1) / 2;
+        if (fits(prefix[mid])) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      if (lo <= done) break;  // nothing larger is predicted to fit
+      const double last = static_cast<double>(prefix[done]);
+      const double top = static_cast<double>(prefix[lo]);
+      const int left = calibration.max_probes - k;
+      target = static_cast<int64_t>(std::ceil(last * std::pow(top / last, 1.0 / left)));
+    }
+    // The longest prefix within the target, at least one unit more.
+    size_t count = static_cast<size_t>(std::upper_bound(prefix.begin(), prefix.end(), target) -
+                                       prefix.begin()) -
+                   1;
+    count = std::clamp(count, done + 1, units.size());
+    const Group group = MergeUnits(units, count, scenes);
+    const int64_t voxels = GroupVoxels(group);
+    if (k >= 2 && !fits(voxels)) break;
+    ++stats.probes;
+    absl::StatusOr<int64_t> peak = probe(group);
+    if (!peak.ok()) {
+      if (!absl::IsResourceExhausted(peak.status())) return peak.status();
+      ++stats.oom_events;
+      if (free_memory) free_memory();
+      if (Splittable(group, scenes, options)) model->ObserveFailure(voxels);
+      break;
+    }
+    model->Observe(voxels, -1, *peak + calibration.extra_bytes);
+    stats.largest_voxels = voxels;
+    stats.largest_peak = *peak + calibration.extra_bytes;
+    done = count;
+  }
+  return stats;
+}
+
 absl::StatusOr<SplitStats> RunBaselineSplitting(const std::vector<SceneView>& scenes,
                                                 const RunGroup& run,
                                                 const std::function<void()>& free_memory,

@@ -199,6 +199,60 @@ absl::StatusOr<SplitStats> RunSplitting(const std::vector<SceneView>& scenes,
                                         const std::function<void()>& free_memory,
                                         const MemoryModel* predictor, int64_t budget_bytes);
 
+// Calibration before the first step. The model learns from every
+// successful forward+backward, so without calibration the first large
+// batches of a run still run out of memory: nothing seen before them
+// foretells their peak. CalibrateMemoryModel measures a few probes of
+// growing size through the real model first (the caller's ProbeRun), so
+// the fit is ready from the first step on.
+
+// Runs forward+backward over `group` with no lasting effect (no gradient
+// kept, no statistic updated) and returns its peak bytes as the trainer
+// measures them for MemoryModel::Observe (absolute, through the allocator's
+// memory statistics); ResourceExhausted when out of memory, after which
+// nothing of the probe is left; any other error is a real failure.
+using ProbeRun = std::function<absl::StatusOr<int64_t>(const Group& group)>;
+
+struct CalibrationOptions {
+  // At most this many probes (forward passes); at least MemoryModel::
+  // kMinObservations make the model ready.
+  int max_probes = MemoryModel::kMinObservations;
+  // The first probe's voxels; 0: max(min_piece_voxels, 1/32 of the
+  // scenes' voxels). The second probe is twice as large.
+  int64_t first_voxels = 0;
+  // Added to every observed peak: memory live in training but not yet at
+  // calibration (the optimizer's state before its first step).
+  int64_t extra_bytes = 0;
+};
+
+struct CalibrationStats {
+  int64_t probes = 0;          // ProbeRun calls
+  int64_t oom_events = 0;      // of those, out of memory (wasted forward passes)
+  int64_t largest_voxels = 0;  // the largest probe that fitted
+  int64_t largest_peak = 0;    // its peak, extra_bytes included
+};
+
+// Calibrates `model` under `budget_bytes` from pieces of `scenes` (data of
+// the run: the first scenes of its training split). The scenes are cut
+// into units of at most the first probe's size (BisectPiece, only where
+// Bisectable: never below the floor or the coarsest-stride rule), kept in
+// scene order and depth-first within a scene; a probe is a prefix of the
+// units, merged per scene into one piece each. Probe sizes: the first, twice
+// it, then geometric up to the largest size the fit so far predicts
+// (margin included) to stay within options.safety * budget with its growth
+// over the prediction at 0 voxels taken 1/0.8 times larger, or all the
+// scenes' voxels; a probe predicted not to fit is not run, so probes do not
+// run out of memory unless the fit from the smaller ones is wrong. A probe
+// that does run out calls free_memory (if set), is recorded with
+// ObserveFailure when it could be split, and ends the calibration. Each
+// successful probe is observed with its peak + extra_bytes. Without a budget
+// nothing is run. Returns probe's first error other than ResourceExhausted,
+// unchanged.
+absl::StatusOr<CalibrationStats> CalibrateMemoryModel(
+    const std::vector<SceneView>& scenes, const SplitOptions& options, int64_t budget_bytes,
+    const CalibrationOptions& calibration, const ProbeRun& probe,
+    const std::function<void()>& free_memory, MemoryModel* model);
+
 // The commonly used reactive splitter, as a baseline for benchmarks: run the
 // whole batch; on out-of-memory free memory, then run the scenes one at a
 // time; a scene or piece that runs out of memory is halved at its

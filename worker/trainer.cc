@@ -281,6 +281,10 @@ class Trainer {
   // file system is full (ResourceExhausted: ENOSPC, EDQUOT), else 1.
   TrainerResult CheckpointFailed(const absl::Status& s, const std::string& when);
   absl::Status Resume();
+  SplitOptions Splitting() const;
+  // Calibrates the memory model before the first step (CalibrateMemory)
+  // when it plans (predictive splitting under a budget) and is not ready.
+  absl::Status Calibrate(const LoaderOptions& loader);
   // One optimizer step over `batch`; ResourceExhausted = hard OOM.
   absl::Status Step(const Batch& batch);
   void Evaluate(TrainerResult* result);
@@ -427,14 +431,40 @@ absl::Status Trainer::Resume() {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Step(const Batch& batch) {
+SplitOptions Trainer::Splitting() const {
   SplitOptions split_options;
   split_options.min_piece_voxels = spec_.train.min_piece_points;
   split_options.coarsest_stride = sparse::kMinkUNetCoarsestStride;
+  return split_options;
+}
+
+absl::Status Trainer::Calibrate(const LoaderOptions& loader) {
+  if (!spec_.train.predictive_split || budget_ <= 0 || memory_model_.ready()) {
+    return absl::OkStatus();
+  }
+  // The optimizer's state is made by its first step; a resumed run has it.
+  const int64_t extra =
+      optimizer_->state().empty() ? OptimizerStateBytes(spec_.optimizer, params_) : 0;
+  const int64_t scenes = std::min<int64_t>(8, 2 * spec_.train.batch_size);
+  absl::StatusOr<CalibrationStats> c =
+      CalibrateMemory(*model_, *train_, loader, scenes, channels_, params_, accum_, Splitting(),
+                      &memory_model_, budget_, extra, height_);
+  if (!c.ok()) return c.status();
+  counters_.oom_events += c->oom_events;
+  counters_.wasted_forwards += c->oom_events;
+  Log(absl::StrCat("memory model calibrated before the first step: ", c->probes,
+                   " probes of the first ", scenes, " scenes, up to ", c->largest_voxels,
+                   " voxels (peak ", c->largest_peak >> 20, " MiB with ", extra >> 20,
+                   " MiB of optimizer state to come), ", c->oom_events, " out of memory; ",
+                   memory_model_.ready() ? "ready" : "not ready yet"));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Step(const Batch& batch) {
   absl::StatusOr<StepOutcome> outcome =
-      ForwardBackward(*model_, batch, channels_, params_, accum_, split_options,
-                      spec_.train.predictive_split ? &memory_model_ : nullptr, budget_,
-                      at::kFloat, &run_peak_, height_);
+      ForwardBackward(*model_, batch, channels_, params_, accum_, Splitting(),
+                      spec_.train.predictive_split ? &memory_model_ : nullptr, budget_, at::kFloat,
+                      &run_peak_, height_);
   if (!outcome.ok()) return outcome.status();
   const SplitStats* stats = &outcome->stats;
   double loss_sum = outcome->loss;
@@ -605,8 +635,20 @@ TrainerResult Trainer::Run() {
   int64_t budget_mb = options_.memory_budget_mb_override > 0 ? options_.memory_budget_mb_override
                                                              : spec_.train.memory_budget_mb;
   budget_ = budget_mb << 20;
-  // On a GPU the budget becomes the caching allocator's memory fraction.
-  sparse::SetMemoryBudget(device_, budget_);
+  // On the CPU, the allocator settings minkunet_bench measures: the block
+  // cache sized against the budget and counted in it (sparse/memory.h). On
+  // a GPU the budget becomes the caching allocator's memory fraction.
+  std::string memory_settings;
+  if (device_.is_cpu()) {
+    const sparse::AllocatorSettings allocator = sparse::TrainingAllocatorSettings(budget_);
+    sparse::ApplyAllocatorSettings(allocator);
+    memory_settings = sparse::ToString(allocator);
+  } else {
+    sparse::SetMemoryBudget(device_, budget_);
+    memory_settings =
+        budget_ > 0 ? absl::StrCat("budget ", budget_mb, " MiB (the caching allocator's fraction)")
+                    : std::string("no budget");
+  }
   if (budget_ > 0 && sparse::GetMemoryStats(device_).current_bytes > budget_) {
     return Fail(kExitOom, "oom",
                 absl::StrCat("the model and optimizer alone need ",
@@ -642,10 +684,12 @@ TrainerResult Trainer::Run() {
   lo.voxel_size = spec_.model.voxel_size;
   lo.augment = spec_.data.augment;
   loader_ = std::make_unique<Loader>(train_.get(), lo, epoch_, cursor_);
+  absl::Status calibrated = Calibrate(lo);
+  if (!calibrated.ok()) return data_failure(calibrated);
   Log(absl::StrCat("training ", spec_.model.arch, " (", model_->NumParameters(), " parameters, ",
                    num_classes_, " classes, ", channels_, " input channels) on ", train_->size(),
                    " training and ", val_ ? val_->size() : 0, " validation scenes, ", total_steps_,
-                   " steps, budget ", budget_mb, " MiB, ", at::get_num_threads(), " threads, on ",
+                   " steps, ", memory_settings, ", ", at::get_num_threads(), " threads, on ",
                    device_.str()));
   Report(v1::PHASE_TRAINING);
 
@@ -770,7 +814,97 @@ TrainerResult Trainer::Run() {
   return result;
 }
 
+// The model's device (where its parameters are).
+c10::Device ParamsDevice(const std::vector<at::Tensor>& params) {
+  return params.empty() ? c10::Device(c10::DeviceType::CPU) : params.front().device();
+}
+
+// Forward and backward on one group: `weight` times the gradient of its
+// mean loss is added to `accum` only when the whole group succeeded, so an
+// OOM half-way leaves no trace; the loss, hits and labelled voxels are
+// added to `outcome`. Returns the absolute peak bytes (the allocator's
+// memory statistics), or ResourceExhausted on c10::OutOfMemoryError.
+absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& batch,
+                                     const Group& group, int channels,
+                                     const std::vector<at::Tensor>& params,
+                                     std::vector<at::Tensor>& accum, double weight,
+                                     at::ScalarType dtype, double height, c10::Device device,
+                                     StepOutcome* outcome) {
+  try {
+    sparse::ResetPeakMemory(device);
+    GroupTensors t = Assemble(batch, group, channels, dtype, height, device);
+    sparse::SparseTensor out = model.forward(t.input);
+    at::Tensor logits = out.features();
+    at::Tensor loss = t.labelled > 0 ? torch::nll_loss(torch::log_softmax(logits, 1), t.labels, {},
+                                                       at::Reduction::Mean, -1)
+                                     : logits.sum() * 0.0;
+    at::Tensor scaled = loss * weight;
+    std::vector<at::Tensor> grads =
+        torch::autograd::grad({scaled}, params, {}, false, false, /*allow_unused=*/true);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (grads[i].defined()) accum[i].add_(grads[i]);
+    }
+    outcome->loss += scaled.item<double>();
+    at::Tensor pred = logits.argmax(1);
+    at::Tensor mask = t.labels >= 0;
+    outcome->hits += (pred.eq(t.labels) & mask).sum().item<int64_t>();
+    outcome->labelled += t.labelled;
+    return sparse::GetMemoryStats(device).peak_bytes;
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(e.what());
+  }
+}
+
 }  // namespace
+
+int64_t OptimizerStateBytes(const OptimizerSpec& optimizer, const std::vector<at::Tensor>& params) {
+  int64_t bytes = 0;
+  for (const at::Tensor& p : params) bytes += static_cast<int64_t>(p.nbytes());
+  if (optimizer.kind == "adamw") return 2 * bytes;  // exp_avg, exp_avg_sq
+  return optimizer.momentum != 0 ? bytes : 0;       // SGD: the momentum buffers
+}
+
+absl::StatusOr<CalibrationStats> CalibrateMemory(
+    sparse::MinkUNetImpl& model, const Dataset& dataset, const LoaderOptions& loader,
+    int64_t scenes, int channels, const std::vector<at::Tensor>& params,
+    std::vector<at::Tensor>& accum, const SplitOptions& options, MemoryModel* predictor,
+    int64_t budget_bytes, int64_t extra_bytes, double height) {
+  if (budget_bytes <= 0 || predictor == nullptr) return CalibrationStats{};
+  Batch batch;
+  LoaderOptions lo = loader;
+  lo.augment = false;
+  for (int64_t i = 0; i < std::min(scenes, dataset.size()); ++i) {
+    absl::StatusOr<VoxelScene> scene = PrepareScene(dataset, i, 0, lo);
+    if (!scene.ok()) return scene.status();
+    batch.scenes.push_back(std::move(*scene));
+  }
+  std::vector<SceneView> views;
+  for (const VoxelScene& s : batch.scenes) {
+    views.push_back({s.xyz.data(), static_cast<int64_t>(s.labels.size()), s.labelled.data()});
+  }
+  // The probes leave nothing behind: BatchNorm statistics (buffers) are put
+  // back, the gradients are scaled by 0 and the accumulators zeroed.
+  std::vector<at::Tensor> buffers = model.buffers();
+  std::vector<at::Tensor> saved;
+  for (const at::Tensor& b : buffers) saved.push_back(b.clone());
+  const c10::Device device = ParamsDevice(params);
+  ProbeRun probe = [&](const Group& group) -> absl::StatusOr<int64_t> {
+    StepOutcome ignored;
+    return RunGroupOnce(model, batch, group, channels, params, accum, 0.0, at::kFloat, height,
+                        device, &ignored);
+  };
+  CalibrationOptions calibration;
+  calibration.extra_bytes = extra_bytes;
+  absl::StatusOr<CalibrationStats> stats = CalibrateMemoryModel(
+      views, options, budget_bytes, calibration, probe,
+      [device] { sparse::ReleaseCachedMemory(device); }, predictor);
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(saved[i]);
+    for (at::Tensor& a : accum) a.zero_();
+  }
+  return stats;
+}
 
 absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const Batch& batch,
                                             int channels, const std::vector<at::Tensor>& params,
@@ -783,40 +917,15 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
     views.push_back({s.xyz.data(), static_cast<int64_t>(s.labels.size()), s.labelled.data()});
   }
   for (at::Tensor& a : accum) a.zero_();
-  // The model's device (where its parameters are).
-  const c10::Device device =
-      params.empty() ? c10::Device(c10::DeviceType::CPU) : params.front().device();
+  const c10::Device device = ParamsDevice(params);
   StepOutcome outcome;
-  // Forward and backward on one group; its gradients reach `accum` only
-  // when the whole group succeeded, so an OOM half-way leaves no trace.
   RunGroup run = [&](const Group& group, double weight) -> absl::Status {
-    try {
-      sparse::ResetPeakMemory(device);
-      GroupTensors t = Assemble(batch, group, channels, dtype, height, device);
-      sparse::SparseTensor out = model.forward(t.input);
-      at::Tensor logits = out.features();
-      at::Tensor loss = t.labelled > 0
-                            ? torch::nll_loss(torch::log_softmax(logits, 1), t.labels, {},
-                                              at::Reduction::Mean, -1)
-                            : logits.sum() * 0.0;
-      at::Tensor scaled = loss * weight;
-      std::vector<at::Tensor> grads =
-          torch::autograd::grad({scaled}, params, {}, false, false, /*allow_unused=*/true);
-      for (size_t i = 0; i < grads.size(); ++i) {
-        if (grads[i].defined()) accum[i].add_(grads[i]);
-      }
-      outcome.loss += scaled.item<double>();
-      at::Tensor pred = logits.argmax(1);
-      at::Tensor mask = t.labels >= 0;
-      outcome.hits += (pred.eq(t.labels) & mask).sum().item<int64_t>();
-      outcome.labelled += t.labelled;
-      int64_t peak = sparse::GetMemoryStats(device).peak_bytes;
-      if (run_peak != nullptr) *run_peak = std::max(*run_peak, peak);
-      if (predictor != nullptr) predictor->Observe(GroupVoxels(group), -1, peak);
-      return absl::OkStatus();
-    } catch (const c10::OutOfMemoryError& e) {
-      return absl::ResourceExhaustedError(e.what());
-    }
+    absl::StatusOr<int64_t> peak = RunGroupOnce(model, batch, group, channels, params, accum,
+                                                weight, dtype, height, device, &outcome);
+    if (!peak.ok()) return peak.status();
+    if (run_peak != nullptr) *run_peak = std::max(*run_peak, *peak);
+    if (predictor != nullptr) predictor->Observe(GroupVoxels(group), -1, *peak);
+    return absl::OkStatus();
   };
   // Freed tensors are already back; hand the allocator's cached blocks
   // back too (CUDA: torch.cuda.empty_cache()).

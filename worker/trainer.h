@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "proto/spec.h"
 #include "trainsup/v1/supervisor.pb.h"
+#include "worker/dataset.h"
 #include "worker/loader.h"
 #include "worker/split.h"
 
@@ -122,6 +123,26 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
                                             int64_t budget_bytes, at::ScalarType dtype = at::kFloat,
                                             int64_t* run_peak = nullptr, double height = 0,
                                             bool baseline = false);
+
+// Bytes of optimizer state that its first step allocates for `params`: SGD
+// with momentum keeps one buffer per parameter, AdamW two.
+int64_t OptimizerStateBytes(const OptimizerSpec& optimizer, const std::vector<at::Tensor>& params);
+
+// Calibrates `predictor` before the first step (CalibrateMemoryModel in
+// split.h): probes of growing size, cut from the first `scenes` scenes of
+// `dataset` (prepared as the loader does, without augmentation), run
+// forward+backward through `model` as ForwardBackward runs a group, peaks
+// measured through the allocator's memory statistics (so the same on any
+// device whose allocator reports them) plus `extra_bytes` (memory live in
+// training but not yet: OptimizerStateBytes before the first step). Leaves
+// the model's parameters and buffers (BatchNorm statistics) as they were
+// and `accum` zeroed. Nothing is run without a budget. Errors: the data's,
+// or an exception other than out-of-memory propagates.
+absl::StatusOr<CalibrationStats> CalibrateMemory(
+    sparse::MinkUNetImpl& model, const Dataset& dataset, const LoaderOptions& loader,
+    int64_t scenes, int channels, const std::vector<at::Tensor>& params,
+    std::vector<at::Tensor>& accum, const SplitOptions& options, MemoryModel* predictor,
+    int64_t budget_bytes, int64_t extra_bytes, double height = 0);
 
 }  // namespace trainsup::worker
 

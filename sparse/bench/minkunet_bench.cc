@@ -5,6 +5,10 @@
 // their gradients and the parameter gradients.
 // --json prints one JSON object. --device cuda runs it on cuda:0 (memory
 // from the caching allocator), --backend forces a backend (sparse/backend.h).
+// --profile instead breaks the forward without gradients and the training
+// step (checkpointing off) down by op kind (bench/op_profile.h), medians
+// over --repeats; under valgrind's callgrind (--collect-atstart=no) it
+// collects the instructions of the first profiled step alone.
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -12,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -19,6 +24,7 @@
 
 #include "sparse/backend.h"
 #include "sparse/bench/bench_util.h"
+#include "sparse/bench/op_profile.h"
 #include "sparse/cpu/blas.h"
 #include "sparse/cpu/kernels.h"
 #include "sparse/memory.h"
@@ -27,6 +33,13 @@
 #include "sparse/scene.h"
 
 namespace ts = trainsup::sparse;
+
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define TRAINSUP_CALLGRIND_TOGGLE() CALLGRIND_TOGGLE_COLLECT
+#else
+#define TRAINSUP_CALLGRIND_TOGGLE()
+#endif
 
 namespace {
 
@@ -38,6 +51,68 @@ void Sync(const c10::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
+// Median seconds per op kind over runs (a kind missing from a run counts
+// 0 there), largest first, and the floating-point operations of the kinds
+// that report them (the same in every run).
+struct Breakdown {
+  std::vector<std::pair<std::string, double>> rows;
+  std::map<std::string, double> flops;
+  double total = 0;  // median wall time of the whole
+};
+
+Breakdown Summarise(const std::vector<std::map<std::string, double>>& runs,
+                    const std::map<std::string, double>& flops, const std::vector<double>& totals) {
+  std::map<std::string, std::vector<double>> by_name;
+  for (const auto& run : runs) {
+    for (const auto& [name, t] : run) by_name[name];
+  }
+  for (auto& [name, v] : by_name) {
+    for (const auto& run : runs) {
+      auto it = run.find(name);
+      v.push_back(it == run.end() ? 0.0 : it->second);
+    }
+  }
+  Breakdown b;
+  b.total = Median(totals);
+  b.flops = flops;
+  for (const auto& [name, v] : by_name) b.rows.emplace_back(name, Median(v));
+  std::sort(b.rows.begin(), b.rows.end(),
+            [](const auto& l, const auto& r) { return l.second > r.second; });
+  return b;
+}
+
+void PrintBreakdown(const char* what, const Breakdown& b, std::ostringstream& js,
+                    const std::string& key, bool json) {
+  double attributed = 0;
+  for (const auto& [name, t] : b.rows) attributed += t;
+  if (!json) {
+    std::printf("%s: %.3f s (median); per op kind, medians (share of the whole):\n", what, b.total);
+    for (const auto& [name, t] : b.rows) {
+      if (t < 0.0005) continue;
+      std::printf("  %-44s %8.1f ms  %5.1f%%", name.c_str(), 1e3 * t, 100 * t / b.total);
+      auto f = b.flops.find(name);
+      if (f != b.flops.end())
+        std::printf("  %7.1f GFLOP = %4.0f GFLOP/s", f->second * 1e-9, f->second * 1e-9 / t);
+      std::printf("\n");
+    }
+    std::printf("  %-44s %8.1f ms  %5.1f%%\n", "(outside any op: autograd engine, glue)",
+                1e3 * (b.total - attributed), 100 * (b.total - attributed) / b.total);
+  }
+  js << ", \"" << key << "_s\": " << b.total << ", \"" << key << "_ops\": {";
+  bool first = true;
+  for (const auto& [name, t] : b.rows) {
+    js << (first ? "" : ", ") << "\"" << name << "\": " << t;
+    first = false;
+  }
+  js << "}, \"" << key << "_gflop\": {";
+  first = true;
+  for (const auto& [name, f] : b.flops) {
+    js << (first ? "" : ", ") << "\"" << name << "\": " << f * 1e-9;
+    first = false;
+  }
+  js << "}";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,21 +120,27 @@ int main(int argc, char** argv) {
   int repeats = 3;
   int threads = 2;
   bool json = false;
+  bool profile = false;
   std::vector<int> depths = {14, 34};
   std::string scene_name = "default";
-  int64_t cache_mib = 2048;
+  int64_t cache_mib = -1;  // -1: the worker's settings (TrainingAllocatorSettings)
+  int64_t budget_mib = 0;
   c10::Device device(c10::DeviceType::CPU);
   std::optional<ts::BackendKind> backend;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json") {
       json = true;
+    } else if (a == "--profile") {
+      profile = true;
     } else if (a == "--repeats" && i + 1 < argc) {
       repeats = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--threads" && i + 1 < argc) {
       threads = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--block-cache-mib" && i + 1 < argc) {
       cache_mib = std::atoll(argv[++i]);
+    } else if (a == "--budget-mib" && i + 1 < argc) {
+      budget_mib = std::atoll(argv[++i]);
     } else if (a == "--scene" && i + 1 < argc) {
       scene_name = argv[++i];
     } else if (a == "--device" && i + 1 < argc) {
@@ -75,15 +156,29 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
-                   "[--scene small|default|large|huge] [--block-cache-mib N] [--device cpu|cuda] "
-                   "[--backend cpu|generic|cuda]\n");
+                   "[--scene small|default|large|huge] [--budget-mib N] [--block-cache-mib N] "
+                   "[--device cpu|cuda] [--backend cpu|generic|cuda] [--profile]\n");
       return 64;
     }
   }
   at::set_num_threads(threads);
   if (backend) ts::SetBackendOverride(backend);
-  ts::InstallCountingAllocator();
-  ts::SetBlockCacheLimit(cache_mib << 20);
+  // The allocator as the worker sets it up for a budget of --budget-mib (0:
+  // none): on the CPU the counting allocator with its block cache
+  // (--block-cache-mib overrides the cache for A/B runs), on CUDA the
+  // caching allocator's fraction.
+  ts::AllocatorSettings allocator = ts::TrainingAllocatorSettings(budget_mib << 20);
+  if (cache_mib >= 0) allocator.block_cache_bytes = cache_mib << 20;
+  std::string allocator_text;
+  if (device.is_cpu()) {
+    ts::ApplyAllocatorSettings(allocator);
+    allocator_text = ts::ToString(allocator);
+  } else {
+    ts::SetMemoryBudget(device, budget_mib << 20);
+    allocator_text = "CUDA caching allocator, " +
+                     (budget_mib > 0 ? "budget " + std::to_string(budget_mib) + " MiB"
+                                     : std::string("no budget"));
+  }
   torch::manual_seed(0);
 
   ts::Scene scene = ts::GenerateScene(ts::ScenePreset(scene_name, 1));
@@ -97,27 +192,86 @@ int main(int argc, char** argv) {
   at::Tensor coords = at::cat({at::zeros({n, 1}, at::kInt), q.coordinates}, 1);
 
   std::ostringstream js;
-  // TRAINSUP_FUSED=0 selects the gather-BLAS-scatter convolutions.
+  // TRAINSUP_KERNELS=avx512|avx2|blas (or TRAINSUP_FUSED=0 for blas)
+  // selects the CPU backend's convolution kernels.
   const ts::Backend& b = ts::BackendFor(device);
-  const char* kernels = b.kind != ts::BackendKind::kCpu  ? b.name
-                        : ts::cpu::FusedKernelsEnabled() ? "fused AVX-512"
-                                                         : "gather-BLAS-scatter";
+  const std::string kernel_set = b.kind != ts::BackendKind::kCpu
+                                     ? std::string(b.name)
+                                     : ts::cpu::ToString(ts::cpu::ActiveKernelSet());
+  const char* kernels = kernel_set.c_str();
   js << "{\"device\": \"" << device.str() << "\", \"backend\": \"" << b.name
-     << "\", \"block_cache_mib\": " << cache_mib << ", \"threads\": " << threads
-     << ", \"blas_core\": \"" << ts::BlasCoreName() << "\", \"conv_kernels\": \"" << kernels
+     << "\", \"block_cache_mib\": " << (device.is_cpu() ? allocator.block_cache_bytes >> 20 : 0)
+     << ", \"budget_mib\": " << budget_mib << ", \"allocator\": \"" << allocator_text
+     << "\", \"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName()
+     << "\", \"conv_kernels\": \"" << kernels << "\", \"scene\": \"" << scene_name
      << "\", \"voxels\": " << n;
   if (!json) {
     std::printf(
-        "minkunet_bench: %s, backend %s, %d threads (at::set_num_threads), %s convolutions, BLAS "
-        "%s "
-        "kernels, block cache %lld MiB; scene %s: %lld voxels at 2 cm; medians of %d\n",
+        "minkunet_bench: %s, backend %s, %d threads (at::set_num_threads), convolution kernels "
+        "%s, BLAS %s kernels, allocator: %s; scene %s: %lld voxels at 2 cm; medians of %d\n",
         device.str().c_str(), b.name, threads, kernels, ts::BlasCoreName().c_str(),
-        static_cast<long long>(cache_mib), scene_name.c_str(), static_cast<long long>(n), repeats);
+        allocator_text.c_str(), scene_name.c_str(), static_cast<long long>(n), repeats);
   }
   for (int depth : depths) {
     ts::MinkUNet net(ts::MinkUNetPlan(depth, 3, 20));
     net->to(device);
     const std::string k = "minkunet" + std::to_string(depth);
+    if (profile) {
+      // The forward without gradients (a fresh coordinate manager per run,
+      // kernel maps included), then the training step on one manager after
+      // a first step that built the maps, as timed below.
+      std::vector<std::map<std::string, double>> fwd_ops, step_ops;
+      std::map<std::string, double> fwd_flops, step_flops;
+      std::vector<double> fwd_t, step_t, step_fwd_t;
+      net->eval();
+      for (int r = 0; r <= repeats; ++r) {
+        torch::NoGradGuard no_grad;
+        ts::SparseTensor x(q.features, coords);
+        trainsup::bench::OpProfile ops;
+        const double t0 = Now();
+        net->forward(x);
+        Sync(device);
+        const double t = Now() - t0;
+        if (r > 0) {
+          fwd_t.push_back(t);
+          fwd_ops.push_back(ops.Take());
+          fwd_flops = ops.TakeFlops();
+        }
+      }
+      net->train();
+      ts::DisableGradientCheckpointing(*net);
+      ts::SparseTensor x(q.features, coords);
+      for (int r = 0; r <= repeats; ++r) {
+        for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
+        if (r == 1) TRAINSUP_CALLGRIND_TOGGLE();
+        trainsup::bench::OpProfile ops;
+        const double t0 = Now();
+        at::Tensor logits = net->forward(x).F();
+        at::Tensor loss = at::cross_entropy_loss(logits, q.labels);
+        Sync(device);
+        const double t1 = Now();
+        loss.backward();
+        Sync(device);
+        const double t = Now() - t0;
+        if (r == 1) TRAINSUP_CALLGRIND_TOGGLE();
+        if (r > 0) {
+          step_t.push_back(t);
+          step_fwd_t.push_back(t1 - t0);
+          step_ops.push_back(ops.Take());
+          step_flops = ops.TakeFlops();
+        }
+      }
+      PrintBreakdown(("MinkUNet" + std::to_string(depth) + " forward without gradients").c_str(),
+                     Summarise(fwd_ops, fwd_flops, fwd_t), js, k + "_forward", json);
+      if (!json) {
+        std::printf("MinkUNet%d training step: forward (with the loss) %.3f s of it\n", depth,
+                    Median(step_fwd_t));
+      }
+      js << ", \"" << k << "_step_forward_s\": " << Median(step_fwd_t);
+      PrintBreakdown(("MinkUNet" + std::to_string(depth) + " training step").c_str(),
+                     Summarise(step_ops, step_flops, step_t), js, k + "_step", json);
+      continue;
+    }
     // Inference: a fresh coordinate manager per run, as a new scene would have.
     net->eval();
     std::vector<double> fwd;

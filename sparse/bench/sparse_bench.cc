@@ -1,8 +1,10 @@
 // The engine's benchmark on a synthetic indoor scene: kernel-map build rate,
 // convolution forward and forward+backward throughput, a stride-2
 // downsample, each against a plain LibTorch matrix product of the same
-// shape measured in the same run. Prints medians over --repeats runs;
-// --json prints one JSON object instead.
+// shape measured in the same run, and with the process's kernel set
+// (TRAINSUP_KERNELS, default the fastest the CPU has) against the
+// gather-BLAS-scatter path, the two alternating. Prints medians over
+// --repeats runs; --json prints one JSON object instead.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -20,6 +22,7 @@
 
 #include "sparse/bench/bench_util.h"
 #include "sparse/cpu/blas.h"
+#include "sparse/cpu/kernels.h"
 #include "sparse/ops.h"
 #include "sparse/quantize.h"
 #include "sparse/scene.h"
@@ -88,6 +91,27 @@ double Median(int repeats, const std::function<void()>& fn) {
   return trainsup::bench::Median(t);
 }
 
+// Medians of `fn` with kernel set `a` and with `b`, alternating run by run
+// (each after one warm-up run) so both see the same load; the process's
+// set is put back afterwards.
+std::pair<double, double> MedianAB(int repeats, ts::cpu::KernelSet a, ts::cpu::KernelSet b,
+                                   const std::function<void()>& fn) {
+  const ts::cpu::KernelSet initial = ts::cpu::ActiveKernelSet();
+  std::vector<double> ta, tb;
+  for (int i = 0; i <= repeats; ++i) {
+    ts::cpu::SetKernelSet(a);
+    const double da = Seconds(fn);
+    ts::cpu::SetKernelSet(b);
+    const double db = Seconds(fn);
+    if (i > 0) {
+      ta.push_back(da);
+      tb.push_back(db);
+    }
+  }
+  ts::cpu::SetKernelSet(initial);
+  return {trainsup::bench::Median(ta), trainsup::bench::Median(tb)};
+}
+
 class Report {
  public:
   void Add(const std::string& key, double v, const char* fmt = "%.4g") {
@@ -127,8 +151,12 @@ int main(int argc, char** argv) {
   r.AddString("blas_core", ts::BlasCoreName());
   r.AddString("blas_library", ts::BlasLibraryPath());
   r.Add("blas_threads", ts::BlasThreads(), "%.0f");
-  say("trainsup sparse_bench: %d threads (at::set_num_threads), BLAS %s kernels (%s, %d threads)\n",
-      args.threads, ts::BlasCoreName().c_str(), ts::BlasLibraryPath().c_str(), ts::BlasThreads());
+  const ts::cpu::KernelSet kernels = ts::cpu::ActiveKernelSet();
+  r.AddString("kernel_set", ts::cpu::ToString(kernels));
+  say("trainsup sparse_bench: %d threads (at::set_num_threads), convolution kernels %s, BLAS %s "
+      "kernels (%s, %d threads)\n",
+      args.threads, ts::cpu::ToString(kernels).c_str(), ts::BlasCoreName().c_str(),
+      ts::BlasLibraryPath().c_str(), ts::BlasThreads());
 
   // Scene and quantization.
   ts::Scene scene = ts::GenerateScene(ts::ScenePreset(args.scene, args.seed));
@@ -195,15 +223,16 @@ int main(int argc, char** argv) {
     const int64_t case_pairs =
         manager->GetKernelMap(base.set_id(), out_set, c.kernel, 1)->pairs();
     const double flops = 2.0 * case_pairs * c.cin * c.cout;
-    const double t_fwd = Median(args.repeats, [&] {
-      at::NoGradGuard no_grad;
-      ts::Conv(x, w, at::Tensor(), opt);
-    });
+    const auto [t_fwd, t_fwd_blas] =
+        MedianAB(args.repeats, kernels, ts::cpu::KernelSet::kBlas, [&] {
+          at::NoGradGuard no_grad;
+          ts::Conv(x, w, at::Tensor(), opt);
+        });
     at::Tensor fg = f.clone().requires_grad_(true);
     at::Tensor wg = w.clone().requires_grad_(true);
     ts::SparseTensor xg = base.WithFeatures(fg);
     at::Tensor grad_out = at::randn({manager->Set(out_set).size(), c.cout});
-    const double t_fb = Median(args.repeats, [&] {
+    const auto [t_fb, t_fb_blas] = MedianAB(args.repeats, kernels, ts::cpu::KernelSet::kBlas, [&] {
       fg.mutable_grad() = at::Tensor();
       wg.mutable_grad() = at::Tensor();
       ts::Conv(xg, wg, at::Tensor(), opt).F().backward(grad_out);
@@ -233,6 +262,10 @@ int main(int argc, char** argv) {
     r.Add(k + "_fwdbwd_vs_matmul", 3 * flops / t_fb / 1e9 / mm_gflops);
     r.Add(k + "_chunk_matmul_gflops", chunk_gflops);
     r.Add(k + "_fwdbwd_vs_chunk_matmul", 3 * flops / t_fb / 1e9 / chunk_gflops);
+    r.Add(k + "_blas_fwd_ms", t_fwd_blas * 1e3);
+    r.Add(k + "_blas_fwdbwd_ms", t_fb_blas * 1e3);
+    r.Add(k + "_fwd_speedup_vs_blas", t_fwd_blas / t_fwd);
+    r.Add(k + "_fwdbwd_speedup_vs_blas", t_fb_blas / t_fb);
     say("%-13s %9lld pairs %6.2f GFLOP | fwd %7.1f ms %6.1f GFLOP/s | fwd+bwd %7.1f ms %6.1f "
         "GFLOP/s | matmul [%lld x %lld]x[%lld x %lld] %6.1f GFLOP/s | fwd %.2fx, fwd+bwd %.2fx "
         "of matmul | fwd+bwd %.2fx of the %.1f GFLOP/s chunk-shape matmul\n",
@@ -241,6 +274,10 @@ int main(int argc, char** argv) {
         static_cast<long long>(c.cin), static_cast<long long>(c.cin),
         static_cast<long long>(c.cout), mm_gflops, flops / t_fwd / 1e9 / mm_gflops,
         3 * flops / t_fb / 1e9 / mm_gflops, 3 * flops / t_fb / 1e9 / chunk_gflops, chunk_gflops);
+    say("%-13s BLAS path in the same run: fwd %7.1f ms, fwd+bwd %7.1f ms => %s %.2fx, %.2fx "
+        "faster\n",
+        "", t_fwd_blas * 1e3, t_fb_blas * 1e3, ts::cpu::ToString(kernels).c_str(),
+        t_fwd_blas / t_fwd, t_fb_blas / t_fb);
   }
   if (args.json) std::printf("%s\n", r.Json().c_str());
   return 0;

@@ -1,6 +1,7 @@
 #include "sparse/cpu/batch_norm.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -191,6 +192,8 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    // The forward's scope is BatchNorm's in functional.cc, for every backend.
+    RECORD_USER_SCOPE("batch norm backward");
     auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& weight = saved[1];

@@ -7,10 +7,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "c10/util/Exception.h"
 #include "sparse/cpu/blas.h"
+#include "sparse/cpu/kernels_fused.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -34,12 +37,7 @@ T* ThreadBuffer(int which, int64_t elements) {
   return b.data();
 }
 
-template <typename T>
-void GatherRows(const T* src, int64_t cols, const int32_t* rows, int64_t n, T* dst) {
-  for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(dst + i * cols, src + static_cast<int64_t>(rows[i]) * cols, cols * sizeof(T));
-  }
-}
+using fused::GatherRows;
 
 // d += s over a row. Cloned for AVX-512 and AVX2 (chosen at load time by
 // the CPU), since the base x86-64 build only has SSE2.
@@ -373,7 +371,20 @@ TRAINSUP_AVX512 void FusedGatherOuter(const float* a, int64_t acols, const int32
   }
 }
 
-bool FusedSupported() { return __builtin_cpu_supports("avx512f"); }
+bool Avx512Supported() { return __builtin_cpu_supports("avx512f"); }
+
+const fused::TileKernels& Avx512TileKernels() {
+  static const fused::TileKernels kernels{FusedGatherGemmScatter, FusedGatherOuter};
+  return kernels;
+}
+#else
+bool Avx512Supported() { return false; }
+
+const fused::TileKernels& Avx512TileKernels() {
+  static const fused::TileKernels kernels{nullptr, nullptr};
+  return kernels;
+}
+#endif
 
 // Row ranges of the fused path. Its weight gradients need no per-range
 // partial sums, so ranges can be short: 256 rows keep both threads busy on
@@ -398,9 +409,9 @@ std::pair<const int32_t*, const int32_t*> OffsetPairs(const PairLists& pairs, in
 // (src, dst) or, with `to_src`, (dst, src); `to` ascends within every
 // offset. Each task owns a range of out's rows, zeroes it and adds every
 // offset's products into it, offsets in order. w: volume x acols x ocols.
-void FusedAccumulateByRows(const float* a, int64_t acols, const float* w, const PairLists& pairs,
-                           const int32_t* iota, bool to_src, float* out, int64_t ocols,
-                           int64_t num_out) {
+void FusedAccumulateByRows(const fused::TileKernels& tiles, const float* a, int64_t acols,
+                           const float* w, const PairLists& pairs, const int32_t* iota, bool to_src,
+                           float* out, int64_t ocols, int64_t num_out) {
   const int64_t ranges = FusedRanges(num_out);
   ForEachRange(ranges, [&](int64_t r) {
     const int64_t row0 = RangeStart(r, ranges, num_out);
@@ -411,41 +422,47 @@ void FusedAccumulateByRows(const float* a, int64_t acols, const float* w, const 
       if (to_src) std::swap(from, to);
       const int64_t n = k == pairs.identity_offset ? num_out : Count(pairs, k);
       const auto [lo, hi] = PairsInRows(to, n, row0, row1);
-      FusedGatherGemmScatter(a, acols, from + lo, w + k * acols * ocols, out, ocols, to + lo,
-                             hi - lo);
+      tiles.gather_gemm_scatter(a, acols, from + lo, w + k * acols * ocols, out, ocols, to + lo,
+                                hi - lo);
     }
   });
 }
 
 // Forward, sorted pairs: out rows by range (dst ascends within an offset).
-void FusedConvForward(const float* in, int64_t cin, const float* weight, int64_t cout,
-                      const PairLists& pairs, float* out, int64_t num_out) {
+void FusedConvForward(const fused::TileKernels& tiles, const float* in, int64_t cin,
+                      const float* weight, int64_t cout, const PairLists& pairs, float* out,
+                      int64_t num_out) {
   std::vector<int32_t> iota_storage;
   const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_out) : nullptr;
-  FusedAccumulateByRows(in, cin, weight, pairs, iota, false, out, cout, num_out);
+  FusedAccumulateByRows(tiles, in, cin, weight, pairs, iota, false, out, cout, num_out);
 }
 
 // Backward, sorted pairs. Input gradients: grad_in rows by range (src
 // ascends within an offset), the sum of grad_out[dst] @ W_k^T. Weight
 // gradients: by groups of input rows (below). Every sum has one fixed
 // order, whatever the thread count.
-void FusedConvBackward(const float* in, int64_t num_in, int64_t cin, const float* weight,
-                       int64_t cout, const PairLists& pairs, const float* grad_out, float* grad_in,
-                       float* grad_weight) {
+void FusedConvBackward(const fused::TileKernels& tiles, const float* in, int64_t num_in,
+                       int64_t cin, const float* weight, int64_t cout, const PairLists& pairs,
+                       const float* grad_out, float* grad_in, float* grad_weight) {
   std::vector<int32_t> iota_storage;
   const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_in) : nullptr;
   auto count = [&](int64_t k) { return k == pairs.identity_offset ? num_in : Count(pairs, k); };
   if (grad_in != nullptr) {
     // W_k^T, cout x cin, so the input gradient is the forward kernel again.
-    std::vector<float> weight_t(static_cast<size_t>(pairs.volume * cin * cout));
-    for (int64_t k = 0; k < pairs.volume; ++k) {
-      const float* w = weight + k * cin * cout;
-      float* wt = weight_t.data() + k * cin * cout;
-      for (int64_t i = 0; i < cin; ++i) {
-        for (int64_t o = 0; o < cout; ++o) wt[o * cin + i] = w[i * cout + o];
+    // Offsets in parallel: a 384 x 256 layer's 10 MB would otherwise keep
+    // the other threads waiting.
+    std::unique_ptr<float[]> weight_t(new float[static_cast<size_t>(pairs.volume * cin * cout)]);
+    at::parallel_for(0, pairs.volume, 1, [&](int64_t kb, int64_t ke) {
+      for (int64_t k = kb; k < ke; ++k) {
+        const float* w = weight + k * cin * cout;
+        float* wt = weight_t.get() + k * cin * cout;
+        for (int64_t i = 0; i < cin; ++i) {
+          for (int64_t o = 0; o < cout; ++o) wt[o * cin + i] = w[i * cout + o];
+        }
       }
-    }
-    FusedAccumulateByRows(grad_out, cout, weight_t.data(), pairs, iota, true, grad_in, cin, num_in);
+    });
+    FusedAccumulateByRows(tiles, grad_out, cout, weight_t.get(), pairs, iota, true, grad_in, cin,
+                          num_in);
   }
   if (grad_weight != nullptr) {
     // Input rows are cut into groups of kGroupRows (src ascends within an
@@ -455,53 +472,69 @@ void FusedConvBackward(const float* in, int64_t num_in, int64_t cin, const float
     // group's offsets. Going offset by offset over all rows instead streams
     // every row from memory once per offset. Groups run in waves of kWave,
     // and each wave's partial sums are added into grad_weight in group
-    // order: the partition depends on the map alone.
+    // order: the partition depends on the map alone. Each task zeroes its
+    // own partial sum and the first wave's first partial is copied rather
+    // than added to zeros (the same bits), so no serial pass over the
+    // partials or the gradient keeps the other threads waiting.
     constexpr int64_t kGroupRows = 2048;
     constexpr int64_t kWave = 8;
     const int64_t groups = (num_in + kGroupRows - 1) / kGroupRows;
     const int64_t wk = cin * cout;
     const int64_t wsize = pairs.volume * wk;
-    std::fill(grad_weight, grad_weight + wsize, 0.0f);
-    std::vector<float> partial(static_cast<size_t>(std::min(kWave, groups) * wsize));
+    if (groups == 0) std::fill(grad_weight, grad_weight + wsize, 0.0f);  // no input rows
+    std::unique_ptr<float[]> partial(
+        new float[static_cast<size_t>(std::min(kWave, groups) * wsize)]);
     for (int64_t g0 = 0; g0 < groups; g0 += kWave) {
       const int64_t waves = std::min(kWave, groups - g0);
-      std::fill(partial.begin(), partial.begin() + waves * wsize, 0.0f);
       ForEachRange(waves * pairs.volume, [&](int64_t t) {
         const int64_t g = g0 + t / pairs.volume;
         const int64_t k = t % pairs.volume;
+        float* sum = partial.get() + (t / pairs.volume) * wsize + k * wk;
+        std::fill(sum, sum + wk, 0.0f);
         const auto [src, dst] = OffsetPairs(pairs, k, iota);
         const auto [lo, hi] =
             PairsInRows(src, count(k), g * kGroupRows, std::min(num_in, (g + 1) * kGroupRows));
-        FusedGatherOuter(in, cin, src + lo, grad_out, cout, dst + lo, hi - lo,
-                         partial.data() + (t / pairs.volume) * wsize + k * wk);
+        tiles.gather_outer(in, cin, src + lo, grad_out, cout, dst + lo, hi - lo, sum);
       });
       ForEachRange(pairs.volume, [&](int64_t k) {
-        for (int64_t j = 0; j < waves; ++j) {
-          AddRow(grad_weight + k * wk, partial.data() + j * wsize + k * wk, wk);
+        float* gw = grad_weight + k * wk;
+        const float* first = partial.get() + k * wk;
+        if (g0 == 0) std::copy(first, first + wk, gw);
+        for (int64_t j = g0 == 0 ? 1 : 0; j < waves; ++j) {
+          AddRow(gw, partial.get() + j * wsize + k * wk, wk);
         }
       });
     }
   }
 }
-#else
-bool FusedSupported() { return false; }
-void FusedConvForward(const float*, int64_t, const float*, int64_t, const PairLists&, float*,
-                      int64_t) {}
-void FusedConvBackward(const float*, int64_t, int64_t, const float*, int64_t, const PairLists&,
-                       const float*, float*, float*) {}
-#endif
 
-// TRAINSUP_FUSED=0 turns the fused kernels off; SetFusedKernelsEnabled
-// overrides that (benchmarks' A/B runs, tests of both paths).
-std::atomic<bool>& FusedFlag() {
-  static std::atomic<bool> flag{[] {
-    const char* v = std::getenv("TRAINSUP_FUSED");
-    return FusedSupported() && (v == nullptr || std::string(v) != "0");
-  }()};
+// The fastest supported set at or below `wanted` (BLAS is always there).
+KernelSet Supported(KernelSet wanted) {
+  if (wanted == KernelSet::kAvx512 && !Avx512Supported()) wanted = KernelSet::kAvx2;
+  if (wanted == KernelSet::kAvx2 && !fused::Avx2Supported()) wanted = KernelSet::kBlas;
+  return wanted;
+}
+
+// The process's set, chosen from the environment at the first use;
+// SetKernelSet overrides it (benchmarks' A/B runs, tests of every set).
+std::atomic<KernelSet>& KernelSetFlag() {
+  static std::atomic<KernelSet> flag{
+      ChooseKernelSet(std::getenv("TRAINSUP_KERNELS"), std::getenv("TRAINSUP_FUSED"))};
   return flag;
 }
 
-bool FusedEnabled() { return FusedFlag().load(std::memory_order_relaxed); }
+// The tiles of the active set; null for BLAS.
+const fused::TileKernels* ActiveTiles() {
+  switch (KernelSetFlag().load(std::memory_order_relaxed)) {
+    case KernelSet::kAvx512:
+      return &Avx512TileKernels();
+    case KernelSet::kAvx2:
+      return &fused::Avx2TileKernels();
+    case KernelSet::kBlas:
+      break;
+  }
+  return nullptr;
+}
 
 // A 1x1x1 convolution on one set: plain matrix products on contiguous rows,
 // where BLAS beats the fused kernels (conv_bench: 0.9x fused).
@@ -585,9 +618,50 @@ void ConvBackwardByRows(const T* in, int64_t num_in, int64_t cin, const T* weigh
 
 }  // namespace
 
-bool FusedKernelsEnabled() { return FusedEnabled(); }
+std::string ToString(KernelSet set) {
+  switch (set) {
+    case KernelSet::kBlas:
+      return "blas";
+    case KernelSet::kAvx2:
+      return "avx2";
+    case KernelSet::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
 
-bool SetFusedKernelsEnabled(bool on) { return FusedFlag().exchange(on && FusedSupported()); }
+KernelSet KernelSetFromString(const std::string& name, const std::string& what) {
+  if (name == "blas") return KernelSet::kBlas;
+  if (name == "avx2") return KernelSet::kAvx2;
+  if (name == "avx512") return KernelSet::kAvx512;
+  TORCH_CHECK(false, what, ": unknown kernel set '", name, "' (expected avx512, avx2 or blas)");
+}
+
+bool KernelSetSupported(KernelSet set) { return Supported(set) == set; }
+
+KernelSet ChooseKernelSet(const char* trainsup_kernels, const char* trainsup_fused) {
+  if (trainsup_kernels != nullptr && *trainsup_kernels != '\0') {
+    return Supported(KernelSetFromString(trainsup_kernels, "TRAINSUP_KERNELS"));
+  }
+  if (trainsup_fused != nullptr && std::string(trainsup_fused) == "0") return KernelSet::kBlas;
+  return BestKernelSet();
+}
+
+KernelSet BestKernelSet() { return Supported(KernelSet::kAvx512); }
+
+KernelSet ActiveKernelSet() { return KernelSetFlag().load(std::memory_order_relaxed); }
+
+KernelSet SetKernelSet(KernelSet set) {
+  TORCH_CHECK(KernelSetSupported(set), "SetKernelSet: this CPU cannot run the ", ToString(set),
+              " kernels (it has ", ToString(BestKernelSet()), " at best)");
+  return KernelSetFlag().exchange(set);
+}
+
+bool FusedKernelsEnabled() { return ActiveKernelSet() != KernelSet::kBlas; }
+
+bool SetFusedKernelsEnabled(bool on) {
+  return KernelSetFlag().exchange(on ? BestKernelSet() : KernelSet::kBlas) != KernelSet::kBlas;
+}
 
 template <typename T>
 void ConvForward(const T* in, int64_t num_in, int64_t cin, const T* weight, int64_t cout,
@@ -596,8 +670,9 @@ void ConvForward(const T* in, int64_t num_in, int64_t cin, const T* weight, int6
   BlasSingleThreadGuard single_threaded_blas;
   if (pairs.sorted && RowRangesEnabled()) {
     if constexpr (std::is_same_v<T, float>) {
-      if (FusedEnabled() && !IdentityOnly(pairs) && cin > 0 && cout > 0) {
-        FusedConvForward(in, cin, weight, cout, pairs, out, num_out);
+      const fused::TileKernels* tiles = ActiveTiles();
+      if (tiles != nullptr && !IdentityOnly(pairs) && cin > 0 && cout > 0) {
+        FusedConvForward(*tiles, in, cin, weight, cout, pairs, out, num_out);
         return;
       }
     }
@@ -642,8 +717,10 @@ void ConvBackward(const T* in, int64_t num_in, int64_t cin, const T* weight, int
   BlasSingleThreadGuard single_threaded_blas;
   if (pairs.sorted && RowRangesEnabled()) {
     if constexpr (std::is_same_v<T, float>) {
-      if (FusedEnabled() && !IdentityOnly(pairs) && cin > 0 && cout > 0) {
-        FusedConvBackward(in, num_in, cin, weight, cout, pairs, grad_out, grad_in, grad_weight);
+      const fused::TileKernels* tiles = ActiveTiles();
+      if (tiles != nullptr && !IdentityOnly(pairs) && cin > 0 && cout > 0) {
+        FusedConvBackward(*tiles, in, num_in, cin, weight, cout, pairs, grad_out, grad_in,
+                          grad_weight);
         return;
       }
     }

@@ -5,6 +5,7 @@
 #define TRAINSUP_SPARSE_CPU_KERNELS_H_
 
 #include <cstdint>
+#include <string>
 
 namespace trainsup::sparse::cpu {
 
@@ -26,15 +27,40 @@ struct PairLists {
   bool sorted = false;
 };
 
-// Float convolutions over sorted pair lists run fused AVX-512 kernels
-// (gather, product and scatter in one pass, no BLAS call) where the CPU
-// has AVX-512F, unless TRAINSUP_FUSED=0; otherwise, and for double, they
-// gather chunks, call BLAS and scatter. Both give the same sums up to
-// rounding, and each is independent of the thread count.
+// The kernels float convolutions over sorted pair lists run: fused
+// gather-GEMM-scatter tiles (gather, product and scatter in one pass, no
+// BLAS call) for AVX-512F or for AVX2 + FMA, or gather -> BLAS -> scatter.
+// Double, 1x1x1 convolutions, zero channels and unsorted pair lists always
+// take the BLAS path. The sets give the same sums up to rounding, and each
+// is independent of the thread count.
+enum class KernelSet { kBlas, kAvx2, kAvx512 };
+// "blas", "avx2", "avx512".
+std::string ToString(KernelSet set);
+// The inverse of ToString; another name throws c10::Error naming `what`
+// (e.g. the environment variable it came from) and the expected names.
+KernelSet KernelSetFromString(const std::string& name,
+                              const std::string& what = "KernelSetFromString");
+// Whether this CPU can run `set` (BLAS: always).
+bool KernelSetSupported(KernelSet set);
+// The fastest set this CPU supports: AVX-512, then AVX2, then BLAS.
+KernelSet BestKernelSet();
+// The set in use. At start-up: TRAINSUP_KERNELS=avx512|avx2|blas if set
+// (a set the CPU lacks gives the fastest one below it; another name throws
+// at the first convolution), else BLAS if TRAINSUP_FUSED=0, else
+// BestKernelSet().
+KernelSet ActiveKernelSet();
+// Selects the set for the process (benchmarks' A/B runs, tests of every
+// set); a set the CPU cannot run throws c10::Error. Returns the previous.
+KernelSet SetKernelSet(KernelSet set);
+
+// The start-up choice as a function of the two variables' values (null:
+// unset): what ActiveKernelSet() starts with. Throws for an unknown name.
+KernelSet ChooseKernelSet(const char* trainsup_kernels, const char* trainsup_fused);
+
+// Whether a fused set is in use.
 bool FusedKernelsEnabled();
-// Overrides the choice for the process (benchmarks' A/B runs, tests of
-// both paths); turning it on where the CPU lacks AVX-512F keeps it off.
-// Returns the previous setting.
+// true: BestKernelSet() (BLAS where the CPU has neither AVX-512F nor AVX2);
+// false: BLAS. Returns whether a fused set was in use.
 bool SetFusedKernelsEnabled(bool on);
 
 // out[num_out x cout] = sum_k scatter_dst(gather_src(in) @ W_k).
@@ -67,11 +93,11 @@ void MaxPoolBackward(const T* grad_out, const int32_t* argmax, int64_t num_out, 
 // Sum over the window divided by divisor[dst] (1 for sum pooling, the
 // window's count for average pooling; 0 counts give 0).
 template <typename T>
-void WindowSumForward(const T* in, int64_t c, const PairLists& pairs, const T* inv_divisor,
-                      T* out, int64_t num_out);
+void WindowSumForward(const T* in, int64_t c, const PairLists& pairs, const T* inv_divisor, T* out,
+                      int64_t num_out);
 template <typename T>
-void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs,
-                       const T* inv_divisor, T* grad_in, int64_t num_in);
+void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs, const T* inv_divisor,
+                       T* grad_in, int64_t num_in);
 
 }  // namespace trainsup::sparse::cpu
 

@@ -601,5 +601,168 @@ TEST(RunSplitting, KeepsTwoVoxelsOnTheCoarsestLevel) {
   EXPECT_EQ(stats->dropped_pieces, 2);
 }
 
+// --- CalibrateMemoryModel ---------------------------------------------------
+
+// A probe against a simulated memory: out of memory past the budget.
+// Records every probe group.
+struct FakeProbe {
+  SimulatedMemory memory;
+  int64_t budget;
+  std::vector<Group> groups;
+  ProbeRun Run() {
+    return [this](const Group& group) -> absl::StatusOr<int64_t> {
+      groups.push_back(group);
+      const int64_t peak = memory.Peak(group);
+      if (peak > budget) return absl::ResourceExhaustedError("simulated out of memory");
+      return peak;
+    };
+  }
+};
+
+// Options with a floor of 50 voxels, so the probes' units (1/32 of the
+// scenes' voxels) can be cut finely.
+SplitOptions FineOptions() {
+  SplitOptions options;
+  options.min_piece_voxels = 50;
+  return options;
+}
+
+// Four rooms of 800 voxels and one of 3000: all of them need 2 * 6,200 +
+// 1,000 bytes, far beyond the budget of 6,000.
+std::vector<OwnedScene> CalibrationScenes() {
+  return {Grid(10, 10, 8), Grid(10, 10, 8, 20), Grid(10, 10, 8, 40), Grid(10, 10, 8, 60),
+          Grid(30, 10, 10, 80)};
+}
+
+TEST(CalibrateMemoryModel, MakesTheModelReadyWithoutRunningOutOfMemory) {
+  const std::vector<OwnedScene> scenes = CalibrationScenes();
+  const SimulatedMemory memory{1000, 2, {}};
+  FakeProbe probe{memory, 6000, {}};
+  MemoryModel model;
+  auto stats =
+      CalibrateMemoryModel(Views(scenes), FineOptions(), 6000, {}, probe.Run(), nullptr, &model);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->oom_events, 0);
+  EXPECT_EQ(stats->probes, MemoryModel::kMinObservations);
+  EXPECT_TRUE(model.ready());
+  EXPECT_EQ(model.observations(), MemoryModel::kMinObservations);
+  // Probes grow, stay within 0.9 of the budget with their growth over the
+  // fixed 1000 bytes taken 1/0.8 larger, and each piece is one scene's
+  // (distinct scenes within a probe).
+  int64_t last = 0;
+  for (const Group& g : probe.groups) {
+    EXPECT_GT(GroupVoxels(g), last);
+    last = GroupVoxels(g);
+    EXPECT_LE(1000 + (memory.Peak(g) - 1000) / 0.8, 0.9 * 6000 + 1e-9);
+    std::set<int> seen;
+    for (const Piece& p : g) EXPECT_TRUE(seen.insert(p.scene).second) << "scene twice in a probe";
+  }
+  EXPECT_EQ(stats->largest_voxels, last);
+  // The largest probe comes close to what the probes may use, and the fit
+  // extrapolates to the large room: 1000 + 2 * 3000.
+  EXPECT_GT(memory.Peak(probe.groups.back()), 0.6 * 0.9 * 6000);
+  EXPECT_NEAR(static_cast<double>(model.Predict(3000)), 7000.0, 70.0);
+}
+
+TEST(CalibrateMemoryModel, ThenTheFirstLargeBatchIsSplitUpFront) {
+  const std::vector<OwnedScene> scenes = CalibrationScenes();
+  const SimulatedMemory memory{1000, 2, {}};
+  const int64_t budget = 6000;
+  FakeProbe probe{memory, budget, {}};
+  MemoryModel model;
+  ASSERT_TRUE(
+      CalibrateMemoryModel(Views(scenes), FineOptions(), budget, {}, probe.Run(), nullptr, &model)
+          .ok());
+  // The first batch: a small room and the large one (7,600 bytes).
+  const std::vector<OwnedScene> batch = {Grid(10, 10, 8), Grid(30, 10, 10, 80)};
+  FakeTrainer trainer{memory, budget};
+  auto stats =
+      RunSplitting(Views(batch), FineOptions(), trainer.Run(), trainer.Free(), &model, budget);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->oom_events, 0);
+  EXPECT_GT(stats->predicted_splits, 0);
+  ExpectCoveredOnce(trainer.Coverage(batch));
+  // Without calibration the same batch wastes forward passes.
+  MemoryModel empty;
+  FakeTrainer uncalibrated{memory, budget};
+  auto reactive = RunSplitting(Views(batch), FineOptions(), uncalibrated.Run(), uncalibrated.Free(),
+                               &empty, budget);
+  ASSERT_TRUE(reactive.ok());
+  EXPECT_GT(reactive->oom_events, 0);
+}
+
+TEST(CalibrateMemoryModel, AddsTheExtraBytesToEveryObservation) {
+  const std::vector<OwnedScene> scenes = CalibrationScenes();
+  const SimulatedMemory memory{1000, 2, {}};
+  FakeProbe a{memory, 60000, {}}, b{memory, 60000, {}};
+  MemoryModel plain, extra;
+  CalibrationOptions with_extra;
+  with_extra.extra_bytes = 500;
+  ASSERT_TRUE(
+      CalibrateMemoryModel(Views(scenes), FineOptions(), 60000, {}, a.Run(), nullptr, &plain).ok());
+  ASSERT_TRUE(CalibrateMemoryModel(Views(scenes), FineOptions(), 60000, with_extra, b.Run(),
+                                   nullptr, &extra)
+                  .ok());
+  ASSERT_EQ(a.groups.size(), b.groups.size());
+  EXPECT_NEAR(static_cast<double>(extra.Predict(2000) - plain.Predict(2000)), 500.0, 2.0);
+}
+
+TEST(CalibrateMemoryModel, AFirstProbeThatDoesNotFitEndsItAndIsRemembered) {
+  const std::vector<OwnedScene> scenes = CalibrationScenes();
+  const SimulatedMemory memory{1000, 2, {}};
+  FakeProbe probe{memory, 1100, {}};  // not even the first probe fits
+  MemoryModel model;
+  int frees = 0;
+  auto stats = CalibrateMemoryModel(
+      Views(scenes), FineOptions(), 1100, {}, probe.Run(), [&] { ++frees; }, &model);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->probes, 1);
+  EXPECT_EQ(stats->oom_events, 1);
+  EXPECT_EQ(frees, 1);
+  EXPECT_FALSE(model.ready());
+  EXPECT_EQ(model.min_failed_voxels(), GroupVoxels(probe.groups[0]));
+}
+
+TEST(CalibrateMemoryModel, OtherErrorsReturnAndNoBudgetRunsNothing) {
+  const std::vector<OwnedScene> scenes = CalibrationScenes();
+  MemoryModel model;
+  ProbeRun failing = [](const Group&) -> absl::StatusOr<int64_t> {
+    return absl::InternalError("a shape error");
+  };
+  auto stats =
+      CalibrateMemoryModel(Views(scenes), FineOptions(), 6000, {}, failing, nullptr, &model);
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kInternal);
+  int calls = 0;
+  ProbeRun counting = [&](const Group&) -> absl::StatusOr<int64_t> { return ++calls; };
+  auto none = CalibrateMemoryModel(Views(scenes), FineOptions(), 0, {}, counting, nullptr, &model);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->probes, 0);
+  EXPECT_EQ(calls, 0);
+}
+
+TEST(CalibrateMemoryModel, ProbePiecesKeepTwoCellsAtTheCoarsestStride) {
+  const std::vector<OwnedScene> scenes = {Grid(64, 16, 4)};
+  SplitOptions options;
+  options.min_piece_voxels = 10;
+  options.coarsest_stride = 16;
+  FakeProbe probe{{1000, 2, {}}, 1000000, {}};
+  MemoryModel model;
+  CalibrationOptions calibration;
+  calibration.first_voxels = 50;  // asks for pieces finer than the rule allows
+  ASSERT_TRUE(CalibrateMemoryModel(Views(scenes), options, 1000000, calibration, probe.Run(),
+                                   nullptr, &model)
+                  .ok());
+  ASSERT_FALSE(probe.groups.empty());
+  // 64 x 16 cut into halves of two cells of 16 along x at most: 512 voxels.
+  EXPECT_GE(GroupVoxels(probe.groups[0]), 512);
+  for (const Group& g : probe.groups) {
+    for (const Piece& p : g) {
+      std::set<int32_t> cells;
+      for (int64_t row : Rows(p)) cells.insert(scenes[0].xyz[3 * row] / 16);
+      EXPECT_GE(cells.size(), 2u);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace trainsup::worker

@@ -100,9 +100,9 @@ int64_t MeasurePeak(sparse::MinkUNetImpl& model, const Batch& batch, int channel
   return peak;
 }
 
-// Removes the process-wide budget however the test ends.
+// Removes the process-wide budget and block cache however the test ends.
 struct BudgetGuard {
-  ~BudgetGuard() { sparse::SetMemoryBudget(0); }
+  ~BudgetGuard() { sparse::ApplyAllocatorSettings(sparse::AllocatorSettings{}); }
 };
 
 TEST(ForwardBackward, SplittingEquivalence) {
@@ -263,6 +263,7 @@ struct Captured {
   std::vector<std::pair<v1::EventKind, std::string>> events;
   int64_t peak = 0;
   int64_t splits = 0, retries = 0, wasted = 0, dropped = 0;
+  sparse::MemoryStats after;  // the allocator's counters when Train returned
   TrainerHooks Hooks() {
     TrainerHooks h;
     h.log = [this](const std::string& line) {
@@ -289,7 +290,9 @@ TrainerResult RunTrain(const RunSpec& spec, const std::string& name, Captured* c
   options.run_dir = RunDir(name);
   options.resume = "none";
   TrainerResult r = Train(spec, options, captured->Hooks());
-  sparse::SetMemoryBudget(0);  // Train leaves its budget installed
+  captured->after = sparse::GetMemoryStats();
+  // Train leaves its allocator settings installed.
+  sparse::ApplyAllocatorSettings(sparse::AllocatorSettings{});
   fs::remove_all(options.run_dir);
   return r;
 }
@@ -534,6 +537,107 @@ TEST(Train, NoSpaceForTheFinalCheckpointExits74) {
   EXPECT_EQ(t.failed[1].step, 6);
   ckpt::CheckpointStore store(root);
   EXPECT_TRUE(store.Verify({2, root + "/step-2"}).ok());
+}
+
+// Calibration before the first step: probes through the real model make
+// the memory model ready, stay within the budget, and leave parameters,
+// BatchNorm statistics and accumulators as they were.
+TEST(CalibrateMemory, MakesTheModelReadyAndLeavesTheModelAsItWas) {
+  sparse::InstallCountingAllocator();
+  BudgetGuard guard;
+  DataSpec data;
+  data.format = "synthetic";
+  data.scenes = 6;
+  data.scene_size = "small";
+  data.val_fraction = 0;
+  ModelSpec model_spec;
+  model_spec.voxel_size = 0.1;
+  absl::StatusOr<std::unique_ptr<Dataset>> dataset =
+      OpenDataset(data, model_spec, 7, Split::kTrain);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  torch::manual_seed(3);
+  sparse::MinkUNet model(sparse::MinkUNetPlan(14, kChannels, kClasses));
+  model->train();
+  std::vector<at::Tensor> params = model->parameters();
+  std::vector<at::Tensor> accum = ZerosLike(params);
+  const std::vector<at::Tensor> params_before = Clones(params);
+  const std::vector<at::Tensor> buffers_before = Clones(model->buffers());
+  // Room for the probes above what is held, but not for all four scenes.
+  const int64_t budget = sparse::GetMemoryStats().current_bytes + (96 << 20);
+  sparse::ApplyAllocatorSettings(sparse::TrainingAllocatorSettings(budget));
+  LoaderOptions lo;
+  lo.voxel_size = 0.1;
+  SplitOptions options;
+  options.coarsest_stride = sparse::kMinkUNetCoarsestStride;
+  MemoryModel predictor;
+  const int64_t refused = sparse::GetMemoryStats().refused;
+  absl::StatusOr<CalibrationStats> stats =
+      CalibrateMemory(*model, **dataset, lo, 4, kChannels, params, accum, options, &predictor,
+                      budget, /*extra_bytes=*/0);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  std::printf("calibration: %lld probes up to %lld voxels, peak %lld MiB of a %lld MiB budget\n",
+              static_cast<long long>(stats->probes), static_cast<long long>(stats->largest_voxels),
+              static_cast<long long>(stats->largest_peak >> 20),
+              static_cast<long long>(budget >> 20));
+  EXPECT_EQ(stats->oom_events, 0);
+  EXPECT_EQ(sparse::GetMemoryStats().refused, refused);
+  EXPECT_TRUE(predictor.ready());
+  EXPECT_LE(stats->largest_peak, budget);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::equal(params[i], params_before[i]));
+  const std::vector<at::Tensor> buffers = model->buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    EXPECT_TRUE(at::equal(buffers[i], buffers_before[i])) << "buffer " << i << " changed";
+  }
+  for (const at::Tensor& a : accum) EXPECT_EQ(a.abs().max().item<double>(), 0);
+  // The extra bytes are added to what the probes measure.
+  MemoryModel with_extra;
+  ASSERT_TRUE(CalibrateMemory(*model, **dataset, lo, 4, kChannels, params, accum, options,
+                              &with_extra, budget, 4 << 20)
+                  .ok());
+  EXPECT_GT(with_extra.Predict(1000), predictor.Predict(1000) + (3 << 20));
+  // Without a budget nothing runs.
+  MemoryModel none;
+  absl::StatusOr<CalibrationStats> nothing =
+      CalibrateMemory(*model, **dataset, lo, 4, kChannels, params, accum, options, &none, 0, 0);
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_EQ(nothing->probes, 0);
+  EXPECT_EQ(none.observations(), 0);
+}
+
+// The worker runs with the allocator settings minkunet_bench measures
+// (sparse::TrainingAllocatorSettings): a block cache sized against the
+// budget, counted in it, and reused from step to step.
+TEST(Train, UsesTheAllocatorSettingsTheBenchmarkMeasures) {
+  sparse::InstallCountingAllocator();
+  BudgetGuard guard;
+  RunSpec spec = SyntheticSpec(4, 0.1, 4);
+  spec.train.memory_budget_mb = 1024;
+  const int64_t budget = spec.train.memory_budget_mb << 20;
+  const int64_t hits = sparse::GetMemoryStats().cache_hits;
+  Captured c;
+  TrainerResult r = RunTrain(spec, "allocator", &c);
+  ASSERT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(c.after.budget_bytes, budget);
+  EXPECT_EQ(c.after.block_cache_limit_bytes,
+            sparse::TrainingAllocatorSettings(budget).block_cache_bytes);
+  EXPECT_GT(c.after.cache_hits, hits) << "the block cache was not used";
+  EXPECT_LE(c.after.current_bytes + c.after.cached_bytes, budget);
+  bool logged = false;
+  for (const std::string& line : c.logs) {
+    logged |=
+        line.find(sparse::ToString(sparse::TrainingAllocatorSettings(budget))) != std::string::npos;
+  }
+  EXPECT_TRUE(logged) << "the settings are not in the log";
+  // It calibrated its memory model before the first step (predictive
+  // splitting under a budget is the default).
+  bool calibrated = false;
+  for (const std::string& line : c.logs) {
+    const std::string ready = "; ready";
+    calibrated |= line.rfind("memory model calibrated before the first step", 0) == 0 &&
+                  line.size() > ready.size() &&
+                  line.compare(line.size() - ready.size(), ready.size(), ready) == 0;
+  }
+  EXPECT_TRUE(calibrated) << "no calibration in the log";
 }
 
 TEST(Train, HeavyTailedUnderTightBudget) {

@@ -5,8 +5,12 @@
 //   (a) baseline: the commonly used reactive splitter (RunBaselineSplitting:
 //       catch, run the scenes one at a time, halve by bounding-box midpoint
 //       alternating x/y, drop halves under 500 points);
-//   (b) ours: RunSplitting with the predictive MemoryModel, starting empty
-//       and learning as it goes.
+//   (b) ours: RunSplitting with the predictive MemoryModel, calibrated
+//       before the first step as the worker does (CalibrateMemory: probes
+//       of growing size cut from the first scenes through the real model;
+//       its forward passes and any out-of-memory among them are counted in
+//       (b)'s figures), then learning as it goes; --no-calibration starts it
+//       empty instead (the worker before calibration).
 // Per mode: steps, scenes/s, forward passes, OOM events, wasted forward
 // passes, dropped pieces and voxels. The counts are deterministic; scenes/s
 // is one measurement on a shared machine, so the two modes take turns step
@@ -156,10 +160,13 @@ int main(int argc, char** argv) {
   double budget_fraction = 0.25;
   bool deterministic = true;
   bool json = false;
+  bool calibrate = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json") {
       json = true;
+    } else if (a == "--no-calibration") {
+      calibrate = false;
     } else if (a == "--threads" && i + 1 < argc) {
       threads = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--scenes" && i + 1 < argc) {
@@ -182,7 +189,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: split_bench [--threads N] [--scenes N] [--epochs N] [--batch N] "
                    "[--voxel M] [--seed N] [--budget-mib N | --budget-fraction F] "
-                   "[--deterministic 0|1] [--json]\n");
+                   "[--deterministic 0|1] [--no-calibration] [--json]\n");
       return 64;
     }
   }
@@ -318,7 +325,32 @@ int main(int argc, char** argv) {
   double loss_sum[2] = {0, 0};
   int64_t loss_steps[2] = {0, 0};
   const double load_before = LoadAverage();
-  ts::SetMemoryBudget(budget);
+  // The allocator as the worker sets it up for this budget (block cache
+  // counted in it).
+  ts::ApplyAllocatorSettings(ts::TrainingAllocatorSettings(budget));
+  // (b)'s calibration before its first step, on its own (initial) state.
+  // The momentum buffers exist already, so no optimizer state is to come.
+  tw::CalibrationStats calibration;
+  double calibration_s = 0;
+  const int64_t calibration_scenes = std::min<int64_t>(8, 2 * batch_size);
+  if (calibrate) {
+    Load(state[1], live);
+    const double t0 = Now();
+    absl::StatusOr<tw::CalibrationStats> c =
+        tw::CalibrateMemory(*net, **dataset, lo, calibration_scenes, kInChannels, params, accum,
+                            tw::SplitOptions(), &memory_model, budget, /*extra_bytes=*/0);
+    calibration_s = Now() - t0;
+    if (!c.ok()) {
+      std::fprintf(stderr, "split_bench: calibration: %s\n",
+                   std::string(c.status().message()).c_str());
+      return 1;
+    }
+    calibration = *c;
+    state[1] = Save(live);
+    results[1].total.forwards += calibration.probes;
+    results[1].total.oom_events += calibration.oom_events;
+    results[1].total.wasted_forwards += calibration.oom_events;
+  }
   for (size_t i = 0; i < batches.size(); ++i) {
     const tw::Batch& batch = batches[i];
     for (int turn = 0; turn < 2; ++turn) {
@@ -378,12 +410,18 @@ int main(int argc, char** argv) {
   if (json) {
     std::ostringstream js;
     js << "{\"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName()
-       << "\", \"deterministic\": " << (deterministic ? "true" : "false") << ", \"scenes\": " << scenes
-       << ", \"voxel\": " << voxel << ", \"batch\": " << batch_size << ", \"steps\": " << batches.size()
-       << ", \"large_batches\": " << large_batches << ", \"budget_mib\": " << budget / kMiB
-       << ", \"normal_batch_mib\": " << normal_peak / kMiB << ", \"large_batch_mib\": " << large_peak / kMiB
-       << ", \"rest_mib\": " << rest / kMiB << ", \"load_before\": " << load_before
-       << ", \"load_after\": " << load_after;
+       << "\", \"deterministic\": " << (deterministic ? "true" : "false")
+       << ", \"scenes\": " << scenes << ", \"voxel\": " << voxel << ", \"batch\": " << batch_size
+       << ", \"steps\": " << batches.size() << ", \"large_batches\": " << large_batches
+       << ", \"budget_mib\": " << budget / kMiB << ", \"normal_batch_mib\": " << normal_peak / kMiB
+       << ", \"large_batch_mib\": " << large_peak / kMiB << ", \"rest_mib\": " << rest / kMiB
+       << ", \"load_before\": " << load_before << ", \"load_after\": " << load_after
+       << ", \"calibration\": {\"probes\": " << calibration.probes
+       << ", \"oom_events\": " << calibration.oom_events
+       << ", \"largest_voxels\": " << calibration.largest_voxels
+       << ", \"largest_peak_mib\": " << calibration.largest_peak / kMiB
+       << ", \"seconds\": " << calibration_s
+       << ", \"scenes\": " << (calibrate ? calibration_scenes : 0) << "}";
     for (int m = 0; m < 2; ++m) {
       const ModeResult& r = results[m];
       const std::string k = keys[m];
@@ -407,6 +445,19 @@ int main(int argc, char** argv) {
     js << "}";
     std::printf("%s\n", js.str().c_str());
     return 0;
+  }
+  if (calibrate) {
+    std::printf(
+        "(b) calibrated before its first step: %lld probes cut from the first %lld scenes, up to "
+        "%lld voxels (peak %.0f MiB), %lld out of memory, %.1f s (counted in (b)'s forward passes, "
+        "not "
+        "in its scenes/s); model ready: %s\n",
+        static_cast<long long>(calibration.probes), static_cast<long long>(calibration_scenes),
+        static_cast<long long>(calibration.largest_voxels), calibration.largest_peak / kMiB,
+        static_cast<long long>(calibration.oom_events), calibration_s,
+        results[1].ready_step == 0 ? "yes" : "no");
+  } else {
+    std::printf("(b) not calibrated (--no-calibration): the memory model starts empty\n");
   }
   std::printf("steps with splits or OOMs (forwards / OOM events / dropped voxels):\n");
   for (size_t i = 0; i < batches.size(); ++i) {

@@ -1,14 +1,18 @@
-// The fused AVX-512 convolution kernels (float, sorted pair lists) against
-// a float64 reference and against the gather-BLAS-scatter path, over
-// shapes that reach every register tile, a masked column tail, several
-// column blocks and both convolution directions; and their results bit for
-// bit independent of the thread count.
+// The fused convolution kernels (float, sorted pair lists), each set the
+// CPU supports (AVX-512, AVX2 + FMA), against a float64 reference and
+// against the gather-BLAS-scatter path, over shapes that reach every
+// register tile of both sets, masked and whole column tails, several column
+// blocks and both convolution directions; their results bit for bit
+// independent of the thread count and the same in both sets; and the
+// choice of the set.
+#include "sparse/cpu/kernels.h"
+
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
-#include "sparse/cpu/kernels.h"
 #include "sparse/ops.h"
 #include "tests/sparse/test_util.h"
 
@@ -29,12 +33,16 @@ std::string Describe(const Shape& s) {
          (s.transposed ? " transposed" : "");
 }
 
-// Output and input channel counts of 1 to 13 vectors of 16, with and
-// without a partial last vector; the stem's 3 inputs and 5x5x5 window.
+// Output and input channel counts of 1 to 13 vectors of 16 (1 to 25 of
+// 8), with and without a partial last vector; the stem's 3 inputs and
+// 5x5x5 window. AVX2 column blocks of 1 (8 and 3 columns), 2 (16, 12) and 3
+// vectors (24, 20), masked and whole, several blocks of unequal width (40:
+// 3 + 2, 130: five of 3 and one of 2 with 2 lanes); tile rows of 8, 6 and
+// 4 with partial tiles (pairs, and input channels in the weight gradient).
 const Shape kShapes[] = {
     {3, 32, 5, 1, false},   {16, 20, 3, 1, false},  {32, 32, 3, 2, false}, {64, 96, 3, 1, false},
     {40, 130, 3, 1, false}, {130, 40, 3, 1, false}, {96, 20, 1, 1, false}, {48, 200, 2, 2, false},
-    {24, 16, 2, 2, true},   {17, 33, 3, 2, true},
+    {24, 16, 2, 2, true},   {17, 33, 3, 2, true},   {8, 12, 3, 1, false},  {12, 24, 3, 1, true},
 };
 
 struct Result {
@@ -77,18 +85,25 @@ double RelativeError(const at::Tensor& got, const at::Tensor& want) {
   return (got.to(at::kDouble) - want).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
 }
 
-class FusedKernels : public ::testing::Test {
- protected:
-  void SetUp() override {
-    previous_ = cpu::SetFusedKernelsEnabled(true);
-    if (!cpu::FusedKernelsEnabled())
-      GTEST_SKIP() << "this CPU has no AVX-512F: the fused kernels cannot run";
+// The fused sets this CPU runs: parameterised over these alone, so none is
+// skipped for lack of an instruction set (on an AVX2-only CPU the AVX2 set
+// runs every test; on AVX-512 CPUs both do).
+std::vector<cpu::KernelSet> FusedSets() {
+  std::vector<cpu::KernelSet> sets;
+  for (cpu::KernelSet s : {cpu::KernelSet::kAvx512, cpu::KernelSet::kAvx2}) {
+    if (cpu::KernelSetSupported(s)) sets.push_back(s);
   }
-  void TearDown() override { cpu::SetFusedKernelsEnabled(previous_); }
-  bool previous_ = false;
+  return sets;
+}
+
+class FusedKernels : public ::testing::TestWithParam<cpu::KernelSet> {
+ protected:
+  void SetUp() override { previous_ = cpu::SetKernelSet(GetParam()); }
+  void TearDown() override { cpu::SetKernelSet(previous_); }
+  cpu::KernelSet previous_ = cpu::KernelSet::kBlas;
 };
 
-TEST_F(FusedKernels, MatchFloat64AndTheBlasPath) {
+TEST_P(FusedKernels, MatchFloat64AndTheBlasPath) {
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(Describe(s));
     auto in =
@@ -97,11 +112,11 @@ TEST_F(FusedKernels, MatchFloat64AndTheBlasPath) {
     at::Tensor w = at::randn({volume, s.cin, s.cout}) / 8;
     at::Tensor seed = at::randn({in.features.size(0), s.cout});
 
-    cpu::SetFusedKernelsEnabled(true);
+    ASSERT_EQ(cpu::ActiveKernelSet(), GetParam());
     const Result fused = ConvForwardBackward(s, in.features, in.coordinates, w, seed);
-    cpu::SetFusedKernelsEnabled(false);
+    cpu::SetKernelSet(cpu::KernelSet::kBlas);
     const Result blas = ConvForwardBackward(s, in.features, in.coordinates, w, seed);
-    cpu::SetFusedKernelsEnabled(true);
+    cpu::SetKernelSet(GetParam());
     // float64 takes the BLAS path: the exact reference for both.
     const Result ref = ConvForwardBackward(s, in.features.to(at::kDouble), in.coordinates,
                                            w.to(at::kDouble), seed);
@@ -120,9 +135,9 @@ TEST_F(FusedKernels, MatchFloat64AndTheBlasPath) {
   }
 }
 
-TEST_F(FusedKernels, ResultsDoNotDependOnTheThreadCountBitForBit) {
+TEST_P(FusedKernels, ResultsDoNotDependOnTheThreadCountBitForBit) {
   const int threads = at::get_num_threads();
-  for (const Shape& s : {kShapes[3], kShapes[5], kShapes[9]}) {
+  for (const Shape& s : {kShapes[3], kShapes[5], kShapes[9], kShapes[10]}) {
     SCOPED_TRACE(Describe(s));
     auto in = MakeRandomInput(2, 12, 0.3, s.cin, at::kFloat, 5, 0, /*shuffle=*/false);
     const int64_t volume = static_cast<int64_t>(s.kernel) * s.kernel * s.kernel;
@@ -144,7 +159,7 @@ TEST_F(FusedKernels, ResultsDoNotDependOnTheThreadCountBitForBit) {
 
 // No channels in or out: empty results, no crash (the column blocking
 // would divide by zero).
-TEST_F(FusedKernels, ZeroChannelsGiveEmptyResults) {
+TEST_P(FusedKernels, ZeroChannelsGiveEmptyResults) {
   auto in = MakeRandomInput(1, 8, 0.3, 4, at::kFloat, 2, 0, /*shuffle=*/false);
   for (auto [cin, cout] : {std::pair<int64_t, int64_t>{4, 0}, {0, 4}}) {
     at::Tensor f = in.features.slice(1, 0, cin).clone().requires_grad_(true);
@@ -158,20 +173,111 @@ TEST_F(FusedKernels, ZeroChannelsGiveEmptyResults) {
   }
 }
 
-TEST_F(FusedKernels, TheSwitchSelectsThePath) {
+TEST_P(FusedKernels, TheSwitchSelectsThePath) {
   // The two paths round differently; if the switch did nothing, a large
   // sum would come out bit-identical.
   const Shape s{64, 96, 3, 1, false};
   auto in = MakeRandomInput(1, 14, 0.4, s.cin, at::kFloat, 9, 0, /*shuffle=*/false);
   at::Tensor w = at::randn({27, s.cin, s.cout});
   at::Tensor seed = at::randn({in.features.size(0), s.cout});
-  cpu::SetFusedKernelsEnabled(false);
+  cpu::SetKernelSet(cpu::KernelSet::kBlas);
   EXPECT_FALSE(cpu::FusedKernelsEnabled());
   const Result blas = ConvForwardBackward(s, in.features, in.coordinates, w, seed);
-  cpu::SetFusedKernelsEnabled(true);
+  cpu::SetKernelSet(GetParam());
   EXPECT_TRUE(cpu::FusedKernelsEnabled());
   const Result fused = ConvForwardBackward(s, in.features, in.coordinates, w, seed);
   EXPECT_FALSE(at::equal(blas.grad_weight, fused.grad_weight));
+}
+
+INSTANTIATE_TEST_SUITE_P(SupportedSets, FusedKernels, ::testing::ValuesIn(FusedSets()),
+                         [](const ::testing::TestParamInfo<cpu::KernelSet>& info) {
+                           return cpu::ToString(info.param);
+                         });
+// A CPU with neither AVX-512F nor AVX2 has no fused set to test.
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(FusedKernels);
+
+// The fused sets sum every output element over the same terms in the same
+// order (one product per pair, input channels in order, pairs in order
+// within fixed blocks), with fused multiply-adds: their results are equal
+// bit for bit, so which set a CPU has does not change a training run.
+// Parameterised over the supported sets wider than AVX2, each compared
+// with AVX2 (none on an AVX2-only CPU, where nothing is to compare).
+class FusedSetsAgree : public ::testing::TestWithParam<cpu::KernelSet> {};
+
+TEST_P(FusedSetsAgree, WithAvx2BitForBit) {
+  const cpu::KernelSet previous = cpu::ActiveKernelSet();
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(Describe(s));
+    auto in = MakeRandomInput(2, 10, 0.3, s.cin, at::kFloat, 3 + s.cin, 0, /*shuffle=*/false);
+    const int64_t volume = static_cast<int64_t>(s.kernel) * s.kernel * s.kernel;
+    at::Tensor w = at::randn({volume, s.cin, s.cout}) / 8;
+    at::Tensor seed = at::randn({in.features.size(0), s.cout});
+    cpu::SetKernelSet(GetParam());
+    const Result wide = ConvForwardBackward(s, in.features, in.coordinates, w, seed);
+    cpu::SetKernelSet(cpu::KernelSet::kAvx2);
+    const Result narrow = ConvForwardBackward(s, in.features, in.coordinates, w, seed);
+    EXPECT_TRUE(at::equal(wide.out, narrow.out)) << "forward";
+    EXPECT_TRUE(at::equal(wide.grad_features, narrow.grad_features)) << "input gradient";
+    EXPECT_TRUE(at::equal(wide.grad_weight, narrow.grad_weight)) << "weight gradient";
+  }
+  cpu::SetKernelSet(previous);
+}
+
+std::vector<cpu::KernelSet> SetsWiderThanAvx2() {
+  std::vector<cpu::KernelSet> sets;
+  if (cpu::KernelSetSupported(cpu::KernelSet::kAvx2) &&
+      cpu::KernelSetSupported(cpu::KernelSet::kAvx512)) {
+    sets.push_back(cpu::KernelSet::kAvx512);
+  }
+  return sets;
+}
+
+INSTANTIATE_TEST_SUITE_P(SupportedSets, FusedSetsAgree, ::testing::ValuesIn(SetsWiderThanAvx2()),
+                         [](const ::testing::TestParamInfo<cpu::KernelSet>& info) {
+                           return cpu::ToString(info.param);
+                         });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(FusedSetsAgree);
+
+TEST(FusedKernelSets, NamesRoundTripAndUnknownNamesAreRejected) {
+  for (cpu::KernelSet s : {cpu::KernelSet::kBlas, cpu::KernelSet::kAvx2, cpu::KernelSet::kAvx512}) {
+    EXPECT_EQ(cpu::KernelSetFromString(cpu::ToString(s)), s);
+  }
+  try {
+    cpu::KernelSetFromString("sse", "TRAINSUP_KERNELS");
+    FAIL() << "an unknown name was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TRAINSUP_KERNELS: unknown kernel set 'sse'"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(cpu::KernelSetSupported(cpu::KernelSet::kBlas));
+  EXPECT_TRUE(cpu::KernelSetSupported(cpu::BestKernelSet()));
+  // BLAS cannot be refused; a set the CPU lacks is.
+  const cpu::KernelSet previous = cpu::SetKernelSet(cpu::KernelSet::kBlas);
+  EXPECT_EQ(cpu::ActiveKernelSet(), cpu::KernelSet::kBlas);
+  if (!cpu::KernelSetSupported(cpu::KernelSet::kAvx512)) {
+    EXPECT_THROW(cpu::SetKernelSet(cpu::KernelSet::kAvx512), c10::Error);
+  }
+  cpu::SetKernelSet(previous);
+}
+
+// The start-up choice from TRAINSUP_KERNELS and TRAINSUP_FUSED.
+TEST(FusedKernelSets, TheEnvironmentChoosesTheSet) {
+  const cpu::KernelSet best = cpu::BestKernelSet();
+  EXPECT_EQ(cpu::ChooseKernelSet(nullptr, nullptr), best);
+  EXPECT_EQ(cpu::ChooseKernelSet("", nullptr), best);
+  EXPECT_EQ(cpu::ChooseKernelSet(nullptr, "1"), best);
+  EXPECT_EQ(cpu::ChooseKernelSet(nullptr, "0"), cpu::KernelSet::kBlas);
+  EXPECT_EQ(cpu::ChooseKernelSet("blas", nullptr), cpu::KernelSet::kBlas);
+  // The named set wins over TRAINSUP_FUSED; one the CPU lacks gives the
+  // fastest below it.
+  const cpu::KernelSet avx2 = cpu::KernelSetSupported(cpu::KernelSet::kAvx2)
+                                  ? cpu::KernelSet::kAvx2
+                                  : cpu::KernelSet::kBlas;
+  EXPECT_EQ(cpu::ChooseKernelSet("avx2", "0"), avx2);
+  EXPECT_EQ(cpu::ChooseKernelSet("avx512", nullptr),
+            cpu::KernelSetSupported(cpu::KernelSet::kAvx512) ? cpu::KernelSet::kAvx512 : avx2);
+  EXPECT_THROW(cpu::ChooseKernelSet("AVX2", nullptr), c10::Error);
 }
 
 }  // namespace
