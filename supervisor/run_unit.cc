@@ -487,6 +487,12 @@ void RunUnit::OnProcessExit(int attempt, int rank) {
   f.forced = r.forced;
   f.forced_reason = r.forced_reason;
   const RankEnd end = ClassifyRankEnd(f);
+  // The exit report is newer than any heartbeat (a short run may never have
+  // sent one): what clients read ends at the step the worker reached.
+  if (f.report && f.report->last_step > r.status.progress().step()) {
+    r.status.mutable_progress()->set_step(f.report->last_step);
+    if (rank == 0) run_.mutable_progress()->set_step(f.report->last_step);
+  }
   r.alive = false;
   if (r.stop_timer != 0) env_.timers->Cancel(r.stop_timer);
   r.stop_timer = 0;

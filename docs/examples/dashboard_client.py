@@ -21,11 +21,8 @@ from trainsup.v1 import supervisor_pb2_grpc as pb_grpc
 
 def run_line(run):
     p = run.progress
-    # progress is the newest report, which may precede the last steps; a
-    # run that succeeded completed all of them (docs/api.md).
-    step = p.total_steps if run.state == pb.RUN_STATE_SUCCEEDED else p.step
     return (f"{run.run_id} {pb.RunState.Name(run.state)} "
-            f"step {step}/{p.total_steps} restarts {run.restarts}")
+            f"step {p.step}/{p.total_steps} restarts {run.restarts}")
 
 
 def main():

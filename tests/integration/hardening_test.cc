@@ -653,6 +653,32 @@ TEST(Hardening, GracefulDaemonRestartDoesNotCountAgainstTheRestartBudget) {
   EXPECT_EQ(run.attempts_size(), 3) << Describe(run);
 }
 
+// --- #19, the daemon's side: a finished run's progress -------------------------------------
+
+// A run shorter than one heartbeat interval never reports progress; its
+// exit report says the step it reached. What a dashboard reads (GetRun,
+// ListRuns) must end there, not at the last heartbeat (0 here).
+TEST(Hardening, AFinishedRunsProgressEndsAtTheStepItReached) {
+  DaemonHarness h;
+  ASSERT_TRUE(h.Start());
+  const std::string id = h.Submit(Spec("short", 6, 20, 3));
+  ASSERT_FALSE(id.empty());
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForState(id, v1::RUN_STATE_SUCCEEDED, kRunLimit, &run));
+  EXPECT_EQ(run.progress().step(), 6) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 1);
+  EXPECT_EQ(run.attempts(0).ranks(0).progress().step(), 6) << Describe(run);
+  v1::ListRunsResponse list;
+  auto ctx = h.Context(h.viewer_token());
+  ASSERT_TRUE(h.stub().ListRuns(ctx.get(), v1::ListRunsRequest(), &list).ok());
+  ASSERT_EQ(list.runs_size(), 1);
+  EXPECT_EQ(list.runs(0).progress().step(), 6);
+  // And after a daemon restart, from the store.
+  h.Kill();
+  ASSERT_TRUE(h.Start());
+  EXPECT_EQ(h.GetRun(id).progress().step(), 6);
+}
+
 // --- #16: a reload says what it did not apply ----------------------------------------------------
 
 TEST(Hardening, ReloadNamesTheKnobsThatNeedARestart) {
