@@ -25,6 +25,9 @@ namespace trainsup::sparse::cpu::fused {
 namespace {
 
 #define TRAINSUP_AVX2 __attribute__((target("avx2,fma")))
+// A tile inlined into the loop over tiles that calls it (one call per
+// block of pairs and column block instead of one per tile).
+#define TRAINSUP_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
 
 constexpr int kMaxBlockVectors = 3;
 
@@ -66,9 +69,9 @@ constexpr int TileRows() {
 // NV column vectors (w and out offset to the column block). Rows past the
 // end repeat the last pair's input; their sums are not stored.
 template <int MR, int NV, bool kMasked>
-TRAINSUP_AVX2 void ProductTile(const float* a, int64_t acols, const int32_t* aidx, const float* w,
-                               int64_t wcols, int64_t tail_lanes, float* out, int64_t ocols,
-                               const int32_t* oidx, int rows) {
+TRAINSUP_AVX2_INLINE void ProductTile(const float* a, int64_t acols, const int32_t* aidx,
+                                      const float* w, int64_t wcols, int64_t tail_lanes, float* out,
+                                      int64_t ocols, const int32_t* oidx, int rows) {
   const __m256i tail = TailMask(tail_lanes);
   __m256 acc[MR][NV];
   const float* arow[MR];
@@ -103,9 +106,9 @@ TRAINSUP_AVX2 void ProductTile(const float* a, int64_t acols, const int32_t* aid
 // block), the pairs summed in order. a and g are the block's rows copied
 // together (acols and gcols wide), so both are read by pointer increments.
 template <int MR, int NV, bool kMasked>
-TRAINSUP_AVX2 void OuterTile(const float* a, int64_t acols, int64_t i0, int rows, const float* g,
-                             int64_t gcols, int64_t n, int64_t tail_lanes, float* dw,
-                             int64_t dwcols) {
+TRAINSUP_AVX2_INLINE void OuterTile(const float* a, int64_t acols, int64_t i0, int rows,
+                                    const float* g, int64_t gcols, int64_t n, int64_t tail_lanes,
+                                    float* dw, int64_t dwcols) {
   const __m256i tail = TailMask(tail_lanes);
   __m256 acc[MR][NV];
 #pragma GCC unroll 8
@@ -134,6 +137,30 @@ TRAINSUP_AVX2 void OuterTile(const float* a, int64_t acols, int64_t i0, int rows
   for (int r = 0; r < MR; ++r) {
     if (r >= rows) break;
     AddVectors<NV, kMasked>(dw + (i0 + r) * dwcols, acc[r], tail);
+  }
+}
+
+// ProductTile over the pairs [0, m) in tiles of MR.
+template <int NV, bool kMasked>
+TRAINSUP_AVX2 void ProductBlock(const float* a, int64_t acols, const int32_t* aidx, const float* w,
+                                int64_t wcols, int64_t tail_lanes, float* out, int64_t ocols,
+                                const int32_t* oidx, int64_t m) {
+  constexpr int MR = TileRows<NV>();
+  for (int64_t p = 0; p < m; p += MR) {
+    const int rows = static_cast<int>(std::min<int64_t>(MR, m - p));
+    ProductTile<MR, NV, kMasked>(a, acols, aidx + p, w, wcols, tail_lanes, out, ocols, oidx + p,
+                                 rows);
+  }
+}
+
+// OuterTile over the input columns [0, acols) in tiles of MR.
+template <int NV, bool kMasked>
+TRAINSUP_AVX2 void OuterBlock(const float* a, int64_t acols, const float* g, int64_t gcols,
+                              int64_t n, int64_t tail_lanes, float* dw, int64_t dwcols) {
+  constexpr int MR = TileRows<NV>();
+  for (int64_t i0 = 0; i0 < acols; i0 += MR) {
+    const int r = static_cast<int>(std::min<int64_t>(MR, acols - i0));
+    OuterTile<MR, NV, kMasked>(a, acols, i0, r, g, gcols, n, tail_lanes, dw, dwcols);
   }
 }
 
@@ -204,14 +231,8 @@ void GatherGemmScatter(const float* a, int64_t acols, const int32_t* aidx, const
   for (int64_t p0 = 0; p0 < n; p0 += pair_block) {
     const int64_t m = std::min(pair_block, n - p0);
     ForEachColumnBlock(ocols, [&](auto nv, auto masked, int64_t v0, int64_t tail) {
-      constexpr int NV = decltype(nv)::value;
-      constexpr int MR = TileRows<NV>();
-      for (int64_t p = 0; p < m; p += MR) {
-        const int rows = static_cast<int>(std::min<int64_t>(MR, m - p));
-        ProductTile<MR, NV, decltype(masked)::value>(a, acols, aidx + p0 + p, w + 8 * v0, ocols,
-                                                     tail, out + 8 * v0, ocols, oidx + p0 + p,
-                                                     rows);
-      }
+      ProductBlock<decltype(nv)::value, decltype(masked)::value>(
+          a, acols, aidx + p0, w + 8 * v0, ocols, tail, out + 8 * v0, ocols, oidx + p0, m);
     });
   }
 }
@@ -233,13 +254,8 @@ void GatherOuter(const float* a, int64_t acols, const int32_t* aidx, const float
     CopyRows(a, acols, aidx + p0, m, arows);
     CopyRows(g, gcols, gidx + p0, m, grows);
     ForEachColumnBlock(gcols, [&](auto nv, auto masked, int64_t v0, int64_t tail) {
-      constexpr int NV = decltype(nv)::value;
-      constexpr int MR = TileRows<NV>();
-      for (int64_t i0 = 0; i0 < acols; i0 += MR) {
-        const int r = static_cast<int>(std::min<int64_t>(MR, acols - i0));
-        OuterTile<MR, NV, decltype(masked)::value>(arows, acols, i0, r, grows + 8 * v0, gcols, m,
-                                                   tail, dw + 8 * v0, gcols);
-      }
+      OuterBlock<decltype(nv)::value, decltype(masked)::value>(arows, acols, grows + 8 * v0, gcols,
+                                                               m, tail, dw + 8 * v0, gcols);
     });
   }
 }
