@@ -23,7 +23,10 @@
 #                                 tests skip; "ok" is then false)
 #
 # BUILD_TIMEOUT (seconds, default 330) caps the build; a 2-core machine
-# needs more for --cpu-only.
+# needs more for --cpu-only. DEADLINE (seconds, default 480 on the GPU, 3600
+# with --cpu-only) bounds the whole run: each stage gets the smaller of its
+# cap and the time left, stages that no longer fit are skipped, and the JSON
+# is always printed before it (call the device tool with timeout_s >= 500).
 #
 # Exit status: 0 when everything ran and passed on a GPU, 1 otherwise.
 set -euo pipefail
@@ -58,6 +61,17 @@ mkdir -p "$out"
 log="$out/run.log"
 : >"$log"
 say() { echo "[run.sh $(($(date +%s) - start)) s] $*" | tee -a "$log" >&2; }
+# One deadline for the whole run (the device tool kills a command at its
+# limit, and then no JSON is printed): each stage gets the smaller of its
+# own cap and what is left, less a margin for the summary.
+default_deadline=480
+[[ $mode == cpu ]] && default_deadline=3600
+deadline=$((start + ${DEADLINE:-$default_deadline}))
+left() {  # cap
+  local l=$((deadline - $(date +%s) - 15))
+  ((l < 1)) && l=1
+  ((l < $1)) && echo "$l" || echo "$1"
+}
 jobs=$(nproc)
 
 # Everything the JSON reports, as KEY=VALUE lines for the summary at the end.
@@ -133,6 +147,7 @@ PY
 # A stage that fails ends the run with the summary so far.
 fail() {
   say "FAILED: $1 (log: $log)"
+  tail -n 40 "$log" >&2 || true
   fact stage_failed "$1"
   summary
   exit 1
@@ -141,8 +156,9 @@ fail() {
 # --- What this machine has -------------------------------------------------
 if [[ $mode == gpu ]]; then
   command -v nvidia-smi >/dev/null || fail "no nvidia-smi: not a GPU machine"
-  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
-  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1)
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 || true)
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 || true)
+  [[ -n $gpu && -n $cap ]] || fail "nvidia-smi names no GPU"
   fact gpu "$gpu"
   say "GPU: $gpu (compute capability $cap)"
   torch_info=$(python3 -c 'import torch, os
@@ -159,20 +175,27 @@ print(torch.__version__, torch.version.cuda or "none", int(torch.cuda.is_availab
   [[ -x $nvcc ]] || fail "no nvcc"
   cuda_root=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
   # The wheels' CUDA libraries (nvidia/*/lib) for the linker and the loader.
-  libs=$(find "$site/nvidia" -maxdepth 2 -type d -name lib 2>/dev/null | paste -sd: -)
+  libs=$( (find "$site/nvidia" -maxdepth 2 -type d -name lib 2>/dev/null || true) | paste -sd: -)
   export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   link_flags="-Wl,-rpath-link,${libs:-$cuda_root/lib64}"
   # LibTorch 2.12 and later want C++20 in code that includes ATen.
   std=17
   python3 -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(0 if v >= (2, 12) else 1)" &&
     std=20
+  # LibTorch's CMake sets CMAKE_CUDA_ARCHITECTURES OFF and takes the
+  # architectures from TORCH_CUDA_ARCH_LIST: both are given. FindBLAS stays
+  # off: the ATen-matmul path (blas_aten.cc) is the one tested without
+  # OpenBLAS.
   cmake_args=(-DCMAKE_PREFIX_PATH="$prefix" -DTRAINSUP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch"
+              -DTORCH_CUDA_ARCH_LIST="$cap" -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=TRUE
               -DCMAKE_CUDA_COMPILER="$nvcc" -DCUDAToolkit_ROOT="$cuda_root"
               -DCMAKE_CXX_STANDARD="$std" -DCMAKE_EXE_LINKER_FLAGS="$link_flags")
   export TORCH_CUDA_ARCH_LIST="$cap"
   # cuBLAS is deterministic run to run on one stream; this also covers the
   # workspaces of several.
   export CUBLAS_WORKSPACE_CONFIG=:4096:8
+  fact tools "$(cmake --version | head -n 1); $(g++ --version | head -n 1); $("$nvcc" --version | tail -n 1)"
+  fact cxx11_abi "$(python3 -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' || true)"
 else
   fact gpu ""
   fact torch "the LibTorch CMake finds"
@@ -180,6 +203,8 @@ else
 fi
 if [[ -f $root/.gpu/googletest/CMakeLists.txt ]]; then
   cmake_args+=(-DTRAINSUP_GTEST_SOURCE_DIR="$root/.gpu/googletest")
+elif [[ $mode == gpu ]]; then
+  fail "no .gpu/googletest: run tests/gpu/run.sh --prepare here and carry .gpu"
 fi
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
@@ -188,7 +213,7 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 t0=$(date +%s)
 say "configuring in $build"
 # Tests are listed when run, not at build time (no ctest here).
-cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTRAINSUP_SPARSE_ONLY=ON \
+timeout "$(left 120)" cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTRAINSUP_SPARSE_ONLY=ON \
   -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST "${cmake_args[@]}" >>"$log" 2>&1 ||
   fail "configure"
 fact configure_s "$(($(date +%s) - t0))"
@@ -198,15 +223,25 @@ if [[ $mode == gpu ]] && ! grep -q "CUDA backend: ON" "$log"; then
 fi
 t0=$(date +%s)
 say "building with $jobs jobs"
-timeout "${BUILD_TIMEOUT:-330}" cmake --build "$build" -j "$jobs" \
+timeout "$(left "${BUILD_TIMEOUT:-330}")" cmake --build "$build" -j "$jobs" \
   --target sparse_backend_tests minkunet_bench >>"$log" 2>&1 || fail "build"
 fact build_s "$(($(date +%s) - t0))"
+if [[ $mode == gpu ]]; then
+  # Which architectures the kernels were built for (sm_90 on an H200).
+  kernels=$(find "$build/sparse/cuda" -name 'libtrainsup_sparse_cuda_kernels*' | head -n 1)
+  elf=$( (cuobjdump --list-elf "$kernels" 2>/dev/null || true) | grep -o 'sm_[0-9]*[a-z]*' | sort -u | paste -sd' ' - || true)
+  fact cuda_elf "$elf"
+  say "CUDA kernels built for: ${elf:-unknown}"
+fi
 
 # --- Tests ------------------------------------------------------------------
 tests="$build/tests/sparse/sparse_backend_tests"
 run_tests() {  # name filter
+  local limit
+  limit=$(left 150)
+  if ((limit < 10)); then say "tests $1: skipped, the deadline is near"; fact "skipped_$1" 1; return; fi
   say "tests: $1 ($2)"
-  timeout 150 "$tests" --gtest_filter="$2" --gtest_output="json:$out/$1.json" \
+  timeout "$limit" "$tests" --gtest_filter="$2" --gtest_output="json:$out/$1.json" \
     >>"$log" 2>&1 || say "tests $1: some failed (see $out/$1.json)"
 }
 run_tests determinism 'CudaDeterminism.*:Determinism.*'
@@ -225,9 +260,11 @@ else
 fi
 fact benches "${backends[*]}"
 for backend in "${backends[@]}"; do
+  limit=$(left 120)
+  if ((limit < 10)); then say "minkunet_bench --backend $backend: skipped, the deadline is near"; fact "bench_${backend}_exit" 124; continue; fi
   say "minkunet_bench ${bench_args[*]} --backend $backend"
   status=0
-  timeout 120 "$build/sparse/minkunet_bench" "${bench_args[@]}" --backend "$backend" --depths 14 \
+  timeout "$limit" "$build/sparse/minkunet_bench" "${bench_args[@]}" --backend "$backend" --depths 14 \
     --json >"$out/bench_$backend.json" 2>>"$log" || status=$?
   fact "bench_${backend}_exit" "$status"
 done
