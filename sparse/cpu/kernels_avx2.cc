@@ -1,6 +1,6 @@
 // The fused convolution tiles for AVX2 + FMA CPUs (AMD Zen, Intel Haswell
 // and later without AVX-512): the same loops as the AVX-512 tiles in
-// kernels.cc with 8-float vectors and 16 registers.
+// kernels_avx512.cc with 8-float vectors and 16 registers.
 //
 // A tile holds the product of MR pairs (forward, input gradient) or MR
 // input channels (weight gradient) and NV vectors of columns in MR x NV

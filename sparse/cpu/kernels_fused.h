@@ -26,6 +26,10 @@ struct TileKernels {
                        int64_t gcols, const int32_t* gidx, int64_t n, float* dw);
 };
 
+// AVX-512F (kernels_avx512.cc): 16-float vectors, 32 registers.
+bool Avx512Supported();
+const TileKernels& Avx512TileKernels();
+
 // AVX2 + FMA (kernels_avx2.cc): 8-float vectors, 16 registers.
 bool Avx2Supported();
 const TileKernels& Avx2TileKernels();
