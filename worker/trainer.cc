@@ -23,7 +23,9 @@
 #include "sparse/nn.h"
 #include "worker/dataset.h"
 #include "worker/loader.h"
+#include "worker/metrics.h"
 #include "worker/split.h"
+#include "worker/step.h"
 
 namespace trainsup::worker {
 namespace {
@@ -60,10 +62,14 @@ struct Counters {
     dropped_voxels += s.dropped_voxels;
   }
   nlohmann::json ToJson() const {
-    return {{"splits", splits},         {"predicted_splits", predicted_splits},
-            {"retries", retries},       {"oom_events", oom_events},
-            {"wasted_forwards", wasted_forwards}, {"dropped_pieces", dropped_pieces},
-            {"dropped_voxels", dropped_voxels},   {"skipped_steps", skipped_steps}};
+    return {{"splits", splits},
+            {"predicted_splits", predicted_splits},
+            {"retries", retries},
+            {"oom_events", oom_events},
+            {"wasted_forwards", wasted_forwards},
+            {"dropped_pieces", dropped_pieces},
+            {"dropped_voxels", dropped_voxels},
+            {"skipped_steps", skipped_steps}};
   }
   void FromJson(const nlohmann::json& j) {
     splits = j.value("splits", int64_t{0});
@@ -89,102 +95,15 @@ double LearningRate(const OptimizerSpec& o, int64_t step, int64_t total) {
   if (o.warmup_steps > 0 && step < o.warmup_steps) {
     return lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup_steps);
   }
-  double t = total > o.warmup_steps
-                 ? static_cast<double>(step - o.warmup_steps) / static_cast<double>(total - o.warmup_steps)
-                 : 0.0;
+  double t = total > o.warmup_steps ? static_cast<double>(step - o.warmup_steps) /
+                                          static_cast<double>(total - o.warmup_steps)
+                                    : 0.0;
   t = std::clamp(t, 0.0, 1.0);
   if (o.schedule == "cosine") return lr * 0.5 * (1 + std::cos(M_PI * t));
   if (o.schedule == "poly") return lr * std::pow(1 - t, 0.9);
   if (o.schedule == "step") return lr * (t < 2.0 / 3.0 ? 1.0 : 0.1);
   return lr;
 }
-
-// The tensors of one group of pieces: scene k of the group is batch index k.
-struct GroupTensors {
-  sparse::SparseTensor input;
-  at::Tensor labels;  // int64, -1 ignored
-  int64_t labelled = 0;
-};
-
-// `height` > 0: one more channel after the data's, the voxel's z times
-// `height` (the voxel size: metres above the scene's lowest point).
-GroupTensors Assemble(const Batch& batch, const Group& group, int channels,
-                      at::ScalarType dtype = at::kFloat, double height = 0,
-                      c10::Device device = c10::Device(c10::DeviceType::CPU)) {
-  const int data_channels = channels - (height > 0 ? 1 : 0);
-  int64_t rows = GroupVoxels(group);
-  at::Tensor coords = at::empty({rows, 4}, at::kInt);
-  at::Tensor feats = at::empty({rows, channels}, at::kFloat);
-  at::Tensor labels = at::empty({rows}, at::kLong);
-  int32_t* c = coords.data_ptr<int32_t>();
-  float* f = feats.data_ptr<float>();
-  int64_t* l = labels.data_ptr<int64_t>();
-  int64_t out = 0;
-  int64_t labelled = 0;
-  for (size_t k = 0; k < group.size(); ++k) {
-    const Piece& p = group[k];
-    const VoxelScene& s = batch.scenes[p.scene];
-    int64_t n = p.all ? static_cast<int64_t>(s.labels.size()) : static_cast<int64_t>(p.rows.size());
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t r = p.all ? i : p.rows[i];
-      c[out * 4] = static_cast<int32_t>(k);
-      c[out * 4 + 1] = s.xyz[r * 3];
-      c[out * 4 + 2] = s.xyz[r * 3 + 1];
-      c[out * 4 + 3] = s.xyz[r * 3 + 2];
-      for (int ch = 0; ch < data_channels; ++ch) {
-        f[out * channels + ch] = ch < s.channels ? s.features[r * s.channels + ch] : 1.0f;
-      }
-      if (height > 0) f[out * channels + data_channels] = static_cast<float>(s.xyz[r * 3 + 2] * height);
-      l[out] = s.labels[r];
-      labelled += s.labels[r] >= 0;
-      ++out;
-    }
-  }
-  if (dtype != at::kFloat) feats = feats.to(dtype);
-  // Coordinates stay on the host (the coordinate manager's); features and
-  // labels go where the model is.
-  return {sparse::SparseTensor(feats.to(device), coords), labels.to(device), labelled};
-}
-
-// Confusion-matrix metrics over voxels with a label.
-struct Confusion {
-  explicit Confusion(int k) : k(k), m(static_cast<size_t>(k) * k, 0) {}
-  void Add(const at::Tensor& pred, const at::Tensor& labels) {
-    const int64_t* p = pred.data_ptr<int64_t>();
-    const int64_t* l = labels.data_ptr<int64_t>();
-    for (int64_t i = 0; i < labels.numel(); ++i) {
-      if (l[i] < 0 || l[i] >= k) continue;
-      m[l[i] * k + std::clamp<int64_t>(p[i], 0, k - 1)]++;
-    }
-  }
-  double Accuracy() const {
-    int64_t hit = 0, all = 0;
-    for (int i = 0; i < k; ++i) {
-      for (int j = 0; j < k; ++j) {
-        all += m[i * k + j];
-        if (i == j) hit += m[i * k + j];
-      }
-    }
-    return all ? static_cast<double>(hit) / all : 0;
-  }
-  // Mean IoU over the classes present in the labels or the predictions.
-  double MeanIoU() const {
-    double sum = 0;
-    int present = 0;
-    for (int c = 0; c < k; ++c) {
-      int64_t tp = m[c * k + c], fn = 0, fp = 0;
-      for (int j = 0; j < k; ++j) {
-        if (j != c) fn += m[c * k + j], fp += m[j * k + c];
-      }
-      if (tp + fn + fp == 0) continue;
-      sum += static_cast<double>(tp) / static_cast<double>(tp + fn + fp);
-      present++;
-    }
-    return present ? sum / present : 0;
-  }
-  int k;
-  std::vector<int64_t> m;
-};
 
 [[noreturn]] void SleepForever() {
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
@@ -302,8 +221,8 @@ class Trainer {
   MemoryModel memory_model_;
   Counters counters_;
   int num_classes_ = 0;
-  int channels_ = 0;     // model input channels (the data's, plus the height)
-  double height_ = 0;    // > 0: the height channel's scale (the voxel size)
+  int channels_ = 0;   // model input channels (the data's, plus the height)
+  double height_ = 0;  // > 0: the height channel's scale (the voxel size)
   int64_t budget_ = 0;
   c10::Device device_{c10::DeviceType::CPU};
   int64_t run_peak_ = 0;
@@ -416,7 +335,8 @@ absl::Status Trainer::Resume() {
   nlohmann::json extra = nlohmann::json::parse(state.extra_json, nullptr, false);
   if (extra.is_object()) {
     if (extra.contains("memory_model")) {
-      absl::StatusOr<MemoryModel> m = MemoryModel::Deserialize(extra["memory_model"].get<std::string>());
+      absl::StatusOr<MemoryModel> m =
+          MemoryModel::Deserialize(extra["memory_model"].get<std::string>());
       if (m.ok()) memory_model_ = *m;
     }
     if (extra.contains("counters")) counters_.FromJson(extra["counters"]);
@@ -472,10 +392,9 @@ absl::Status Trainer::Step(const Batch& batch) {
   int64_t labelled = outcome->labelled;
   counters_.Add(*stats);
   if (stats->splits > 0 || stats->oom_events > 0 || stats->dropped_pieces > 0) {
-    std::string line = absl::StrCat("step ", step_, ": ", stats->splits, " splits (",
-                                    stats->predicted_splits, " predicted), ", stats->oom_events,
-                                    " out-of-memory retries, ", stats->dropped_pieces,
-                                    " pieces dropped");
+    std::string line = absl::StrCat(
+        "step ", step_, ": ", stats->splits, " splits (", stats->predicted_splits, " predicted), ",
+        stats->oom_events, " out-of-memory retries, ", stats->dropped_pieces, " pieces dropped");
     Log(line);
     Event(v1::EVENT_KIND_OOM_SPLIT, -1, line);
     for (const std::string& why : stats->drop_reasons) {
@@ -513,7 +432,8 @@ void Trainer::Evaluate(TrainerResult* result) {
   model_->eval();
   Confusion confusion(num_classes_);
   Confusion baseline(num_classes_);
-  majority_class_ = std::max_element(class_counts_.begin(), class_counts_.end()) - class_counts_.begin();
+  majority_class_ =
+      std::max_element(class_counts_.begin(), class_counts_.end()) - class_counts_.begin();
   // The majority class of the training split's labelled voxels seen so far.
   LoaderOptions lo;
   lo.batch_size = 1;
@@ -554,9 +474,9 @@ void Trainer::Evaluate(TrainerResult* result) {
   result->baseline_miou = baseline.MeanIoU();
   val_miou_ = result->val_miou;
   baseline_miou_ = result->baseline_miou;
-  std::string line = absl::StrCat("eval at step ", step_, ": val mIoU ", result->val_miou,
-                                  ", accuracy ", result->val_accuracy,
-                                  "; majority-class baseline mIoU ", result->baseline_miou);
+  std::string line =
+      absl::StrCat("eval at step ", step_, ": val mIoU ", result->val_miou, ", accuracy ",
+                   result->val_accuracy, "; majority-class baseline mIoU ", result->baseline_miou);
   Log(line);
   Event(v1::EVENT_KIND_LOG, -1, line);
   Report(v1::PHASE_TRAINING);
@@ -598,14 +518,17 @@ TrainerResult Trainer::Run() {
   num_classes_ = spec_.model.num_classes > 0 ? static_cast<int>(spec_.model.num_classes)
                                              : train_->num_classes();
   if (num_classes_ < 2) {
-    return Fail(kExitData, "data", absl::StrCat("the data has ", num_classes_, " labelled classes; training needs at least 2"));
+    return Fail(kExitData, "data",
+                absl::StrCat("the data has ", num_classes_,
+                             " labelled classes; training needs at least 2"));
   }
   channels_ = std::max(1, train_->feature_channels()) + (spec_.model.height_feature ? 1 : 0);
   height_ = spec_.model.height_feature ? spec_.model.voxel_size : 0;
   if (spec_.model.in_channels != channels_) {
-    return Fail(kExitUsage, "usage",
-                absl::StrCat("model.in_channels: ", spec_.model.in_channels, ", but the data gives ",
-                             channels_, " input channel", channels_ == 1 ? "" : "s"));
+    return Fail(
+        kExitUsage, "usage",
+        absl::StrCat("model.in_channels: ", spec_.model.in_channels, ", but the data gives ",
+                     channels_, " input channel", channels_ == 1 ? "" : "s"));
   }
   class_counts_.assign(num_classes_, 0);
 
@@ -625,7 +548,8 @@ TrainerResult Trainer::Run() {
   for (const at::Tensor& p : params_) accum_.push_back(torch::zeros_like(p));
   if (spec_.optimizer.kind == "adamw") {
     optimizer_ = std::make_unique<torch::optim::AdamW>(
-        params_, torch::optim::AdamWOptions(spec_.optimizer.lr).weight_decay(spec_.optimizer.weight_decay));
+        params_,
+        torch::optim::AdamWOptions(spec_.optimizer.lr).weight_decay(spec_.optimizer.weight_decay));
   } else {
     optimizer_ = std::make_unique<torch::optim::SGD>(
         params_, torch::optim::SGDOptions(spec_.optimizer.lr)
@@ -699,7 +623,8 @@ TrainerResult Trainer::Run() {
     if (hooks_.stop_requested && hooks_.stop_requested()) {
       absl::Status c = Checkpoint();
       if (!c.ok()) return CheckpointFailed(c, "before stopping on request");
-      return Fail(kExitStopped, "stopped", absl::StrCat("stopped on request after checkpoint step-", step_));
+      return Fail(kExitStopped, "stopped",
+                  absl::StrCat("stopped on request after checkpoint step-", step_));
     }
     const int64_t next = step_ + 1;  // faults fire just before step `next` runs
     if (inject) {
@@ -735,7 +660,8 @@ TrainerResult Trainer::Run() {
           at::Tensor big =
               at::empty({int64_t{1} << 28}, at::TensorOptions(at::kFloat).device(device_));
         } catch (const c10::OutOfMemoryError& e) {
-          return Fail(kExitOom, "oom", absl::StrCat("hard out-of-memory outside the splittable region: ", e.what()));
+          return Fail(kExitOom, "oom",
+                      absl::StrCat("hard out-of-memory outside the splittable region: ", e.what()));
         }
       }
     }
@@ -745,7 +671,8 @@ TrainerResult Trainer::Run() {
     absl::Status s = Step(*batch);
     if (!s.ok()) {
       if (s.code() == absl::StatusCode::kResourceExhausted) {
-        return Fail(kExitOom, "oom", absl::StrCat("hard out-of-memory at step ", next, ": ", s.message()));
+        return Fail(kExitOom, "oom",
+                    absl::StrCat("hard out-of-memory at step ", next, ": ", s.message()));
       }
       return Fail(1, "error", std::string(s.message()));
     }
@@ -774,7 +701,8 @@ TrainerResult Trainer::Run() {
     Log(absl::StrCat("step ", step_, "/", total_steps_, " epoch ", epoch_, " loss ", last_loss_,
                      " acc ", last_accuracy_, " ", samples_per_sec_, " scenes/s peak ",
                      run_peak_ >> 20, " MiB"));
-    bool due = (spec_.train.checkpoint_every_steps > 0 && step_ % spec_.train.checkpoint_every_steps == 0) ||
+    bool due = (spec_.train.checkpoint_every_steps > 0 &&
+                step_ % spec_.train.checkpoint_every_steps == 0) ||
                (spec_.train.checkpoint_every_seconds > 0 &&
                 std::chrono::duration<double>(Clock::now() - last_checkpoint_time).count() >=
                     spec_.train.checkpoint_every_seconds) ||
@@ -785,11 +713,13 @@ TrainerResult Trainer::Run() {
         // save comes a whole interval later.
         Checkpoint().IgnoreError();
       } catch (const c10::OutOfMemoryError& e) {
-        return Fail(kExitOom, "oom", absl::StrCat("hard out-of-memory while checkpointing: ", e.what()));
+        return Fail(kExitOom, "oom",
+                    absl::StrCat("hard out-of-memory while checkpointing: ", e.what()));
       }
       last_checkpoint_time = Clock::now();
     }
-    if (spec_.train.eval_every_steps > 0 && step_ % spec_.train.eval_every_steps == 0 && step_ < total_steps_) {
+    if (spec_.train.eval_every_steps > 0 && step_ % spec_.train.eval_every_steps == 0 &&
+        step_ < total_steps_) {
       Evaluate(&result);
     }
   }
@@ -797,16 +727,17 @@ TrainerResult Trainer::Run() {
     absl::Status c = Checkpoint();
     if (!c.ok()) return CheckpointFailed(c, "at the end of the run");
   } catch (const c10::OutOfMemoryError& e) {
-    return Fail(kExitOom, "oom", absl::StrCat("hard out-of-memory while checkpointing: ", e.what()));
+    return Fail(kExitOom, "oom",
+                absl::StrCat("hard out-of-memory while checkpointing: ", e.what()));
   }
   Evaluate(&result);
   result.exit_code = kExitOk;
   result.reason = "completed";
   result.last_step = step_;
-  result.message = absl::StrCat(
-      "completed ", step_, " steps; splits ", counters_.splits, " (", counters_.predicted_splits,
-      " predicted), out-of-memory retries ", counters_.retries, ", wasted forwards ",
-      counters_.wasted_forwards, ", dropped pieces ", counters_.dropped_pieces);
+  result.message = absl::StrCat("completed ", step_, " steps; splits ", counters_.splits, " (",
+                                counters_.predicted_splits, " predicted), out-of-memory retries ",
+                                counters_.retries, ", wasted forwards ", counters_.wasted_forwards,
+                                ", dropped pieces ", counters_.dropped_pieces);
   if (result.val_miou >= 0) {
     absl::StrAppend(&result.message, "; val mIoU ", result.val_miou, " vs majority baseline ",
                     result.baseline_miou);
@@ -814,134 +745,7 @@ TrainerResult Trainer::Run() {
   return result;
 }
 
-// The model's device (where its parameters are).
-c10::Device ParamsDevice(const std::vector<at::Tensor>& params) {
-  return params.empty() ? c10::Device(c10::DeviceType::CPU) : params.front().device();
-}
-
-// Forward and backward on one group: `weight` times the gradient of its
-// mean loss is added to `accum` only when the whole group succeeded, so an
-// OOM half-way leaves no trace; the loss, hits and labelled voxels are
-// added to `outcome`. Returns the absolute peak bytes (the allocator's
-// memory statistics), or ResourceExhausted on c10::OutOfMemoryError.
-absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& batch,
-                                     const Group& group, int channels,
-                                     const std::vector<at::Tensor>& params,
-                                     std::vector<at::Tensor>& accum, double weight,
-                                     at::ScalarType dtype, double height, c10::Device device,
-                                     StepOutcome* outcome) {
-  try {
-    sparse::ResetPeakMemory(device);
-    GroupTensors t = Assemble(batch, group, channels, dtype, height, device);
-    sparse::SparseTensor out = model.forward(t.input);
-    at::Tensor logits = out.features();
-    at::Tensor loss = t.labelled > 0 ? torch::nll_loss(torch::log_softmax(logits, 1), t.labels, {},
-                                                       at::Reduction::Mean, -1)
-                                     : logits.sum() * 0.0;
-    at::Tensor scaled = loss * weight;
-    std::vector<at::Tensor> grads =
-        torch::autograd::grad({scaled}, params, {}, false, false, /*allow_unused=*/true);
-    for (size_t i = 0; i < grads.size(); ++i) {
-      if (grads[i].defined()) accum[i].add_(grads[i]);
-    }
-    outcome->loss += scaled.item<double>();
-    at::Tensor pred = logits.argmax(1);
-    at::Tensor mask = t.labels >= 0;
-    outcome->hits += (pred.eq(t.labels) & mask).sum().item<int64_t>();
-    outcome->labelled += t.labelled;
-    return sparse::GetMemoryStats(device).peak_bytes;
-  } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(e.what());
-  }
-}
-
 }  // namespace
-
-int64_t OptimizerStateBytes(const OptimizerSpec& optimizer, const std::vector<at::Tensor>& params) {
-  int64_t bytes = 0;
-  for (const at::Tensor& p : params) bytes += static_cast<int64_t>(p.nbytes());
-  if (optimizer.kind == "adamw") return 2 * bytes;  // exp_avg, exp_avg_sq
-  return optimizer.momentum != 0 ? bytes : 0;       // SGD: the momentum buffers
-}
-
-absl::StatusOr<CalibrationStats> CalibrateMemory(
-    sparse::MinkUNetImpl& model, const Dataset& dataset, const LoaderOptions& loader,
-    int64_t scenes, int channels, const std::vector<at::Tensor>& params,
-    std::vector<at::Tensor>& accum, const SplitOptions& options, MemoryModel* predictor,
-    int64_t budget_bytes, int64_t extra_bytes, double height) {
-  if (budget_bytes <= 0 || predictor == nullptr) return CalibrationStats{};
-  Batch batch;
-  LoaderOptions lo = loader;
-  lo.augment = false;
-  for (int64_t i = 0; i < std::min(scenes, dataset.size()); ++i) {
-    absl::StatusOr<VoxelScene> scene = PrepareScene(dataset, i, 0, lo);
-    if (!scene.ok()) return scene.status();
-    batch.scenes.push_back(std::move(*scene));
-  }
-  std::vector<SceneView> views;
-  for (const VoxelScene& s : batch.scenes) {
-    views.push_back({s.xyz.data(), static_cast<int64_t>(s.labels.size()), s.labelled.data()});
-  }
-  // The probes leave nothing behind: BatchNorm statistics (buffers) are put
-  // back, the gradients are scaled by 0 and the accumulators zeroed.
-  std::vector<at::Tensor> buffers = model.buffers();
-  std::vector<at::Tensor> saved;
-  for (const at::Tensor& b : buffers) saved.push_back(b.clone());
-  const c10::Device device = ParamsDevice(params);
-  ProbeRun probe = [&](const Group& group) -> absl::StatusOr<int64_t> {
-    StepOutcome ignored;
-    return RunGroupOnce(model, batch, group, channels, params, accum, 0.0, at::kFloat, height,
-                        device, &ignored);
-  };
-  CalibrationOptions calibration;
-  calibration.extra_bytes = extra_bytes;
-  absl::StatusOr<CalibrationStats> stats = CalibrateMemoryModel(
-      views, options, budget_bytes, calibration, probe,
-      [device] { sparse::ReleaseCachedMemory(device); }, predictor);
-  {
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(saved[i]);
-    for (at::Tensor& a : accum) a.zero_();
-  }
-  return stats;
-}
-
-absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const Batch& batch,
-                                            int channels, const std::vector<at::Tensor>& params,
-                                            std::vector<at::Tensor>& accum,
-                                            const SplitOptions& options, MemoryModel* predictor,
-                                            int64_t budget_bytes, at::ScalarType dtype,
-                                            int64_t* run_peak, double height, bool baseline) {
-  std::vector<SceneView> views;
-  for (const VoxelScene& s : batch.scenes) {
-    views.push_back({s.xyz.data(), static_cast<int64_t>(s.labels.size()), s.labelled.data()});
-  }
-  for (at::Tensor& a : accum) a.zero_();
-  const c10::Device device = ParamsDevice(params);
-  StepOutcome outcome;
-  RunGroup run = [&](const Group& group, double weight) -> absl::Status {
-    absl::StatusOr<int64_t> peak = RunGroupOnce(model, batch, group, channels, params, accum,
-                                                weight, dtype, height, device, &outcome);
-    if (!peak.ok()) return peak.status();
-    if (run_peak != nullptr) *run_peak = std::max(*run_peak, *peak);
-    if (predictor != nullptr) predictor->Observe(GroupVoxels(group), -1, *peak);
-    return absl::OkStatus();
-  };
-  // Freed tensors are already back; hand the allocator's cached blocks
-  // back too (CUDA: torch.cuda.empty_cache()).
-  auto free_memory = [device] { sparse::ReleaseCachedMemory(device); };
-  // The memory model learns on every step; it plans only under a budget.
-  absl::StatusOr<SplitStats> stats =
-      baseline ? RunBaselineSplitting(views, run, free_memory, options.min_piece_voxels)
-               : RunSplitting(views, options, run, free_memory,
-                              budget_bytes > 0 ? predictor : nullptr, budget_bytes);
-  if (!stats.ok()) return stats.status();
-  if (predictor != nullptr && stats->smallest_failed_voxels > 0) {
-    predictor->ObserveFailure(stats->smallest_failed_voxels);
-  }
-  outcome.stats = *stats;
-  return outcome;
-}
 
 absl::StatusOr<c10::Device> TrainingDevice(const std::string& device, bool cuda_available) {
   if (device == "cpu" || (device == "auto" && !cuda_available)) {

@@ -1,7 +1,8 @@
 // The training loop of trainsup-worker: a MinkUNet from the engine on a
 // dataset from the run spec, under a memory budget, with batches split
 // instead of crashing when they do not fit (worker/split.h), checkpoints
-// through the checkpoint library, and exact resume. The process around it
+// through the checkpoint library, and exact resume. One step's passes
+// and the memory calibration are worker/step.h. The process around it
 // (arguments, signals, the supervisor link, exit files) is worker_main.cc.
 //
 // Exit codes follow DESIGN.md: 0 done, 64 bad spec, 65 data unreadable,
@@ -30,9 +31,6 @@
 #include "worker/loader.h"
 #include "worker/split.h"
 
-namespace trainsup::sparse {
-class MinkUNetImpl;
-}
 namespace trainsup::ckpt {
 class FileSystem;
 }
@@ -62,7 +60,7 @@ struct TrainerOptions {
 // How the loop talks to the world; every hook may be empty.
 struct TrainerHooks {
   std::function<void(const ::trainsup::v1::Progress&)> progress;  // a snapshot for the heartbeats
-  std::function<void()> advance;                      // the progress counter
+  std::function<void()> advance;                                  // the progress counter
   // kind is a v1::EventKind (CHECKPOINT, OOM_SPLIT, LOG).
   std::function<void(::trainsup::v1::EventKind kind, int64_t step, int64_t checkpoint_step,
                      const std::string& message)>
@@ -70,9 +68,9 @@ struct TrainerHooks {
   // A checkpoint of `step` could not be written (`error`); training goes
   // on, and `last_good` (-1: none) is still the newest checkpoint.
   std::function<void(int64_t step, int64_t last_good, const std::string& error)> checkpoint_failed;
-  std::function<bool()> stop_requested;        // SIGTERM or a Stop command
-  std::function<bool()> checkpoint_requested;  // CheckpointNow (consumed)
-  std::function<void(bool)> pause_heartbeats;  // fault injection: freeze
+  std::function<bool()> stop_requested;         // SIGTERM or a Stop command
+  std::function<bool()> checkpoint_requested;   // CheckpointNow (consumed)
+  std::function<void(bool)> pause_heartbeats;   // fault injection: freeze
   std::function<void(const std::string&)> log;  // one line for the rank's log
 };
 
@@ -96,53 +94,6 @@ absl::StatusOr<c10::Device> TrainingDevice(const std::string& device, bool cuda_
 // Trains according to `spec`. Returns the outcome; throws only for what is
 // not an out-of-memory error, a bad spec or unreadable data.
 TrainerResult Train(const RunSpec& spec, const TrainerOptions& options, const TrainerHooks& hooks);
-
-// What one optimizer step's forward and backward passes did.
-struct StepOutcome {
-  SplitStats stats;
-  double loss = 0;       // the batch's mean loss over its labelled voxels
-  int64_t hits = 0;      // labelled voxels predicted right
-  int64_t labelled = 0;  // labelled voxels that were trained on
-};
-
-// Forward and backward over `batch` (scene k of a group is batch index k),
-// split when it runs out of memory (RunSplitting): `accum` (one tensor per
-// parameter, zeroed first) receives the gradient of the batch's mean loss
-// over its labelled voxels; the parameters' own .grad are not touched and
-// no optimizer step is taken. Features are converted to `dtype` (float64 for
-// tests). `height` > 0 appends the height channel (model.height_feature)
-// scaled by it. Only c10::OutOfMemoryError is caught; any other exception
-// propagates. ResourceExhausted: a hard out-of-memory.
-// `baseline` (benchmarks only): split with RunBaselineSplitting instead,
-// the commonly used reactive splitter, with options.min_piece_voxels as its
-// floor; `predictor`, when set, still observes but plans nothing.
-absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const Batch& batch,
-                                            int channels, const std::vector<at::Tensor>& params,
-                                            std::vector<at::Tensor>& accum,
-                                            const SplitOptions& options, MemoryModel* predictor,
-                                            int64_t budget_bytes, at::ScalarType dtype = at::kFloat,
-                                            int64_t* run_peak = nullptr, double height = 0,
-                                            bool baseline = false);
-
-// Bytes of optimizer state that its first step allocates for `params`: SGD
-// with momentum keeps one buffer per parameter, AdamW two.
-int64_t OptimizerStateBytes(const OptimizerSpec& optimizer, const std::vector<at::Tensor>& params);
-
-// Calibrates `predictor` before the first step (CalibrateMemoryModel in
-// split.h): probes of growing size, cut from the first `scenes` scenes of
-// `dataset` (prepared as the loader does, without augmentation), run
-// forward+backward through `model` as ForwardBackward runs a group, peaks
-// measured through the allocator's memory statistics (so the same on any
-// device whose allocator reports them) plus `extra_bytes` (memory live in
-// training but not yet: OptimizerStateBytes before the first step). Leaves
-// the model's parameters and buffers (BatchNorm statistics) as they were
-// and `accum` zeroed. Nothing is run without a budget. Errors: the data's,
-// or an exception other than out-of-memory propagates.
-absl::StatusOr<CalibrationStats> CalibrateMemory(
-    sparse::MinkUNetImpl& model, const Dataset& dataset, const LoaderOptions& loader,
-    int64_t scenes, int channels, const std::vector<at::Tensor>& params,
-    std::vector<at::Tensor>& accum, const SplitOptions& options, MemoryModel* predictor,
-    int64_t budget_bytes, int64_t extra_bytes, double height = 0);
 
 }  // namespace trainsup::worker
 

@@ -24,6 +24,7 @@
 #include "tests/checkpoint/fault_injection_fs.h"
 #include "worker/dataset.h"
 #include "worker/loader.h"
+#include "worker/step.h"
 
 namespace trainsup::worker {
 namespace {
@@ -130,12 +131,13 @@ TEST(ForwardBackward, SplittingEquivalence) {
   int64_t base = sparse::GetMemoryStats().current_bytes;
   int64_t scene_peak = 0;
   for (size_t k = 0; k < batch.scenes.size(); ++k) {
-    scene_peak = std::max(scene_peak, MeasurePeak(*model, OneScene(batch, k), kChannels, params, b,
-                                                  at::kDouble));
+    scene_peak = std::max(
+        scene_peak, MeasurePeak(*model, OneScene(batch, k), kChannels, params, b, at::kDouble));
   }
   int64_t batch_peak = MeasurePeak(*model, batch, kChannels, params, b, at::kDouble);
   std::printf("equivalence: scenes of");
-  for (const VoxelScene& scene : batch.scenes) std::printf(" %lld", static_cast<long long>(scene.voxels()));
+  for (const VoxelScene& scene : batch.scenes)
+    std::printf(" %lld", static_cast<long long>(scene.voxels()));
   std::printf(" voxels; above the %lld bytes held: one scene at most %lld, the batch %lld\n",
               static_cast<long long>(base), static_cast<long long>(scene_peak - base),
               static_cast<long long>(batch_peak - base));
@@ -143,26 +145,28 @@ TEST(ForwardBackward, SplittingEquivalence) {
   // Too small for two scenes together: the batch is cut down to single scenes.
   const int64_t budget = scene_peak + (batch_peak - scene_peak) / 5;
 
-  absl::StatusOr<StepOutcome> unsplit = ForwardBackward(*model, batch, kChannels, params, a,
-                                                        SplitOptions{}, nullptr, 0, at::kDouble);
+  absl::StatusOr<StepOutcome> unsplit =
+      ForwardBackward(*model, batch, kChannels, params, a, SplitOptions{}, nullptr, 0, at::kDouble);
   ASSERT_TRUE(unsplit.ok()) << unsplit.status();
   EXPECT_EQ(unsplit->stats.forwards, 1);
   EXPECT_EQ(unsplit->stats.splits, 0);
 
   SplitOptions options;
-  options.min_piece_voxels = 1 << 30;  // whole scenes only: bisecting a scene changes its convolutions
+  options.min_piece_voxels =
+      1 << 30;  // whole scenes only: bisecting a scene changes its convolutions
   sparse::SetMemoryBudget(budget);
   absl::StatusOr<StepOutcome> split =
       ForwardBackward(*model, batch, kChannels, params, b, options, nullptr, budget, at::kDouble);
   sparse::SetMemoryBudget(0);
   ASSERT_TRUE(split.ok()) << split.status();
   const SplitStats& s = split->stats;
-  std::printf("equivalence: %zu scenes, base %lld, scene peak %lld, batch peak %lld, budget %lld; "
-              "forwards %lld, splits %lld, oom events %lld, dropped %lld\n",
-              batch.scenes.size(), static_cast<long long>(base), static_cast<long long>(scene_peak),
-              static_cast<long long>(batch_peak), static_cast<long long>(budget),
-              static_cast<long long>(s.forwards), static_cast<long long>(s.splits),
-              static_cast<long long>(s.oom_events), static_cast<long long>(s.dropped_pieces));
+  std::printf(
+      "equivalence: %zu scenes, base %lld, scene peak %lld, batch peak %lld, budget %lld; "
+      "forwards %lld, splits %lld, oom events %lld, dropped %lld\n",
+      batch.scenes.size(), static_cast<long long>(base), static_cast<long long>(scene_peak),
+      static_cast<long long>(batch_peak), static_cast<long long>(budget),
+      static_cast<long long>(s.forwards), static_cast<long long>(s.splits),
+      static_cast<long long>(s.oom_events), static_cast<long long>(s.dropped_pieces));
   EXPECT_GT(s.splits, 0);
   EXPECT_GT(s.oom_events, 0);
   EXPECT_EQ(s.dropped_pieces, 0);
@@ -250,8 +254,8 @@ int64_t ParameterBytes(int channels, int classes) {
 
 // A fresh run directory under the test's temporary directory.
 std::string RunDir(const std::string& name) {
-  fs::path dir = fs::path(::testing::TempDir()) / ("trainer_test_" + name + "_" +
-                                                   std::to_string(::getpid()));
+  fs::path dir =
+      fs::path(::testing::TempDir()) / ("trainer_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
@@ -668,9 +672,8 @@ TEST(Train, HeavyTailedUnderTightBudget) {
     }
     std::vector<size_t> order(all.scenes.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-      return all.scenes[x].voxels() < all.scenes[y].voxels();
-    });
+    std::sort(order.begin(), order.end(),
+              [&](size_t x, size_t y) { return all.scenes[x].voxels() < all.scenes[y].voxels(); });
     smallest = all.scenes[order.front()].voxels();
     largest = all.scenes[order.back()].voxels();
     Batch pair;  // the two largest of the small rooms
@@ -686,11 +689,12 @@ TEST(Train, HeavyTailedUnderTightBudget) {
         MeasurePeak(*model, OneScene(all, order.back()), kChannels, params, scratch, at::kFloat) -
         base;
   }
-  std::printf("heavy-tailed: rooms of %lld..%lld voxels; parameters %lld MiB; forward+backward "
-              "above the model: two small rooms %lld MiB, the large room %lld MiB\n",
-              static_cast<long long>(smallest), static_cast<long long>(largest),
-              static_cast<long long>(param_bytes >> 20), static_cast<long long>(act_pair >> 20),
-              static_cast<long long>(act_large >> 20));
+  std::printf(
+      "heavy-tailed: rooms of %lld..%lld voxels; parameters %lld MiB; forward+backward "
+      "above the model: two small rooms %lld MiB, the large room %lld MiB\n",
+      static_cast<long long>(smallest), static_cast<long long>(largest),
+      static_cast<long long>(param_bytes >> 20), static_cast<long long>(act_pair >> 20),
+      static_cast<long long>(act_large >> 20));
   ASSERT_GT(largest, 5 * smallest);
   ASSERT_GT(act_large, act_pair * 3 / 2) << "the large room must need far more than a pair";
   // Training holds the parameters, the accumulators and SGD's momentum;
@@ -706,13 +710,13 @@ TEST(Train, HeavyTailedUnderTightBudget) {
     spec.train.predictive_split = predictive;
     Captured c;
     TrainerResult r = RunTrain(spec, predictive ? "predictive" : "reactive", &c);
-    std::printf("heavy-tailed, budget %lld MiB, %s splitting: exit %d; splits %lld, out-of-memory "
-                "retries %lld, wasted forwards %lld, dropped pieces %lld; peak %lld MiB\n  %s\n",
-                static_cast<long long>(spec.train.memory_budget_mb),
-                predictive ? "predictive" : "reactive", r.exit_code,
-                static_cast<long long>(c.splits), static_cast<long long>(c.retries),
-                static_cast<long long>(c.wasted), static_cast<long long>(c.dropped),
-                static_cast<long long>(c.peak >> 20), r.message.c_str());
+    std::printf(
+        "heavy-tailed, budget %lld MiB, %s splitting: exit %d; splits %lld, out-of-memory "
+        "retries %lld, wasted forwards %lld, dropped pieces %lld; peak %lld MiB\n  %s\n",
+        static_cast<long long>(spec.train.memory_budget_mb), predictive ? "predictive" : "reactive",
+        r.exit_code, static_cast<long long>(c.splits), static_cast<long long>(c.retries),
+        static_cast<long long>(c.wasted), static_cast<long long>(c.dropped),
+        static_cast<long long>(c.peak >> 20), r.message.c_str());
     EXPECT_EQ(r.exit_code, 0) << r.message;
     EXPECT_EQ(r.last_step, 12);
     EXPECT_LE(c.peak, spec.train.memory_budget_mb << 20);

@@ -40,6 +40,7 @@
 #include "worker/dataset.h"
 #include "worker/loader.h"
 #include "worker/split.h"
+#include "worker/step.h"
 #include "worker/trainer.h"
 
 namespace ts = trainsup::sparse;
@@ -284,7 +285,8 @@ int main(int argc, char** argv) {
   {
     tw::StepOutcome o;
     int64_t peak = 0;
-    if (!TrainStep(*net, sgd, batches[normal], params, accum, nullptr, 0, false, &o, &peak)) return 1;
+    if (!TrainStep(*net, sgd, batches[normal], params, accum, nullptr, 0, false, &o, &peak))
+      return 1;
     rest = ts::GetMemoryStats().current_bytes;
     for (int which : {normal, large}) {
       peak = 0;
@@ -295,24 +297,28 @@ int main(int argc, char** argv) {
     }
   }
   const int64_t budget =
-      budget_mib > 0 ? budget_mib << 20
-                     : normal_peak + static_cast<int64_t>(budget_fraction * (large_peak - normal_peak));
+      budget_mib > 0
+          ? budget_mib << 20
+          : normal_peak + static_cast<int64_t>(budget_fraction * (large_peak - normal_peak));
 
   if (!json) {
-    std::printf("split_bench: %d threads (at::set_num_threads), BLAS %s kernels, deterministic %s\n",
-                threads, ts::BlasCoreName().c_str(), deterministic ? "on" : "off");
-    std::printf("MinkUNet14 (in %d, out %d, %lld parameters), SGD lr 0.05 momentum 0.9; %s at %g m "
-                "voxels, batch %lld, %lld epochs = %zu steps (%lld with a large room); median room "
-                "%lld voxels, largest %lld\n",
-                kInChannels, kClasses, static_cast<long long>(net->NumParameters()),
-                (*dataset)->name().c_str(), voxel, static_cast<long long>(batch_size),
-                static_cast<long long>(epochs), batches.size(), static_cast<long long>(large_batches),
-                static_cast<long long>(median_room), static_cast<long long>(sorted_rooms.back()));
-    std::printf("budget %.0f MiB: a normal batch needs ~%.0f MiB (the largest, %lld voxels), a "
-                "large-room batch ~%.0f MiB (the smallest, %lld voxels); at rest (model, "
-                "accumulators, momentum) %.0f MiB\n",
-                budget / kMiB, normal_peak / kMiB, static_cast<long long>(Voxels(batches[normal])),
-                large_peak / kMiB, static_cast<long long>(Voxels(batches[large])), rest / kMiB);
+    std::printf(
+        "split_bench: %d threads (at::set_num_threads), BLAS %s kernels, deterministic %s\n",
+        threads, ts::BlasCoreName().c_str(), deterministic ? "on" : "off");
+    std::printf(
+        "MinkUNet14 (in %d, out %d, %lld parameters), SGD lr 0.05 momentum 0.9; %s at %g m "
+        "voxels, batch %lld, %lld epochs = %zu steps (%lld with a large room); median room "
+        "%lld voxels, largest %lld\n",
+        kInChannels, kClasses, static_cast<long long>(net->NumParameters()),
+        (*dataset)->name().c_str(), voxel, static_cast<long long>(batch_size),
+        static_cast<long long>(epochs), batches.size(), static_cast<long long>(large_batches),
+        static_cast<long long>(median_room), static_cast<long long>(sorted_rooms.back()));
+    std::printf(
+        "budget %.0f MiB: a normal batch needs ~%.0f MiB (the largest, %lld voxels), a "
+        "large-room batch ~%.0f MiB (the smallest, %lld voxels); at rest (model, "
+        "accumulators, momentum) %.0f MiB\n",
+        budget / kMiB, normal_peak / kMiB, static_cast<long long>(Voxels(batches[normal])),
+        large_peak / kMiB, static_cast<long long>(Voxels(batches[large])), rest / kMiB);
   }
 
   // The two runs from the same initial state (zero momentum is what SGD's
@@ -391,7 +397,8 @@ int main(int argc, char** argv) {
   const double load_after = LoadAverage();
   for (int mode = 0; mode < 2; ++mode) {
     ModeResult& r = results[mode];
-    r.last_epoch_loss = loss_steps[mode] > 0 ? loss_sum[mode] / static_cast<double>(loss_steps[mode]) : 0;
+    r.last_epoch_loss =
+        loss_steps[mode] > 0 ? loss_sum[mode] / static_cast<double>(loss_steps[mode]) : 0;
   }
 
   const char* names[2] = {"(a) baseline: reactive, midpoint halving, 500-point floor",
@@ -425,17 +432,21 @@ int main(int argc, char** argv) {
     for (int m = 0; m < 2; ++m) {
       const ModeResult& r = results[m];
       const std::string k = keys[m];
-      js << ", \"" << k << "\": {\"steps\": " << r.steps << ", \"scenes_per_s\": " << r.scenes / r.seconds
-         << ", \"seconds\": " << r.seconds << ", \"forwards\": " << r.total.forwards
-         << ", \"splits\": " << r.total.splits << ", \"predicted_splits\": " << r.total.predicted_splits
-         << ", \"oom_events\": " << r.total.oom_events << ", \"wasted_forwards\": " << r.total.wasted_forwards
+      js << ", \"" << k << "\": {\"steps\": " << r.steps
+         << ", \"scenes_per_s\": " << r.scenes / r.seconds << ", \"seconds\": " << r.seconds
+         << ", \"forwards\": " << r.total.forwards << ", \"splits\": " << r.total.splits
+         << ", \"predicted_splits\": " << r.total.predicted_splits
+         << ", \"oom_events\": " << r.total.oom_events
+         << ", \"wasted_forwards\": " << r.total.wasted_forwards
          << ", \"dropped_pieces\": " << r.total.dropped_pieces
          << ", \"dropped_voxels\": " << r.total.dropped_voxels
-         << ", \"dropped_labelled\": " << r.total.dropped_labelled << ", \"peak_mib\": " << r.peak / kMiB
-         << ", \"last_epoch_loss\": " << r.last_epoch_loss << "}";
+         << ", \"dropped_labelled\": " << r.total.dropped_labelled
+         << ", \"peak_mib\": " << r.peak / kMiB << ", \"last_epoch_loss\": " << r.last_epoch_loss
+         << "}";
     }
     js << ", \"model_ready_step\": " << (ready >= 0 ? ready + 1 : -1)
-       << ", \"wasted_from_ready_baseline\": " << wa_ready << ", \"wasted_from_ready_ours\": " << wb_ready;
+       << ", \"wasted_from_ready_baseline\": " << wa_ready
+       << ", \"wasted_from_ready_ours\": " << wb_ready;
     js << ", \"wasted_ratio\": ";
     if (wb > 0) {
       js << static_cast<double>(wa) / static_cast<double>(wb);
@@ -464,11 +475,12 @@ int main(int argc, char** argv) {
     const tw::SplitStats& a = results[0].per_step[i];
     const tw::SplitStats& b = results[1].per_step[i];
     if (a.splits + b.splits + a.oom_events + b.oom_events == 0) continue;
-    std::printf("  step %2zu (%6lld voxels%s): (a) %lld / %lld / %lld   (b) %lld / %lld / %lld%s\n", i + 1,
-                static_cast<long long>(Voxels(batches[i])), has_large(batches[i]) ? ", large room" : "",
-                static_cast<long long>(a.forwards), static_cast<long long>(a.oom_events),
-                static_cast<long long>(a.dropped_voxels), static_cast<long long>(b.forwards),
-                static_cast<long long>(b.oom_events), static_cast<long long>(b.dropped_voxels),
+    std::printf("  step %2zu (%6lld voxels%s): (a) %lld / %lld / %lld   (b) %lld / %lld / %lld%s\n",
+                i + 1, static_cast<long long>(Voxels(batches[i])),
+                has_large(batches[i]) ? ", large room" : "", static_cast<long long>(a.forwards),
+                static_cast<long long>(a.oom_events), static_cast<long long>(a.dropped_voxels),
+                static_cast<long long>(b.forwards), static_cast<long long>(b.oom_events),
+                static_cast<long long>(b.dropped_voxels),
                 b.predicted_splits > 0 ? "  (predicted split)" : "");
   }
   for (int m = 0; m < 2; ++m) {
@@ -477,25 +489,31 @@ int main(int argc, char** argv) {
     std::printf("  %lld steps, %lld scenes in %.1f s of steps = %.2f scenes/s\n",
                 static_cast<long long>(r.steps), static_cast<long long>(r.scenes), r.seconds,
                 r.scenes / r.seconds);
-    std::printf("  forward passes %lld, splits %lld (%lld predicted), OOM events %lld, wasted forward "
-                "passes %lld\n",
-                static_cast<long long>(r.total.forwards), static_cast<long long>(r.total.splits),
-                static_cast<long long>(r.total.predicted_splits), static_cast<long long>(r.total.oom_events),
-                static_cast<long long>(r.total.wasted_forwards));
-    std::printf("  dropped pieces %lld, dropped points (voxels) %lld of %lld (%lld labelled); peak %.0f "
-                "MiB; last-epoch mean loss %.3f\n",
-                static_cast<long long>(r.total.dropped_pieces), static_cast<long long>(r.total.dropped_voxels),
-                static_cast<long long>(r.voxels), static_cast<long long>(r.total.dropped_labelled),
-                r.peak / kMiB, r.last_epoch_loss);
+    std::printf(
+        "  forward passes %lld, splits %lld (%lld predicted), OOM events %lld, wasted forward "
+        "passes %lld\n",
+        static_cast<long long>(r.total.forwards), static_cast<long long>(r.total.splits),
+        static_cast<long long>(r.total.predicted_splits),
+        static_cast<long long>(r.total.oom_events),
+        static_cast<long long>(r.total.wasted_forwards));
+    std::printf(
+        "  dropped pieces %lld, dropped points (voxels) %lld of %lld (%lld labelled); peak %.0f "
+        "MiB; last-epoch mean loss %.3f\n",
+        static_cast<long long>(r.total.dropped_pieces),
+        static_cast<long long>(r.total.dropped_voxels), static_cast<long long>(r.voxels),
+        static_cast<long long>(r.total.dropped_labelled), r.peak / kMiB, r.last_epoch_loss);
   }
-  std::printf("scenes/s: one measurement on a shared machine (load average %.1f before, %.1f after), "
-              "the modes' steps interleaved so both see the same load; the counts are exact\n",
-              load_before, load_after);
+  std::printf(
+      "scenes/s: one measurement on a shared machine (load average %.1f before, %.1f after), "
+      "the modes' steps interleaved so both see the same load; the counts are exact\n",
+      load_before, load_after);
   if (ready >= 0) {
-    std::printf("(b)'s memory model was ready from step %lld on; wasted forward passes from there: (a) %lld, "
-                "(b) %lld\n",
-                static_cast<long long>(ready + 1), static_cast<long long>(wa_ready),
-                static_cast<long long>(wb_ready));
+    std::printf(
+        "(b)'s memory model was ready from step %lld on; wasted forward passes from there: (a) "
+        "%lld, "
+        "(b) %lld\n",
+        static_cast<long long>(ready + 1), static_cast<long long>(wa_ready),
+        static_cast<long long>(wb_ready));
   } else {
     std::printf("(b)'s memory model never became ready (fewer than %d observations)\n",
                 tw::MemoryModel::kMinObservations);
@@ -504,7 +522,8 @@ int main(int argc, char** argv) {
     std::printf("wasted forward passes (a)/(b): %lld / %lld = %.1fx\n", static_cast<long long>(wa),
                 static_cast<long long>(wb), static_cast<double>(wa) / static_cast<double>(wb));
   } else {
-    std::printf("wasted forward passes (a)/(b): %lld / 0 (ours wasted none)\n", static_cast<long long>(wa));
+    std::printf("wasted forward passes (a)/(b): %lld / 0 (ours wasted none)\n",
+                static_cast<long long>(wa));
   }
   return 0;
 }
