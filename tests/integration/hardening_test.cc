@@ -62,8 +62,15 @@ std::map<std::string, std::string> EnvironmentOf(int pid) {
 int SpawnWithPid(int pid, const std::vector<std::string>& argv, const std::string& log) {
   for (int attempt = 0; attempt < 50; ++attempt) {
     // Another process that got the pid first (a compiler, another test's
-    // worker) usually ends soon.
-    Eventually([&] { return kill(pid, 0) != 0 && errno == ESRCH; }, Seconds(10));
+    // worker) usually ends soon. The pid's old holder may also be our own
+    // zombie still (an orphan handed to this subreaper after the caller's
+    // last wait): reap it.
+    Eventually(
+        [&] {
+          waitpid(pid, nullptr, WNOHANG);
+          return kill(pid, 0) != 0 && errno == ESRCH;
+        },
+        Seconds(10));
     if (kill(pid, 0) == 0 || errno != ESRCH) return -1;
     {
       std::ofstream last("/proc/sys/kernel/ns_last_pid");
