@@ -152,6 +152,7 @@ absl::Status ReadModel(const toml::table* t, ModelSpec* m) {
   TRAINSUP_RETURN_IF_ERROR(r.Double("voxel_size", &m->voxel_size, 0, 10, /*lo_open=*/true));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("gradient_checkpointing", &m->gradient_checkpointing));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("height_feature", &m->height_feature));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("sync_batchnorm", &m->sync_batchnorm));
   if (m->height_feature && m->in_channels < 2) {
     return absl::InvalidArgumentError(
         "model.in_channels: must count the height channel too (at least 2 with height_feature)");
@@ -222,6 +223,15 @@ absl::Status ReadTrain(const toml::table* t, TrainSpec* s) {
   return r.Finish();
 }
 
+absl::Status ReadDistributed(const toml::table* t, DistributedSpec* s) {
+  TableReader r(t, "distributed");
+  TRAINSUP_RETURN_IF_ERROR(r.String("backend", &s->backend, {"auto", "gloo", "nccl"}));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("timeout_s", &s->timeout_s, 1, 3600));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("connect_timeout_s", &s->connect_timeout_s, 1, 3600));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("bucket_mb", &s->bucket_mb, 0.01, 1024));
+  return r.Finish();
+}
+
 absl::Status ReadTesting(const toml::table* t, TestingSpec* s) {
   s->present = t != nullptr;
   TableReader r(t, "testing");
@@ -239,6 +249,8 @@ absl::Status ReadTesting(const toml::table* t, TestingSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.Int("step_ms", &s->step_ms, 0, 600000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("only_attempt", &s->only_attempt, 0, 1000000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("only_rank", &s->only_rank, -1, 63));
+  TRAINSUP_RETURN_IF_ERROR(
+      r.Int("stop_in_collective_at_step", &s->stop_in_collective_at_step, -1, kBillion));
   return r.Finish();
 }
 
@@ -289,6 +301,8 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
       {"data", [&](const toml::table* t) { return ReadData(t, &spec.data); }},
       {"optimizer", [&](const toml::table* t) { return ReadOptimizer(t, &spec.optimizer); }},
       {"train", [&](const toml::table* t) { return ReadTrain(t, &spec.train); }},
+      {"distributed",
+       [&](const toml::table* t) { return ReadDistributed(t, &spec.distributed); }},
       {"testing", [&](const toml::table* t) { return ReadTesting(t, &spec.testing); }},
   };
   for (const Section& section : sections) {

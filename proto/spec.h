@@ -23,6 +23,10 @@ struct ModelSpec {
   // more input channel (in_channels counts it): convolutions are blind to
   // absolute position, and aerial scans separate ground from the rest by it.
   bool height_feature = false;
+  // world_size > 1: BatchNorm's batch statistics are allreduced over the
+  // ranks (forward and backward), so every rank normalises with the global
+  // batch's mean and variance (PyTorch's SyncBatchNorm). false: per rank.
+  bool sync_batchnorm = false;
 };
 
 struct DataSpec {
@@ -78,6 +82,23 @@ struct TrainSpec {
   int64_t empty_cache_every_steps = 0;    // 0 (off)..1e9: hand cached memory back
 };
 
+// How the ranks of a run with world_size > 1 talk (the [distributed]
+// table; docs/distributed.md).
+struct DistributedSpec {
+  // auto: NCCL when the worker trains on CUDA and its LibTorch has NCCL,
+  // else Gloo | gloo | nccl (an error where it is not built).
+  std::string backend = "auto";
+  // A collective that has not completed after this long fails the rank
+  // (exit 76 naming the peer and the collective). [1, 3600]
+  double timeout_s = 60;
+  // Rank 0 hosts the rendezvous store; the others wait this long for it,
+  // and everyone this long for the whole gang to join. [1, 3600]
+  double connect_timeout_s = 120;
+  // Gradients are allreduced in buckets of about this size, launched as
+  // the last backward pass makes them ready. [0.01, 1024]
+  double bucket_mb = 4;
+};
+
 // Fault injection for tests and the demo (the [testing] table). -1: off.
 struct TestingSpec {
   // The spec has a [testing] table. trainsupd accepts such a spec only when
@@ -95,6 +116,9 @@ struct TestingSpec {
   bool ignore_sigterm = false;
   bool spawn_grandchild = false;    // leave a process in the group
   int64_t step_ms = 0;              // test worker: time per step, 0..600000
+  // world_size > 1: raise(SIGSTOP) inside the gradient allreduce of step N
+  // (after its first bucket is launched).
+  int64_t stop_in_collective_at_step = -1;
   int64_t only_attempt = 0;         // 0: faults on every attempt; N: only on attempt N
   int64_t only_rank = -1;           // -1: faults on every rank; R: only on rank R
 };
@@ -107,6 +131,7 @@ struct RunSpec {
   DataSpec data;
   OptimizerSpec optimizer;
   TrainSpec train;
+  DistributedSpec distributed;
   TestingSpec testing;
 };
 

@@ -200,8 +200,100 @@ SparseTensor BatchNormLayerImpl::forward(const SparseTensor& x, bool relu) {
     TORCH_CHECK(false, "BatchNorm: features are ", x.F().scalar_type(), " but the module is ",
                 w.scalar_type(), " (convert the module with ->to())");
   }
+  if (is_training() && allreduce_ != nullptr) {
+    return x.WithFeatures(SyncBatchNormTraining(x.F(), w, b, running_mean, running_var, factor,
+                                                eps_, relu, allreduce_.get()));
+  }
   return BatchNorm(x, w, b, running_mean, running_var, is_training() || !tracking, factor, eps_,
                    relu);
+}
+
+namespace {
+
+// Forward saves the input, the global mean and inverse standard deviation
+// (float64) and the global row count; backward allreduces the two sums the
+// input gradient needs over the whole batch.
+class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, at::Tensor running_mean,
+                            at::Tensor running_var, double momentum, double eps,
+                            int64_t allreduce_address) {
+    const auto* allreduce = reinterpret_cast<const StatsAllreduce*>(allreduce_address);
+    const int64_t c = x.size(1);
+    at::Tensor packed = at::cat({x.sum(0, false, at::kDouble), (x.to(at::kDouble) * x).sum(0),
+                                 at::full({1}, static_cast<double>(x.size(0)), at::kDouble)});
+    (*allreduce)(packed);
+    const double n = packed[2 * c].item<double>();
+    at::Tensor mean = packed.narrow(0, 0, c) / std::max(n, 1.0);
+    at::Tensor var = (packed.narrow(0, c, c) / std::max(n, 1.0) - mean * mean).clamp_min(0);
+    at::Tensor invstd = (var + eps).rsqrt();
+    if (running_mean.defined() && n > 0) {
+      at::NoGradGuard no_grad;
+      running_mean.mul_(1 - momentum).add_(mean.to(running_mean.scalar_type()), momentum);
+      const double unbiased = n > 1 ? n / (n - 1) : 1.0;
+      running_var.mul_(1 - momentum).add_((var * unbiased).to(running_var.scalar_type()), momentum);
+    }
+    at::Tensor xhat = (x.to(at::kDouble) - mean) * invstd;
+    at::Tensor y = xhat;
+    if (weight.defined()) y = y * weight.to(at::kDouble);
+    if (bias.defined()) y = y + bias.to(at::kDouble);
+    ctx->save_for_backward({x, weight, mean, invstd});
+    ctx->saved_data["n"] = n;
+    ctx->saved_data["allreduce"] = allreduce_address;
+    ctx->saved_data["has_bias"] = bias.defined();
+    return y.to(x.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* allreduce =
+        reinterpret_cast<const StatsAllreduce*>(ctx->saved_data["allreduce"].toInt());
+    const double n = ctx->saved_data["n"].toDouble();
+    variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& mean = saved[2];
+    const at::Tensor& invstd = saved[3];
+    const int64_t c = x.size(1);
+    at::Tensor dy = grads[0].to(at::kDouble);
+    at::Tensor xhat = (x.to(at::kDouble) - mean) * invstd;
+    at::Tensor local_dy = dy.sum(0);
+    at::Tensor local_dy_xhat = (dy * xhat).sum(0);
+    at::Tensor packed = at::cat({local_dy, local_dy_xhat});
+    (*allreduce)(packed);
+    at::Tensor sum_dy = packed.narrow(0, 0, c);
+    at::Tensor sum_dy_xhat = packed.narrow(0, c, c);
+    at::Tensor scale = weight.defined() ? weight.to(at::kDouble) * invstd : invstd;
+    at::Tensor dx = scale / std::max(n, 1.0) * (n * dy - sum_dy - xhat * sum_dy_xhat);
+    at::Tensor dw = weight.defined() ? local_dy_xhat.to(weight.scalar_type()) : at::Tensor();
+    at::Tensor db = ctx->saved_data["has_bias"].toBool() ? local_dy.to(x.scalar_type()) : at::Tensor();
+    return {dx.to(x.scalar_type()), dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor SyncBatchNormTraining(const at::Tensor& features, const at::Tensor& weight,
+                                 const at::Tensor& bias, const at::Tensor& running_mean,
+                                 const at::Tensor& running_var, double momentum, double eps,
+                                 bool relu, const StatsAllreduce* allreduce) {
+  TORCH_CHECK(allreduce != nullptr && *allreduce, "SyncBatchNormTraining: no allreduce");
+  at::Tensor y = SyncBatchNormFunction::apply(
+      features, weight, bias, running_mean, running_var, momentum, eps,
+      static_cast<int64_t>(reinterpret_cast<intptr_t>(allreduce)));
+  return relu ? at::relu(y) : y;
+}
+
+int64_t SetBatchNormAllreduce(torch::nn::Module& model, const StatsAllreduce& allreduce) {
+  int64_t n = 0;
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    if (auto* bn = dynamic_cast<BatchNormLayerImpl*>(m.get())) {
+      bn->SetStatsAllreduce(allreduce);
+      ++n;
+    }
+  }
+  return n;
 }
 
 SparseTensor CheckpointableBlock::forward(const SparseTensor& x, const SparseTensor* skip) {

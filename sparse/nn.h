@@ -5,6 +5,7 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -33,6 +34,12 @@ class ConvLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ConvLayer);
 
+// Sums a tensor over every process of a data-parallel gang, in place (a
+// collective: every process calls it the same number of times, in the
+// same order). Supplied by the worker (worker/distributed.h), so the
+// engine needs no communication library.
+using StatsAllreduce = std::function<void(at::Tensor&)>;
+
 // BatchNorm over the features. momentum: nullopt for a cumulative moving
 // average (PyTorch's momentum=None); num_batches_tracked counts training
 // forwards.
@@ -46,11 +53,35 @@ class BatchNormLayerImpl : public torch::nn::Module {
   at::Tensor weight, bias;
   at::Tensor running_mean, running_var, num_batches_tracked;  // undefined without tracking
 
+  // Set: training-mode statistics are those of every process's batch
+  // together (PyTorch's SyncBatchNorm): the per-channel sums, sums of
+  // squares and row count are allreduced in forward, and the sums of the
+  // gradient and of gradient times normalised input in backward; the weight
+  // and bias gradients stay this process's share. Empty: this batch only.
+  void SetStatsAllreduce(StatsAllreduce allreduce) {
+    allreduce_ = std::make_shared<StatsAllreduce>(std::move(allreduce));
+    if (!*allreduce_) allreduce_.reset();
+  }
+
  private:
   double eps_;
   std::optional<double> momentum_;
+  std::shared_ptr<StatsAllreduce> allreduce_;
 };
 TORCH_MODULE(BatchNormLayer);
+
+// Training-mode BatchNorm over rows whose statistics are summed across
+// processes by `allreduce` (see BatchNormLayerImpl::SetStatsAllreduce),
+// then ReLU if `relu`. Sums in float64. `allreduce` must outlive the
+// backward pass.
+at::Tensor SyncBatchNormTraining(const at::Tensor& features, const at::Tensor& weight,
+                                 const at::Tensor& bias, const at::Tensor& running_mean,
+                                 const at::Tensor& running_var, double momentum, double eps,
+                                 bool relu, const StatsAllreduce* allreduce);
+
+// Sets (or, with an empty function, clears) the statistics allreduce of
+// every BatchNormLayer in `model`; returns how many there are.
+int64_t SetBatchNormAllreduce(torch::nn::Module& model, const StatsAllreduce& allreduce);
 
 // A block that can be a gradient-checkpoint boundary: with checkpointing on,
 // in training mode and with gradients enabled, its forward keeps only its

@@ -27,6 +27,27 @@ int64_t BatchesPerEpoch(int64_t n, int64_t batch_size) {
   return (n + batch_size - 1) / batch_size;
 }
 
+int64_t ShardSize(int64_t n, int world_size) {
+  if (n <= 0 || world_size < 1) return 0;
+  return n / world_size;
+}
+
+std::vector<int64_t> EpochShard(int64_t n, uint64_t seed, int64_t epoch, int rank, int world_size,
+                                bool shuffle) {
+  std::vector<int64_t> order;
+  if (shuffle) {
+    order = EpochOrder(n, seed, epoch);
+  } else {
+    order.resize(std::max<int64_t>(n, 0));
+    for (int64_t i = 0; i < n; ++i) order[i] = i;
+  }
+  if (world_size <= 1) return order;
+  const int64_t m = ShardSize(n, world_size);
+  std::vector<int64_t> shard(m);
+  for (int64_t i = 0; i < m; ++i) shard[i] = order[rank + i * world_size];
+  return shard;
+}
+
 bool operator==(const VoxelScene& a, const VoxelScene& b) {
   return a.xyz == b.xyz && a.features == b.features && a.channels == b.channels &&
          a.labels == b.labels && a.labelled == b.labelled && a.index == b.index &&
@@ -86,7 +107,7 @@ absl::StatusOr<VoxelScene> PrepareScene(const Dataset& dataset, int64_t index, i
 
 Loader::Loader(const Dataset* dataset, LoaderOptions options, int64_t epoch, int64_t cursor)
     : dataset_(dataset), options_(std::move(options)), epoch_(epoch), cursor_(cursor) {
-  const int64_t n = dataset_ == nullptr ? 0 : dataset_->size();
+  const int64_t n = shard_size();
   if (dataset_ == nullptr) {
     error_ = absl::InvalidArgumentError("Loader: no dataset");
   } else if (options_.batch_size < 1) {
@@ -98,12 +119,21 @@ Loader::Loader(const Dataset* dataset, LoaderOptions options, int64_t epoch, int
   } else if (options_.prefetch < 1) {
     error_ = absl::InvalidArgumentError(
         absl::StrCat("Loader: prefetch must be at least 1, got ", options_.prefetch));
-  } else if (n == 0) {
+  } else if (options_.world_size < 1 || options_.rank < 0 ||
+             options_.rank >= options_.world_size) {
+    error_ = absl::InvalidArgumentError(absl::StrCat("Loader: rank ", options_.rank,
+                                                     " is outside a world of ",
+                                                     options_.world_size));
+  } else if (dataset_->size() == 0) {
     error_ = absl::FailedPreconditionError(
         absl::StrCat("Loader: dataset ", dataset_->name(), " has no scenes"));
+  } else if (n == 0) {
+    error_ = absl::FailedPreconditionError(
+        absl::StrCat("Loader: dataset ", dataset_->name(), " has ", dataset_->size(),
+                     " scenes, fewer than the ", options_.world_size, " ranks"));
   } else if (epoch_ < 0 || cursor_ < 0 || cursor_ > n) {
     error_ = absl::InvalidArgumentError(absl::StrCat(
-        "Loader: position (epoch ", epoch_, ", cursor ", cursor_, ") is outside a dataset of ", n));
+        "Loader: position (epoch ", epoch_, ", cursor ", cursor_, ") is outside a shard of ", n));
   }
   if (!error_.ok()) return;
   if (cursor_ == n) {
@@ -123,7 +153,11 @@ Loader::~Loader() {
 }
 
 int64_t Loader::batches_per_epoch() const {
-  return dataset_ == nullptr ? 0 : BatchesPerEpoch(dataset_->size(), options_.batch_size);
+  return BatchesPerEpoch(shard_size(), options_.batch_size);
+}
+
+int64_t Loader::shard_size() const {
+  return dataset_ == nullptr ? 0 : ShardSize(dataset_->size(), options_.world_size);
 }
 
 absl::StatusOr<Batch> Loader::Next() {
@@ -139,7 +173,7 @@ absl::StatusOr<Batch> Loader::Next() {
 }
 
 void Loader::Run() {
-  const int64_t n = dataset_->size();
+  const int64_t n = shard_size();
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
   while (true) {
@@ -151,12 +185,8 @@ void Loader::Run() {
       if (stop_) return;
     }
     if (order_epoch != epoch_) {
-      if (options_.shuffle) {
-        order = EpochOrder(n, options_.seed, epoch_);
-      } else {
-        order.resize(n);
-        for (int64_t i = 0; i < n; ++i) order[i] = i;
-      }
+      order = EpochShard(dataset_->size(), options_.seed, epoch_, options_.rank,
+                         options_.world_size, options_.shuffle);
       order_epoch = epoch_;
     }
     absl::StatusOr<Batch> batch = MakeBatch(epoch_, cursor_, order);

@@ -30,6 +30,22 @@ std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int64_t epoch);
 // Batches of `batch_size` in an epoch of `n` samples: ceil(n / batch_size).
 int64_t BatchesPerEpoch(int64_t n, int64_t batch_size);
 
+// Samples each of `world_size` ranks visits per epoch of `n`: n / world_size
+// (PyTorch's DistributedSampler with drop_last: the n % world_size samples
+// at the end of the epoch's order are left out, a different few each epoch).
+int64_t ShardSize(int64_t n, int world_size);
+
+// What rank `rank` of `world_size` visits in epoch `epoch`, in order:
+// entries rank, rank + world_size, ... of the epoch's order (EpochOrder, or
+// 0..n-1 without `shuffle`), ShardSize(n, world_size) of them. A pure
+// function of its arguments; the shards of one epoch are disjoint, and for
+// world_size 1 the shard is the whole order. With batch size B, batch k of
+// every rank together are entries [k*B*W, (k+1)*B*W) of the order, the
+// batch one rank with batch size B*W trains at step k (when B*W divides
+// the shard sizes' total).
+std::vector<int64_t> EpochShard(int64_t n, uint64_t seed, int64_t epoch, int rank, int world_size,
+                                bool shuffle = true);
+
 struct LoaderOptions {
   int64_t batch_size = 2;    // >= 1
   uint64_t seed = 0;         // the run's train.seed
@@ -39,6 +55,10 @@ struct LoaderOptions {
   bool shuffle = true;
   // Batches prepared ahead of the one Next() returns, >= 1.
   int prefetch = 2;
+  // This loader yields rank `rank`'s shard of every epoch (EpochShard);
+  // cursors count within the shard. 0 <= rank < world_size.
+  int rank = 0;
+  int world_size = 1;
   AugmentOptions augment_options;
 };
 
@@ -55,9 +75,10 @@ struct VoxelScene {
   int64_t voxels() const { return static_cast<int64_t>(labels.size()); }
 };
 
-// Scenes [cursor_begin, cursor_end) of epoch `epoch`'s order. After training
-// it, checkpoint (epoch, cursor_end): a loader constructed there continues
-// with the next batch (cursor_end == the dataset size means the next epoch).
+// Scenes [cursor_begin, cursor_end) of epoch `epoch`'s shard (the whole
+// order for world_size 1). After training it, checkpoint (epoch,
+// cursor_end): a loader constructed there continues with the next batch
+// (cursor_end == the shard size means the next epoch).
 struct Batch {
   int64_t epoch = 0;
   int64_t cursor_begin = 0;
@@ -88,9 +109,10 @@ absl::StatusOr<VoxelScene> PrepareScene(const Dataset& dataset, int64_t index, i
 // Not thread-safe: call Next() from one thread.
 class Loader {
  public:
-  // `dataset` must outlive the loader. `cursor` in [0, dataset->size()];
-  // cursor == size means (epoch + 1, 0). Bad options, an empty dataset or a
-  // cursor out of range are reported by Next().
+  // `dataset` must outlive the loader. `cursor` in [0, shard size];
+  // cursor == shard size means (epoch + 1, 0). Bad options, an empty dataset
+  // (or fewer scenes than ranks) or a cursor out of range are reported by
+  // Next().
   Loader(const Dataset* dataset, LoaderOptions options, int64_t epoch, int64_t cursor);
   // Stops the thread (after the scene it is preparing) and joins it.
   ~Loader();
@@ -105,8 +127,10 @@ class Loader {
   // call returns it again.
   absl::StatusOr<Batch> Next();
 
-  // Batches per epoch.
+  // Batches per epoch (of this rank's shard).
   int64_t batches_per_epoch() const;
+  // Scenes this rank visits per epoch: ShardSize(dataset size, world_size).
+  int64_t shard_size() const;
 
  private:
   void Run();

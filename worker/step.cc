@@ -6,6 +6,7 @@
 
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
+#include "worker/distributed.h"
 
 namespace trainsup::worker {
 
@@ -66,15 +67,31 @@ c10::Device ParamsDevice(const std::vector<at::Tensor>& params) {
 // Forward and backward on one group: `weight` times the gradient of its
 // mean loss is added to `accum` only when the whole group succeeded, so an
 // OOM half-way leaves no trace; the loss, hits and labelled voxels are
-// added to `outcome`. Returns the absolute peak bytes (the allocator's
-// memory statistics), or ResourceExhausted on c10::OutOfMemoryError.
+// added to `outcome`. The backward pass writes the parameters' .grad
+// (cleared before and after) so that a data-parallel reducer's hooks see
+// each gradient as it is made: when the group completes the rank's batch
+// (`remaining_labelled`, the labelled voxels not trained yet, equals the
+// group's), `reducer` takes the gradients (sealing them) and launches their
+// allreduce during backward; sealed gradients are never added again.
+// Returns the absolute peak bytes (the allocator's memory statistics), or
+// ResourceExhausted on c10::OutOfMemoryError.
 absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& batch,
                                      const Group& group, int channels,
                                      const std::vector<at::Tensor>& params,
                                      std::vector<at::Tensor>& accum, double weight,
                                      at::ScalarType dtype, double height, c10::Device device,
-                                     StepOutcome* outcome) {
+                                     StepOutcome* outcome, GradientReducer* reducer = nullptr,
+                                     int64_t remaining_labelled = -1) {
+  struct ClearGrads {
+    const std::vector<at::Tensor>& params;
+    GradientReducer* reducer;
+    ~ClearGrads() {
+      if (reducer != nullptr) reducer->Disarm();
+      for (const at::Tensor& p : params) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+    }
+  } clear{params, reducer};
   try {
+    for (const at::Tensor& p : params) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
     sparse::ResetPeakMemory(device);
     GroupTensors t = Assemble(batch, group, channels, dtype, height, device);
     sparse::SparseTensor out = model.forward(t.input);
@@ -83,10 +100,17 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
                                                        at::Reduction::Mean, -1)
                                      : logits.sum() * 0.0;
     at::Tensor scaled = loss * weight;
-    std::vector<at::Tensor> grads =
-        torch::autograd::grad({scaled}, params, {}, false, false, /*allow_unused=*/true);
-    for (size_t i = 0; i < grads.size(); ++i) {
-      if (grads[i].defined()) accum[i].add_(grads[i]);
+    if (reducer != nullptr && t.labelled > 0 && t.labelled == remaining_labelled) {
+      reducer->ArmFinalBackward();
+    }
+    scaled.backward();
+    if (reducer != nullptr) reducer->Disarm();
+    {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& g = params[i].grad();
+        if (g.defined() && (reducer == nullptr || !reducer->Sealed(i))) accum[i].add_(g);
+      }
     }
     outcome->loss += scaled.item<double>();
     at::Tensor pred = logits.argmax(1);
@@ -97,6 +121,14 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
   } catch (const c10::OutOfMemoryError& e) {
     return absl::ResourceExhaustedError(e.what());
   }
+}
+
+int64_t BatchLabelled(const Batch& batch) {
+  int64_t n = 0;
+  for (const VoxelScene& s : batch.scenes) {
+    for (uint8_t l : s.labelled) n += l;
+  }
+  return n;
 }
 
 }  // namespace
@@ -152,15 +184,33 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
                                             std::vector<at::Tensor>& accum,
                                             const SplitOptions& options, MemoryModel* predictor,
                                             int64_t budget_bytes, at::ScalarType dtype,
-                                            int64_t* run_peak, double height, bool baseline) {
+                                            int64_t* run_peak, double height, bool baseline,
+                                            const DataParallel* parallel) {
   const std::vector<SceneView> views = SceneViews(batch);
   for (at::Tensor& a : accum) a.zero_();
   const c10::Device device = ParamsDevice(params);
+  const int64_t local_labelled = BatchLabelled(batch);
+  GradientReducer* reducer = parallel != nullptr ? parallel->reducer : nullptr;
+  // The groups' weights are shares of this rank's labelled voxels; scaled
+  // by this rank's share of the global batch's they sum, over all ranks, to
+  // the gradient of the global batch's mean loss.
+  const double scale = parallel != nullptr && parallel->global_labelled > 0
+                           ? static_cast<double>(local_labelled) /
+                                 static_cast<double>(parallel->global_labelled)
+                           : 1.0;
+  const bool unsplit = parallel != nullptr && parallel->unsplit;
   StepOutcome outcome;
   RunGroup run = [&](const Group& group, double weight) -> absl::Status {
-    absl::StatusOr<int64_t> peak = RunGroupOnce(model, batch, group, channels, params, accum,
-                                                weight, dtype, height, device, &outcome);
-    if (!peak.ok()) return peak.status();
+    absl::StatusOr<int64_t> peak =
+        RunGroupOnce(model, batch, group, channels, params, accum, weight * scale, dtype, height,
+                     device, &outcome, reducer, local_labelled - outcome.labelled);
+    if (!peak.ok()) {
+      if (unsplit && absl::IsResourceExhausted(peak.status())) {
+        // Not retried: another split would desynchronise the collectives.
+        return absl::AbortedError(peak.status().message());
+      }
+      return peak.status();
+    }
     if (run_peak != nullptr) *run_peak = std::max(*run_peak, *peak);
     if (predictor != nullptr) predictor->Observe(GroupVoxels(group), -1, *peak);
     return absl::OkStatus();
@@ -172,11 +222,20 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
   absl::StatusOr<SplitStats> stats =
       baseline ? RunBaselineSplitting(views, run, free_memory, options.min_piece_voxels)
                : RunSplitting(views, options, run, free_memory,
-                              budget_bytes > 0 ? predictor : nullptr, budget_bytes);
-  if (!stats.ok()) return stats.status();
+                              budget_bytes > 0 && !unsplit ? predictor : nullptr,
+                              unsplit ? 0 : budget_bytes);
+  if (!stats.ok()) {
+    if (unsplit && absl::IsAborted(stats.status())) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "out of memory with model.sync_batchnorm, which trains every rank's batch unsplit: ",
+          stats.status().message()));
+    }
+    return stats.status();
+  }
   if (predictor != nullptr && stats->smallest_failed_voxels > 0) {
     predictor->ObserveFailure(stats->smallest_failed_voxels);
   }
+  if (reducer != nullptr) reducer->Finish();
   outcome.stats = *stats;
   return outcome;
 }

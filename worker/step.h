@@ -23,6 +23,20 @@ class MinkUNetImpl;
 
 namespace trainsup::worker {
 
+class GradientReducer;
+
+// A data-parallel step (worker/distributed.h): this rank's part of a global
+// batch of `global_labelled` labelled voxels (all ranks together), its
+// gradient summed over the ranks by `reducer`.
+struct DataParallel {
+  GradientReducer* reducer = nullptr;
+  int64_t global_labelled = 0;
+  // model.sync_batchnorm: the batch statistics are collectives, so every
+  // rank must run the same passes: the batch runs unsplit, and an
+  // out-of-memory error is hard (ResourceExhausted).
+  bool unsplit = false;
+};
+
 // The tensors of one group of pieces: scene k of the group is batch index k.
 struct GroupTensors {
   sparse::SparseTensor input;
@@ -55,13 +69,20 @@ struct StepOutcome {
 // `baseline` (benchmarks only): split with RunBaselineSplitting instead,
 // the commonly used reactive splitter, with options.min_piece_voxels as its
 // floor; `predictor`, when set, still observes but plans nothing.
+// `parallel` (world size > 1): each group's weight is its share of the
+// labelled voxels of the global batch instead of this rank's, and `accum`
+// ends as the sum over the ranks (the global batch's gradient); the last
+// group's backward launches the allreduce as its gradients become ready.
+// The reducer's collectives run even when this rank's batch has no
+// labelled voxel, so every rank makes the same calls.
 absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const Batch& batch,
                                             int channels, const std::vector<at::Tensor>& params,
                                             std::vector<at::Tensor>& accum,
                                             const SplitOptions& options, MemoryModel* predictor,
                                             int64_t budget_bytes, at::ScalarType dtype = at::kFloat,
                                             int64_t* run_peak = nullptr, double height = 0,
-                                            bool baseline = false);
+                                            bool baseline = false,
+                                            const DataParallel* parallel = nullptr);
 
 // Bytes of optimizer state that its first step allocates for `params`: SGD
 // with momentum keeps one buffer per parameter, AdamW two.

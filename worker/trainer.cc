@@ -1,5 +1,6 @@
 #include "worker/trainer.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -7,7 +8,10 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -22,6 +26,7 @@
 #include "sparse/minkunet.h"
 #include "sparse/nn.h"
 #include "worker/dataset.h"
+#include "worker/distributed.h"
 #include "worker/loader.h"
 #include "worker/metrics.h"
 #include "worker/split.h"
@@ -38,6 +43,7 @@ constexpr int kExitUsage = ExitStatus(WorkerExit::kUsage);
 constexpr int kExitData = ExitStatus(WorkerExit::kData);
 constexpr int kExitOom = ExitStatus(WorkerExit::kOom);
 constexpr int kExitStopped = ExitStatus(WorkerExit::kStopped);
+constexpr int kExitPeerLost = 76;
 // Not a contract code: the supervisor restarts the attempt like a crash.
 constexpr int kExitCheckpointIo = 1;
 
@@ -105,6 +111,57 @@ double LearningRate(const OptimizerSpec& o, int64_t step, int64_t total) {
   return lr;
 }
 
+std::string ToHex(const std::string& bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+bool FromHex(const std::string& hex, std::string* out) {
+  if (hex.size() % 2 != 0) return false;
+  out->clear();
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    int v = 0;
+    for (char c : {hex[i], hex[i + 1]}) {
+      v <<= 4;
+      if (c >= '0' && c <= '9') v |= c - '0';
+      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+      else return false;
+    }
+    out->push_back(static_cast<char>(v));
+  }
+  return true;
+}
+
+std::string CpuGeneratorState() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  at::Tensor state = gen.get_state();
+  return std::string(static_cast<const char*>(state.data_ptr()), state.numel());
+}
+
+// Sets LibTorch's CPU generator; false (nothing changed) if `bytes` is not
+// a state it accepts.
+bool SetCpuGeneratorState(const std::string& bytes) {
+  at::Tensor state = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
+  try {
+    at::Generator scratch = at::make_generator<at::CPUGeneratorImpl>();
+    scratch.set_state(state);
+  } catch (const c10::Error&) {
+    return false;
+  }
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+  return true;
+}
+
 [[noreturn]] void SleepForever() {
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
@@ -141,9 +198,11 @@ class Trainer {
                options.file_system != nullptr ? options.file_system : ckpt::FileSystem::Default(),
                ckpt::StoreOptions{static_cast<int>(spec.train.keep_checkpoints), 0}) {}
 
+  // Run's body; a CollectiveError (a peer lost) becomes exit 76.
   TrainerResult Run();
 
  private:
+  TrainerResult RunLoop();
   void Log(const std::string& line) {
     if (hooks_.log) hooks_.log(line);
   }
@@ -200,12 +259,20 @@ class Trainer {
   // file system is full (ResourceExhausted: ENOSPC, EDQUOT), else 1.
   TrainerResult CheckpointFailed(const absl::Status& s, const std::string& when);
   absl::Status Resume();
+  // This rank's own part of a checkpoint (data position, memory model,
+  // counters, RNG), and its restoration.
+  nlohmann::json RankState() const;
+  absl::Status ApplyRankState(const nlohmann::json& rank_state, bool restore_rng);
+  // Every rank gets rank 0's buffers (BatchNorm running statistics) and,
+  // with `parameters`, its parameters; `what` names the collectives.
+  void BroadcastWeights(bool parameters, const std::string& what);
   SplitOptions Splitting() const;
   // Calibrates the memory model before the first step (CalibrateMemory)
   // when it plans (predictive splitting under a budget) and is not ready.
   absl::Status Calibrate(const LoaderOptions& loader);
-  // One optimizer step over `batch`; ResourceExhausted = hard OOM.
-  absl::Status Step(const Batch& batch);
+  // One optimizer step over `batch`, part of a global batch of
+  // `global_labelled` labelled voxels; ResourceExhausted = hard OOM.
+  absl::Status Step(const Batch& batch, int64_t global_labelled);
   void Evaluate(TrainerResult* result);
 
   RunSpec spec_;
@@ -214,6 +281,10 @@ class Trainer {
   ckpt::CheckpointStore store_;
   std::unique_ptr<Dataset> train_, val_;
   std::unique_ptr<Loader> loader_;
+  std::unique_ptr<Gang> gang_;  // world size 1 too: collectives are then the identity
+  std::unique_ptr<GradientReducer> reducer_;
+  bool sync_batchnorm_ = false;
+  int64_t shard_size_ = 0;  // scenes this rank visits per epoch
   sparse::MinkUNet model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<at::Tensor> params_;
@@ -242,32 +313,96 @@ class Trainer {
   std::vector<int64_t> class_counts_;  // labelled training voxels seen, per class
 };
 
+nlohmann::json Trainer::RankState() const {
+  return {{"rank", options_.rank},
+          {"epoch", epoch_},
+          {"cursor", cursor_},
+          {"memory_model", memory_model_.Serialize()},
+          {"counters", counters_.ToJson()},
+          {"last_loss", last_loss_},
+          {"class_counts", class_counts_},
+          {"cpu_rng_state", ToHex(CpuGeneratorState())}};
+}
+
+absl::Status Trainer::ApplyRankState(const nlohmann::json& r, bool restore_rng) {
+  if (!r.is_object()) return absl::DataLossError("a rank's state is not a JSON object");
+  if (r.contains("epoch")) epoch_ = r["epoch"].get<int64_t>();
+  if (r.contains("cursor")) cursor_ = r["cursor"].get<int64_t>();
+  if (r.contains("memory_model")) {
+    absl::StatusOr<MemoryModel> m = MemoryModel::Deserialize(r["memory_model"].get<std::string>());
+    if (m.ok()) memory_model_ = *m;
+  }
+  if (r.contains("counters")) counters_.FromJson(r["counters"]);
+  last_loss_ = r.value("last_loss", 0.0);
+  if (r.contains("class_counts")) {
+    std::vector<int64_t> counts = r["class_counts"].get<std::vector<int64_t>>();
+    if (counts.size() == class_counts_.size()) class_counts_ = counts;
+  }
+  if (restore_rng && r.contains("cpu_rng_state")) {
+    std::string bytes;
+    if (!FromHex(r["cpu_rng_state"].get<std::string>(), &bytes) || !SetCpuGeneratorState(bytes)) {
+      return absl::DataLossError(absl::StrCat("rank ", options_.rank,
+                                              "'s CPU generator state is not a valid state"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Checkpoint() {
   Report(v1::PHASE_CHECKPOINTING);
+  const int world = gang_->world_size();
+  const std::string name = absl::StrCat("checkpoint step-", step_);
   ckpt::TrainerState state;
   state.step = step_;
   state.epoch = epoch_;
   state.cursor = cursor_;
-  nlohmann::json extra = {{"memory_model", memory_model_.Serialize()},
-                          {"counters", counters_.ToJson()},
-                          {"num_classes", num_classes_},
-                          {"last_loss", last_loss_},
-                          {"class_counts", class_counts_}};
-  state.extra_json = extra.dump();
-  absl::Status s = ckpt::SaveState(store_, *model_, *optimizer_, state);
+  nlohmann::json extra = RankState();
+  extra["num_classes"] = num_classes_;
+  absl::Status s;
+  if (world == 1) {
+    state.extra_json = extra.dump();
+    s = ckpt::SaveState(store_, *model_, *optimizer_, state);
+  } else {
+    // Every rank has finished the step (this gather is the barrier); rank 0
+    // writes the one checkpoint, with every rank's state in it, and tells
+    // the others how it went.
+    std::vector<std::string> ranks = gang_->AllGather(RankState().dump(), name + ": rank states");
+    at::Tensor result = at::zeros({2}, at::kLong);  // [written, out of space]
+    if (options_.rank == 0) {
+      nlohmann::json all = nlohmann::json::array();
+      for (const std::string& r : ranks) all.push_back(nlohmann::json::parse(r));
+      nlohmann::json gang_extra = {{"num_classes", num_classes_},
+                                   {"world_size", world},
+                                   {"ranks", all}};
+      state.extra_json = gang_extra.dump();
+      s = ckpt::SaveState(store_, *model_, *optimizer_, state);
+      result[0] = s.ok() ? 1 : 0;
+      result[1] = absl::IsResourceExhausted(s) ? 1 : 0;
+    }
+    gang_->Broadcast(result, 0, name + ": written");
+    if (options_.rank != 0) {
+      if (result[0].item<int64_t>() == 1) {
+        s = absl::OkStatus();
+      } else {
+        const std::string why = absl::StrCat("rank 0 could not write ", name, " (its log says why)");
+        s = result[1].item<int64_t>() == 1 ? absl::ResourceExhaustedError(why)
+                                          : absl::UnavailableError(why);
+      }
+    }
+  }
   if (s.ok()) {
     last_checkpoint_ = step_;
     last_checkpoint_error_.clear();
-    Event(v1::EVENT_KIND_CHECKPOINT, step_, absl::StrCat("checkpoint step-", step_));
-    Log(absl::StrCat("checkpoint step-", step_));
+    if (options_.rank == 0) Event(v1::EVENT_KIND_CHECKPOINT, step_, name);
+    Log(world == 1 || options_.rank == 0 ? name : absl::StrCat(name, " (written by rank 0)"));
   } else {
     ++checkpoint_failures_;
     last_checkpoint_error_ = std::string(s.message());
-    Log(absl::StrCat("checkpoint step-", step_, " failed (", checkpoint_failures_,
+    Log(absl::StrCat(name, " failed (", checkpoint_failures_,
                      " failed so far; newest checkpoint ",
                      last_checkpoint_ >= 0 ? absl::StrCat("step-", last_checkpoint_) : "none",
                      "): ", s.message()));
-    if (hooks_.checkpoint_failed)
+    if (hooks_.checkpoint_failed && options_.rank == 0)
       hooks_.checkpoint_failed(step_, last_checkpoint_, last_checkpoint_error_);
   }
   Report(v1::PHASE_TRAINING);
@@ -333,17 +468,24 @@ absl::Status Trainer::Resume() {
   cursor_ = state.cursor;
   last_checkpoint_ = state.step;
   nlohmann::json extra = nlohmann::json::parse(state.extra_json, nullptr, false);
+  const int world = options_.world_size;
+  const int64_t written_by =
+      extra.is_object() && extra.contains("world_size") ? extra["world_size"].get<int64_t>() : 1;
+  if (written_by != world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint step-", chosen->step, " was written by a gang of ", written_by,
+        " rank", written_by == 1 ? "" : "s", "; this run has world_size = ", world,
+        " (a run resumes with the world size it was written with)"));
+  }
   if (extra.is_object()) {
-    if (extra.contains("memory_model")) {
-      absl::StatusOr<MemoryModel> m =
-          MemoryModel::Deserialize(extra["memory_model"].get<std::string>());
-      if (m.ok()) memory_model_ = *m;
-    }
-    if (extra.contains("counters")) counters_.FromJson(extra["counters"]);
-    last_loss_ = extra.value("last_loss", 0.0);
-    if (extra.contains("class_counts")) {
-      std::vector<int64_t> counts = extra["class_counts"].get<std::vector<int64_t>>();
-      if (counts.size() == class_counts_.size()) class_counts_ = counts;
+    // One rank: its state is the extra object itself; a gang: each rank's
+    // own entry (rank 0's RNG was restored by LoadState already).
+    const bool gang = extra.contains("ranks");
+    const nlohmann::json& mine = gang ? extra["ranks"][options_.rank] : extra;
+    absl::Status applied = ApplyRankState(mine, gang && options_.rank != 0);
+    if (!applied.ok()) {
+      return absl::DataLossError(absl::StrCat("checkpoint step-", chosen->step, ": ",
+                                              applied.message()));
     }
   }
   Log(absl::StrCat("resumed from step ", step_, " (epoch ", epoch_, ", cursor ", cursor_, ")"));
@@ -380,16 +522,35 @@ absl::Status Trainer::Calibrate(const LoaderOptions& loader) {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::Step(const Batch& batch) {
+absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
+  const bool gang = gang_->world_size() > 1;
+  DataParallel parallel{reducer_.get(), global_labelled, sync_batchnorm_};
+  // As DistributedDataParallel's broadcast_buffers: every rank's BatchNorm
+  // running statistics are rank 0's, so evaluation and the checkpoint (rank
+  // 0's) agree with every rank. With sync_batchnorm they are equal already.
+  if (gang && !sync_batchnorm_) {
+    BroadcastWeights(/*parameters=*/false,
+                     absl::StrCat("running statistics from rank 0 for step ", step_ + 1));
+  }
+  reducer_->BeginStep(&accum_, step_);
   absl::StatusOr<StepOutcome> outcome =
       ForwardBackward(*model_, batch, channels_, params_, accum_, Splitting(),
                       spec_.train.predictive_split ? &memory_model_ : nullptr, budget_, at::kFloat,
-                      &run_peak_, height_);
+                      &run_peak_, height_, /*baseline=*/false, gang ? &parallel : nullptr);
   if (!outcome.ok()) return outcome.status();
   const SplitStats* stats = &outcome->stats;
   double loss_sum = outcome->loss;
   int64_t hits = outcome->hits;
   int64_t labelled = outcome->labelled;
+  if (gang) {
+    // The global batch's loss and accuracy; its gradient is in accum_.
+    at::Tensor sums = at::tensor({loss_sum, static_cast<double>(hits),
+                                  static_cast<double>(labelled)}, at::kDouble);
+    gang_->AllreduceSum(sums, absl::StrCat("loss and accuracy of step ", step_ + 1));
+    loss_sum = sums[0].item<double>();
+    hits = static_cast<int64_t>(sums[1].item<double>());
+    labelled = static_cast<int64_t>(sums[2].item<double>());
+  }
   counters_.Add(*stats);
   if (stats->splits > 0 || stats->oom_events > 0 || stats->dropped_pieces > 0) {
     std::string line = absl::StrCat(
@@ -403,6 +564,7 @@ absl::Status Trainer::Step(const Batch& batch) {
     }
   }
   if (labelled == 0) {
+    // labelled is the global batch's: every rank skips the same steps.
     counters_.skipped_steps++;
     Log(absl::StrCat("step ", step_, ": ",
                      stats->dropped_labelled > 0 ? "no labelled voxel fitted in memory"
@@ -482,18 +644,47 @@ void Trainer::Evaluate(TrainerResult* result) {
   Report(v1::PHASE_TRAINING);
 }
 
+void Trainer::BroadcastWeights(bool parameters, const std::string& what) {
+  if (gang_->world_size() == 1) return;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> tensors;
+  if (parameters) tensors = model_->parameters();
+  for (const at::Tensor& b : model_->buffers()) tensors.push_back(b);
+  // One collective per dtype: the float tensors flattened into one, the
+  // counters (num_batches_tracked) into another.
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
+  for (const at::Tensor& t : tensors) by_type[t.scalar_type()].push_back(t);
+  for (auto& [type, list] : by_type) {
+    std::vector<at::Tensor> flat_parts;
+    for (const at::Tensor& t : list) flat_parts.push_back(t.reshape({-1}));
+    at::Tensor flat = at::cat(flat_parts);
+    gang_->Broadcast(flat, 0, absl::StrCat(what, " (", c10::toString(type), ")"));
+    int64_t offset = 0;
+    for (at::Tensor& t : list) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
 TrainerResult Trainer::Run() {
+  try {
+    return RunLoop();
+  } catch (const CollectiveError& e) {
+    // A peer died, stopped, or never came: this rank cannot go on alone.
+    // The supervisor restarts the gang from the newest checkpoint.
+    Log(absl::StrCat("peer lost: ", e.what()));
+    return Fail(kExitPeerLost, "peer_lost", e.what());
+  }
+}
+
+TrainerResult Trainer::RunLoop() {
   // Everything LibTorch allocates from here on counts against the budget.
   sparse::InstallCountingAllocator();
   Report(v1::PHASE_LOADING);
   const TestingSpec& faults = spec_.testing;
   const bool inject = Active(faults, options_);
-  if (options_.world_size != 1) {
-    return Fail(kExitUsage, "usage",
-                "world_size: the worker trains on one rank; the distributed backend (c10d) is not "
-                "built yet (docs/worker.md)");
-  }
-  if (inject && faults.corrupt_checkpoint) CorruptNewest(store_.root());
+  if (inject && faults.corrupt_checkpoint && options_.rank == 0) CorruptNewest(store_.root());
 
   uint64_t seed = static_cast<uint64_t>(spec_.train.seed);
   // A spec field that does not fit the data is a usage error (64); a file
@@ -537,6 +728,30 @@ TrainerResult Trainer::Run() {
   if (!device.ok()) return Fail(kExitUsage, "usage", std::string(device.status().message()));
   device_ = *device;
 
+  GangOptions gang_options;
+  gang_options.rank = options_.rank;
+  gang_options.world_size = options_.world_size;
+  gang_options.master_addr = options_.master_addr;
+  gang_options.master_port = options_.master_port;
+  gang_options.timeout_s = spec_.distributed.timeout_s;
+  gang_options.connect_timeout_s = spec_.distributed.connect_timeout_s;
+  gang_options.backend = spec_.distributed.backend;
+  gang_options.device = device_;
+  absl::StatusOr<std::unique_ptr<Gang>> gang = Gang::Join(gang_options);
+  if (!gang.ok()) {
+    if (absl::IsInvalidArgument(gang.status())) {
+      return Fail(kExitUsage, "usage", std::string(gang.status().message()));
+    }
+    return Fail(kExitPeerLost, "peer_lost", std::string(gang.status().message()));
+  }
+  gang_ = std::move(*gang);
+  if (options_.world_size > 1) {
+    Log(absl::StrCat("joined the gang as rank ", options_.rank, " of ", options_.world_size,
+                     " (", gang_->backend(), ", rendezvous ", options_.master_addr, ":",
+                     options_.master_port, ", collective timeout ", spec_.distributed.timeout_s,
+                     " s)"));
+  }
+
   sparse::SetDeterministic(spec_.train.deterministic);
   torch::manual_seed(seed);
   model_ =
@@ -546,6 +761,11 @@ TrainerResult Trainer::Run() {
   model_->train();
   params_ = model_->parameters();
   for (const at::Tensor& p : params_) accum_.push_back(torch::zeros_like(p));
+  // Every rank starts from rank 0's weights (the same seed makes the same
+  // ones, but a rank must never rely on that).
+  BroadcastWeights(/*parameters=*/true, "initial weights from rank 0");
+  reducer_ = std::make_unique<GradientReducer>(
+      gang_.get(), params_, static_cast<int64_t>(spec_.distributed.bucket_mb * (1 << 20)));
   if (spec_.optimizer.kind == "adamw") {
     optimizer_ = std::make_unique<torch::optim::AdamW>(
         params_,
@@ -596,9 +816,15 @@ TrainerResult Trainer::Run() {
     return Fail(1, "checkpoint_corrupt", std::string(resumed.message()));
   }
   int64_t batch_size = spec_.train.batch_size;
-  int64_t steps_per_epoch = (train_->size() + batch_size - 1) / batch_size;
+  shard_size_ = ShardSize(train_->size(), options_.world_size);
+  if (shard_size_ == 0) {
+    return Fail(kExitData, "data",
+                absl::StrCat("the training split has ", train_->size(), " scenes, fewer than the ",
+                             options_.world_size, " ranks"));
+  }
+  int64_t steps_per_epoch = BatchesPerEpoch(shard_size_, batch_size);
   total_steps_ = TotalSteps(spec_, steps_per_epoch);
-  if (cursor_ >= train_->size()) {
+  if (cursor_ >= shard_size_) {
     epoch_++;
     cursor_ = 0;
   }
@@ -607,25 +833,42 @@ TrainerResult Trainer::Run() {
   lo.seed = seed;
   lo.voxel_size = spec_.model.voxel_size;
   lo.augment = spec_.data.augment;
+  lo.rank = options_.rank;
+  lo.world_size = options_.world_size;
   loader_ = std::make_unique<Loader>(train_.get(), lo, epoch_, cursor_);
   absl::Status calibrated = Calibrate(lo);
   if (!calibrated.ok()) return data_failure(calibrated);
+  // After the calibration, whose probes differ from rank to rank and so
+  // must not be collectives.
+  if (spec_.model.sync_batchnorm && options_.world_size > 1) {
+    sync_batchnorm_ = true;
+    Gang* g = gang_.get();
+    const int64_t* step = &step_;
+    const int64_t layers = sparse::SetBatchNormAllreduce(*model_, [g, step](at::Tensor& t) {
+      g->AllreduceSum(t, absl::StrCat("sync BatchNorm statistics of step ", *step + 1));
+    });
+    Log(absl::StrCat("sync_batchnorm: the statistics of ", layers,
+                     " BatchNorm layers are allreduced over ", options_.world_size,
+                     " ranks; every rank's batch trains unsplit"));
+  }
+  if (inject && faults.stop_in_collective_at_step > 0) {
+    reducer_->StopInCollectiveAt(faults.stop_in_collective_at_step);
+  }
   Log(absl::StrCat("training ", spec_.model.arch, " (", model_->NumParameters(), " parameters, ",
                    num_classes_, " classes, ", channels_, " input channels) on ", train_->size(),
                    " training and ", val_ ? val_->size() : 0, " validation scenes, ", total_steps_,
                    " steps, ", memory_settings, ", ", at::get_num_threads(), " threads, on ",
-                   device_.str()));
+                   device_.str(),
+                   options_.world_size > 1
+                       ? absl::StrCat(", rank ", options_.rank, " of ", options_.world_size, " (",
+                                      shard_size_, " scenes per rank and epoch, ",
+                                      reducer_->num_buckets(), " gradient buckets)")
+                       : std::string()));
   Report(v1::PHASE_TRAINING);
 
   TrainerResult result;
   auto last_checkpoint_time = Clock::now();
   while (step_ < total_steps_) {
-    if (hooks_.stop_requested && hooks_.stop_requested()) {
-      absl::Status c = Checkpoint();
-      if (!c.ok()) return CheckpointFailed(c, "before stopping on request");
-      return Fail(kExitStopped, "stopped",
-                  absl::StrCat("stopped on request after checkpoint step-", step_));
-    }
     const int64_t next = step_ + 1;  // faults fire just before step `next` runs
     if (inject) {
       if (faults.crash_at_step == next) {
@@ -667,8 +910,38 @@ TrainerResult Trainer::Run() {
     }
     absl::StatusOr<Batch> batch = loader_->Next();
     if (!batch.ok()) return Fail(kExitData, "data", DataMessage(batch.status()));
+    // What the ranks agree on before the step (one collective; with one
+    // rank, the local values): the global batch's labelled voxels, and
+    // whether any rank was asked to stop or to checkpoint (rank 0's clock
+    // decides checkpoint_every_seconds), so all take the same decisions.
+    int64_t local_labelled = 0;
+    for (const VoxelScene& scene : batch->scenes) {
+      for (uint8_t l : scene.labelled) local_labelled += l;
+    }
+    const bool stop = hooks_.stop_requested && hooks_.stop_requested();
+    const bool timed = options_.rank == 0 && spec_.train.checkpoint_every_seconds > 0 &&
+                       std::chrono::duration<double>(Clock::now() - last_checkpoint_time).count() >=
+                           spec_.train.checkpoint_every_seconds;
+    const bool requested = hooks_.checkpoint_requested && hooks_.checkpoint_requested();
+    at::Tensor control = at::tensor({local_labelled, int64_t{stop}, int64_t{timed || requested}});
+    gang_->AllreduceSum(control, absl::StrCat("control of step ", next));
+    if (control[1].item<int64_t>() > 0) {
+      absl::Status c = Checkpoint();
+      if (!c.ok()) return CheckpointFailed(c, "before stopping on request");
+      return Fail(kExitStopped, "stopped",
+                  absl::StrCat("stopped on request after checkpoint step-", step_));
+    }
+    if (control[2].item<int64_t>() > 0 && step_ > last_checkpoint_) {
+      try {
+        Checkpoint().IgnoreError();  // reported; training goes on
+      } catch (const c10::OutOfMemoryError& e) {
+        return Fail(kExitOom, "oom",
+                    absl::StrCat("hard out-of-memory while checkpointing: ", e.what()));
+      }
+      last_checkpoint_time = Clock::now();
+    }
     auto t0 = Clock::now();
-    absl::Status s = Step(*batch);
+    absl::Status s = Step(*batch, control[0].item<int64_t>());
     if (!s.ok()) {
       if (s.code() == absl::StatusCode::kResourceExhausted) {
         return Fail(kExitOom, "oom",
@@ -686,7 +959,7 @@ TrainerResult Trainer::Run() {
     step_ = next;
     epoch_ = batch->epoch;
     cursor_ = batch->cursor_end;
-    if (cursor_ >= train_->size()) {
+    if (cursor_ >= shard_size_) {
       epoch_++;
       cursor_ = 0;
     }
@@ -701,12 +974,10 @@ TrainerResult Trainer::Run() {
     Log(absl::StrCat("step ", step_, "/", total_steps_, " epoch ", epoch_, " loss ", last_loss_,
                      " acc ", last_accuracy_, " ", samples_per_sec_, " scenes/s peak ",
                      run_peak_ >> 20, " MiB"));
-    bool due = (spec_.train.checkpoint_every_steps > 0 &&
-                step_ % spec_.train.checkpoint_every_steps == 0) ||
-               (spec_.train.checkpoint_every_seconds > 0 &&
-                std::chrono::duration<double>(Clock::now() - last_checkpoint_time).count() >=
-                    spec_.train.checkpoint_every_seconds) ||
-               (hooks_.checkpoint_requested && hooks_.checkpoint_requested());
+    // The same on every rank (the steps are); the timed and requested ones
+    // were agreed on before the step.
+    const bool due =
+        spec_.train.checkpoint_every_steps > 0 && step_ % spec_.train.checkpoint_every_steps == 0;
     if (due && step_ < total_steps_) {
       try {
         // A failed save has been reported; training goes on, and the next

@@ -7,9 +7,11 @@
 //
 // Exit codes follow DESIGN.md: 0 done, 64 bad spec, 65 data unreadable,
 // 74 no space for a checkpoint that had to be written (the last one, or
-// the one before a requested stop), 75 hard out-of-memory, 143 stopped on
-// request after a checkpoint; any other exception propagates (a crash,
-// with its message in the log). A periodic checkpoint that fails ends
+// the one before a requested stop), 75 hard out-of-memory, 76 a peer rank
+// lost inside a collective (the message names the collective and the
+// peer), 143 stopped on request after a checkpoint; any other exception
+// propagates (a crash, with its message in the log). With world_size > 1
+// the ranks train data-parallel (worker/distributed.h, docs/distributed.md). A periodic checkpoint that fails ends
 // nothing: it is reported (checkpoint_failed, the heartbeat's
 // checkpoint_failures and last_checkpoint_error) and tried again at the
 // next interval.
@@ -42,6 +44,10 @@ struct TrainerOptions {
   int rank = 0;
   int world_size = 1;
   int attempt = 1;
+  // The gang's rendezvous (world_size > 1): rank 0 hosts the store there
+  // (MASTER_ADDR, MASTER_PORT of the launch contract).
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
   // "latest" (the newest verified checkpoint, or from scratch when there is
   // none), "none", or a step number that must exist and verify.
   std::string resume = "latest";

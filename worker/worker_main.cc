@@ -140,6 +140,17 @@ int main(int argc, char** argv) {
     Exit(options.run_dir, attempt, rank, nullptr,
          Usage("--resume: latest, none or a step number, got " + options.resume));
   }
+  // The launch contract's rendezvous (DESIGN.md): rank 0 hosts the store.
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') {
+    options.master_addr = addr;
+  }
+  if (const char* port = std::getenv("MASTER_PORT"); port != nullptr && *port != '\0') {
+    if (!absl::SimpleAtoi(port, &options.master_port) || options.master_port < 1 ||
+        options.master_port > 65535) {
+      Exit(options.run_dir, attempt, rank, nullptr,
+           Usage(std::string("MASTER_PORT: not a port: ") + port));
+    }
+  }
   if (const char* b = std::getenv("TRAINSUP_MEMORY_BUDGET_MB")) {
     absl::SimpleAtoi(b, &options.memory_budget_mb_override);
   }
