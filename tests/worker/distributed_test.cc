@@ -1,0 +1,402 @@
+// Data-parallel steps over real c10d process groups (Gloo on loopback):
+// every rank is a process of this binary (re-executed with --rank-role),
+// joins the gang through the product's Gang, and runs one step through the
+// trainer's ForwardBackward with the GradientReducer. The gradient two
+// ranks make together equals, in float64 within 1e-10 relative, the one
+// one rank makes from both ranks' scenes: with BatchNorm in eval mode, with
+// sync_batchnorm in training mode, and when the ranks split their batches
+// differently under different memory budgets.
+#include "worker/distributed.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "nlohmann/json.hpp"
+#include "sparse/cpu/blas.h"
+#include "sparse/memory.h"
+#include "sparse/minkunet.h"
+#include "sparse/nn.h"
+#include "worker/dataset.h"
+#include "worker/loader.h"
+#include "worker/step.h"
+
+namespace trainsup::worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kChannels = 3;
+constexpr int kClasses = 4;
+constexpr int kScenes = 4;  // the global batch
+
+std::string g_self;  // this binary
+
+// --- one rank ---------------------------------------------------------------------------
+
+struct RoleArgs {
+  int rank = 0;
+  int world = 1;
+  int port = 0;
+  std::string mode = "eval";  // eval | sync | local (training-mode BatchNorm per rank)
+  bool split = false;         // a budget that makes this rank's batch split
+  std::string out;
+};
+
+Batch ScenesOf(const std::vector<int64_t>& indices) {
+  DataSpec data;
+  data.format = "synthetic";
+  data.scenes = kScenes;
+  data.scene_size = "small";
+  data.val_fraction = 0;
+  ModelSpec model;
+  model.voxel_size = 0.1;
+  absl::StatusOr<std::unique_ptr<Dataset>> dataset = OpenDataset(data, model, 7, Split::kTrain);
+  if (!dataset.ok()) throw std::runtime_error(std::string(dataset.status().message()));
+  LoaderOptions lo;
+  lo.voxel_size = 0.1;
+  lo.augment = false;
+  Batch batch;
+  for (int64_t i : indices) {
+    absl::StatusOr<VoxelScene> scene = PrepareScene(**dataset, i, 0, lo);
+    if (!scene.ok()) throw std::runtime_error(std::string(scene.status().message()));
+    batch.scenes.push_back(std::move(*scene));
+  }
+  batch.cursor_end = static_cast<int64_t>(indices.size());
+  return batch;
+}
+
+int RunRole(const RoleArgs& a) {
+  at::set_num_threads(1);
+  sparse::InstallCountingAllocator();
+  // The rank's shard of the global batch, as the loader cuts it.
+  const Batch batch = ScenesOf(EpochShard(kScenes, 0, 0, a.rank, a.world, /*shuffle=*/false));
+  sparse::MinkUNetConfig plan = sparse::MinkUNetPlan(14, kChannels, kClasses);
+  for (int64_t& planes : plan.planes) planes /= 4;
+  plan.init_dim /= 4;
+  torch::manual_seed(3);
+  sparse::MinkUNet model(plan);
+  model->to(torch::kFloat64);
+  if (a.mode == "eval") model->eval();
+  std::vector<at::Tensor> params = model->parameters();
+  std::vector<at::Tensor> accum;
+  for (const at::Tensor& p : params) accum.push_back(torch::zeros_like(p));
+
+  GangOptions go;
+  go.rank = a.rank;
+  go.world_size = a.world;
+  go.master_port = a.port;
+  go.timeout_s = 60;
+  go.connect_timeout_s = 60;
+  absl::StatusOr<std::unique_ptr<Gang>> gang = Gang::Join(go);
+  if (!gang.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", a.rank, std::string(gang.status().message()).c_str());
+    return 2;
+  }
+  GradientReducer reducer(gang->get(), params, /*bucket_bytes=*/64 << 10);
+
+  SplitOptions options;
+  int64_t budget = 0;
+  if (a.split) {
+    // As ForwardBackward.SplittingEquivalence: a budget that holds one
+    // scene but not two, whole scenes only (bisecting a scene changes its
+    // convolutions). Peaks measured without collectives.
+    options.min_piece_voxels = 1 << 30;
+    int64_t scene_peak = 0, batch_peak = 0;
+    for (size_t k = 0; k < batch.scenes.size(); ++k) {
+      Batch one;
+      one.scenes.push_back(batch.scenes[k]);
+      int64_t peak = 0;
+      if (!ForwardBackward(*model, one, kChannels, params, accum, SplitOptions{}, nullptr, 0,
+                           at::kDouble, &peak)
+               .ok())
+        return 3;
+      scene_peak = std::max(scene_peak, peak);
+    }
+    if (!ForwardBackward(*model, batch, kChannels, params, accum, SplitOptions{}, nullptr, 0,
+                         at::kDouble, &batch_peak)
+             .ok())
+      return 3;
+    budget = scene_peak + (batch_peak - scene_peak) / 5;
+  }
+  if (a.mode == "sync" && a.world > 1) {
+    Gang* g = gang->get();
+    sparse::SetBatchNormAllreduce(*model, [g](at::Tensor& t) { g->AllreduceSum(t, "sync bn"); });
+  }
+
+  int64_t local = 0;
+  for (const VoxelScene& s : batch.scenes) {
+    for (uint8_t l : s.labelled) local += l;
+  }
+  at::Tensor global = at::tensor({local});
+  (*gang)->AllreduceSum(global, "labelled");
+  DataParallel parallel{&reducer, global.item<int64_t>(), a.mode == "sync" && a.world > 1};
+  reducer.BeginStep(&accum, 0);
+  (*gang)->TakeStats();
+  if (budget > 0) sparse::SetMemoryBudget(budget);
+  absl::StatusOr<StepOutcome> r =
+      ForwardBackward(*model, batch, kChannels, params, accum, options, nullptr, budget,
+                      at::kDouble, nullptr, 0, false, a.world > 1 ? &parallel : nullptr);
+  sparse::SetMemoryBudget(0);
+  if (!r.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", a.rank, std::string(r.status().message()).c_str());
+    return 4;
+  }
+  const CollectiveStats stats = (*gang)->TakeStats();
+  // The gradient, then the running statistics, as raw float64.
+  std::ofstream out(a.out + ".bin", std::ios::binary);
+  for (const at::Tensor& t : accum) {
+    at::Tensor c = t.contiguous();
+    out.write(static_cast<const char*>(c.data_ptr()), c.numel() * 8);
+  }
+  for (const at::Tensor& b : model->buffers()) {
+    if (b.scalar_type() != at::kDouble) continue;
+    at::Tensor c = b.contiguous();
+    out.write(static_cast<const char*>(c.data_ptr()), c.numel() * 8);
+  }
+  nlohmann::json j = {{"splits", r->stats.splits},
+                      {"oom_events", r->stats.oom_events},
+                      {"labelled", r->labelled},
+                      {"buckets", reducer.num_buckets()},
+                      {"buckets_in_backward", stats.buckets_in_backward},
+                      {"buckets_after_backward", stats.buckets_after_backward},
+                      {"params", static_cast<int64_t>(params.size())}};
+  std::ofstream(a.out + ".json") << j.dump() << "\n";
+  return 0;
+}
+
+// --- the tests --------------------------------------------------------------------------
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct RankResult {
+  std::vector<double> values;  // gradient, then running statistics
+  nlohmann::json stats;
+};
+
+// Runs a gang of `world` role processes; `split_ranks` get a budget that
+// splits their batch. Returns each rank's result.
+std::vector<RankResult> RunGang(int world, const std::string& mode,
+                                const std::vector<int>& split_ranks = {}) {
+  const std::string dir = ::testing::TempDir() + "/distributed_test_" + std::to_string(getpid());
+  fs::create_directories(dir);
+  const int port = FreePort();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const bool split = std::find(split_ranks.begin(), split_ranks.end(), r) != split_ranks.end();
+    std::vector<std::string> args = {g_self,        "--rank-role",
+                                     "--rank",      std::to_string(r),
+                                     "--world",     std::to_string(world),
+                                     "--port",      std::to_string(port),
+                                     "--mode",      mode,
+                                     "--split",     split ? "1" : "0",
+                                     "--out",       dir + "/" + mode + std::to_string(world) + "-" +
+                                                        std::to_string(r)};
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::vector<char*> argv;
+      for (std::string& s : args) argv.push_back(s.data());
+      argv.push_back(nullptr);
+      execv(g_self.c_str(), argv.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<RankResult> results(world);
+  for (int r = 0; r < world; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << r << " of " << world << " (" << mode << "): status " << status;
+    const std::string base = dir + "/" + mode + std::to_string(world) + "-" + std::to_string(r);
+    std::ifstream bin(base + ".bin", std::ios::binary);
+    std::stringstream bytes;
+    bytes << bin.rdbuf();
+    const std::string b = bytes.str();
+    results[r].values.resize(b.size() / 8);
+    std::memcpy(results[r].values.data(), b.data(), b.size());
+    std::ifstream js(base + ".json");
+    if (js) js >> results[r].stats;
+  }
+  return results;
+}
+
+// max |a - b| / max |b|.
+double RelativeDifference(const std::vector<double>& a, const std::vector<double>& b,
+                          size_t begin, size_t end) {
+  double diff = 0, scale = 0;
+  for (size_t i = begin; i < end; ++i) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+size_t GradientSize() {
+  sparse::MinkUNetConfig plan = sparse::MinkUNetPlan(14, kChannels, kClasses);
+  for (int64_t& planes : plan.planes) planes /= 4;
+  plan.init_dim /= 4;
+  sparse::MinkUNet model(plan);
+  size_t n = 0;
+  for (const at::Tensor& p : model->parameters()) n += p.numel();
+  return n;
+}
+
+void ExpectSameGradient(const std::vector<RankResult>& one, const std::vector<RankResult>& two,
+                        bool with_running_stats) {
+  ASSERT_EQ(one.size(), 1u);
+  ASSERT_EQ(two.size(), 2u);
+  const size_t n = GradientSize();
+  ASSERT_GE(one[0].values.size(), n);
+  for (const RankResult& r : two) ASSERT_EQ(r.values.size(), one[0].values.size());
+  // Every rank ends with the same, global, gradient.
+  for (int r = 0; r < 2; ++r) {
+    const double e = RelativeDifference(two[r].values, one[0].values, 0, n);
+    std::printf("rank %d of 2 vs one rank with both batches: gradient relative difference %.3g\n",
+                r, e);
+    EXPECT_LT(e, 1e-10) << "rank " << r;
+  }
+  double norm = 0;
+  for (size_t i = 0; i < n; ++i) norm = std::max(norm, std::abs(one[0].values[i]));
+  EXPECT_GT(norm, 0) << "a zero gradient proves nothing";
+  if (with_running_stats) {
+    for (int r = 0; r < 2; ++r) {
+      const double e = RelativeDifference(two[r].values, one[0].values, n, one[0].values.size());
+      std::printf("rank %d of 2: running statistics relative difference %.3g\n", r, e);
+      EXPECT_LT(e, 1e-10) << "rank " << r;
+    }
+  }
+  EXPECT_EQ(two[0].stats.value("labelled", -1) + two[1].stats.value("labelled", -1),
+            one[0].stats.value("labelled", -2));
+}
+
+TEST(DataParallel, TwoRanksGiveTheGradientOfOneRankWithTwiceTheBatch) {
+  std::vector<RankResult> one = RunGang(1, "eval");
+  std::vector<RankResult> two = RunGang(2, "eval");
+  ExpectSameGradient(one, two, /*with_running_stats=*/false);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    // The buckets were launched while backward was running (overlap).
+    EXPECT_GT(two[r].stats.value("buckets", 0), 1);
+    EXPECT_GT(two[r].stats.value("buckets_in_backward", 0), 0);
+    std::printf("rank %d: %d of %d buckets launched during backward\n", r,
+                two[r].stats.value("buckets_in_backward", 0), two[r].stats.value("buckets", 0));
+  }
+}
+
+TEST(DataParallel, SyncBatchNormInTrainingModeMatchesOneRankWithTheWholeBatch) {
+  std::vector<RankResult> one = RunGang(1, "sync");
+  std::vector<RankResult> two = RunGang(2, "sync");
+  ExpectSameGradient(one, two, /*with_running_stats=*/true);
+  // Without the synchronisation each rank normalises with its own batch's
+  // statistics, and the step is another one: the comparison can fail.
+  std::vector<RankResult> local = RunGang(2, "local");
+  ASSERT_EQ(local.size(), 2u);
+  const double e = RelativeDifference(local[0].values, one[0].values, 0, GradientSize());
+  std::printf("per-rank BatchNorm in training mode vs one rank: %.3g\n", e);
+  EXPECT_GT(e, 1e-6);
+}
+
+TEST(DataParallel, RanksThatSplitDifferentlyStillGiveTheUnsplitStep) {
+  std::vector<RankResult> one = RunGang(1, "eval");
+  std::vector<RankResult> two = RunGang(2, "eval", /*split_ranks=*/{1});
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(one[0].stats.value("splits", -1), 0);
+  EXPECT_EQ(two[0].stats.value("splits", -1), 0) << "rank 0 has no budget";
+  EXPECT_GT(two[1].stats.value("splits", 0), 0) << "rank 1's budget must make it split";
+  EXPECT_GT(two[1].stats.value("oom_events", 0), 0);
+  ExpectSameGradient(one, two, /*with_running_stats=*/false);
+}
+
+TEST(EpochShard, RanksTogetherVisitWhatOneRankWithTheirBatchesVisits) {
+  const int64_t n = 23;
+  for (int world : {1, 2, 3, 4}) {
+    std::vector<int64_t> all;
+    for (int r = 0; r < world; ++r) {
+      std::vector<int64_t> shard = EpochShard(n, 9, 5, r, world);
+      EXPECT_EQ(static_cast<int64_t>(shard.size()), ShardSize(n, world));
+      EXPECT_EQ(shard, EpochShard(n, 9, 5, r, world)) << "a pure function";
+      all.insert(all.end(), shard.begin(), shard.end());
+    }
+    // Disjoint, and with drop_last exactly the first W * (n / W) entries of
+    // the epoch's order.
+    std::vector<int64_t> order = EpochOrder(n, 9, 5);
+    std::vector<int64_t> want(order.begin(), order.begin() + world * (n / world));
+    std::sort(all.begin(), all.end());
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(all, want) << "world " << world;
+    // Batch k of all ranks together (batch size 2) is batch k of one rank
+    // with batch size 2 * W.
+    for (int64_t k = 0; k < ShardSize(n, world) / 2; ++k) {
+      std::vector<int64_t> global;
+      for (int r = 0; r < world; ++r) {
+        std::vector<int64_t> shard = EpochShard(n, 9, 5, r, world);
+        global.push_back(shard[2 * k]);
+        global.push_back(shard[2 * k + 1]);
+      }
+      std::vector<int64_t> single(order.begin() + 2 * world * k,
+                                  order.begin() + 2 * world * (k + 1));
+      std::sort(global.begin(), global.end());
+      std::sort(single.begin(), single.end());
+      EXPECT_EQ(global, single) << "world " << world << " batch " << k;
+    }
+  }
+  EXPECT_NE(EpochShard(n, 9, 5, 0, 2), EpochShard(n, 9, 6, 0, 2)) << "epochs differ";
+  EXPECT_EQ(ShardSize(3, 4), 0);
+}
+
+}  // namespace
+}  // namespace trainsup::worker
+
+int main(int argc, char** argv) {
+  trainsup::sparse::EnsureFastBlasKernels(argc, argv);
+  trainsup::worker::g_self = std::filesystem::canonical("/proc/self/exe").string();
+  if (argc > 1 && std::string(argv[1]) == "--rank-role") {
+    trainsup::worker::RoleArgs a;
+    for (int i = 2; i + 1 < argc; i += 2) {
+      const std::string k = argv[i], v = argv[i + 1];
+      if (k == "--rank") a.rank = std::atoi(v.c_str());
+      if (k == "--world") a.world = std::atoi(v.c_str());
+      if (k == "--port") a.port = std::atoi(v.c_str());
+      if (k == "--mode") a.mode = v;
+      if (k == "--split") a.split = v == "1";
+      if (k == "--out") a.out = v;
+    }
+    try {
+      return trainsup::worker::RunRole(a);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s\n", a.rank, e.what());
+      return 5;
+    }
+  }
+  at::set_num_threads(1);
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
