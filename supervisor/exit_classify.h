@@ -59,6 +59,11 @@ struct RankOutcome {
   ExitClass cls = ExitClass::kCrash;
   std::string reason;
   bool progressed = false;  // its training loop advanced during the attempt
+  // When the daemon saw the rank fail, as a sequence number within the
+  // attempt (smaller: earlier): its exit, or our frozen or hung verdict
+  // when that came first. Ranks found dead together (after a daemon
+  // restart) share a value. -1: never seen to end (not started).
+  int end_order = -1;
 };
 
 struct AttemptOutcome {

@@ -32,6 +32,7 @@ enum class ExitClass {
   kCancelled = 11,  // stopped by us because the run was cancelled
   kLost = 12,       // gone while the daemon was down, no exit file
   kNoSpace = 13,    // exit 74: the run directory's file system is full
+  kPeerLost = 14,   // exit 76: a peer rank died or stopped answering in a collective
 };
 
 // "success", "usage", "data", "oom", "stopped", "crash", "signal", "frozen",
