@@ -20,7 +20,7 @@ enum class WorkerExit : int {
   // full (ENOSPC, EDQUOT) and the worker could not go on. The supervisor
   // waits for space instead of counting it against the restart budget.
   kNoSpace = 74,
-  kOom = 75,       // EX_TEMPFAIL: hard out-of-memory; restarted from a checkpoint
+  kOom = 75,  // EX_TEMPFAIL: hard out-of-memory; restarted from a checkpoint
   // EX_PROTOCOL: a peer rank of the gang died or stopped answering inside a
   // collective (the exit file's message names the peer and the collective).
   // The gang is restarted from the newest checkpoint, counted against the

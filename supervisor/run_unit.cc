@@ -616,8 +616,7 @@ void RunUnit::EndAttempt() {
 
 void RunUnit::WaitForSpace() {
   env_.host->MeasureSpace(
-      run_.run_dir(),
-      Guarded([this](absl::StatusOr<int64_t> free_bytes, int64_t checkpoint_bytes) {
+      run_.run_dir(), Guarded([this](absl::StatusOr<int64_t> free_bytes, int64_t checkpoint_bytes) {
         if (!waiting_for_space_ || cancel_ || IsTerminal(run_.state())) return;
         const int64_t need =
             std::max<int64_t>(cfg().restart.min_free_space_mb << 20, 2 * checkpoint_bytes);

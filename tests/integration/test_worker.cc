@@ -286,8 +286,8 @@ class TestWorker {
       if (absl::Status s = store_.Verify(chosen); absl::IsDataLoss(s)) {
         if (args_.rank == 0) store_.Quarantine(chosen, std::string(s.message())).IgnoreError();
         const std::string msg =
-            absl::StrCat("checkpoint step-", want, args_.rank == 0 ? " quarantined: " : " corrupt: ",
-                         s.message());
+            absl::StrCat("checkpoint step-", want,
+                         args_.rank == 0 ? " quarantined: " : " corrupt: ", s.message());
         Say(msg);
         Event(trainsup::v1::EVENT_KIND_LOG, msg);
         return Finish(kExitCrash, "checkpoint_corrupt", msg);

@@ -115,9 +115,10 @@ TEST(ClassifyAttemptEnd, TheFirstRankThatFailedOnItsOwnDecides) {
 // Issue 12: the rank that ended first in time, not the lowest rank, names
 // the attempt's end.
 TEST(ClassifyAttemptEnd, TheRankThatEndedFirstInTimeDecidesNotTheLowestRank) {
-  AttemptOutcome o = ClassifyAttemptEnd({{0, ExitClass::kCrash, "exit 3", false, /*end_order=*/2},
-                                         {1, ExitClass::kSignal, "signal 9", true, 1},
-                                         {2, ExitClass::kGang, "stopped because rank 1", false, 3}});
+  AttemptOutcome o =
+      ClassifyAttemptEnd({{0, ExitClass::kCrash, "exit 3", false, /*end_order=*/2},
+                          {1, ExitClass::kSignal, "signal 9", true, 1},
+                          {2, ExitClass::kGang, "stopped because rank 1", false, 3}});
   EXPECT_EQ(o.cls, ExitClass::kSignal);
   EXPECT_EQ(o.detail, "rank 1 died first: signal 9");
   EXPECT_TRUE(o.made_progress);
@@ -130,8 +131,8 @@ TEST(ClassifyAttemptEnd, RankOrderBreaksATieInTime) {
   EXPECT_EQ(o.cls, ExitClass::kCrash);
   EXPECT_EQ(o.detail, "rank 0 died first: exit 3");
   // A rank whose end was never seen (not started) comes after those seen.
-  o = ClassifyAttemptEnd(
-      {{0, ExitClass::kCrash, "not started", false, -1}, {1, ExitClass::kCrash, "exit 1", false, 4}});
+  o = ClassifyAttemptEnd({{0, ExitClass::kCrash, "not started", false, -1},
+                          {1, ExitClass::kCrash, "exit 1", false, 4}});
   EXPECT_EQ(o.detail, "rank 1 died first: exit 1");
 }
 
@@ -139,9 +140,9 @@ TEST(ClassifyAttemptEnd, RankOrderBreaksATieInTime) {
 // the attempt even when the peer's timeout was noticed first. Alone (the
 // dead peer was then stopped by us as part of the gang), it names it.
 TEST(ClassifyAttemptEnd, APeerLostExitYieldsToTheRankWhoseEndItReports) {
-  AttemptOutcome o = ClassifyAttemptEnd(
-      {{0, ExitClass::kPeerLost, "exit 76: rank 1 gone in allreduce", false, 1},
-       {1, ExitClass::kSignal, "signal 9", false, 2}});
+  AttemptOutcome o =
+      ClassifyAttemptEnd({{0, ExitClass::kPeerLost, "exit 76: rank 1 gone in allreduce", false, 1},
+                          {1, ExitClass::kSignal, "signal 9", false, 2}});
   EXPECT_EQ(o.cls, ExitClass::kSignal);
   EXPECT_EQ(o.detail, "rank 1 died first: signal 9");
   o = ClassifyAttemptEnd({{0, ExitClass::kPeerLost, "exit 76: rank 1 gone in allreduce", false, 1},

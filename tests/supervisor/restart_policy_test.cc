@@ -12,9 +12,9 @@ namespace trainsup::supervisor {
 namespace {
 
 constexpr ExitClass kAllClasses[] = {
-    ExitClass::kSuccess, ExitClass::kUsage, ExitClass::kData,      ExitClass::kOom,
-    ExitClass::kStopped, ExitClass::kCrash, ExitClass::kSignal,    ExitClass::kFrozen,
-    ExitClass::kHung,    ExitClass::kGang,  ExitClass::kCancelled, ExitClass::kLost,
+    ExitClass::kSuccess, ExitClass::kUsage,    ExitClass::kData,      ExitClass::kOom,
+    ExitClass::kStopped, ExitClass::kCrash,    ExitClass::kSignal,    ExitClass::kFrozen,
+    ExitClass::kHung,    ExitClass::kGang,     ExitClass::kCancelled, ExitClass::kLost,
     ExitClass::kNoSpace, ExitClass::kPeerLost,
 };
 

@@ -18,7 +18,8 @@ namespace {
 void Commit(ckpt::CheckpointStore& store, int64_t step) {
   auto pending = store.Begin(step);
   ASSERT_TRUE(pending.ok()) << pending.status();
-  ASSERT_TRUE((*pending)->WriteFile("state.json", "{\"step\": " + std::to_string(step) + "}\n").ok());
+  ASSERT_TRUE(
+      (*pending)->WriteFile("state.json", "{\"step\": " + std::to_string(step) + "}\n").ok());
   ASSERT_TRUE(store.Commit(std::move(*pending)).ok());
 }
 
@@ -29,6 +30,17 @@ TEST(ChooseResume, NoCheckpointsIsFromScratch) {
   EXPECT_TRUE(c.dir.empty());
   EXPECT_TRUE(c.notes.empty());
   EXPECT_TRUE(c.error.ok()) << c.error;
+}
+
+// The per-rank stores of the layout before issue 12 are not read.
+TEST(ChooseResume, AnOldPerRankStoreIsIgnored) {
+  trainsup::testing::TempDir dir("resume_choice_test");
+  ckpt::CheckpointStore old(RunLayout(dir.path()).CheckpointsDir() + "/rank-0");
+  Commit(old, 20);
+  const ResumeChoice c = ChooseResume(dir.path());
+  EXPECT_TRUE(c.error.ok()) << c.error;
+  EXPECT_EQ(c.step, -1);
+  EXPECT_TRUE(c.notes.empty());
 }
 
 // The store rank 0 wrote is the one every rank resumes from; a corrupt

@@ -91,14 +91,14 @@ TEST(Schedule, AGangGetsAllItsSlotsAtOnceOrWaits) {
     for (int free = 0; free <= 5; ++free) {
       std::vector<bool> mask(5, false);
       for (int i = 0; i < free; ++i) mask[i] = true;
-      std::vector<Placement> p = Schedule(
-          {Queued("gang", 1, 1, world), Queued("same", 1, 2), Queued("lower", 0, 3)}, Slots(mask),
-          0);
+      std::vector<Placement> p =
+          Schedule({Queued("gang", 1, 1, world), Queued("same", 1, 2), Queued("lower", 0, 3)},
+                   Slots(mask), 0);
       if (free < world) {
         EXPECT_TRUE(p.empty()) << "world " << world << ", free " << free;
         p = Schedule({Queued("gang", 1, 1, world), Queued("higher", 2, 2)}, Slots(mask), 0);
-        EXPECT_EQ(Ids(p), free > 0 ? std::vector<std::string>{"higher"}
-                                   : std::vector<std::string>{})
+        EXPECT_EQ(Ids(p),
+                  free > 0 ? std::vector<std::string>{"higher"} : std::vector<std::string>{})
             << "world " << world << ", free " << free;
         continue;
       }
