@@ -17,6 +17,8 @@ constexpr Entry kEntries[] = {
     {WorkerExit::kData, "data", "data unreadable"},
     {WorkerExit::kNoSpace, "no_space", "no space left for checkpoints"},
     {WorkerExit::kOom, "oom", "hard out-of-memory"},
+    {WorkerExit::kPeerLost, "peer_lost",
+     "a peer rank died or stopped answering inside a collective"},
     {WorkerExit::kStopped, "stopped", "stopped on request after a checkpoint"},
 };
 

@@ -20,7 +20,12 @@ enum class WorkerExit : int {
   // full (ENOSPC, EDQUOT) and the worker could not go on. The supervisor
   // waits for space instead of counting it against the restart budget.
   kNoSpace = 74,
-  kOom = 75,       // EX_TEMPFAIL: hard out-of-memory; restarted from a checkpoint
+  kOom = 75,  // EX_TEMPFAIL: hard out-of-memory; restarted from a checkpoint
+  // EX_PROTOCOL: a peer rank of the gang died or stopped answering inside a
+  // collective (the exit file's message names the peer and the collective).
+  // The gang is restarted from the newest checkpoint, counted against the
+  // restart budget like a crash.
+  kPeerLost = 76,
   kStopped = 143,  // 128 + SIGTERM: stopped on request after a checkpoint
 };
 
@@ -31,7 +36,7 @@ constexpr int ExitStatus(WorkerExit code) { return static_cast<int>(code); }
 // (a crash).
 std::optional<WorkerExit> WorkerExitFromStatus(int status);
 
-// "completed", "usage", "data", "no_space", "oom", "stopped": also the
+// "completed", "usage", "data", "no_space", "oom", "peer_lost", "stopped": also the
 // `reason` word of an exit file written with that code.
 std::string ToString(WorkerExit code);
 // The inverse of ToString; nullopt for any other word.

@@ -37,9 +37,8 @@ std::string RunLayout::ExitFilePath(int attempt, int rank) const {
   return JoinPaths(AttemptDir(attempt), absl::StrCat("rank-", rank, ".exit.json"));
 }
 std::string RunLayout::CheckpointsDir() const { return JoinPaths(dir_, "checkpoints"); }
-std::string RunLayout::CheckpointRoot(int rank, int world_size) const {
-  if (world_size <= 1) return CheckpointsDir();
-  return JoinPaths(CheckpointsDir(), absl::StrCat("rank-", rank));
+std::string RunLayout::CheckpointRoot(int /*rank*/, int /*world_size*/) const {
+  return CheckpointsDir();
 }
 
 }  // namespace trainsup

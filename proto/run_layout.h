@@ -12,9 +12,10 @@
 //     spec.toml                     the frozen spec, written once at submit
 //     attempts/A/rank-R.log         the rank's stdout and stderr (A from 1)
 //     attempts/A/rank-R.exit.json   its exit file (proto/exit_file.h)
-//     checkpoints/                  the checkpoint store of a one-rank run
-//     checkpoints/rank-R/           each rank's store when world_size > 1
-//       step-N/                     (checkpoint/store.h names these)
+//     checkpoints/                  the run's one checkpoint store, whatever
+//       step-N/                     its world size: rank 0 writes it, every
+//                                   rank resumes from it (checkpoint/store.h
+//                                   names the step-N directories)
 //
 // Pure string functions: nothing here touches the file system. Paths are
 // joined with exactly one '/' between components, so a state directory of
@@ -54,8 +55,10 @@ class RunLayout {
   std::string LogPath(int attempt, int rank) const;       // .../A/rank-R.log
   std::string ExitFilePath(int attempt, int rank) const;  // .../A/rank-R.exit.json
   std::string CheckpointsDir() const;                     // RUN_DIR/checkpoints
-  // The checkpoint store of `rank`: CheckpointsDir() for a one-rank run,
-  // CheckpointsDir()/rank-R otherwise.
+  // The checkpoint store `rank` of a `world_size` gang writes (rank 0) and
+  // resumes from (every rank): CheckpointsDir() for every rank and world
+  // size, since a gang has one store. The arguments stay so that a caller
+  // says whose store it means.
   std::string CheckpointRoot(int rank, int world_size) const;
 
  private:

@@ -301,9 +301,9 @@ std::map<std::string, std::string> DaemonImpl::DaemonEnvironment() {
   return env;
 }
 
-void DaemonImpl::MeasureSpace(const std::string& run_dir, int world_size,
+void DaemonImpl::MeasureSpace(const std::string& run_dir,
                               std::function<void(absl::StatusOr<int64_t>, int64_t)> done) {
-  asio::post(pool_, [this, run_dir, world_size, done] {
+  asio::post(pool_, [this, run_dir, done] {
     absl::StatusOr<int64_t> free_bytes;
     struct statvfs st {};
     if (statvfs(run_dir.c_str(), &st) == 0) {
@@ -312,7 +312,7 @@ void DaemonImpl::MeasureSpace(const std::string& run_dir, int world_size,
       free_bytes = absl::InternalError(absl::StrCat("statvfs ", run_dir, ": ", strerror(errno)));
     }
     int64_t newest = 0;
-    ckpt::CheckpointStore store(RunLayout(run_dir).CheckpointRoot(0, world_size));
+    ckpt::CheckpointStore store(RunLayout(run_dir).CheckpointsDir());
     absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = store.List();
     if (list.ok() && !list->empty()) {
       std::error_code ec;

@@ -90,9 +90,9 @@ void DaemonImpl::Submit(const v1::SubmitRunRequest& req, RunSpec spec,
 
 namespace {
 
-std::vector<v1::Checkpoint> ListCheckpoints(const std::string& run_dir, int world_size) {
+std::vector<v1::Checkpoint> ListCheckpoints(const std::string& run_dir) {
   std::vector<v1::Checkpoint> out;
-  const std::string root = RunLayout(run_dir).CheckpointRoot(0, world_size);
+  const std::string root = RunLayout(run_dir).CheckpointsDir();
   if (!fs::exists(root)) return out;
   ckpt::CheckpointStore store(root);
   absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = store.List();
@@ -132,7 +132,7 @@ void DaemonImpl::Get(const std::string& run_id, std::function<void(absl::StatusO
     // The checkpoint directories are walked on the pool, the live state
     // overlaid on the loop.
     asio::post(pool_, [this, run = *std::move(run), done]() mutable {
-      for (const v1::Checkpoint& c : ListCheckpoints(run.run_dir(), run.world_size())) {
+      for (const v1::Checkpoint& c : ListCheckpoints(run.run_dir())) {
         *run.add_checkpoints() = c;
       }
       asio::post(io_, [this, run = std::move(run), done]() mutable {

@@ -86,7 +86,7 @@ class DaemonImpl final : public Daemon,
   int FreePort() override;
   std::string NewSecret(int bytes) override { return SecureRandomHex(bytes); }
   double JitterUnit() override { return std::uniform_real_distribution<double>(0, 1)(jitter_); }
-  void MeasureSpace(const std::string& run_dir, int world_size,
+  void MeasureSpace(const std::string& run_dir,
                     std::function<void(absl::StatusOr<int64_t>, int64_t)> done) override;
   void CountWorkerExit(const std::string& cls) override { metrics_->CountWorkerExit(cls); }
   void CountRestart(const std::string& cls) override { metrics_->CountRestart(cls); }

@@ -1,8 +1,34 @@
 #include "supervisor/exit_classify.h"
 
 #include "absl/strings/str_cat.h"
+#include "proto/exit_codes.h"
 
 namespace trainsup::supervisor {
+namespace {
+
+// ClassifyAttemptEnd's order of kinds (smaller decides).
+int Kind(ExitClass cls) {
+  switch (cls) {
+    case ExitClass::kGang:
+      return 2;
+    case ExitClass::kPeerLost:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+// Whether `a` decides the attempt before `b` (both did not succeed).
+bool DecidesBefore(const RankOutcome& a, const RankOutcome& b) {
+  if (Kind(a.cls) != Kind(b.cls)) return Kind(a.cls) < Kind(b.cls);
+  const bool a_seen = a.end_order >= 0;
+  const bool b_seen = b.end_order >= 0;
+  if (a_seen != b_seen) return a_seen;
+  if (a.end_order != b.end_order) return a.end_order < b.end_order;
+  return a.rank < b.rank;
+}
+
+}  // namespace
 
 RankEnd ClassifyRankEnd(const RankEndFacts& facts) {
   RankEnd end;
@@ -41,22 +67,31 @@ RankEnd ClassifyRankEnd(const RankEndFacts& facts) {
   }
   if (facts.report && !facts.report->message.empty()) {
     absl::StrAppend(&end.reason, ": ", facts.report->message);
+  } else if (end.exited && end.code != 0) {
+    if (std::optional<WorkerExit> code = WorkerExitFromStatus(end.code)) {
+      absl::StrAppend(&end.reason, ": ", Describe(*code));
+    }
   }
   return end;
 }
 
 AttemptOutcome ClassifyAttemptEnd(const std::vector<RankOutcome>& ranks) {
   AttemptOutcome out;
+  const RankOutcome* decider = nullptr;
   for (const RankOutcome& r : ranks) {
     out.made_progress = out.made_progress || r.progressed;
     if (r.cls == ExitClass::kSuccess) continue;
-    if (out.cls == ExitClass::kSuccess ||
-        (out.cls == ExitClass::kGang && r.cls != ExitClass::kGang)) {
-      out.cls = r.cls;
-      out.detail = absl::StrCat("rank ", r.rank, ": ", r.reason);
-    }
+    if (decider == nullptr || DecidesBefore(r, *decider)) decider = &r;
   }
-  if (out.cls == ExitClass::kSuccess) out.detail = "every rank completed";
+  if (decider == nullptr) {
+    out.detail = "every rank completed";
+    return out;
+  }
+  out.cls = decider->cls;
+  const bool died = decider->cls != ExitClass::kGang && decider->cls != ExitClass::kCancelled &&
+                    decider->cls != ExitClass::kStopped;
+  out.detail = absl::StrCat("rank ", decider->rank, ranks.size() > 1 && died ? " died first" : "",
+                            ": ", decider->reason);
   return out;
 }
 

@@ -48,7 +48,9 @@ struct RankEnd {
 //     except that a worker which completed anyway (exit 0 with a report or
 //     a hello) is kSuccess.
 //  3. Otherwise ClassifyExit(); reason DescribeExit() plus ": <message>"
-//     of the report.
+//     of the report, or, without one, ": <Describe()>" of a contract code
+//     other than 0 ("exit 76: a peer rank died or stopped answering inside
+//     a collective").
 //  4. Exit 0 from a process that never said Hello and wrote no exit file
 //     is not a trainsup worker finishing its run: kCrash, "exit 0 without
 //     a hello or an exit file".
@@ -59,6 +61,11 @@ struct RankOutcome {
   ExitClass cls = ExitClass::kCrash;
   std::string reason;
   bool progressed = false;  // its training loop advanced during the attempt
+  // When the daemon saw the rank fail, as a sequence number within the
+  // attempt (smaller: earlier): its exit, or our frozen or hung verdict
+  // when that came first. Ranks found dead together (after a daemon
+  // restart) share a value. -1: never seen to end (not started).
+  int end_order = -1;
 };
 
 struct AttemptOutcome {
@@ -67,9 +74,16 @@ struct AttemptOutcome {
   bool made_progress = false;
 };
 
-// The attempt's class is that of the first rank (in rank order) that failed
-// on its own, else of the first that failed at all (gang stops only), else
-// success: "rank 1: exit 3"; "every rank completed" on success.
+// The attempt's class and detail are those of one deciding rank: among the
+// ranks that did not succeed, the first in this order of kinds, then the
+// earliest end_order (-1 after every seen end), then the lowest rank:
+//  1. failed on its own (neither gang nor peer_lost);
+//  2. peer_lost: a consequence of another rank's end, which names the
+//     attempt when it is known, even if the peer's timeout was seen first;
+//  3. gang (stopped by us because another rank failed).
+// Detail: "rank 1 died first: exit 3" when the attempt has several ranks
+// and the deciding one failed (not gang, cancelled or stopped), else
+// "rank 1: <reason>"; "every rank completed" on success.
 AttemptOutcome ClassifyAttemptEnd(const std::vector<RankOutcome>& ranks);
 
 }  // namespace trainsup::supervisor

@@ -20,7 +20,7 @@ constexpr struct {
     {ExitClass::kSignal, "signal"},       {ExitClass::kFrozen, "frozen"},
     {ExitClass::kHung, "hung"},           {ExitClass::kGang, "gang"},
     {ExitClass::kCancelled, "cancelled"}, {ExitClass::kLost, "lost"},
-    {ExitClass::kNoSpace, "no_space"},
+    {ExitClass::kNoSpace, "no_space"},    {ExitClass::kPeerLost, "peer_lost"},
 };
 
 constexpr struct {
@@ -92,7 +92,7 @@ int ToProto(ExitClass cls) { return static_cast<int>(cls); }
 
 std::optional<ExitClass> ExitClassFromProto(int value) {
   if (value < static_cast<int>(ExitClass::kSuccess) ||
-      value > static_cast<int>(ExitClass::kNoSpace)) {
+      value > static_cast<int>(ExitClass::kPeerLost)) {
     return std::nullopt;
   }
   return static_cast<ExitClass>(value);
@@ -113,6 +113,8 @@ ExitClass ClassifyExit(bool exited, int code_or_signal) {
       return ExitClass::kNoSpace;
     case WorkerExit::kOom:
       return ExitClass::kOom;
+    case WorkerExit::kPeerLost:
+      return ExitClass::kPeerLost;
     case WorkerExit::kStopped:
       return ExitClass::kStopped;
   }

@@ -32,10 +32,11 @@ enum class ExitClass {
   kCancelled = 11,  // stopped by us because the run was cancelled
   kLost = 12,       // gone while the daemon was down, no exit file
   kNoSpace = 13,    // exit 74: the run directory's file system is full
+  kPeerLost = 14,   // exit 76: a peer rank died or stopped answering in a collective
 };
 
 // "success", "usage", "data", "oom", "stopped", "crash", "signal", "frozen",
-// "hung", "gang", "cancelled", "lost", "no_space".
+// "hung", "gang", "cancelled", "lost", "no_space", "peer_lost".
 std::string ToString(ExitClass cls);
 // The inverse of ToString; nullopt for any other string.
 std::optional<ExitClass> ExitClassFromString(absl::string_view name);
@@ -45,7 +46,7 @@ int ToProto(ExitClass cls);
 std::optional<ExitClass> ExitClassFromProto(int value);
 
 // Classifies a waitpid() result: `exited` (WIFEXITED) with code
-// 0/64/65/74/75/143 (proto/exit_codes.h) or other, or killed by signal
+// 0/64/65/74/75/76/143 (proto/exit_codes.h) or other, or killed by signal
 // `code_or_signal`. Classes that
 // depend on why we killed the process (frozen, hung, gang, cancelled) or on
 // the daemon having been down (lost) are assigned by the caller instead.
@@ -116,7 +117,9 @@ struct RestartDecision {
 //     against no budget and in no crash-loop or backoff streak of the other
 //     classes; their own backoff grows over consecutive no_space ends.
 //  4b. Everything else is a failure: crash, signal, frozen, hung, lost, gang,
-//     and stopped (143) that we did not ask for (someone else SIGTERMed it).
+//     peer_lost (exit 76: restarted like a crash, same budget and crash-loop
+//     count, named as itself), and stopped (143) that we did not ask for
+//     (someone else SIGTERMed it).
 //  5. Crash loop (non-OOM failure only): the last `crash_loop_attempts`
 //     non-OOM failures, counted back from this one up to the newest attempt
 //     that made progress, all made none → kFail "crash loop: 3 attempts

@@ -1,5 +1,7 @@
-// Which checkpoint an attempt resumes from: the newest step that every rank
-// committed and that verifies for every rank (DESIGN.md, gangs). Reads and
+// Which checkpoint an attempt resumes from: the newest one of the run's
+// store that verifies. A run has one store whatever its world size (rank 0
+// writes it after a barrier, proto/run_layout.h), so every rank of a gang
+// resumes from the step chosen here, passed as --resume STEP. Reads and
 // hashes the checkpoints, so the daemon runs it off its loop. A checkpoint
 // whose content is wrong (size, hash, manifest: DataLoss) is quarantined
 // and reported; an I/O error while reading one (EMFILE, EIO, ENOMEM, ...)
@@ -18,12 +20,12 @@ namespace trainsup::supervisor {
 
 struct ResumeChoice {
   int64_t step = -1;               // -1: from scratch
-  std::string dir;                 // rank 0's checkpoint directory
+  std::string dir;                 // the checkpoint's directory
   std::vector<std::string> notes;  // quarantines, for the run's events
   absl::Status error;              // not OK: an I/O error, nothing chosen
 };
 
-ResumeChoice ChooseResume(const std::string& run_dir, int world_size);
+ResumeChoice ChooseResume(const std::string& run_dir);
 
 }  // namespace trainsup::supervisor
 

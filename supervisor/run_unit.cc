@@ -302,10 +302,9 @@ void RunUnit::Start(const std::vector<int>& slots, const std::vector<std::string
   gpus_ = gpus;
   preparing_ = true;
   const std::string dir = run_.run_dir();
-  const int world = run_.world_size();
   auto done = Guarded([this](ResumeChoice c) { OnPrepared(std::move(c)); });
-  env_.timers->OffLoop([dir, world, done]() mutable -> std::function<void()> {
-    ResumeChoice c = ChooseResume(dir, world);
+  env_.timers->OffLoop([dir, done]() mutable -> std::function<void()> {
+    ResumeChoice c = ChooseResume(dir);
     return [done, c]() mutable { done(std::move(c)); };
   });
 }
@@ -356,6 +355,7 @@ void RunUnit::OnPrepared(ResumeChoice c) {
   attempt_.set_resumed_from_step(c.step);
   attempt_.set_resumed_from(c.dir);
   ranks_.clear();
+  ends_seen_ = 0;
   StoreBatch b;
   b.what = absl::StrCat("attempt ", number, " started");
   b.attempts.push_back(attempt_);
@@ -430,6 +430,9 @@ void RunUnit::LaunchRanks() {
       }
     }
     if (!r.alive) {
+      // Not started: its end is seen now, the failed launch before the
+      // ranks it kept from starting.
+      r.end_order = ++ends_seen_;
       if (stop) {
         r.forced = cancel_ ? ExitClass::kCancelled : ExitClass::kStopped;
         r.status.set_exit_class(Proto(*r.forced));
@@ -487,6 +490,7 @@ void RunUnit::OnProcessExit(int attempt, int rank) {
   f.forced = r.forced;
   f.forced_reason = r.forced_reason;
   const RankEnd end = ClassifyRankEnd(f);
+  if (r.end_order < 0) r.end_order = r.died_unwatched ? 0 : ++ends_seen_;
   // The exit report is newer than any heartbeat (a short run may never have
   // sent one): what clients read ends at the step the worker reached.
   if (f.report && f.report->last_step > r.status.progress().step()) {
@@ -537,7 +541,7 @@ void RunUnit::EndAttempt() {
   for (const RankState& r : ranks_) {
     outcomes.push_back({r.rank,
                         ExitClassFromProto(r.status.exit_class()).value_or(ExitClass::kCrash),
-                        r.status.exit_reason(), r.progressed});
+                        r.status.exit_reason(), r.progressed, r.end_order});
   }
   const AttemptOutcome o = ClassifyAttemptEnd(outcomes);
   const bool stop_requested = cancel_ || shutdown_stop_;
@@ -612,8 +616,7 @@ void RunUnit::EndAttempt() {
 
 void RunUnit::WaitForSpace() {
   env_.host->MeasureSpace(
-      run_.run_dir(), run_.world_size(),
-      Guarded([this](absl::StatusOr<int64_t> free_bytes, int64_t checkpoint_bytes) {
+      run_.run_dir(), Guarded([this](absl::StatusOr<int64_t> free_bytes, int64_t checkpoint_bytes) {
         if (!waiting_for_space_ || cancel_ || IsTerminal(run_.state())) return;
         const int64_t need =
             std::max<int64_t>(cfg().restart.min_free_space_mb << 20, 2 * checkpoint_bytes);

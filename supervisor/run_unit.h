@@ -68,6 +68,9 @@ struct RankState {
   // Found dead at adoption: it died while no daemon watched, so its group
   // was last known alive at its last heartbeat, not when we noticed.
   bool died_unwatched = false;
+  // RankOutcome::end_order: set when the rank's end (or our frozen or hung
+  // verdict) is seen; -1 until then.
+  int end_order = -1;
   v1::RankStatus status;
   double last_persist_s = 0;
 };
@@ -184,6 +187,9 @@ class RunUnit {
   std::vector<int> slots_;
   std::vector<std::string> gpus_;
   std::vector<AttemptEnd> history_;
+  // Ends seen during the current attempt, for RankState::end_order; ranks
+  // that died while no daemon watched all get 0, before any end seen live.
+  int ends_seen_ = 0;
   int oom_exits_ = 0;
   ProgressLearning learning_;
   double learning_saved_s_ = 0;

@@ -95,6 +95,9 @@ void RunUnit::EnterStopStage(int rank, StopStage stage) {
 void RunUnit::CaptureAndKill(RankState& r, ExitClass cls, const std::string& reason) {
   r.forced = cls;
   r.forced_reason = reason;
+  // The rank failed when we found it frozen or hung, not when the kill
+  // took: a peer that times out on it meanwhile ended after it.
+  r.end_order = ++ends_seen_;
   // Marked as stopping at once, so the detector does not fire again while
   // the stacks are being captured.
   r.stop_stage = StopStage::kStopCommand;

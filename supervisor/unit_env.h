@@ -127,10 +127,11 @@ class UnitHost {
   // `bytes` random bytes from the kernel's CSPRNG, hex-encoded.
   virtual std::string NewSecret(int bytes) = 0;
   virtual double JitterUnit() = 0;  // uniform in [0, 1)
-  // Bytes free for unprivileged users on the file system of `path`, and the
-  // size of its newest checkpoint (off the loop); `done` runs on the loop.
+  // Bytes free for unprivileged users on the file system of `run_dir`, and
+  // the size of the run's newest checkpoint (off the loop); `done` runs on
+  // the loop.
   virtual void MeasureSpace(
-      const std::string& run_dir, int world_size,
+      const std::string& run_dir,
       std::function<void(absl::StatusOr<int64_t> free_bytes, int64_t checkpoint_bytes)> done) = 0;
   // Metrics.
   virtual void CountWorkerExit(const std::string& exit_class) = 0;

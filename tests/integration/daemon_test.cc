@@ -34,6 +34,7 @@ namespace {
 namespace fs = std::filesystem;
 namespace wv1 = ::trainsup::worker::v1;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // --- 1. success ---------------------------------------------------------------------------
 
@@ -287,7 +288,11 @@ TEST(Daemon, CrashLoopWithoutProgressFailsTheRun) {
 
 // --- 7. gang restart ------------------------------------------------------------------------
 
-TEST(Daemon, GangRestartsFromTheNewestCommonCheckpoint) {
+// A gang has one checkpoint store, written by rank 0 (issue 12): rank 1's
+// death stops rank 0, and both ranks of the next attempt resume from the
+// newest checkpoint of that store, named by the daemon. The restart event
+// names the rank that died first.
+TEST(Daemon, GangRestartsEveryRankFromTheNewestCheckpointOfItsOneStore) {
   DaemonHarness h;
   h.Set("slots.cpu_slots", "2");
   ASSERT_TRUE(h.Start());
@@ -303,12 +308,30 @@ TEST(Daemon, GangRestartsFromTheNewestCommonCheckpoint) {
   EXPECT_EQ(first.ranks(1).exit_class(), v1::EXIT_CLASS_CRASH);
   EXPECT_EQ(first.ranks(1).exit_code(), 3);
   EXPECT_EQ(first.ranks(0).exit_class(), v1::EXIT_CLASS_GANG) << Describe(run);
-  EXPECT_EQ(run.attempts(1).resumed_from_step(), 5) << Describe(run);
+  EXPECT_THAT(first.exit_reason(), HasSubstr("rank 1 died first: exit 3")) << Describe(run);
+  const std::vector<v1::RunEvent> events = h.History(id);
+  EXPECT_THAT(FindEvent(events, v1::EVENT_KIND_RESTART, 1).reason(),
+              HasSubstr("rank 1 died first: exit 3"))
+      << Describe(events);
+
+  // Rank 0 checkpointed step 5 before rank 1 died at step 9, and may have
+  // checkpointed again on the gang stop's SIGTERM; the newest is chosen.
+  const int64_t step = run.attempts(1).resumed_from_step();
+  EXPECT_GE(step, 5) << Describe(run);
+  EXPECT_THAT(RankLog(run, 1, 0), HasSubstr("checkpoint step-" + std::to_string(step)));
+  EXPECT_THAT(RankLog(run, 1, 1), Not(HasSubstr("checkpoint step-"))) << "only rank 0 writes";
   ASSERT_EQ(run.attempts(1).ranks_size(), 2);
-  for (const v1::RankStatus& r : run.attempts(1).ranks()) {
-    EXPECT_EQ(r.exit_class(), v1::EXIT_CLASS_SUCCESS);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(run.attempts(1).ranks(rank).exit_class(), v1::EXIT_CLASS_SUCCESS);
+    EXPECT_THAT(RankLog(run, 2, rank), HasSubstr("resumed from step " + std::to_string(step)))
+        << "rank " << rank;
   }
-  EXPECT_THAT(RankLog(run, 2, 1), HasSubstr("resumed from step 5"));
+  // One store: step-N directories straight under checkpoints/, no rank-R.
+  const std::string root = RunLayout(run.run_dir()).CheckpointsDir();
+  EXPECT_TRUE(fs::exists(root + "/step-16")) << "rank 0's final checkpoint";
+  for (const auto& e : fs::directory_iterator(root)) {
+    EXPECT_EQ(e.path().filename().string().rfind("rank-", 0), std::string::npos) << e.path();
+  }
 }
 
 // --- 8. daemon killed: adoption and lost workers --------------------------------------------

@@ -6,8 +6,9 @@
 //
 // with TRAINSUP_TOKEN in the environment. It "trains" spec.train.steps steps
 // of spec.testing.step_ms each, heartbeats through SupervisorLink, writes
-// real checkpoints through the checkpoint store, obeys SIGTERM and the
-// daemon's commands, and injects the faults of the spec's [testing] table.
+// real checkpoints through the checkpoint store (rank 0 only: a gang has one
+// store), obeys SIGTERM and the daemon's commands, and injects the faults of
+// the spec's [testing] table.
 // The run id in the Hello is TRAINSUP_RUN_ID, else the run directory's name.
 #include <signal.h>
 #include <sys/types.h>
@@ -147,10 +148,8 @@ class TestWorker {
   TestWorker(Args args, RunSpec spec)
       : args_(std::move(args)),
         spec_(std::move(spec)),
-        // One store per rank when the run has several (proto/run_layout.h),
-        // so ranks never race on one step-N. The supervisor resumes a gang
-        // from the newest step every rank's store holds, passed as --resume
-        // STEP.
+        // The run's one store (proto/run_layout.h): rank 0 writes it, every
+        // rank resumes from the step the supervisor names (--resume STEP).
         store_(RunLayout(args_.run_dir).CheckpointRoot(args_.rank, args_.world_size),
                ckpt::FileSystem::Default(),
                ckpt::StoreOptions{static_cast<int>(spec_.train.keep_checkpoints)}),
@@ -281,11 +280,14 @@ class TestWorker {
             absl::StrCat("--resume ", want, ": no checkpoint step-", want, " in ", store_.root()));
       }
       // A corrupt checkpoint is moved aside, so the supervisor's next choice
-      // skips it, and the attempt ends as a crash (restartable).
+      // skips it, and the attempt ends as a crash (restartable). Rank 0
+      // alone moves it, as it alone writes the store; another rank leaves it
+      // to rank 0 or to the supervisor's next choice, which verifies again.
       if (absl::Status s = store_.Verify(chosen); absl::IsDataLoss(s)) {
-        auto q = store_.Quarantine(chosen, std::string(s.message()));
+        if (args_.rank == 0) store_.Quarantine(chosen, std::string(s.message())).IgnoreError();
         const std::string msg =
-            absl::StrCat("checkpoint step-", want, " quarantined: ", s.message());
+            absl::StrCat("checkpoint step-", want,
+                         args_.rank == 0 ? " quarantined: " : " corrupt: ", s.message());
         Say(msg);
         Event(trainsup::v1::EVENT_KIND_LOG, msg);
         return Finish(kExitCrash, "checkpoint_corrupt", msg);
@@ -316,8 +318,11 @@ class TestWorker {
     return -1;
   }
 
+  // Rank 0 writes the gang's checkpoint; any other rank writes nothing and
+  // succeeds (the real worker meets rank 0 at a barrier first; these ranks
+  // do not synchronise, which the supervisor's tests do not need).
   absl::Status Checkpoint() {
-    if (step_ == last_checkpoint_step_) return absl::OkStatus();
+    if (step_ == last_checkpoint_step_ || args_.rank != 0) return absl::OkStatus();
     progress_.set_phase(trainsup::v1::PHASE_CHECKPOINTING);
     link_.UpdateProgress(progress_);
     const nlohmann::json state = {{"step", step_},

@@ -17,11 +17,14 @@ TEST(RunLayout, NamesEveryFileOfTheContract) {
   EXPECT_EQ(run.CheckpointsDir(), "/var/lib/trainsup/runs/r-1/checkpoints");
 }
 
-TEST(RunLayout, OneRankUsesTheCheckpointsDirectoryAGangOneStorePerRank) {
+// One store per run whatever the world size: rank 0 writes it, every rank
+// resumes from it (issue 12).
+TEST(RunLayout, EveryRankOfEveryWorldSizeSharesTheRunsOneCheckpointStore) {
   const RunLayout run("/r");
   EXPECT_EQ(run.CheckpointRoot(0, 1), "/r/checkpoints");
-  EXPECT_EQ(run.CheckpointRoot(0, 2), "/r/checkpoints/rank-0");
-  EXPECT_EQ(run.CheckpointRoot(1, 2), "/r/checkpoints/rank-1");
+  EXPECT_EQ(run.CheckpointRoot(0, 2), "/r/checkpoints");
+  EXPECT_EQ(run.CheckpointRoot(1, 2), "/r/checkpoints");
+  EXPECT_EQ(run.CheckpointRoot(7, 8), "/r/checkpoints");
 }
 
 TEST(StateLayout, NamesTheDaemonsFiles) {
@@ -48,14 +51,20 @@ TEST(ExitCodes, AreTheContractsAndRoundTrip) {
   EXPECT_EQ(ExitStatus(WorkerExit::kData), 65);
   EXPECT_EQ(ExitStatus(WorkerExit::kNoSpace), 74);
   EXPECT_EQ(ExitStatus(WorkerExit::kOom), 75);
+  EXPECT_EQ(ExitStatus(WorkerExit::kPeerLost), 76);
   EXPECT_EQ(ExitStatus(WorkerExit::kStopped), 143);
-  for (WorkerExit code : {WorkerExit::kCompleted, WorkerExit::kUsage, WorkerExit::kData,
-                          WorkerExit::kNoSpace, WorkerExit::kOom, WorkerExit::kStopped}) {
+  for (WorkerExit code :
+       {WorkerExit::kCompleted, WorkerExit::kUsage, WorkerExit::kData, WorkerExit::kNoSpace,
+        WorkerExit::kOom, WorkerExit::kPeerLost, WorkerExit::kStopped}) {
     EXPECT_EQ(WorkerExitFromStatus(ExitStatus(code)), code);
     EXPECT_EQ(WorkerExitFromString(ToString(code)), code);
     EXPECT_NE(Describe(code), "unknown exit code");
   }
   EXPECT_EQ(ToString(WorkerExit::kNoSpace), "no_space");
+  EXPECT_EQ(ToString(WorkerExit::kPeerLost), "peer_lost");
+  EXPECT_EQ(Describe(WorkerExit::kPeerLost),
+            "a peer rank died or stopped answering inside a collective");
+  EXPECT_EQ(WorkerExitFromStatus(76), WorkerExit::kPeerLost);
   EXPECT_FALSE(WorkerExitFromStatus(1).has_value());
   EXPECT_FALSE(WorkerExitFromStatus(255).has_value());
   EXPECT_FALSE(WorkerExitFromString("crash").has_value());

@@ -101,7 +101,7 @@ TEST(ClassifyAttemptEnd, TheFirstRankThatFailedOnItsOwnDecides) {
                           {1, ExitClass::kOom, "exit 75", true},
                           {2, ExitClass::kCrash, "exit 1", false}});
   EXPECT_EQ(o.cls, ExitClass::kOom);
-  EXPECT_EQ(o.detail, "rank 1: exit 75");
+  EXPECT_EQ(o.detail, "rank 1 died first: exit 75");
   EXPECT_TRUE(o.made_progress);
   o = ClassifyAttemptEnd({{0, ExitClass::kGang, "g0", false}, {1, ExitClass::kGang, "g1", false}});
   EXPECT_EQ(o.cls, ExitClass::kGang);
@@ -110,6 +110,67 @@ TEST(ClassifyAttemptEnd, TheFirstRankThatFailedOnItsOwnDecides) {
       {{0, ExitClass::kSuccess, "exit 0", true}, {1, ExitClass::kSuccess, "", false}});
   EXPECT_EQ(o.cls, ExitClass::kSuccess);
   EXPECT_EQ(o.detail, "every rank completed");
+}
+
+// Issue 12: the rank that ended first in time, not the lowest rank, names
+// the attempt's end.
+TEST(ClassifyAttemptEnd, TheRankThatEndedFirstInTimeDecidesNotTheLowestRank) {
+  AttemptOutcome o =
+      ClassifyAttemptEnd({{0, ExitClass::kCrash, "exit 3", false, /*end_order=*/2},
+                          {1, ExitClass::kSignal, "signal 9", true, 1},
+                          {2, ExitClass::kGang, "stopped because rank 1", false, 3}});
+  EXPECT_EQ(o.cls, ExitClass::kSignal);
+  EXPECT_EQ(o.detail, "rank 1 died first: signal 9");
+  EXPECT_TRUE(o.made_progress);
+}
+
+// Found dead together (after a daemon restart): the lower rank.
+TEST(ClassifyAttemptEnd, RankOrderBreaksATieInTime) {
+  AttemptOutcome o = ClassifyAttemptEnd(
+      {{0, ExitClass::kCrash, "exit 3", false, 0}, {1, ExitClass::kSignal, "signal 9", false, 0}});
+  EXPECT_EQ(o.cls, ExitClass::kCrash);
+  EXPECT_EQ(o.detail, "rank 0 died first: exit 3");
+  // A rank whose end was never seen (not started) comes after those seen.
+  o = ClassifyAttemptEnd({{0, ExitClass::kCrash, "not started", false, -1},
+                          {1, ExitClass::kCrash, "exit 1", false, 4}});
+  EXPECT_EQ(o.detail, "rank 1 died first: exit 1");
+}
+
+// A peer-lost exit is the consequence of another rank's end: that rank names
+// the attempt even when the peer's timeout was noticed first. Alone (the
+// dead peer was then stopped by us as part of the gang), it names it.
+TEST(ClassifyAttemptEnd, APeerLostExitYieldsToTheRankWhoseEndItReports) {
+  AttemptOutcome o =
+      ClassifyAttemptEnd({{0, ExitClass::kPeerLost, "exit 76: rank 1 gone in allreduce", false, 1},
+                          {1, ExitClass::kSignal, "signal 9", false, 2}});
+  EXPECT_EQ(o.cls, ExitClass::kSignal);
+  EXPECT_EQ(o.detail, "rank 1 died first: signal 9");
+  o = ClassifyAttemptEnd({{0, ExitClass::kPeerLost, "exit 76: rank 1 gone in allreduce", false, 1},
+                          {1, ExitClass::kGang, "stopped because rank 0 ended", false, 2}});
+  EXPECT_EQ(o.cls, ExitClass::kPeerLost);
+  EXPECT_EQ(o.detail, "rank 0 died first: exit 76: rank 1 gone in allreduce");
+}
+
+// With one rank there is no "first".
+TEST(ClassifyAttemptEnd, AOneRankAttemptNamesItsRankOnly) {
+  AttemptOutcome o = ClassifyAttemptEnd({{0, ExitClass::kCrash, "exit 3", false, 1}});
+  EXPECT_EQ(o.detail, "rank 0: exit 3");
+}
+
+TEST(ClassifyRankEnd, ExitSeventySixIsAPeerLostWithTheExitFilesMessage) {
+  RankEndFacts f;
+  f.reaped = true;
+  f.exited = true;
+  f.code_or_signal = 76;
+  f.said_hello = true;
+  f.report = Report(76, "rank 1 did not answer allreduce within 60 s");
+  RankEnd e = ClassifyRankEnd(f);
+  EXPECT_EQ(e.cls, ExitClass::kPeerLost);
+  EXPECT_EQ(e.reason, "exit 76: rank 1 did not answer allreduce within 60 s");
+  // Without a message, the contract's words, not a bare code.
+  f.report.reset();
+  EXPECT_EQ(ClassifyRankEnd(f).reason,
+            "exit 76: a peer rank died or stopped answering inside a collective");
 }
 
 }  // namespace

@@ -12,10 +12,10 @@ namespace trainsup::supervisor {
 namespace {
 
 constexpr ExitClass kAllClasses[] = {
-    ExitClass::kSuccess, ExitClass::kUsage, ExitClass::kData,      ExitClass::kOom,
-    ExitClass::kStopped, ExitClass::kCrash, ExitClass::kSignal,    ExitClass::kFrozen,
-    ExitClass::kHung,    ExitClass::kGang,  ExitClass::kCancelled, ExitClass::kLost,
-    ExitClass::kNoSpace,
+    ExitClass::kSuccess, ExitClass::kUsage,    ExitClass::kData,      ExitClass::kOom,
+    ExitClass::kStopped, ExitClass::kCrash,    ExitClass::kSignal,    ExitClass::kFrozen,
+    ExitClass::kHung,    ExitClass::kGang,     ExitClass::kCancelled, ExitClass::kLost,
+    ExitClass::kNoSpace, ExitClass::kPeerLost,
 };
 
 AttemptEnd End(double t, ExitClass cls, bool progress = false, bool stop = false,
@@ -41,7 +41,9 @@ TEST(ExitClass, StringAndProtoRoundTrip) {
   EXPECT_FALSE(ExitClassFromString("OOM").has_value());
   EXPECT_FALSE(ExitClassFromProto(0).has_value());
   EXPECT_EQ(ToProto(ExitClass::kNoSpace), 13);
-  EXPECT_FALSE(ExitClassFromProto(14).has_value());
+  EXPECT_EQ(ToProto(ExitClass::kPeerLost), 14);
+  EXPECT_EQ(ToString(ExitClass::kPeerLost), "peer_lost");
+  EXPECT_FALSE(ExitClassFromProto(15).has_value());
 }
 
 TEST(Action, StringRoundTrip) {
@@ -58,6 +60,7 @@ TEST(ClassifyExit, CodesAndSignals) {
   EXPECT_EQ(ClassifyExit(true, 75), ExitClass::kOom);
   EXPECT_EQ(ClassifyExit(true, 143), ExitClass::kStopped);
   EXPECT_EQ(ClassifyExit(true, 74), ExitClass::kNoSpace);
+  EXPECT_EQ(ClassifyExit(true, 76), ExitClass::kPeerLost);
   EXPECT_EQ(ClassifyExit(true, 1), ExitClass::kCrash);
   EXPECT_EQ(ClassifyExit(true, 134), ExitClass::kCrash);
   EXPECT_EQ(ClassifyExit(false, 9), ExitClass::kSignal);
@@ -130,7 +133,7 @@ TEST(DecideRestart, EveryExitClassWithoutStopRequest) {
       {ExitClass::kSignal, Action::kRestart},  {ExitClass::kFrozen, Action::kRestart},
       {ExitClass::kHung, Action::kRestart},    {ExitClass::kGang, Action::kRestart},
       {ExitClass::kCancelled, Action::kStop},  {ExitClass::kLost, Action::kRestart},
-      {ExitClass::kNoSpace, Action::kRestart},
+      {ExitClass::kNoSpace, Action::kRestart}, {ExitClass::kPeerLost, Action::kRestart},
   };
   for (const auto& c : cases) {
     RestartDecision d = DecideRestart(p, {End(10, c.cls)}, 0.5);
@@ -142,6 +145,30 @@ TEST(DecideRestart, EveryExitClassWithoutStopRequest) {
       EXPECT_EQ(d.delay_s, 0) << ToString(c.cls);
     }
   }
+}
+
+// Exit 76: restarted like a crash, against the same budget and crash-loop
+// count, and named as what it is.
+TEST(DecideRestart, APeerLostIsRestartedLikeACrashAndSaysPeerLost) {
+  RestartPolicy p = NoJitter();
+  p.max_restarts = 2;
+  p.crash_loop_attempts = 0;
+  const std::string detail = "rank 0 died first: exit 76: rank 1 gone in allreduce";
+  std::vector<AttemptEnd> h = {End(1, ExitClass::kCrash, true),
+                               End(2, ExitClass::kPeerLost, true, false, detail)};
+  RestartDecision d = DecideRestart(p, h, 0);
+  EXPECT_EQ(d.action, Action::kRestart);
+  EXPECT_FALSE(d.oom);
+  EXPECT_EQ(d.reason, detail + " (peer_lost); restart 2 of 2 in window, backoff 1.0 s");
+  h.push_back(End(3, ExitClass::kPeerLost, true, false, detail));
+  d = DecideRestart(p, h, 0);
+  EXPECT_EQ(d.action, Action::kFail);
+  EXPECT_EQ(d.reason, "restart budget exhausted: 3 failures in 3600 s (max 2); last " + detail +
+                          " (peer_lost)");
+  p.crash_loop_attempts = 2;
+  d = DecideRestart(p, {End(1, ExitClass::kCrash), End(2, ExitClass::kPeerLost)}, 0);
+  EXPECT_EQ(d.action, Action::kFail);
+  EXPECT_EQ(d.reason, "crash loop: 2 attempts failed without progress; last peer_lost");
 }
 
 TEST(DecideRestart, UsageAndDataSayWhy) {

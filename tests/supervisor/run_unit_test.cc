@@ -177,12 +177,13 @@ class FakeEnv final : public UnitClock,
   std::string WorkerBinary() override { return "/bin/trainsup-worker"; }
   std::string SupervisorEndpoint() override { return "unix:/s.sock"; }
   std::map<std::string, std::string> DaemonEnvironment() override { return {{"PATH", "/bin"}}; }
-  int FreePort() override { return 29555; }
+  // A new port on every call, as the real one may give.
+  int FreePort() override { return next_port_++; }
   std::string NewSecret(int bytes) override {
     return std::string(static_cast<size_t>(bytes) * 2, static_cast<char>('a' + (secrets_++ % 26)));
   }
   double JitterUnit() override { return 0.5; }
-  void MeasureSpace(const std::string&, int,
+  void MeasureSpace(const std::string&,
                     std::function<void(absl::StatusOr<int64_t>, int64_t)> done) override {
     ++space_checks;
     Start(0, [this, done] { done(free_bytes, checkpoint_bytes); });
@@ -248,6 +249,7 @@ class FakeEnv final : public UnitClock,
   TimerId next_timer_ = 1;
   std::map<TimerId, Timer> timers_;
   int next_pid_ = 4000;
+  int next_port_ = 29555;
   int64_t seq_ = 1;  // the submit event
   int secrets_ = 0;
 };
@@ -399,6 +401,66 @@ TEST_F(RunUnitTest, AFailingRankStopsTheGangWithSigtermThenSigkill) {
   EXPECT_EQ(u->ranks()[0].status.exit_class(), v1::EXIT_CLASS_GANG);
   EXPECT_THAT(u->ranks()[0].status.exit_reason(), HasSubstr("stopped because rank 1 ended"));
   EXPECT_EQ(u->run().state(), v1::RUN_STATE_RESTARTING);
+}
+
+// Issue 12: the attempt's end names the rank that failed first in time.
+// Rank 1 is declared frozen first; rank 0 then exits 3 on its own while
+// rank 1 is being killed (so rank 0 is not a gang stop). In rank order rank
+// 0 would be named.
+TEST_F(RunUnitTest, TheRestartNamesTheRankThatFailedFirstNotTheLowest) {
+  env_.config_.workers.heartbeat_timeout_s = 5;
+  env_.config_.workers.term_grace_s = 2;
+  auto u = NewUnit(2);
+  std::vector<int> pids = StartAndLaunch(*u);
+  auto link0 = Hello(*u, 0);
+  Hello(*u, 1);
+  env_.Advance(4);
+  wv1::WorkerMessage hb;
+  hb.mutable_heartbeat()->set_progress_counter(1);
+  u->OnWorkerMessage(1, 0, link0.get(), hb);
+  env_.Advance(2);
+  u->CheckLiveness();
+  env_.Settle();
+  ASSERT_EQ(env_.signals.size(), 1u);
+  EXPECT_EQ(env_.signals[0], std::make_pair(pids[1], SIGTERM)) << "only rank 1 is frozen";
+  env_.Exit(*u, 0, pids[0], true, 3);
+  env_.Settle();
+  EXPECT_EQ(u->ranks()[0].status.exit_class(), v1::EXIT_CLASS_CRASH);
+  env_.Exit(*u, 1, pids[1], false, SIGTERM);
+  env_.Settle();
+  EXPECT_EQ(u->ranks()[1].status.exit_class(), v1::EXIT_CLASS_FROZEN);
+  ASSERT_EQ(u->run().state(), v1::RUN_STATE_RESTARTING);
+  const std::vector<v1::RunEvent> restarts = env_.Stored(v1::EVENT_KIND_RESTART);
+  ASSERT_EQ(restarts.size(), 1u);
+  EXPECT_EQ(restarts[0].exit_class(), v1::EXIT_CLASS_FROZEN);
+  EXPECT_THAT(restarts[0].reason(), HasSubstr("rank 1 died first: rank 1 no heartbeat"));
+  const std::vector<v1::RunEvent> ended = env_.Stored(v1::EVENT_KIND_ATTEMPT_ENDED);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_THAT(ended[0].reason(), HasSubstr("rank 1 died first"));
+}
+
+// Every attempt of a gang gets one MASTER_PORT for all its ranks, and the
+// next attempt a fresh one (the old rendezvous port may still be held).
+TEST_F(RunUnitTest, EachAttemptOfAGangGetsOneFreshMasterPort) {
+  auto u = NewUnit(2);
+  std::vector<int> pids = StartAndLaunch(*u);
+  ASSERT_EQ(env_.launches.size(), 2u);
+  const std::string first = env_.launches[0].env.at("MASTER_PORT");
+  EXPECT_EQ(env_.launches[1].env.at("MASTER_PORT"), first);
+  Hello(*u, 0);
+  Hello(*u, 1);
+  env_.Exit(*u, 1, pids[1], true, 3);
+  env_.Exit(*u, 0, pids[0], false, SIGTERM);
+  env_.Settle();
+  ASSERT_EQ(u->run().state(), v1::RUN_STATE_RESTARTING);
+  env_.Advance(1.1);
+  StartAndLaunch(*u);
+  ASSERT_EQ(u->attempt_number(), 2);
+  ASSERT_EQ(env_.launches.size(), 4u);
+  EXPECT_EQ(env_.launches[2].env.at("TRAINSUP_ATTEMPT"), "2");
+  const std::string second = env_.launches[2].env.at("MASTER_PORT");
+  EXPECT_NE(second, first);
+  EXPECT_EQ(env_.launches[3].env.at("MASTER_PORT"), second);
 }
 
 TEST_F(RunUnitTest, CancelAsksTheWorkerToStopThenEndsCancelled) {

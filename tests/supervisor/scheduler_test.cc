@@ -83,6 +83,32 @@ TEST(Schedule, MultiSlotGangsGetDistinctLowestSlots) {
   EXPECT_EQ(p[2].slots, std::vector<int>{6});
 }
 
+// Issue 12: a gang of W gets W slots in one placement or none at all,
+// whatever number of slots is free, and while it waits it holds back runs
+// of its priority or lower but not higher ones.
+TEST(Schedule, AGangGetsAllItsSlotsAtOnceOrWaits) {
+  for (int world = 2; world <= 4; ++world) {
+    for (int free = 0; free <= 5; ++free) {
+      std::vector<bool> mask(5, false);
+      for (int i = 0; i < free; ++i) mask[i] = true;
+      std::vector<Placement> p =
+          Schedule({Queued("gang", 1, 1, world), Queued("same", 1, 2), Queued("lower", 0, 3)},
+                   Slots(mask), 0);
+      if (free < world) {
+        EXPECT_TRUE(p.empty()) << "world " << world << ", free " << free;
+        p = Schedule({Queued("gang", 1, 1, world), Queued("higher", 2, 2)}, Slots(mask), 0);
+        EXPECT_EQ(Ids(p),
+                  free > 0 ? std::vector<std::string>{"higher"} : std::vector<std::string>{})
+            << "world " << world << ", free " << free;
+        continue;
+      }
+      ASSERT_FALSE(p.empty()) << "world " << world << ", free " << free;
+      EXPECT_EQ(p[0].run_id, "gang");
+      EXPECT_EQ(p[0].slots.size(), static_cast<size_t>(world));
+    }
+  }
+}
+
 TEST(Schedule, NoSlotAssignedTwice) {
   std::vector<QueuedRun> queue;
   for (int i = 0; i < 20; ++i)
