@@ -43,7 +43,7 @@ constexpr int kExitUsage = ExitStatus(WorkerExit::kUsage);
 constexpr int kExitData = ExitStatus(WorkerExit::kData);
 constexpr int kExitOom = ExitStatus(WorkerExit::kOom);
 constexpr int kExitStopped = ExitStatus(WorkerExit::kStopped);
-constexpr int kExitPeerLost = 76;
+constexpr int kExitPeerLost = ExitStatus(WorkerExit::kPeerLost);
 // Not a contract code: the supervisor restarts the attempt like a crash.
 constexpr int kExitCheckpointIo = 1;
 
