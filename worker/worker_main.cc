@@ -89,13 +89,26 @@ TrainerResult Usage(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // OpenMP threads that spin while waiting make a worker ten times slower
-  // when it shares its cores (measured: 3.3 s instead of 0.3 s per step on
-  // two busy cores). libgomp reads the policy when it loads, so set it and
-  // start again; an explicit OMP_WAIT_POLICY is respected.
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    execv("/proc/self/exe", argv);
+  // SIGTERM and SIGINT are taken by one sigwait thread (below), so every
+  // other thread must have them blocked, or the kernel may deliver them to
+  // one that dies of them. OpenBLAS starts its thread pool when the library
+  // loads, before main(): so block them and start again, the new image's
+  // threads inheriting the mask (execv keeps it). OpenMP threads that spin
+  // while waiting make a worker ten times slower when it shares its cores
+  // (measured: 3.3 s instead of 0.3 s per step on two busy cores); libgomp
+  // reads the policy when it loads, so it is set before the same restart.
+  // An explicit OMP_WAIT_POLICY is respected.
+  {
+    sigset_t term, before;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigaddset(&term, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &term, &before);
+    const bool blocked_from_start =
+        sigismember(&before, SIGTERM) == 1 && sigismember(&before, SIGINT) == 1;
+    const bool set_wait_policy = std::getenv("OMP_WAIT_POLICY") == nullptr;
+    if (set_wait_policy) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    if (set_wait_policy || !blocked_from_start) execv("/proc/self/exe", argv);
   }
   trainsup::sparse::EnsureFastBlasKernels(argc, argv);
   std::map<std::string, std::string> args;

@@ -221,5 +221,33 @@ TEST(Resume, ReadErrorFailsTheAttemptAndQuarantinesNothing) {
   fs::remove_all(dir);
 }
 
+// SIGTERM (what the supervisor sends to stop a run) finishes the step,
+// checkpoints and exits 143, whatever thread of the worker the kernel
+// delivers it to: every thread, including those the BLAS library and
+// LibTorch start before the worker sets up its signals, has SIGTERM
+// blocked for the worker's sigwait thread.
+TEST(Resume, SigtermStopsAfterACheckpointAndExits143) {
+  const std::string dir = MakeRunDir("term", 300);
+  pid_t pid = Launch(dir, 1);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (ReadFile(LogPath(dir, 1)).find("\nstep 2/") == std::string::npos &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_NE(ReadFile(LogPath(dir, 1)).find("\nstep 2/"), std::string::npos)
+      << ReadFile(LogPath(dir, 1));
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  const int status = WaitStatus(pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0)
+                                 << ":\n" << ReadFile(LogPath(dir, 1));
+  EXPECT_EQ(WEXITSTATUS(status), 143);
+  absl::StatusOr<ExitFile> exit = ReadExitFile(ExitFilePath(dir, 1, 0));
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  EXPECT_EQ(exit->reason, "stopped");
+  EXPECT_GE(exit->last_step, 2);
+  EXPECT_EQ(NewestCheckpoint(dir), exit->last_step);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace trainsup::worker
