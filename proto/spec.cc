@@ -229,6 +229,7 @@ absl::Status ReadDistributed(const toml::table* t, DistributedSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.Double("timeout_s", &s->timeout_s, 1, 3600));
   TRAINSUP_RETURN_IF_ERROR(r.Double("connect_timeout_s", &s->connect_timeout_s, 1, 3600));
   TRAINSUP_RETURN_IF_ERROR(r.Double("bucket_mb", &s->bucket_mb, 0.01, 1024));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("overlap_backward", &s->overlap_backward));
   return r.Finish();
 }
 

@@ -97,6 +97,9 @@ struct DistributedSpec {
   // Gradients are allreduced in buckets of about this size, launched as
   // the last backward pass makes them ready. [0.01, 1024]
   double bucket_mb = 4;
+  // false: every bucket is launched after backward instead of during it
+  // (for comparison; docs/distributed.md shows what the overlap saves).
+  bool overlap_backward = true;
 };
 
 // Fault injection for tests and the demo (the [testing] table). -1: off.

@@ -309,8 +309,9 @@ CollectiveStats Gang::TakeStats() {
 
 // --- GradientReducer --------------------------------------------------------------------
 
-GradientReducer::GradientReducer(Gang* gang, std::vector<at::Tensor> params, int64_t bucket_bytes)
-    : gang_(gang), params_(std::move(params)) {
+GradientReducer::GradientReducer(Gang* gang, std::vector<at::Tensor> params, int64_t bucket_bytes,
+                                 bool overlap)
+    : gang_(gang), params_(std::move(params)), overlap_(overlap) {
   sealed_.assign(params_.size(), 0);
   bucket_of_.assign(params_.size(), 0);
   if (gang_ == nullptr || gang_->world_size() == 1) return;
@@ -355,7 +356,7 @@ void GradientReducer::BeginStep(std::vector<at::Tensor>* accum, int64_t step) {
 }
 
 void GradientReducer::ArmFinalBackward() {
-  if (!buckets_.empty() && accum_ != nullptr) armed_ = true;
+  if (overlap_ && !buckets_.empty() && accum_ != nullptr) armed_ = true;
 }
 
 void GradientReducer::Disarm() { armed_ = false; }

@@ -120,7 +120,10 @@ class Gang {
 // sums back. World size 1: nothing is launched, Finish() does nothing.
 class GradientReducer {
  public:
-  GradientReducer(Gang* gang, std::vector<at::Tensor> params, int64_t bucket_bytes);
+  // overlap = false: nothing is launched during backward (ArmFinalBackward
+  // does nothing), every bucket in Finish().
+  GradientReducer(Gang* gang, std::vector<at::Tensor> params, int64_t bucket_bytes,
+                  bool overlap = true);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -166,6 +169,7 @@ class GradientReducer {
   std::vector<at::Tensor>* accum_ = nullptr;
   size_t next_launch_ = 0;
   bool armed_ = false;
+  bool overlap_ = true;
   int64_t step_ = 0;
   int64_t stop_at_step_ = -1;
 };

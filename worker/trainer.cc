@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "checkpoint/state.h"
 #include "checkpoint/store.h"
 #include "nlohmann/json.hpp"
@@ -765,7 +766,8 @@ TrainerResult Trainer::RunLoop() {
   // ones, but a rank must never rely on that).
   BroadcastWeights(/*parameters=*/true, "initial weights from rank 0");
   reducer_ = std::make_unique<GradientReducer>(
-      gang_.get(), params_, static_cast<int64_t>(spec_.distributed.bucket_mb * (1 << 20)));
+      gang_.get(), params_, static_cast<int64_t>(spec_.distributed.bucket_mb * (1 << 20)),
+      spec_.distributed.overlap_backward);
   if (spec_.optimizer.kind == "adamw") {
     optimizer_ = std::make_unique<torch::optim::AdamW>(
         params_,
@@ -908,6 +910,7 @@ TrainerResult Trainer::RunLoop() {
         }
       }
     }
+    const auto iteration_start = Clock::now();
     absl::StatusOr<Batch> batch = loader_->Next();
     if (!batch.ok()) return Fail(kExitData, "data", DataMessage(batch.status()));
     // What the ranks agree on before the step (one collective; with one
@@ -971,9 +974,24 @@ TrainerResult Trainer::RunLoop() {
       Log(absl::StrCat("step ", step_, ": handed ", cached, " cached bytes back to the system"));
     }
     Report(v1::PHASE_TRAINING);
+    // The iteration (data, agreement, step) and, in a gang, this rank's
+    // time blocked in collectives: what distributed_bench reads.
+    std::string collectives = absl::StrFormat(
+        "; iteration %.1f ms",
+        1e3 * std::chrono::duration<double>(Clock::now() - iteration_start).count());
+    if (gang_->world_size() > 1) {
+      const CollectiveStats c = gang_->TakeStats();
+      absl::StrAppendFormat(
+          &collectives,
+          ", collectives %.1f ms blocked, %lld/%lld buckets launched during backward, %.1f ms in "
+          "flight",
+          1e3 * c.blocked_s, static_cast<long long>(c.buckets_in_backward),
+          static_cast<long long>(c.buckets_in_backward + c.buckets_after_backward),
+          1e3 * c.bucket_flight_s);
+    }
     Log(absl::StrCat("step ", step_, "/", total_steps_, " epoch ", epoch_, " loss ", last_loss_,
                      " acc ", last_accuracy_, " ", samples_per_sec_, " scenes/s peak ",
-                     run_peak_ >> 20, " MiB"));
+                     run_peak_ >> 20, " MiB", collectives));
     // The same on every rank (the steps are); the timed and requested ones
     // were agreed on before the step.
     const bool due =
