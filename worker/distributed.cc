@@ -8,9 +8,10 @@
 #endif
 
 #include <signal.h>
+#include <torch/torch.h>
+
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/torch.h>
 #ifdef TRAINSUP_HAVE_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -97,7 +98,8 @@ absl::StatusOr<std::unique_ptr<Gang>> Gang::Join(const GangOptions& o) {
 #else
     if (!o.device.is_cuda()) {
       return absl::InvalidArgumentError(
-          "distributed.backend: \"nccl\" needs train.device on CUDA; this worker trains on the CPU");
+          "distributed.backend: \"nccl\" needs train.device on CUDA; this worker trains on the "
+          "CPU");
     }
 #endif
   } else if (backend != "gloo") {
@@ -123,16 +125,16 @@ absl::StatusOr<std::unique_ptr<Gang>> Gang::Join(const GangOptions& o) {
                                 ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                                 : c10d::ProcessGroupGloo::createDefaultDevice());
       go->threads = 1;
-      gang->impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          gang->impl_->store, o.rank, o.world_size, go);
+      gang->impl_->group =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(gang->impl_->store, o.rank, o.world_size, go);
     } else {
 #ifdef TRAINSUP_HAVE_NCCL
       // Written for LibTorch with NCCL; never compiled or run here (Debian's
       // LibTorch has no CUDA).
       auto no = c10d::ProcessGroupNCCL::Options::create();
       no->timeout = Millis(o.timeout_s);
-      gang->impl_->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-          gang->impl_->store, o.rank, o.world_size, no);
+      gang->impl_->group =
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(gang->impl_->store, o.rank, o.world_size, no);
 #endif
     }
     // Store calls after the join (the entered-collective records and the
@@ -140,8 +142,8 @@ absl::StatusOr<std::unique_ptr<Gang>> Gang::Join(const GangOptions& o) {
     gang->impl_->store->setTimeout(Millis(std::min(o.timeout_s, 10.0)));
   } catch (const std::exception& e) {
     return absl::DeadlineExceededError(absl::StrCat(
-        "joining the gang at ", where, " (", backend, ") failed within distributed.connect_timeout_s = ",
-        o.connect_timeout_s, " s: ", e.what()));
+        "joining the gang at ", where, " (", backend,
+        ") failed within distributed.connect_timeout_s = ", o.connect_timeout_s, " s: ", e.what()));
   }
   return gang;
 }
@@ -196,8 +198,8 @@ void Gang::Fail(int64_t seq, const std::string& what, const std::string& cause) 
     absl::StrAppend(&peers, line);
   }
   throw CollectiveError(absl::StrCat("collective #", seq, " (", what, ") failed on rank ",
-                                     options_.rank, " of ", options_.world_size, ": ", peers,
-                                     ". ", backend_, ": ", cause));
+                                     options_.rank, " of ", options_.world_size, ": ", peers, ". ",
+                                     backend_, ": ", cause));
 }
 
 void Gang::AllreduceSum(at::Tensor& tensor, const std::string& what) {
@@ -259,7 +261,8 @@ std::vector<std::string> Gang::AllGather(const std::string& mine, const std::str
   std::vector<std::string> all(w);
   for (int r = 0; r < w; ++r) {
     const uint8_t* row = bytes[r].data_ptr<uint8_t>();
-    all[r].assign(reinterpret_cast<const char*>(row), static_cast<size_t>(length[r].item<int64_t>()));
+    all[r].assign(reinterpret_cast<const char*>(row),
+                  static_cast<size_t>(length[r].item<int64_t>()));
   }
   return all;
 }
@@ -275,9 +278,9 @@ std::shared_ptr<Gang::Pending> Gang::AllreduceAsync(at::Tensor tensor, const std
     p->work = impl_->group->allreduce(list);
     std::shared_ptr<std::atomic<int64_t>> done = p->done_ns;
     p->work->getFuture()->addCallback([done](c10::ivalue::Future&) {
-      done->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      Clock::now().time_since_epoch())
-                      .count());
+      done->store(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+              .count());
     });
   } catch (const std::exception& e) {
     Fail(p->seq, what, e.what());
@@ -374,7 +377,8 @@ void GradientReducer::OnGradient(size_t i, const at::Tensor& grad) {
 
 void GradientReducer::LaunchReady() {
   while (next_launch_ < buckets_.size() &&
-         buckets_[next_launch_].ready == static_cast<int64_t>(buckets_[next_launch_].params.size())) {
+         buckets_[next_launch_].ready ==
+             static_cast<int64_t>(buckets_[next_launch_].params.size())) {
     Launch(next_launch_++);
   }
 }

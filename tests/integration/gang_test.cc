@@ -146,9 +146,9 @@ void Chaos(int world) {
                  r.progress().step() >= r.progress().last_checkpoint_step() + extra;
         },
         Seconds(300), &run));
-    ASSERT_FALSE(IsTerminal(run.state()))
-        << "the run ended after " << kills << " worker kills and " << daemon_kills
-        << " daemon kills:\n" << Describe(run);
+    ASSERT_FALSE(IsTerminal(run.state())) << "the run ended after " << kills << " worker kills and "
+                                          << daemon_kills << " daemon kills:\n"
+                                          << Describe(run);
     run_dir = run.run_dir();
     const int attempt = run.attempts_size();
     if ((kills == 3 && daemon_kills == 0) || (kills == 7 && daemon_kills == 1)) {
@@ -193,17 +193,20 @@ void Chaos(int world) {
   }
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(400), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
-  std::printf("world %d: %d worker kills (%d during a checkpoint write), %d daemon kills, %d "
-              "attempts\n",
-              world, kills, checkpoint_kills, daemon_kills, run.attempts_size());
+  std::printf(
+      "world %d: %d worker kills (%d during a checkpoint write), %d daemon kills, %d "
+      "attempts\n",
+      world, kills, checkpoint_kills, daemon_kills, run.attempts_size());
   EXPECT_GE(kills, 10);
   EXPECT_GE(checkpoint_kills, 1) << "no kill landed while a checkpoint was being written";
   EXPECT_GT(run.attempts_size(), 10) << Describe(run);
 
   const std::string last = "step-" + std::to_string(kSteps);
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
-    const std::string a = ReadAll(fs::path(RunLayout(ref.run_dir()).CheckpointsDir()) / last / file);
-    const std::string b = ReadAll(fs::path(RunLayout(run.run_dir()).CheckpointsDir()) / last / file);
+    const std::string a =
+        ReadAll(fs::path(RunLayout(ref.run_dir()).CheckpointsDir()) / last / file);
+    const std::string b =
+        ReadAll(fs::path(RunLayout(run.run_dir()).CheckpointsDir()) / last / file);
     ASSERT_GT(a.size(), 1000u) << file;
     EXPECT_TRUE(a == b) << file << " differs from the uninterrupted run's";
     std::printf("world %d: %s: %zu bytes, %s\n", world, file, a.size(),
@@ -248,7 +251,8 @@ TEST(Gang, RankStoppedInsideACollectiveTimesOutItsPeerAndTheGangRestarts) {
                "[testing]\nstop_in_collective_at_step = 6\nonly_rank = 1\nonly_attempt = 1\n"));
   v1::Run run;
   // Rank 1 stops itself; note its pid while it is there.
-  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return AttemptRunning(r, 2); }, kRunLimit, &run));
+  ASSERT_TRUE(h.WaitFor(
+      id, [](const v1::Run& r) { return AttemptRunning(r, 2); }, kRunLimit, &run));
   const int stopped_pid = run.attempts(0).ranks(1).pid();
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(300), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);

@@ -211,14 +211,14 @@ std::vector<RankResult> RunGang(int world, const std::string& mode,
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     const bool split = std::find(split_ranks.begin(), split_ranks.end(), r) != split_ranks.end();
-    std::vector<std::string> args = {g_self,        "--rank-role",
-                                     "--rank",      std::to_string(r),
-                                     "--world",     std::to_string(world),
-                                     "--port",      std::to_string(port),
-                                     "--mode",      mode,
-                                     "--split",     split ? "1" : "0",
-                                     "--out",       dir + "/" + mode + std::to_string(world) + "-" +
-                                                        std::to_string(r)};
+    std::vector<std::string> args = {
+        g_self,    "--rank-role",
+        "--rank",  std::to_string(r),
+        "--world", std::to_string(world),
+        "--port",  std::to_string(port),
+        "--mode",  mode,
+        "--split", split ? "1" : "0",
+        "--out",   dir + "/" + mode + std::to_string(world) + "-" + std::to_string(r)};
     pid_t pid = fork();
     if (pid == 0) {
       std::vector<char*> argv;
@@ -249,8 +249,8 @@ std::vector<RankResult> RunGang(int world, const std::string& mode,
 }
 
 // max |a - b| / max |b|.
-double RelativeDifference(const std::vector<double>& a, const std::vector<double>& b,
-                          size_t begin, size_t end) {
+double RelativeDifference(const std::vector<double>& a, const std::vector<double>& b, size_t begin,
+                          size_t end) {
   double diff = 0, scale = 0;
   for (size_t i = begin; i < end; ++i) {
     diff = std::max(diff, std::abs(a[i] - b[i]));

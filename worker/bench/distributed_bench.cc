@@ -14,11 +14,11 @@
 // run one after the other, `--rounds` times in turn (medians over all).
 //   distributed_bench [--steps N] [--warmup W] [--rounds R] [--batch B]
 //                     [--voxel V] [--json]
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <netinet/in.h>
 
 #include <algorithm>
 #include <chrono>
@@ -119,8 +119,8 @@ bool RunGang(const Options& o, int world, bool overlap, bool independent, const 
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       execl(TRAINSUP_WORKER_BIN, TRAINSUP_WORKER_BIN, "--run-dir", run_dir.c_str(), "--rank",
-            std::to_string(rank).c_str(), "--world-size", std::to_string(size).c_str(),
-            "--attempt", "1", static_cast<char*>(nullptr));
+            std::to_string(rank).c_str(), "--world-size", std::to_string(size).c_str(), "--attempt",
+            "1", static_cast<char*>(nullptr));
       _exit(127);
     }
     pids.push_back(pid);
@@ -162,18 +162,25 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--steps") o.steps = std::stoi(next());
-    else if (a == "--warmup") o.warmup = std::stoi(next());
-    else if (a == "--rounds") o.rounds = std::stoi(next());
-    else if (a == "--batch") o.batch = std::stoi(next());
-    else if (a == "--voxel") o.voxel = std::stod(next());
-    else if (a == "--json") o.json = true;
+    if (a == "--steps")
+      o.steps = std::stoi(next());
+    else if (a == "--warmup")
+      o.warmup = std::stoi(next());
+    else if (a == "--rounds")
+      o.rounds = std::stoi(next());
+    else if (a == "--batch")
+      o.batch = std::stoi(next());
+    else if (a == "--voxel")
+      o.voxel = std::stod(next());
+    else if (a == "--json")
+      o.json = true;
     else {
       std::fprintf(stderr, "distributed_bench: unknown option %s\n", a.c_str());
       return 64;
     }
   }
-  const std::string dir = (fs::temp_directory_path() / ("distributed_bench_" + std::to_string(getpid()))).string();
+  const std::string dir =
+      (fs::temp_directory_path() / ("distributed_bench_" + std::to_string(getpid()))).string();
   struct Mode {
     const char* name;
     int world;
@@ -197,12 +204,14 @@ int main(int argc, char** argv) {
   const double base = Median(modes[0].f.iteration_ms);
   const double loaded = Median(modes[1].f.iteration_ms);
   if (o.json) {
-    std::printf("{\"threads_per_rank\": 1, \"batch_per_rank\": %d, \"voxel_size\": %g, \"modes\": [",
-                o.batch, o.voxel);
+    std::printf(
+        "{\"threads_per_rank\": 1, \"batch_per_rank\": %d, \"voxel_size\": %g, \"modes\": [",
+        o.batch, o.voxel);
   } else {
-    std::printf("MinkUNet14, synthetic small rooms at %g m, batch %d per rank, 1 thread per rank, "
-                "Gloo on loopback; medians of %d measured steps x %d rounds x ranks\n",
-                o.voxel, o.batch, o.steps, o.rounds);
+    std::printf(
+        "MinkUNet14, synthetic small rooms at %g m, batch %d per rank, 1 thread per rank, "
+        "Gloo on loopback; medians of %d measured steps x %d rounds x ranks\n",
+        o.voxel, o.batch, o.steps, o.rounds);
     std::printf("%-22s %12s %8s %10s %12s %10s %14s %16s\n", "mode", "iteration ms", "vs w1",
                 "vs 2 x w1", "blocked ms", "blocked %", "in flight ms", "during backward");
   }
@@ -213,19 +222,19 @@ int main(int argc, char** argv) {
     const double flight = Median(f.flight_ms);
     const double during = Median(f.in_backward), buckets = Median(f.buckets);
     if (o.json) {
-      std::printf("%s{\"mode\": \"%s\", \"iteration_ms\": %.2f, \"ratio_vs_world1\": %.4f, "
-                  "\"ratio_vs_two_world1\": %.4f, \"blocked_ms\": %.2f, \"blocked_fraction\": "
-                  "%.4f, \"flight_ms\": %.2f, \"buckets_during_backward\": %.1f, \"buckets\": "
-                  "%.1f}",
-                  k ? ", " : "", modes[k].name, it, it / base, it / loaded, blocked,
-                  it > 0 ? blocked / it : 0, flight, during, buckets);
+      std::printf(
+          "%s{\"mode\": \"%s\", \"iteration_ms\": %.2f, \"ratio_vs_world1\": %.4f, "
+          "\"ratio_vs_two_world1\": %.4f, \"blocked_ms\": %.2f, \"blocked_fraction\": "
+          "%.4f, \"flight_ms\": %.2f, \"buckets_during_backward\": %.1f, \"buckets\": "
+          "%.1f}",
+          k ? ", " : "", modes[k].name, it, it / base, it / loaded, blocked,
+          it > 0 ? blocked / it : 0, flight, during, buckets);
     } else if (modes[k].f.blocked_ms.empty()) {
       std::printf("%-22s %12.1f %8.3f %10.3f %12s %10s %14s %16s\n", modes[k].name, it, it / base,
                   it / loaded, "-", "-", "-", "-");
     } else {
-      std::printf("%-22s %12.1f %8.3f %10.3f %12.1f %9.1f%% %14.1f %10.0f of %.0f\n",
-                  modes[k].name, it, it / base, it / loaded, blocked, 100 * blocked / it, flight,
-                  during, buckets);
+      std::printf("%-22s %12.1f %8.3f %10.3f %12.1f %9.1f%% %14.1f %10.0f of %.0f\n", modes[k].name,
+                  it, it / base, it / loaded, blocked, 100 * blocked / it, flight, during, buckets);
     }
   }
   if (o.json) std::printf("]}\n");
