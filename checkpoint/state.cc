@@ -12,33 +12,6 @@
 namespace trainsup::ckpt {
 namespace {
 
-std::string ToHex(const std::string& bytes) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char b : bytes) {
-    out.push_back(kHex[b >> 4]);
-    out.push_back(kHex[b & 15]);
-  }
-  return out;
-}
-
-bool FromHex(const std::string& hex, std::string* out) {
-  if (hex.size() % 2 != 0) return false;
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  out->clear();
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    const int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    out->push_back(static_cast<char>(hi << 4 | lo));
-  }
-  return true;
-}
-
 std::string StateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 
 enum class OptimizerKind { kSgd, kAdamW };
@@ -103,6 +76,57 @@ at::Tensor GeneratorStateNow() {
 }
 
 }  // namespace
+
+std::string ToHex(const std::string& bytes) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char b : bytes) {
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 15]);
+  }
+  return out;
+}
+
+bool FromHex(const std::string& hex, std::string* out) {
+  if (hex.size() % 2 != 0) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  out->clear();
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = nibble(hex[i]), lo = nibble(hex[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out->push_back(static_cast<char>(hi << 4 | lo));
+  }
+  return true;
+}
+
+std::string CpuGeneratorState() {
+  at::Tensor state = GeneratorStateNow();
+  return std::string(static_cast<const char*>(state.data_ptr()), state.numel());
+}
+
+absl::Status SetCpuGeneratorState(const std::string& bytes) {
+  at::Tensor state = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
+  if (state.numel() != GeneratorStateNow().numel()) {
+    return absl::FailedPreconditionError("the CPU generator state has the wrong size");
+  }
+  try {
+    at::Generator scratch = at::make_generator<at::CPUGeneratorImpl>();
+    scratch.set_state(state);
+  } catch (const c10::Error& e) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("invalid CPU generator state: ", e.what_without_backtrace()));
+  }
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+  return absl::OkStatus();
+}
 
 uint64_t StateSnapshot::bytes() const {
   uint64_t n = 0;

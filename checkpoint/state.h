@@ -67,6 +67,18 @@ absl::Status SaveState(CheckpointStore& store, const torch::nn::Module& model,
 // Writes and commits a snapshot as checkpoint `snapshot.step`.
 absl::Status WriteSnapshot(CheckpointStore& store, const StateSnapshot& snapshot);
 
+// Lower-case hex of `bytes`, and back (false for text that is not hex of
+// whole bytes): how trainer.json holds generator states.
+std::string ToHex(const std::string& bytes);
+bool FromHex(const std::string& hex, std::string* out);
+
+// LibTorch's default CPU generator's state as bytes, and setting it from
+// such bytes: FailedPrecondition naming the problem, and nothing changed,
+// when LibTorch would reject them (a wrong size, an all-zero state). For
+// states LoadState does not restore (e.g. the ranks of a gang but rank 0).
+std::string CpuGeneratorState();
+absl::Status SetCpuGeneratorState(const std::string& bytes);
+
 // Loads a committed (verified) checkpoint into `model`, `optimizer` and
 // `trainer`, and restores LibTorch's CPU generator. Everything is read and
 // checked against the model and optimizer first (every key present, no

@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/file_system.h"
 #include "checkpoint/store.h"
+#include "proto/free_port.h"
 #include "proto/run_layout.h"
 #include "supervisor/api_service.h"
 #include "supervisor/daemon_impl.h"
@@ -53,28 +54,12 @@ namespace fs = std::filesystem;
 // a quarter second of a deadline, at a few wake-ups a second when idle.
 constexpr double kTickS = 0.25;
 
-// A TCP port nobody listens on right now, for the run's c10d rendezvous.
-int FreeTcpPort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 29500;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 29500;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 }  // namespace
 
 namespace internal {
 
-int DaemonImpl::FreePort() { return FreeTcpPort(); }
+int DaemonImpl::FreePort() { return FreeLoopbackPort(); }
 
 // --- start-up --------------------------------------------------------------------------------
 

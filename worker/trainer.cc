@@ -1,6 +1,5 @@
 #include "worker/trainer.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -110,57 +109,6 @@ double LearningRate(const OptimizerSpec& o, int64_t step, int64_t total) {
   if (o.schedule == "poly") return lr * std::pow(1 - t, 0.9);
   if (o.schedule == "step") return lr * (t < 2.0 / 3.0 ? 1.0 : 0.1);
   return lr;
-}
-
-std::string ToHex(const std::string& bytes) {
-  static const char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kDigits[c >> 4]);
-    out.push_back(kDigits[c & 15]);
-  }
-  return out;
-}
-
-bool FromHex(const std::string& hex, std::string* out) {
-  if (hex.size() % 2 != 0) return false;
-  out->clear();
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    int v = 0;
-    for (char c : {hex[i], hex[i + 1]}) {
-      v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else return false;
-    }
-    out->push_back(static_cast<char>(v));
-  }
-  return true;
-}
-
-std::string CpuGeneratorState() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  at::Tensor state = gen.get_state();
-  return std::string(static_cast<const char*>(state.data_ptr()), state.numel());
-}
-
-// Sets LibTorch's CPU generator; false (nothing changed) if `bytes` is not
-// a state it accepts.
-bool SetCpuGeneratorState(const std::string& bytes) {
-  at::Tensor state = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-  std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
-  try {
-    at::Generator scratch = at::make_generator<at::CPUGeneratorImpl>();
-    scratch.set_state(state);
-  } catch (const c10::Error&) {
-    return false;
-  }
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-  return true;
 }
 
 [[noreturn]] void SleepForever() {
@@ -322,7 +270,7 @@ nlohmann::json Trainer::RankState() const {
           {"counters", counters_.ToJson()},
           {"last_loss", last_loss_},
           {"class_counts", class_counts_},
-          {"cpu_rng_state", ToHex(CpuGeneratorState())}};
+          {"cpu_rng_state", ckpt::ToHex(ckpt::CpuGeneratorState())}};
 }
 
 absl::Status Trainer::ApplyRankState(const nlohmann::json& r, bool restore_rng) {
@@ -341,9 +289,13 @@ absl::Status Trainer::ApplyRankState(const nlohmann::json& r, bool restore_rng) 
   }
   if (restore_rng && r.contains("cpu_rng_state")) {
     std::string bytes;
-    if (!FromHex(r["cpu_rng_state"].get<std::string>(), &bytes) || !SetCpuGeneratorState(bytes)) {
+    if (!ckpt::FromHex(r["cpu_rng_state"].get<std::string>(), &bytes)) {
       return absl::DataLossError(absl::StrCat("rank ", options_.rank,
-                                              "'s CPU generator state is not a valid state"));
+                                              "'s CPU generator state is not hex"));
+    }
+    absl::Status set = ckpt::SetCpuGeneratorState(bytes);
+    if (!set.ok()) {
+      return absl::DataLossError(absl::StrCat("rank ", options_.rank, ": ", set.message()));
     }
   }
   return absl::OkStatus();

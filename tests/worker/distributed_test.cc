@@ -30,6 +30,7 @@
 
 #include "absl/strings/numbers.h"
 #include "nlohmann/json.hpp"
+#include "proto/free_port.h"
 #include "sparse/cpu/blas.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
@@ -184,18 +185,6 @@ int RunRole(const RoleArgs& a) {
 
 // --- the tests --------------------------------------------------------------------------
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 struct RankResult {
   std::vector<double> values;  // gradient, then running statistics
   nlohmann::json stats;
@@ -207,7 +196,7 @@ std::vector<RankResult> RunGang(int world, const std::string& mode,
                                 const std::vector<int>& split_ranks = {}) {
   const std::string dir = ::testing::TempDir() + "/distributed_test_" + std::to_string(getpid());
   fs::create_directories(dir);
-  const int port = FreePort();
+  const int port = FreeLoopbackPort();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     const bool split = std::find(split_ranks.begin(), split_ranks.end(), r) != split_ranks.end();

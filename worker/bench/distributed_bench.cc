@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "proto/free_port.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -45,18 +47,6 @@ struct Options {
   double voxel = 0.05;
   bool json = false;
 };
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -105,7 +95,7 @@ bool RunGang(const Options& o, int world, bool overlap, bool independent, const 
   for (int r = 0; r < world; ++r) {
     if (independent || r == 0) WriteSpec(o, independent ? 1 : world, overlap, dirs[r]);
   }
-  const int port = FreePort();
+  const int port = trainsup::FreeLoopbackPort();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     const int rank = independent ? 0 : r;
