@@ -109,7 +109,12 @@ std::string CpuGeneratorState() {
   return std::string(static_cast<const char*>(state.data_ptr()), state.numel());
 }
 
-absl::Status SetCpuGeneratorState(const std::string& bytes) {
+namespace {
+
+// `bytes` as a generator state tensor, if LibTorch accepts it: it rejects
+// some states (e.g. all zeros), so it is tried on a scratch generator
+// before anything is applied.
+absl::StatusOr<at::Tensor> CheckedGeneratorState(const std::string& bytes) {
   at::Tensor state = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
   std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
   if (state.numel() != GeneratorStateNow().numel()) {
@@ -122,6 +127,15 @@ absl::Status SetCpuGeneratorState(const std::string& bytes) {
     return absl::FailedPreconditionError(
         absl::StrCat("invalid CPU generator state: ", e.what_without_backtrace()));
   }
+  return state;
+}
+
+}  // namespace
+
+absl::Status SetCpuGeneratorState(const std::string& bytes) {
+  absl::StatusOr<at::Tensor> checked = CheckedGeneratorState(bytes);
+  if (!checked.ok()) return checked.status();
+  at::Tensor state = *checked;
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
@@ -310,20 +324,12 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
       return absl::FailedPreconditionError(absl::StrCat("checkpoint optimizer tensor '", name, "' matches no parameter"));
     }
   }
-  at::Tensor rng = at::empty({static_cast<int64_t>(parsed_trainer->cpu_rng_state.size())}, at::kByte);
-  std::memcpy(rng.data_ptr(), parsed_trainer->cpu_rng_state.data(), parsed_trainer->cpu_rng_state.size());
-  if (rng.numel() != GeneratorStateNow().numel()) {
-    return absl::FailedPreconditionError("trainer.json: the CPU generator state has the wrong size");
-  }
-  try {
-    // LibTorch rejects some states (e.g. all zeros): try it on a scratch
-    // generator before anything is applied.
-    at::Generator scratch = at::make_generator<at::CPUGeneratorImpl>();
-    scratch.set_state(rng);
-  } catch (const c10::Error& e) {
+  absl::StatusOr<at::Tensor> checked_rng = CheckedGeneratorState(parsed_trainer->cpu_rng_state);
+  if (!checked_rng.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("trainer.json: invalid CPU generator state: ", e.what_without_backtrace()));
+        absl::StrCat("trainer.json: ", checked_rng.status().message()));
   }
+  at::Tensor rng = *checked_rng;
 
   // Apply.
   {
