@@ -8,7 +8,6 @@
 
 #include <filesystem>
 #include <string>
-#include <vector>
 
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/daemon_test_util.h"
@@ -75,37 +74,18 @@ TEST(CommandRun, AProgramTheDaemonDoesNotAllowIsRefusedAtSubmitLeavingNothing) {
   DaemonHarness h;
   h.Set("commands.allowed_programs", "[\"/bin/sh\"]");
   ASSERT_TRUE(h.Start());
-  struct Case {
-    std::string spec;
-    std::string message;
-  };
-  const std::vector<Case> cases = {
-      {"[command]\nargv = [\"/bin/ls\", \"/\"]\n", "is not allowed by the daemon's configuration"},
-      {"[command]\nargv = [\"ls\"]\n", "is not allowed by the daemon's configuration"},
-      {"[command]\nargv = [\"./train.sh\"]\n",
-       "command.argv[0]: \"./train.sh\" is a relative path"},
-      {"[command]\nargv = [\"/bin/sh\"]\ncwd = \"/etc\"\n",
-       "command.cwd: \"/etc\" is outside the configured data roots"},
-      {"[command]\nargv = [\"/bin/sh\"]\n[train]\nsteps = 3\n",
-       "command: a command run has no [train] table"},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.spec);
-    std::string id;
-    grpc::Status s = h.TrySubmit(c.spec, h.operator_token(), &id);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
-    EXPECT_THAT(s.error_message(), HasSubstr(c.message));
-    EXPECT_TRUE(id.empty());
-  }
-  v1::ListRunsResponse list;
-  auto ctx = h.Context(h.viewer_token());
-  ASSERT_TRUE(h.stub().ListRuns(ctx.get(), v1::ListRunsRequest(), &list).ok());
-  EXPECT_EQ(list.runs_size(), 0);
-  std::vector<std::string> entries;
-  for (const auto& e : fs::directory_iterator(h.state_dir() + "/runs")) {
-    entries.push_back(e.path().string());
-  }
-  EXPECT_THAT(entries, ::testing::IsEmpty());
+  ExpectRejectedLeavingNothing(
+      h, {
+             {"[command]\nargv = [\"/bin/ls\", \"/\"]\n",
+              "is not allowed by the daemon's configuration"},
+             {"[command]\nargv = [\"ls\"]\n", "is not allowed by the daemon's configuration"},
+             {"[command]\nargv = [\"./train.sh\"]\n",
+              "command.argv[0]: \"./train.sh\" is a relative path"},
+             {"[command]\nargv = [\"/bin/sh\"]\ncwd = \"/etc\"\n",
+              "command.cwd: \"/etc\" is outside the configured data roots"},
+             {"[command]\nargv = [\"/bin/sh\"]\n[train]\nsteps = 3\n",
+              "command: a command run has no [train] table"},
+         });
 }
 
 TEST(CommandRun, WithoutAnAllowlistNoCommandRunIsAccepted) {
