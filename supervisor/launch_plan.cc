@@ -53,6 +53,7 @@ LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
     spec.env["TRAINSUP_RESUME_FROM"] = w.resume_dir;
     spec.env["TRAINSUP_SUPERVISOR"] = w.supervisor_endpoint;
     spec.env["TRAINSUP_HEARTBEATS"] = w.command->heartbeats ? "1" : "0";
+    spec.env["TRAINSUP_EXIT_FILE"] = RunLayout(w.run_dir).ExitFilePath(w.attempt, w.rank);
     for (const auto& [name, value] : w.command->env) spec.env[name] = value;
   }
   return spec;

@@ -56,9 +56,9 @@ struct WorkerLaunch {
 // LOCAL_WORLD_SIZE (= WORLD_SIZE: one node), TRAINSUP_RANK,
 // TRAINSUP_WORLD_SIZE, TRAINSUP_RUN_DIR, TRAINSUP_CHECKPOINT_DIR
 // (RunLayout's), TRAINSUP_RESUME_FROM (resume_dir, "" on a fresh start),
-// TRAINSUP_SUPERVISOR (the worker channel endpoint) and TRAINSUP_HEARTBEATS
-// ("1" or "0"), then command->env (which ParseRunSpec keeps off every name
-// set here but PATH and the passed-through ones).
+// TRAINSUP_SUPERVISOR (the worker channel endpoint), TRAINSUP_HEARTBEATS
+// ("1" or "0") and TRAINSUP_EXIT_FILE (RunLayout's exit file), then command->env (which
+// ParseRunSpec keeps off every name set here but PATH and the passed-through ones).
 LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w);
 
 // The memory budget of the next attempt after `oom_exits` OOM exits: the

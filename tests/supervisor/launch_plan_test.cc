@@ -124,6 +124,7 @@ TEST(BuildWorkerLaunch, ACommandRunExecutesItsProgramWithTheTorchrunEnvironment)
       {"TRAINSUP_RESUME_FROM", "/state/runs/r-1/checkpoints/step-40"},
       {"TRAINSUP_SUPERVISOR", "unix:/state/run/trainsupd.sock"},
       {"TRAINSUP_HEARTBEATS", "1"},
+      {"TRAINSUP_EXIT_FILE", "/state/runs/r-1/attempts/3/rank-1.exit.json"},
   };
   EXPECT_EQ(s.env, expected);
 
