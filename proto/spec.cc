@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -16,7 +17,6 @@
 #include "absl/strings/str_join.h"
 #include "proto/data_roots.h"
 #include "proto/toml_guard.h"
-#include <toml++/toml.h>
 
 namespace trainsup {
 namespace {
@@ -43,8 +43,8 @@ class TableReader {
   }
 
   // Bounds are inclusive unless `lo_open` / `hi_open`.
-  absl::Status Double(const char* key, double* out, double lo, double hi,
-                      bool lo_open = false, bool hi_open = false) {
+  absl::Status Double(const char* key, double* out, double lo, double hi, bool lo_open = false,
+                      bool hi_open = false) {
     const toml::node* node = Find(key);
     if (node == nullptr) return absl::OkStatus();
     double value;
@@ -87,11 +87,59 @@ class TableReader {
       bool ok = false;
       for (const char* a : allowed) ok = ok || value == a;
       if (!ok) {
-        return Error(key, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", "),
-                                       "; got \"", value, "\""));
+        return Error(key, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", "), "; got \"",
+                                       value, "\""));
       }
     }
     *out = value;
+    return absl::OkStatus();
+  }
+
+  // An array of 1..`max_entries` non-empty strings (each up to 4096 bytes,
+  // without NUL); absent leaves `out` as it is.
+  absl::Status StringArray(const char* key, std::vector<std::string>* out, size_t max_entries) {
+    const toml::node* node = Find(key);
+    if (node == nullptr) return absl::OkStatus();
+    const auto* array = node->as_array();
+    if (array == nullptr) return Error(key, "must be an array of strings");
+    if (array->empty() || array->size() > max_entries) {
+      return Error(key,
+                   absl::StrCat("must have 1 to ", max_entries, " entries, got ", array->size()));
+    }
+    std::vector<std::string> values;
+    for (size_t i = 0; i < array->size(); ++i) {
+      const std::string entry = absl::StrCat(key, "[", i, "]");
+      const auto* v = array->get(i)->as_string();
+      if (v == nullptr) return Error(entry.c_str(), "must be a string");
+      std::string value = v->get();
+      if (absl::Status s = CheckText(entry.c_str(), value); !s.ok()) return s;
+      if (value.empty()) return Error(entry.c_str(), "must not be empty");
+      values.push_back(std::move(value));
+    }
+    *out = std::move(values);
+    return absl::OkStatus();
+  }
+
+  // A table of string values (up to 4096 bytes each, without NUL) whose
+  // keys pass `check_name` (an error message, "" when the name is fine).
+  absl::Status StringTable(const char* key, std::map<std::string, std::string>* out,
+                           const std::function<std::string(const std::string&)>& check_name) {
+    const toml::node* node = Find(key);
+    if (node == nullptr) return absl::OkStatus();
+    const auto* table = node->as_table();
+    if (table == nullptr) return Error(key, "must be a table of strings");
+    std::map<std::string, std::string> values;
+    for (const auto& [name_key, value_node] : *table) {
+      const std::string name(name_key.str());
+      const std::string entry = absl::StrCat(key, ".", name);
+      if (std::string why = check_name(name); !why.empty()) return Error(entry.c_str(), why);
+      const auto* v = value_node.as_string();
+      if (v == nullptr) return Error(entry.c_str(), "must be a string");
+      std::string value = v->get();
+      if (absl::Status s = CheckText(entry.c_str(), value); !s.ok()) return s;
+      values[name] = std::move(value);
+    }
+    *out = std::move(values);
     return absl::OkStatus();
   }
 
@@ -126,16 +174,22 @@ class TableReader {
   absl::Status Error(const char* key, const std::string& what) const {
     return absl::InvalidArgumentError(absl::StrCat(Path(key), ": ", what));
   }
+  // Strings handed to exec and the environment: C strings, bounded.
+  absl::Status CheckText(const char* key, const std::string& value) const {
+    if (value.size() > 4096) return Error(key, "longer than 4096 bytes");
+    if (value.find('\0') != std::string::npos) return Error(key, "must not contain NUL");
+    return absl::OkStatus();
+  }
 
   const toml::table* table_;
   std::string prefix_;
   std::set<std::string> seen_;
 };
 
-#define TRAINSUP_RETURN_IF_ERROR(expr)         \
-  do {                                         \
-    absl::Status _status = (expr);             \
-    if (!_status.ok()) return _status;         \
+#define TRAINSUP_RETURN_IF_ERROR(expr) \
+  do {                                 \
+    absl::Status _status = (expr);     \
+    if (!_status.ok()) return _status; \
   } while (false)
 
 constexpr int64_t kBillion = 1000000000;
@@ -147,7 +201,8 @@ absl::Status ReadModel(const toml::table* t, ModelSpec* m) {
   TRAINSUP_RETURN_IF_ERROR(r.Int("in_channels", &m->in_channels, 1, 256));
   TRAINSUP_RETURN_IF_ERROR(r.Int("num_classes", &m->num_classes, 0, 1024));
   if (m->num_classes == 1) {
-    return absl::InvalidArgumentError("model.num_classes: must be 0 (from the data) or in [2, 1024], got 1");
+    return absl::InvalidArgumentError(
+        "model.num_classes: must be 0 (from the data) or in [2, 1024], got 1");
   }
   TRAINSUP_RETURN_IF_ERROR(r.Double("voxel_size", &m->voxel_size, 0, 10, /*lo_open=*/true));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("gradient_checkpointing", &m->gradient_checkpointing));
@@ -206,7 +261,8 @@ absl::Status ReadTrain(const toml::table* t, TrainSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.Int("batch_size", &s->batch_size, 1, 4096));
   TRAINSUP_RETURN_IF_ERROR(r.Int("steps", &s->steps, 1, kBillion));
   TRAINSUP_RETURN_IF_ERROR(r.Int("epochs", &s->epochs, 0, 1000000));
-  TRAINSUP_RETURN_IF_ERROR(r.Int("checkpoint_every_steps", &s->checkpoint_every_steps, 0, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(
+      r.Int("checkpoint_every_steps", &s->checkpoint_every_steps, 0, kBillion));
   TRAINSUP_RETURN_IF_ERROR(
       r.Double("checkpoint_every_seconds", &s->checkpoint_every_seconds, 0, 1e6));
   TRAINSUP_RETURN_IF_ERROR(r.Int("keep_checkpoints", &s->keep_checkpoints, 1, 1000));
@@ -255,9 +311,46 @@ absl::Status ReadTesting(const toml::table* t, TestingSpec* s) {
   return r.Finish();
 }
 
+// Why `name` may not be set through command.env; "" when it may.
+std::string CheckEnvName(const std::string& name) {
+  const auto alpha = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+  };
+  bool ok = !name.empty() && alpha(name[0]);
+  for (char c : name) ok = ok && (alpha(c) || (c >= '0' && c <= '9'));
+  if (!ok) return "not a variable name (must match [A-Za-z_][A-Za-z0-9_]*)";
+  for (const char* reserved : kCommandReservedEnv) {
+    if (name == reserved) return "set by trainsupd for every rank; cannot be overridden";
+  }
+  if (name.rfind("TRAINSUP_", 0) == 0) return "TRAINSUP_* variables are set by trainsupd";
+  // The allowlist admits a program, not code injected into it.
+  if (name == "LD_PRELOAD" || name == "LD_LIBRARY_PATH" || name == "LD_AUDIT") {
+    return "not allowed: it would load other code into the allowed program";
+  }
+  return "";
+}
+
+absl::Status ReadCommand(const toml::table* t, CommandSpec* c) {
+  TableReader r(t, "command");
+  TRAINSUP_RETURN_IF_ERROR(r.StringArray("argv", &c->argv, 256));
+  if (c->argv.empty()) return absl::InvalidArgumentError("command.argv: required");
+  TRAINSUP_RETURN_IF_ERROR(r.String("cwd", &c->cwd));
+  if (!c->cwd.empty() && c->cwd[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("command.cwd: must be an absolute path, got \"", c->cwd, "\""));
+  }
+  if (c->cwd.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError("command.cwd: must not contain NUL");
+  }
+  TRAINSUP_RETURN_IF_ERROR(r.StringTable("env", &c->env, CheckEnvName));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("total_steps", &c->total_steps, 0, 1000 * kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("heartbeats", &c->heartbeats));
+  return r.Finish();
+}
+
 bool IsNameChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '.' || c == '_' || c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-';
 }
 
 }  // namespace
@@ -286,9 +379,8 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
   }
   for (char c : spec.name) {
     if (!IsNameChar(c)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("name: may contain only letters, digits, '.', '_' and '-'; got \"",
-                       spec.name, "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "name: may contain only letters, digits, '.', '_' and '-'; got \"", spec.name, "\""));
     }
   }
   TRAINSUP_RETURN_IF_ERROR(r.Int("priority", &spec.priority, -1000, 1000));
@@ -297,13 +389,28 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
     const char* key;
     std::function<absl::Status(const toml::table*)> read;
   };
+  absl::StatusOr<const toml::table*> command = r.Table("command");
+  if (!command.ok()) return command.status();
+  if (*command != nullptr) {
+    spec.has_command = true;
+    for (const char* other : {"model", "data", "optimizer", "train", "distributed", "testing"}) {
+      if (root.get(other) != nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("command: a command run has no [", other,
+                         "] table (the program itself decides what it trains); remove [", other,
+                         "] or [command]"));
+      }
+    }
+    TRAINSUP_RETURN_IF_ERROR(ReadCommand(*command, &spec.command));
+    TRAINSUP_RETURN_IF_ERROR(r.Finish());
+    return spec;
+  }
   const Section sections[] = {
       {"model", [&](const toml::table* t) { return ReadModel(t, &spec.model); }},
       {"data", [&](const toml::table* t) { return ReadData(t, &spec.data); }},
       {"optimizer", [&](const toml::table* t) { return ReadOptimizer(t, &spec.optimizer); }},
       {"train", [&](const toml::table* t) { return ReadTrain(t, &spec.train); }},
-      {"distributed",
-       [&](const toml::table* t) { return ReadDistributed(t, &spec.distributed); }},
+      {"distributed", [&](const toml::table* t) { return ReadDistributed(t, &spec.distributed); }},
       {"testing", [&](const toml::table* t) { return ReadTesting(t, &spec.testing); }},
   };
   for (const Section& section : sections) {
@@ -319,7 +426,9 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
 absl::Status CheckSpecPaths(const RunSpec& spec, const std::vector<std::string>& data_roots) {
   namespace fs = std::filesystem;
   const std::pair<const char*, const std::string*> paths[] = {
-      {"data.path", &spec.data.path}, {"data.label_file", &spec.data.label_file}};
+      {"data.path", &spec.data.path},
+      {"data.label_file", &spec.data.label_file},
+      {"command.cwd", &spec.command.cwd}};
   for (const auto& [field, path] : paths) {
     if (path->empty()) continue;
     fs::path p(*path);

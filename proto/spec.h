@@ -6,6 +6,7 @@
 #define TRAINSUP_PROTO_SPEC_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,38 +49,38 @@ struct DataSpec {
   // anything is allocated for it. [1, 1048576]
   int64_t max_file_mb = 4096;
   // synthetic only
-  int64_t scenes = 8;                       // 1..100000
-  std::string scene_size = "small";         // small | default | large | huge
+  int64_t scenes = 8;                         // 1..100000
+  std::string scene_size = "small";           // small | default | large | huge
   std::string size_distribution = "uniform";  // uniform | heavy_tailed
 };
 
 struct OptimizerSpec {
-  std::string kind = "sgd";  // sgd | adamw
-  double lr = 0.05;          // (0, 10]
-  double momentum = 0.9;     // [0, 1)
-  double weight_decay = 1e-4;  // [0, 1]
+  std::string kind = "sgd";           // sgd | adamw
+  double lr = 0.05;                   // (0, 10]
+  double momentum = 0.9;              // [0, 1)
+  double weight_decay = 1e-4;         // [0, 1]
   std::string schedule = "constant";  // constant | cosine | poly | step
-  int64_t warmup_steps = 0;  // 0..1e9
+  int64_t warmup_steps = 0;           // 0..1e9
 };
 
 struct TrainSpec {
-  int64_t batch_size = 2;                 // 1..4096
-  int64_t steps = 100;                    // 1..1e9 (when epochs = 0)
-  int64_t epochs = 0;                     // 0..1e6 (0: use steps)
-  int64_t checkpoint_every_steps = 50;    // 0..1e9 (0: off)
-  double checkpoint_every_seconds = 0;    // 0..1e6 (0: off)
-  int64_t keep_checkpoints = 3;           // 1..1000
-  int64_t memory_budget_mb = 0;           // 0 (none)..1e7
-  int64_t eval_every_steps = 0;           // 0..1e9
+  int64_t batch_size = 2;               // 1..4096
+  int64_t steps = 100;                  // 1..1e9 (when epochs = 0)
+  int64_t epochs = 0;                   // 0..1e6 (0: use steps)
+  int64_t checkpoint_every_steps = 50;  // 0..1e9 (0: off)
+  double checkpoint_every_seconds = 0;  // 0..1e6 (0: off)
+  int64_t keep_checkpoints = 3;         // 1..1000
+  int64_t memory_budget_mb = 0;         // 0 (none)..1e7
+  int64_t eval_every_steps = 0;         // 0..1e9
   bool deterministic = true;
-  int64_t seed = 1;                       // 0..2^63-1
-  int64_t threads = 2;                    // 1..256
+  int64_t seed = 1;     // 0..2^63-1
+  int64_t threads = 2;  // 1..256
   bool predictive_split = true;
-  int64_t min_piece_points = 500;         // 1..1e9: the splitting floor
+  int64_t min_piece_points = 500;  // 1..1e9: the splitting floor
   // auto: cuda:0 when the worker's LibTorch has CUDA and a device is visible
   // (CUDA_VISIBLE_DEVICES), else the CPU | cpu | cuda (an error without one).
   std::string device = "auto";
-  int64_t empty_cache_every_steps = 0;    // 0 (off)..1e9: hand cached memory back
+  int64_t empty_cache_every_steps = 0;  // 0 (off)..1e9: hand cached memory back
 };
 
 // How the ranks of a run with world_size > 1 talk (the [distributed]
@@ -117,19 +118,47 @@ struct TestingSpec {
   int64_t oom_at_step = -1;         // allocate past the memory budget
   bool corrupt_checkpoint = false;  // corrupt the newest checkpoint at start
   bool ignore_sigterm = false;
-  bool spawn_grandchild = false;    // leave a process in the group
-  int64_t step_ms = 0;              // test worker: time per step, 0..600000
+  bool spawn_grandchild = false;  // leave a process in the group
+  int64_t step_ms = 0;            // test worker: time per step, 0..600000
   // world_size > 1: raise(SIGSTOP) inside the gradient allreduce of step N
   // (after its first bucket is launched).
   int64_t stop_in_collective_at_step = -1;
-  int64_t only_attempt = 0;         // 0: faults on every attempt; N: only on attempt N
-  int64_t only_rank = -1;           // -1: faults on every rank; R: only on rank R
+  int64_t only_attempt = 0;  // 0: faults on every attempt; N: only on attempt N
+  int64_t only_rank = -1;    // -1: faults on every rank; R: only on rank R
 };
+
+// A run of the user's own program instead of our worker (the [command]
+// table; docs/run-spec.md). trainsupd checks argv[0] against its
+// [commands] allowlist at submit and again at every launch.
+struct CommandSpec {
+  // The program (a path, or a name looked up in /usr/local/bin:/usr/bin:/bin)
+  // and its arguments: 1..256 non-empty strings without NUL.
+  std::vector<std::string> argv;
+  // Absolute; "" = the run directory. Must lie inside daemon.data_roots.
+  std::string cwd;
+  // Extra variables; names [A-Za-z_][A-Za-z0-9_]*, none that trainsupd sets
+  // (kCommandReservedEnv, TRAINSUP_*) nor LD_PRELOAD / LD_LIBRARY_PATH.
+  std::map<std::string, std::string> env;
+  int64_t total_steps = 0;  // 0 (unknown)..1e12: progress total when the program reports none
+  // The program speaks to the daemon (the Python client): frozen and hung
+  // detection as for our worker. false: judged by its exit code only.
+  bool heartbeats = false;
+};
+
+// The variables trainsupd sets for a command run, which a spec's
+// command.env may not set (nor any TRAINSUP_* name).
+inline constexpr const char* kCommandReservedEnv[] = {
+    "RANK",        "LOCAL_RANK",  "WORLD_SIZE",          "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"};
 
 struct RunSpec {
   std::string name = "run";  // 1..64 of [A-Za-z0-9._-]
   int64_t priority = 0;      // -1000..1000, higher first
   int64_t world_size = 1;    // 1..64
+  // A [command] table: the run executes `command`; model, data, optimizer,
+  // train, distributed and testing keep their defaults and are unused.
+  bool has_command = false;
+  CommandSpec command;
   ModelSpec model;
   DataSpec data;
   OptimizerSpec optimizer;
@@ -140,16 +169,16 @@ struct RunSpec {
 
 // Parses and validates `toml_text`. Errors are InvalidArgument naming the
 // field ("train.batch_size: must be in [1, 4096], got 0"), unknown keys and
-// tables included ("model.arhc: unknown key"). Non-ASCII characters outside
+// tables included ("model.arhc: unknown key"). A [command] table excludes
+// [model], [data], [optimizer], [train], [distributed] and [testing]. Non-ASCII characters outside
 // strings and comments are refused with their line and column before the
 // TOML parser sees them (proto/toml_guard.h).
 absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text);
 
-// Checks that every path in the spec resolves (after symlinks) inside one of
-// `data_roots`. InvalidArgument naming the field when not, or when a path is
-// relative. An empty `data_roots` allows no paths at all.
-absl::Status CheckSpecPaths(const RunSpec& spec,
-                            const std::vector<std::string>& data_roots);
+// Checks that every path in the spec (data.path, data.label_file,
+// command.cwd) resolves (after symlinks) inside one of `data_roots`. InvalidArgument naming the
+// field when not, or when a path is relative. An empty `data_roots` allows no paths at all.
+absl::Status CheckSpecPaths(const RunSpec& spec, const std::vector<std::string>& data_roots);
 
 // The total number of optimizer steps the run takes (steps, or epochs times
 // steps per epoch when that is known: `steps_per_epoch` > 0).

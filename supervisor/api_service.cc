@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "supervisor/auth.h"
+#include "supervisor/command_policy.h"
 #include "supervisor/outbox.h"
 
 namespace trainsup::supervisor {
@@ -91,6 +92,10 @@ absl::Status SupervisorService::Validate(const v1::SubmitRunRequest& req, const 
         "is off in its configuration)");
   }
   if (absl::Status s = CheckSpecPaths(*parsed, policy.data_roots); !s.ok()) return s;
+  if (parsed->has_command) {
+    absl::StatusOr<std::string> program = AllowedProgram(parsed->command.argv[0], policy.commands);
+    if (!program.ok()) return program.status();
+  }
   if (parsed->world_size > policy.total_slots) {
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size: ", parsed->world_size, " exceeds the node's ", policy.total_slots, " slots"));

@@ -35,6 +35,7 @@ struct ApiPolicy {
   int total_slots = 0;
   bool allow_fault_injection = false;
   int max_watchers_per_client = 16;
+  CommandsSection commands;  // which programs a [command] run may start
 };
 
 // The daemon's side. Every method is called on a gRPC thread and must hand

@@ -240,6 +240,7 @@ void VisitWorkers(Visitor& v, Section& w) {
   v.Int("log_max_bytes", &w.log_max_bytes, 4096, int64_t{1} << 40);
   v.Int("log_keep", &w.log_keep, 0, 100);
   v.Double("hello_timeout_s", &w.hello_timeout_s, 0, 3600, true);
+  v.Double("python_stack_wait_s", &w.python_stack_wait_s, 0, 60);
   v.Finish();
 }
 
@@ -276,6 +277,13 @@ void VisitCheckpoints(Visitor& v, Section& c) {
 }
 
 template <typename Visitor, typename Section>
+void VisitCommands(Visitor& v, Section& c) {
+  v.StringList("allowed_programs", &c.allowed_programs);
+  v.StringList("allowed_dirs", &c.allowed_dirs);
+  v.Finish();
+}
+
+template <typename Visitor, typename Section>
 void VisitTesting(Visitor& v, Section& t) {
   v.String("fake_gpu_file", &t.fake_gpu_file);
   v.Bool("allow_fault_injection", &t.allow_fault_injection);
@@ -292,6 +300,7 @@ void ForEachSection(Config& c, Fn&& fn) {
   fn("progress", [&](auto& v) { VisitProgress(v, c.progress); });
   fn("restart", [&](auto& v) { VisitRestart(v, c.restart); });
   fn("checkpoints", [&](auto& v) { VisitCheckpoints(v, c.checkpoints); });
+  fn("commands", [&](auto& v) { VisitCommands(v, c.commands); });
   fn("testing", [&](auto& v) { VisitTesting(v, c.testing); });
 }
 
@@ -385,6 +394,17 @@ absl::Status CheckCombinations(const DaemonConfig& c) {
     }
   }
   if (d.state_dir.empty()) return bad("daemon.state_dir", "must not be empty");
+  // Not resolved against the file's directory: "python3" there would be a
+  // file next to the configuration, not the interpreter.
+  for (const auto& [key, paths] :
+       {std::pair{"commands.allowed_programs", &c.commands.allowed_programs},
+        std::pair{"commands.allowed_dirs", &c.commands.allowed_dirs}}) {
+    for (const std::string& path : *paths) {
+      if (path.empty() || path[0] != '/') {
+        return bad(key, absl::StrCat("'", path, "' is not an absolute path"));
+      }
+    }
+  }
   for (const std::string& root : d.data_roots) {
     if (root.empty()) return bad("daemon.data_roots", "empty path");
   }

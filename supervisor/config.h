@@ -62,6 +62,10 @@ struct WorkersSection {
   int64_t log_max_bytes = 16 << 20;  // 4096..2^40: rotate a worker log above this
   int64_t log_keep = 3;              // 0..100: rotated copies kept (0: truncate only)
   double hello_timeout_s = 10;       // (0, 3600]: a worker stream must say Hello within this
+  // [0, 60]: a frozen or hung command run's rank gets SIGUSR1 (the Python
+  // client dumps its Python stacks into the log) this long before the
+  // stack capture and the kill.
+  double python_stack_wait_s = 1;
 };
 
 // [progress]: the hang detector's timeout, adaptive from observed step
@@ -111,6 +115,14 @@ struct TokenEntry {
   std::string token_file;  // required
 };
 
+// [commands]: which programs a run spec's [command] may start
+// (docs/configuration.md). Both empty (the default): no command run is
+// accepted. Absolute paths; compared after resolving symlinks.
+struct CommandsSection {
+  std::vector<std::string> allowed_programs;  // these executables
+  std::vector<std::string> allowed_dirs;      // any executable below these
+};
+
 // [auth]
 struct AuthSection {
   std::vector<TokenEntry> tokens;
@@ -134,6 +146,7 @@ struct DaemonConfig {
   ProgressSection progress;
   RestartSection restart;
   CheckpointsSection checkpoints;
+  CommandsSection commands;
   AuthSection auth;
   TestingSection testing;
 };

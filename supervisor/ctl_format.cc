@@ -11,10 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "proto/run_layout.h"
+#include "proto/spec.h"
 
 namespace trainsup::supervisor {
 namespace {
@@ -223,6 +225,21 @@ std::string FormatRunsTable(const std::vector<v1::Run>& runs, int64_t now_ms) {
   return FormatTable(rows);
 }
 
+namespace {
+
+// `arg` as a POSIX shell word: bare when it is only safe characters, else
+// in single quotes.
+std::string ShellQuoted(const std::string& arg) {
+  const bool bare = !arg.empty() && std::all_of(arg.begin(), arg.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+           absl::string_view("_-./=:,+@%").find(c) != absl::string_view::npos;
+  });
+  if (bare) return arg;
+  return absl::StrCat("'", absl::StrReplaceAll(arg, {{"'", "'\\''"}}), "'");
+}
+
+}  // namespace
+
 std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
   const v1::Progress& p = run.progress();
   std::string out = Field("Run", run.run_id());
@@ -235,6 +252,17 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
                   Field("Updated", FormatTimestamp(run.updated_ms())));
   if (run.ended_ms() > 0) absl::StrAppend(&out, Field("Ended", FormatTimestamp(run.ended_ms())));
   absl::StrAppend(&out, Field("Run dir", run.run_dir()));
+  if (!run.spec_toml().empty()) {
+    absl::StatusOr<RunSpec> spec = ParseRunSpec(run.spec_toml());
+    if (spec.ok() && spec->has_command) {
+      std::vector<std::string> words;
+      for (const std::string& arg : spec->command.argv) words.push_back(ShellQuoted(arg));
+      absl::StrAppend(
+          &out, Field("Command", absl::StrJoin(words, " ")),
+          Field("Heartbeats", spec->command.heartbeats ? "yes (frozen and hung detection)"
+                                                       : "no (judged by exit code)"));
+    }
+  }
 
   const int64_t step = ReachedStep(run);
   std::string progress = absl::StrCat("step ", StepOfTotal(step, p));

@@ -54,7 +54,6 @@ namespace fs = std::filesystem;
 // a quarter second of a deadline, at a few wake-ups a second when idle.
 constexpr double kTickS = 0.25;
 
-
 }  // namespace
 
 namespace internal {
@@ -221,6 +220,7 @@ void DaemonImpl::PublishPolicy(const std::vector<Token>& tokens) {
   p->total_slots = slots_ ? static_cast<int>(slots_->slots().size()) : 0;
   p->allow_fault_injection = config_.testing.allow_fault_injection;
   p->max_watchers_per_client = static_cast<int>(config_.daemon.max_watchers_per_client);
+  p->commands = config_.commands;
   std::lock_guard<std::mutex> lock(policy_mu_);
   policy_ = std::move(p);
 }

@@ -43,7 +43,8 @@ RankEnd ClassifyRankEnd(const RankEndFacts& facts) {
     end.exited = true;
     end.code = facts.report->code;
   }
-  const bool completed = known && end.exited && end.code == 0 && (facts.report || facts.said_hello);
+  const bool completed = known && end.exited && end.code == 0 &&
+                         (facts.report || facts.said_hello || !facts.expects_hello);
   if (facts.forced) {
     end.cls = completed ? ExitClass::kSuccess : *facts.forced;
     end.reason = facts.forced_reason;

@@ -26,6 +26,9 @@ struct RankEndFacts {
   // The worker said Hello during this attempt (or, adopted, before the
   // daemon restarted).
   bool said_hello = false;
+  // The process is meant to say Hello: false for a command run without
+  // heartbeats (RunSpec::command), which rule 4 then does not apply to.
+  bool expects_hello = true;
   // Why the daemon was killing it, when it was (frozen, hung, gang,
   // cancelled, stopped) and the reason given then.
   std::optional<ExitClass> forced;
@@ -53,7 +56,8 @@ struct RankEnd {
 //     a collective").
 //  4. Exit 0 from a process that never said Hello and wrote no exit file
 //     is not a trainsup worker finishing its run: kCrash, "exit 0 without
-//     a hello or an exit file".
+//     a hello or an exit file". Not for a process that is not expected to
+//     say Hello (expects_hello false): its exit 0 is kSuccess.
 RankEnd ClassifyRankEnd(const RankEndFacts& facts);
 
 struct RankOutcome {

@@ -40,6 +40,22 @@ LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
   }
   spec.working_dir = w.run_dir;
   spec.log_path = RunLayout(w.run_dir).LogPath(w.attempt, w.rank);
+  if (w.command != nullptr) {
+    spec.binary = w.program;
+    spec.args.assign(w.command->argv.begin() + (w.command->argv.empty() ? 0 : 1),
+                     w.command->argv.end());
+    if (!w.command->cwd.empty()) spec.working_dir = w.command->cwd;
+    spec.env["LOCAL_WORLD_SIZE"] = std::to_string(w.world_size);
+    spec.env["TRAINSUP_RANK"] = std::to_string(w.rank);
+    spec.env["TRAINSUP_WORLD_SIZE"] = std::to_string(w.world_size);
+    spec.env["TRAINSUP_RUN_DIR"] = w.run_dir;
+    spec.env["TRAINSUP_CHECKPOINT_DIR"] = RunLayout(w.run_dir).CheckpointsDir();
+    spec.env["TRAINSUP_RESUME_FROM"] = w.resume_dir;
+    spec.env["TRAINSUP_SUPERVISOR"] = w.supervisor_endpoint;
+    spec.env["TRAINSUP_HEARTBEATS"] = w.command->heartbeats ? "1" : "0";
+    spec.env["TRAINSUP_EXIT_FILE"] = RunLayout(w.run_dir).ExitFilePath(w.attempt, w.rank);
+    for (const auto& [name, value] : w.command->env) spec.env[name] = value;
+  }
   return spec;
 }
 

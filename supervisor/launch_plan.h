@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "proto/spec.h"
 #include "supervisor/process.h"
 
 namespace trainsup::supervisor {
@@ -34,6 +35,11 @@ struct WorkerLaunch {
   int64_t memory_budget_mb = 0;                   // > 0: TRAINSUP_MEMORY_BUDGET_MB
   std::vector<std::string> data_roots;            // TRAINSUP_DATA_ROOTS, ':'-joined
   std::map<std::string, std::string> daemon_env;  // the daemon's environment
+  // A command run: `program` (AllowedProgram's path for command->argv[0])
+  // runs with command->argv[1..] instead of `binary` and its flags.
+  const CommandSpec* command = nullptr;
+  std::string program;
+  std::string resume_dir;  // the chosen checkpoint's directory; "" = fresh start
 };
 
 // argv: --run-dir DIR --rank R --world-size W --attempt A --supervisor
@@ -44,6 +50,15 @@ struct WorkerLaunch {
 // when no root is configured, which lets the worker read no data file) and
 // TRAINSUP_MEMORY_BUDGET_MB (when lowered). Working
 // directory: the run directory; log: RunLayout's rank log.
+//
+// A command run (w.command set): `program` with argv[1..] as its arguments,
+// in command->cwd ("" = the run directory); the environment above plus
+// LOCAL_WORLD_SIZE (= WORLD_SIZE: one node), TRAINSUP_RANK,
+// TRAINSUP_WORLD_SIZE, TRAINSUP_RUN_DIR, TRAINSUP_CHECKPOINT_DIR
+// (RunLayout's), TRAINSUP_RESUME_FROM (resume_dir, "" on a fresh start),
+// TRAINSUP_SUPERVISOR (the worker channel endpoint), TRAINSUP_HEARTBEATS
+// ("1" or "0") and TRAINSUP_EXIT_FILE (RunLayout's exit file), then command->env (which
+// ParseRunSpec keeps off every name set here but PATH and the passed-through ones).
 LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w);
 
 // The memory budget of the next attempt after `oom_exits` OOM exits: the

@@ -1,7 +1,12 @@
 #include "supervisor/loop_env.h"
 
-#include <chrono>
+#include <signal.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
 #include "proto/exit_file.h"
 
 namespace trainsup::supervisor {
@@ -100,6 +105,14 @@ void LoopEnv::CaptureStacks(int pid, const std::string& log_path,
 
 absl::Status LoopEnv::SignalGroup(const GroupIdentity& group, int sig) {
   return SignalWorkerGroup(group, sig);
+}
+
+absl::Status LoopEnv::SignalLeader(const GroupIdentity& group, int sig) {
+  if (group.pgid <= 1 || !IsSameProcess(group.pgid, group.leader_start_ticks)) {
+    return absl::OkStatus();  // gone, or its pid reused: nothing of ours to signal
+  }
+  if (kill(group.pgid, sig) == 0 || errno == ESRCH) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("kill(", group.pgid, ", ", sig, "): ", strerror(errno)));
 }
 
 }  // namespace trainsup::supervisor

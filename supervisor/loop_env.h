@@ -50,6 +50,7 @@ class LoopEnv final : public UnitClock,
                      std::function<void(absl::StatusOr<std::string>)> done) override;
   // UnitSignaller.
   absl::Status SignalGroup(const GroupIdentity& group, int sig) override;
+  absl::Status SignalLeader(const GroupIdentity& group, int sig) override;
 
   UnitEnv env(UnitHost* host) { return UnitEnv{this, this, this, this, this, host}; }
 

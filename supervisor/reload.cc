@@ -6,8 +6,8 @@ namespace trainsup::supervisor {
 namespace {
 
 // Sections applied as a whole.
-constexpr const char* kHotSections[] = {"workers.", "progress.", "restart.", "checkpoints.",
-                                        "auth."};
+constexpr const char* kHotSections[] = {"workers.",     "progress.", "restart.",
+                                        "checkpoints.", "commands.", "auth."};
 // Single keys of the other sections that are read at each use.
 constexpr const char* kHotKeys[] = {
     "daemon.data_roots",           "daemon.worker_binary",     "daemon.max_watchers_per_client",

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/run_layout.h"
 #include "supervisor/auth.h"
+#include "supervisor/command_policy.h"
 #include "supervisor/launch_plan.h"
 #include "supervisor/run_history.h"
 
@@ -382,10 +383,22 @@ void RunUnit::LaunchRanks() {
   const int64_t budget = LoweredMemoryBudgetMb(spec_.train.memory_budget_mb, oom_exits_,
                                                cfg().restart.oom_budget_factor);
   const std::map<std::string, std::string> daemon_env = env_.host->DaemonEnvironment();
-  const std::string binary = env_.host->WorkerBinary();
+  std::string binary = env_.host->WorkerBinary();
   bool failed = false;
   size_t failed_rank = 0;
   std::string failure;
+  if (spec_.has_command) {
+    // Checked again at launch: a reload may have taken the program off the
+    // allowlist since the submit.
+    binary = spec_.command.argv[0];
+    absl::StatusOr<std::string> program = AllowedProgram(binary, cfg().commands);
+    if (program.ok()) {
+      binary = *program;
+    } else {
+      failed = true;
+      failure = absl::StrCat("cannot start ", binary, ": ", program.status().message());
+    }
+  }
   for (size_t i = 0; i < slots_.size(); ++i) {
     RankState r;
     r.rank = static_cast<int>(i);
@@ -407,6 +420,11 @@ void RunUnit::LaunchRanks() {
     w.memory_budget_mb = budget;
     w.data_roots = cfg().daemon.data_roots;
     w.daemon_env = daemon_env;
+    if (spec_.has_command) {
+      w.command = &spec_.command;
+      w.program = binary;
+      w.resume_dir = attempt_.resumed_from();
+    }
     const LaunchSpec spec = BuildWorkerLaunch(w);
     r.status.set_log_path(spec.log_path);
     r.status.set_exit_code(-1);
@@ -463,7 +481,14 @@ void RunUnit::LaunchRanks() {
       if (r.alive) StopRank(r, ExitClass::kGang, failure, /*graceful=*/false);
     }
   }
-  if (!AnyAlive()) EndAttempt();
+  if (!AnyAlive()) {
+    EndAttempt();
+    return;
+  }
+  if (!Heartbeats() && !failed && run_.state() == v1::RUN_STATE_STARTING) {
+    // No Hello will come: running once its processes are.
+    SetState(v1::RUN_STATE_RUNNING, absl::StrCat("attempt ", number, " running"), {});
+  }
 }
 
 // --- ends ---------------------------------------------------------------------------------
@@ -487,6 +512,7 @@ void RunUnit::OnProcessExit(int attempt, int rank) {
   f.report = env_.launcher->ReadExitFile(RunLayout(run_.run_dir()).ExitFilePath(attempt, rank));
   if (!f.report) f.report = r.exit_report;
   f.said_hello = r.heard;
+  f.expects_hello = Heartbeats();
   f.forced = r.forced;
   f.forced_reason = r.forced_reason;
   const RankEnd end = ClassifyRankEnd(f);

@@ -151,6 +151,9 @@ class RunUnit {
     };
   }
   const DaemonConfig& cfg() const { return env_.host->config(); }
+  // The run's processes speak to the daemon (our worker, or a command run
+  // with heartbeats): they say Hello, and frozen and hung detection apply.
+  bool Heartbeats() const { return !spec_.has_command || spec_.command.heartbeats; }
   void Log(LogLevel level, const std::string& line);
   v1::RunEvent Event(v1::EventKind kind, int rank, const std::string& reason) const;
 
@@ -175,6 +178,8 @@ class RunUnit {
   void StopRank(RankState& r, ExitClass why, const std::string& reason, bool graceful);
   void EnterStopStage(int rank, StopStage stage);
   void CaptureAndKill(RankState& r, ExitClass cls, const std::string& reason);
+  // CaptureAndKill's stack capture (when configured), then SIGTERM.
+  void CaptureThenTerm(int attempt, int rank);
   void MaybeFinished();
 
   UnitEnv env_;

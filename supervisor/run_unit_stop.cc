@@ -111,6 +111,24 @@ void RunUnit::CaptureAndKill(RankState& r, ExitClass cls, const std::string& rea
   Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
   const int attempt = attempt_.number();
   const int rank = r.rank;
+  if (spec_.has_command) {
+    // The Python client registers faulthandler on SIGUSR1: every thread's
+    // Python stack goes to stderr (the rank log), which gdb cannot show.
+    // The leader only: a child that did not register it would die of it.
+    absl::Status s = env_.signaller->SignalLeader(r.group, SIGUSR1);
+    if (!s.ok()) Log(LogLevel::kWarn, absl::StrCat("rank=", rank, " SIGUSR1: ", s.message()));
+    env_.timers->Start(cfg().workers.python_stack_wait_s, Guarded([this, attempt, rank] {
+                         if (attempt != attempt_.number()) return;
+                         CaptureThenTerm(attempt, rank);
+                       }));
+    return;
+  }
+  CaptureThenTerm(attempt, rank);
+}
+
+void RunUnit::CaptureThenTerm(int attempt, int rank) {
+  RankState& r = ranks_[rank];
+  if (!r.alive) return;
   if (!cfg().workers.capture_stacks) {
     EnterStopStage(rank, StopStage::kSigterm);
     return;
@@ -176,6 +194,8 @@ void RunUnit::Shutdown() {
 
 void RunUnit::CheckLiveness() {
   const double now = env_.clock->NowS();
+  // Judged by their exit codes only.
+  if (!Heartbeats()) return;
   const ProgressTimeoutConfig tcfg = TimeoutFrom(cfg().progress);
   for (RankState& r : ranks_) {
     if (!r.alive || r.stop_stage != StopStage::kNone || r.died_unwatched) continue;
@@ -261,6 +281,10 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
         hb.progress().checkpoint_failures() - r.status.progress().checkpoint_failures();
     if (failed_saves > 0) env_.host->CountCheckpointFailures(id(), failed_saves);
     *r.status.mutable_progress() = hb.progress();
+    if (spec_.has_command && hb.progress().total_steps() <= 0) {
+      // The program did not say how far it goes: the spec's guess, if any.
+      r.status.mutable_progress()->set_total_steps(spec_.command.total_steps);
+    }
     r.status.set_last_heartbeat_ms(env_.clock->WallMs());
     StoreBatch b;
     b.what = "progress";
@@ -268,9 +292,9 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
     v1::RunEvent progress;
     bool publish_live = false;
     if (rank == 0) {
-      *run_.mutable_progress() = hb.progress();
+      *run_.mutable_progress() = r.status.progress();
       progress = Event(v1::EVENT_KIND_PROGRESS, 0, "");
-      *progress.mutable_progress() = hb.progress();
+      *progress.mutable_progress() = r.status.progress();
       if (now - last_progress_persist_s_ >= kProgressPersistS) {
         last_progress_persist_s_ = now;
         run_.set_updated_ms(env_.clock->WallMs());

@@ -85,6 +85,9 @@ class UnitSignaller {
   // Signals the worker's process group if it still is the worker's
   // (SignalWorkerGroup).
   virtual absl::Status SignalGroup(const GroupIdentity& group, int sig) = 0;
+  // Signals only the group's leader (the process the daemon started) if it
+  // still is that process.
+  virtual absl::Status SignalLeader(const GroupIdentity& group, int sig) = 0;
 };
 
 // A worker's stream, from the daemon's side.

@@ -555,34 +555,14 @@ TEST(Daemon, TokensAndRolesAreEnforced) {
 TEST(Daemon, MalformedSpecsAreRejectedNamingTheFieldAndLeaveNothing) {
   DaemonHarness h;
   ASSERT_TRUE(h.Start());
-  struct Case {
-    std::string spec;
-    std::string field;
-  };
-  const std::vector<Case> cases = {
-      {"name = \"x\"\n[model]\narhc = \"minkunet14\"\n", "model.arhc"},
-      {"name = \"x\"\n[train]\nbatch_size = 0\n", "train.batch_size"},
-      {"name = \"x\"\n[data]\nformat = \"ply\"\npath = \"/etc/hostname\"\n", "data.path"},
-      {"name = \"x\"\nworld_size = 8\n", "world_size"},
-      {"name = [oops\n", ""},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.spec);
-    std::string id;
-    grpc::Status s = h.TrySubmit(c.spec, h.operator_token(), &id);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
-    EXPECT_THAT(s.error_message(), HasSubstr(c.field));
-    EXPECT_TRUE(id.empty());
-  }
-  v1::ListRunsResponse list;
-  auto ctx = h.Context(h.viewer_token());
-  ASSERT_TRUE(h.stub().ListRuns(ctx.get(), v1::ListRunsRequest(), &list).ok());
-  EXPECT_EQ(list.runs_size(), 0);
-  std::vector<std::string> entries;
-  for (const auto& e : fs::directory_iterator(h.state_dir() + "/runs")) {
-    entries.push_back(e.path().string());
-  }
-  EXPECT_THAT(entries, ::testing::IsEmpty());
+  ExpectRejectedLeavingNothing(
+      h, {
+             {"name = \"x\"\n[model]\narhc = \"minkunet14\"\n", "model.arhc"},
+             {"name = \"x\"\n[train]\nbatch_size = 0\n", "train.batch_size"},
+             {"name = \"x\"\n[data]\nformat = \"ply\"\npath = \"/etc/hostname\"\n", "data.path"},
+             {"name = \"x\"\nworld_size = 8\n", "world_size"},
+             {"name = [oops\n", ""},
+         });
 }
 
 // --- 12. sd_notify --------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 #ifndef TRAINSUP_TESTS_INTEGRATION_DAEMON_TEST_UTIL_H_
 #define TRAINSUP_TESTS_INTEGRATION_DAEMON_TEST_UTIL_H_
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -47,6 +49,35 @@ inline v1::RunEvent FindEvent(const std::vector<v1::RunEvent>& events, v1::Event
     if (e.kind() == kind && e.attempt() == attempt) return e;
   }
   return v1::RunEvent();
+}
+
+// A spec the daemon must refuse at submit, with INVALID_ARGUMENT whose
+// message contains `message`.
+struct RejectedSpec {
+  std::string spec;
+  std::string message;
+};
+
+// Submits every spec of `cases`, each refused as it says, then checks that
+// the daemon stored nothing: no run listed, nothing under runs/.
+inline void ExpectRejectedLeavingNothing(DaemonHarness& h, const std::vector<RejectedSpec>& cases) {
+  for (const RejectedSpec& c : cases) {
+    SCOPED_TRACE(c.spec);
+    std::string id;
+    grpc::Status s = h.TrySubmit(c.spec, h.operator_token(), &id);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr(c.message));
+    EXPECT_TRUE(id.empty());
+  }
+  v1::ListRunsResponse list;
+  auto ctx = h.Context(h.viewer_token());
+  ASSERT_TRUE(h.stub().ListRuns(ctx.get(), v1::ListRunsRequest(), &list).ok());
+  EXPECT_EQ(list.runs_size(), 0);
+  std::vector<std::string> entries;
+  for (const auto& e : std::filesystem::directory_iterator(h.state_dir() + "/runs")) {
+    entries.push_back(e.path().string());
+  }
+  EXPECT_THAT(entries, ::testing::IsEmpty());
 }
 
 inline std::string RankLog(const v1::Run& run, int attempt, int rank) {

@@ -5,6 +5,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
+#include <vector>
 
 namespace trainsup {
 namespace {
@@ -173,6 +176,100 @@ TEST(RunSpec, PathsStayInsideDataRoots) {
 
   spec.data.path = "relative/a.ply";
   EXPECT_NE(CheckSpecPaths(spec, {"/"}).message().find("absolute"), absl::string_view::npos);
+  fs::remove_all(root);
+}
+
+TEST(RunSpec, ReadsACommandRun) {
+  absl::StatusOr<RunSpec> spec = ParseRunSpec(
+      "name = \"mine\"\nworld_size = 2\n[command]\n"
+      "argv = [\"python3\", \"train.py\", \"--lr\", \"0.1\"]\ncwd = \"/data/project\"\n"
+      "total_steps = 5000\nheartbeats = true\n"
+      "[command.env]\nPYTHONPATH = \"/data/project/lib\"\nOMP_NUM_THREADS = \"4\"\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->has_command);
+  EXPECT_EQ(spec->world_size, 2);
+  EXPECT_EQ(spec->command.argv, (std::vector<std::string>{"python3", "train.py", "--lr", "0.1"}));
+  EXPECT_EQ(spec->command.cwd, "/data/project");
+  EXPECT_EQ(spec->command.total_steps, 5000);
+  EXPECT_TRUE(spec->command.heartbeats);
+  EXPECT_EQ(spec->command.env, (std::map<std::string, std::string>{
+                                   {"OMP_NUM_THREADS", "4"}, {"PYTHONPATH", "/data/project/lib"}}));
+
+  absl::StatusOr<RunSpec> minimal = ParseRunSpec("[command]\nargv = [\"/bin/true\"]\n");
+  ASSERT_TRUE(minimal.ok()) << minimal.status();
+  EXPECT_TRUE(minimal->has_command);
+  EXPECT_EQ(minimal->command.cwd, "");
+  EXPECT_TRUE(minimal->command.env.empty());
+  EXPECT_EQ(minimal->command.total_steps, 0);
+  EXPECT_FALSE(minimal->command.heartbeats);
+  EXPECT_FALSE(ParseRunSpec("")->has_command);
+}
+
+TEST(RunSpec, CommandErrorsNameTheField) {
+  const std::string head = "[command]\nargv = [\"/bin/true\"]\n";
+  EXPECT_EQ(Error("[command]\ncwd = \"/tmp\"\n"), "command.argv: required");
+  EXPECT_EQ(Error("[command]\nargv = []\n"), "command.argv: must have 1 to 256 entries, got 0");
+  EXPECT_EQ(Error("[command]\nargv = \"python3 train.py\"\n"),
+            "command.argv: must be an array of strings");
+  EXPECT_EQ(Error("[command]\nargv = [\"python3\", 3]\n"), "command.argv[1]: must be a string");
+  EXPECT_EQ(Error("[command]\nargv = [\"python3\", \"\"]\n"), "command.argv[1]: must not be empty");
+  EXPECT_EQ(Error("[command]\nargv = [\"a\\u0000b\"]\n"), "command.argv[0]: must not contain NUL");
+  std::string many = "[command]\nargv = [";
+  for (int i = 0; i < 257; ++i) many += "\"x\",";
+  many += "]\n";
+  EXPECT_EQ(Error(many), "command.argv: must have 1 to 256 entries, got 257");
+  EXPECT_EQ(Error(head + "cwd = \"project\"\n"),
+            "command.cwd: must be an absolute path, got \"project\"");
+  EXPECT_EQ(Error(head + "total_steps = -1\n"),
+            "command.total_steps: must be in [0, 1000000000000], got -1");
+  EXPECT_EQ(Error(head + "heartbeats = \"yes\"\n"), "command.heartbeats: must be true or false");
+  EXPECT_EQ(Error(head + "argc = 1\n"), "command.argc: unknown key");
+  EXPECT_EQ(Error(head + "env = 3\n"), "command.env: must be a table of strings");
+  EXPECT_EQ(Error(head + "[command.env]\nSEED = 3\n"), "command.env.SEED: must be a string");
+  EXPECT_EQ(Error(head + "[command.env]\n\"1X\" = \"a\"\n"),
+            "command.env.1X: not a variable name (must match [A-Za-z_][A-Za-z0-9_]*)");
+  EXPECT_EQ(Error(head + "[command.env]\n\"A-B\" = \"a\"\n"),
+            "command.env.A-B: not a variable name (must match [A-Za-z_][A-Za-z0-9_]*)");
+  for (const char* reserved : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                               "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"}) {
+    EXPECT_EQ(Error(head + "[command.env]\n" + reserved + " = \"1\"\n"),
+              std::string("command.env.") + reserved +
+                  ": set by trainsupd for every rank; cannot be overridden");
+  }
+  EXPECT_EQ(Error(head + "[command.env]\nTRAINSUP_TOKEN = \"x\"\n"),
+            "command.env.TRAINSUP_TOKEN: TRAINSUP_* variables are set by trainsupd");
+  EXPECT_EQ(Error(head + "[command.env]\nLD_PRELOAD = \"/tmp/x.so\"\n"),
+            "command.env.LD_PRELOAD: not allowed: it would load other code into the allowed "
+            "program");
+  EXPECT_EQ(Error(head + "[command.env]\nLD_LIBRARY_PATH = \"/tmp\"\n"),
+            "command.env.LD_LIBRARY_PATH: not allowed: it would load other code into the allowed "
+            "program");
+  EXPECT_EQ(Error(head + "[command.env]\nA = \"x\\u0000y\"\n"),
+            "command.env.A: must not contain NUL");
+  EXPECT_EQ(Error("command = 1\n"), "command: must be a table");
+  for (const char* other : {"model", "data", "optimizer", "train", "distributed", "testing"}) {
+    EXPECT_EQ(Error(head + "[" + other + "]\n"),
+              std::string("command: a command run has no [") + other +
+                  "] table (the program itself decides what it trains); remove [" + other +
+                  "] or [command]");
+  }
+}
+
+TEST(RunSpec, CommandCwdStaysInsideDataRoots) {
+  namespace fs = std::filesystem;
+  fs::path root = fs::temp_directory_path() / ("spec_cwd_test_" + std::to_string(getpid()));
+  fs::create_directories(root / "data" / "project");
+  fs::create_directories(root / "other");
+  RunSpec spec;
+  spec.has_command = true;
+  spec.command.argv = {"/bin/true"};
+  EXPECT_TRUE(CheckSpecPaths(spec, {}).ok()) << "no cwd: the run directory";
+  spec.command.cwd = (root / "data" / "project").string();
+  EXPECT_TRUE(CheckSpecPaths(spec, {(root / "data").string()}).ok());
+  spec.command.cwd = (root / "other").string();
+  absl::Status outside = CheckSpecPaths(spec, {(root / "data").string()});
+  EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(outside.message().rfind("command.cwd: ", 0), 0u) << outside.message();
   fs::remove_all(root);
 }
 

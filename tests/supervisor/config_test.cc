@@ -332,6 +332,33 @@ TEST(Config, InconsistentCombinationsNameTheField) {
   EXPECT_NE(ParseError("[slots\n").find("line 1"), std::string::npos);
 }
 
+TEST(Config, CommandsAreAbsoluteAndNotResolvedAgainstTheFile) {
+  absl::StatusOr<DaemonConfig> c = ParseConfig(
+      "[commands]\nallowed_programs = [\"/usr/bin/python3\"]\nallowed_dirs = [\"/opt/tools\"]\n"
+      "[workers]\npython_stack_wait_s = 2.5\n",
+      "/etc/trainsup");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->commands.allowed_programs, std::vector<std::string>{"/usr/bin/python3"});
+  EXPECT_EQ(c->commands.allowed_dirs, std::vector<std::string>{"/opt/tools"});
+  EXPECT_DOUBLE_EQ(c->workers.python_stack_wait_s, 2.5);
+  EXPECT_TRUE(DefaultConfig().commands.allowed_programs.empty());
+  EXPECT_TRUE(DefaultConfig().commands.allowed_dirs.empty());
+  EXPECT_DOUBLE_EQ(DefaultConfig().workers.python_stack_wait_s, 1);
+  EXPECT_EQ(ParseError("[commands]\nallowed_programs = [\"python3\"]\n"),
+            "commands.allowed_programs: 'python3' is not an absolute path");
+  EXPECT_EQ(ParseError("[commands]\nallowed_dirs = [\"tools\"]\n"),
+            "commands.allowed_dirs: 'tools' is not an absolute path");
+  EXPECT_NE(ParseError("[workers]\npython_stack_wait_s = 61\n").find("workers.python_stack_wait_s"),
+            std::string::npos);
+  EXPECT_NE(ParseError("[commands]\nallowed_program = []\n").find("commands.allowed_program"),
+            std::string::npos);
+  // Written back by FormatConfig and read to the same values.
+  absl::StatusOr<DaemonConfig> again = ParseConfig(FormatConfig(*c), "/elsewhere");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->commands.allowed_programs, c->commands.allowed_programs);
+  EXPECT_EQ(again->commands.allowed_dirs, c->commands.allowed_dirs);
+}
+
 // With no token the daemon authorizes nobody apart: every caller is an
 // operator, which only the socket's mode bounds. A TCP port has no such
 // bound, so that combination is refused, naming the keys that make it.

@@ -363,6 +363,24 @@ TEST(Describe, AttemptsRanksCheckpoints) {
   }
 }
 
+TEST(Describe, ACommandRunShowsItsArgvAndHeartbeatMode) {
+  v1::Run run = RunningRun();
+  EXPECT_EQ(FormatRunDescription(run, kT).find("Command:"), std::string::npos);
+  run.set_spec_toml(
+      "[command]\nargv = [\"python3\", \"train.py\", \"--note\", \"it's here\"]\n"
+      "heartbeats = true\n");
+  std::string text = FormatRunDescription(run, kT);
+  EXPECT_NE(text.find("Command:        python3 train.py --note 'it'\\''s here'\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("Heartbeats:     yes (frozen and hung detection)\n"), std::string::npos)
+      << text;
+  run.set_spec_toml("[command]\nargv = [\"/bin/sh\", \"-c\", \"exit 0\"]\n");
+  text = FormatRunDescription(run, kT);
+  EXPECT_NE(text.find("Command:        /bin/sh -c 'exit 0'\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("Heartbeats:     no (judged by exit code)\n"), std::string::npos) << text;
+}
+
 TEST(Describe, ValidationOnlyOnceEvaluated) {
   v1::Run run = RunningRun();
   EXPECT_EQ(FormatRunDescription(run, kT).find("Validation:"), std::string::npos);

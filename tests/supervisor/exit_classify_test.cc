@@ -95,6 +95,31 @@ TEST(ClassifyRankEnd, ExitZeroWithoutHelloOrExitFileIsACrash) {
   EXPECT_EQ(ClassifyRankEnd(g).cls, ExitClass::kCancelled);
 }
 
+// A command run without heartbeats is judged by its exit code alone: it
+// never says Hello, and exit 0 is its success.
+TEST(ClassifyRankEnd, ACommandWithoutHeartbeatsSucceedsOnExitZero) {
+  RankEndFacts f;
+  f.reaped = true;
+  f.exited = true;
+  f.code_or_signal = 0;
+  f.expects_hello = false;
+  RankEnd e = ClassifyRankEnd(f);
+  EXPECT_EQ(e.cls, ExitClass::kSuccess);
+  EXPECT_EQ(e.reason, "exit 0");
+  f.code_or_signal = 3;
+  e = ClassifyRankEnd(f);
+  EXPECT_EQ(e.cls, ExitClass::kCrash);
+  EXPECT_EQ(e.reason, "exit 3");
+  f.code_or_signal = 75;
+  e = ClassifyRankEnd(f);
+  EXPECT_EQ(e.cls, ExitClass::kOom);
+  // Completed while being stopped (a gang stop raced its own exit 0).
+  f.code_or_signal = 0;
+  f.forced = ExitClass::kGang;
+  f.forced_reason = "stopped because rank 1 ended";
+  EXPECT_EQ(ClassifyRankEnd(f).cls, ExitClass::kSuccess);
+}
+
 TEST(ClassifyAttemptEnd, TheFirstRankThatFailedOnItsOwnDecides) {
   AttemptOutcome o =
       ClassifyAttemptEnd({{0, ExitClass::kGang, "stopped because rank 1 ended", false},

@@ -86,5 +86,60 @@ TEST(LoweredMemoryBudgetMb, ShrinksPerOomExitOnlyWhenAsked) {
   EXPECT_EQ(LoweredMemoryBudgetMb(2, 10, 0.1), 1);
 }
 
+TEST(BuildWorkerLaunch, ACommandRunExecutesItsProgramWithTheTorchrunEnvironment) {
+  CommandSpec command;
+  command.argv = {"python3", "train.py", "--lr", "0.1"};
+  command.cwd = "/data/project";
+  command.env = {{"OMP_NUM_THREADS", "4"}, {"PATH", "/data/project/bin:/usr/bin"}};
+  command.heartbeats = true;
+  WorkerLaunch w = Facts();
+  w.command = &command;
+  w.program = "/usr/bin/python3";
+  w.resume_dir = "/state/runs/r-1/checkpoints/step-40";
+  w.data_roots = {"/data"};
+  const LaunchSpec s = BuildWorkerLaunch(w);
+  EXPECT_EQ(s.binary, "/usr/bin/python3");
+  EXPECT_EQ(s.args, (std::vector<std::string>{"train.py", "--lr", "0.1"}));
+  EXPECT_EQ(s.working_dir, "/data/project");
+  EXPECT_EQ(s.log_path, "/state/runs/r-1/attempts/3/rank-1.log");
+  const std::map<std::string, std::string> expected = {
+      {"PATH", "/data/project/bin:/usr/bin"},
+      {"HOME", "/root"},
+      {"OMP_NUM_THREADS", "4"},
+      {"TRAINSUP_TOKEN", "t0k3n"},
+      {"TRAINSUP_RUN_ID", "r-1"},
+      {"TRAINSUP_ATTEMPT", "3"},
+      {"CUDA_VISIBLE_DEVICES", "GPU-1"},
+      {"RANK", "1"},
+      {"LOCAL_RANK", "1"},
+      {"WORLD_SIZE", "2"},
+      {"LOCAL_WORLD_SIZE", "2"},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", "29517"},
+      {"TRAINSUP_DATA_ROOTS", "/data"},
+      {"TRAINSUP_RANK", "1"},
+      {"TRAINSUP_WORLD_SIZE", "2"},
+      {"TRAINSUP_RUN_DIR", "/state/runs/r-1"},
+      {"TRAINSUP_CHECKPOINT_DIR", "/state/runs/r-1/checkpoints"},
+      {"TRAINSUP_RESUME_FROM", "/state/runs/r-1/checkpoints/step-40"},
+      {"TRAINSUP_SUPERVISOR", "unix:/state/run/trainsupd.sock"},
+      {"TRAINSUP_HEARTBEATS", "1"},
+      {"TRAINSUP_EXIT_FILE", "/state/runs/r-1/attempts/3/rank-1.exit.json"},
+  };
+  EXPECT_EQ(s.env, expected);
+
+  // A fresh start without heartbeats, in the run directory.
+  command.cwd.clear();
+  command.heartbeats = false;
+  command.argv = {"/bin/sh"};
+  w.resume_dir.clear();
+  w.program = "/bin/sh";
+  const LaunchSpec fresh = BuildWorkerLaunch(w);
+  EXPECT_TRUE(fresh.args.empty());
+  EXPECT_EQ(fresh.working_dir, "/state/runs/r-1");
+  EXPECT_EQ(fresh.env.at("TRAINSUP_RESUME_FROM"), "");
+  EXPECT_EQ(fresh.env.at("TRAINSUP_HEARTBEATS"), "0");
+}
+
 }  // namespace
 }  // namespace trainsup::supervisor

@@ -60,6 +60,8 @@ TEST(PlanReload, AnUnknownKeyIsNeverAppliedByDefault) {
   EXPECT_FALSE(AppliedOnReload("daemon.some_future_knob"));
   EXPECT_TRUE(AppliedOnReload("workers.some_future_knob"));
   EXPECT_TRUE(AppliedOnReload("auth.tokens"));
+  EXPECT_TRUE(AppliedOnReload("commands.allowed_programs"));
+  EXPECT_TRUE(AppliedOnReload("commands.allowed_dirs"));
 }
 
 }  // namespace

@@ -162,6 +162,10 @@ class FakeEnv final : public UnitClock,
     signals.push_back({g.pgid, sig});
     return absl::OkStatus();
   }
+  absl::Status SignalLeader(const GroupIdentity& g, int sig) override {
+    leader_signals.push_back({g.pgid, sig});
+    return absl::OkStatus();
+  }
 
   // Host.
   const DaemonConfig& config() override { return config_; }
@@ -228,6 +232,7 @@ class FakeEnv final : public UnitClock,
   std::map<int, std::pair<bool, int>> exits;
   std::map<std::string, ExitFile> exit_files;
   std::vector<std::pair<int, int>> signals;
+  std::vector<std::pair<int, int>> leader_signals;  // SignalLeader
   std::vector<std::string> logs;
   std::vector<v1::RunEvent> published;
   std::vector<std::pair<int, GroupIdentity>> released;
@@ -257,15 +262,28 @@ class FakeEnv final : public UnitClock,
 class RunUnitTest : public ::testing::Test {
  protected:
   std::unique_ptr<RunUnit> NewUnit(int world_size = 1) {
+    RunSpec spec;
+    spec.world_size = world_size;
+    return NewUnit(spec);
+  }
+  std::unique_ptr<RunUnit> NewUnit(const RunSpec& spec) {
     v1::Run run;
     run.set_run_id("r-1");
     run.set_name("r");
     run.set_state(v1::RUN_STATE_PENDING);
-    run.set_world_size(world_size);
+    run.set_world_size(static_cast<int>(spec.world_size));
     run.set_run_dir(dir_.path());
-    RunSpec spec;
-    spec.world_size = world_size;
     return std::make_unique<RunUnit>(run, spec, 1, env_.env());
+  }
+  // A command run of /bin/sh, which the daemon's configuration allows.
+  std::unique_ptr<RunUnit> NewCommandUnit(bool heartbeats) {
+    env_.config_.commands.allowed_programs = {"/bin/sh"};
+    RunSpec spec;
+    spec.has_command = true;
+    spec.command.argv = {"/bin/sh", "-c", "exit 0"};
+    spec.command.heartbeats = heartbeats;
+    spec.command.total_steps = 500;
+    return NewUnit(spec);
   }
   // Places the unit, stores its attempt and launches it; the pids.
   std::vector<int> StartAndLaunch(RunUnit& u) {
@@ -602,6 +620,81 @@ TEST_F(RunUnitTest, ALaunchThatFailsEndsTheAttemptAsACrash) {
   EXPECT_THAT(u->ranks()[0].status.exit_reason(), HasSubstr("cannot start /bin/trainsup-worker"));
   EXPECT_EQ(u->run().state(), v1::RUN_STATE_RESTARTING);
   ASSERT_EQ(env_.released.size(), 1u);
+}
+
+TEST_F(RunUnitTest, ACommandWithoutHeartbeatsRunsIsNeverFrozenAndSucceedsOnExitZero) {
+  env_.config_.workers.heartbeat_timeout_s = 5;
+  auto u = NewCommandUnit(/*heartbeats=*/false);
+  std::vector<int> pids = StartAndLaunch(*u);
+  ASSERT_EQ(env_.launches.size(), 1u);
+  EXPECT_EQ(env_.launches[0].binary, "/bin/sh");
+  EXPECT_EQ(env_.launches[0].args, (std::vector<std::string>{"-c", "exit 0"}));
+  EXPECT_EQ(env_.launches[0].env.at("TRAINSUP_HEARTBEATS"), "0");
+  EXPECT_EQ(env_.launches[0].env.at("TRAINSUP_RESUME_FROM"), "");
+  EXPECT_EQ(u->run().state(), v1::RUN_STATE_RUNNING) << "no Hello is awaited";
+  env_.Advance(100000);
+  u->CheckLiveness();
+  env_.Settle();
+  EXPECT_TRUE(env_.signals.empty());
+  EXPECT_TRUE(env_.Stored(v1::EVENT_KIND_HANG).empty());
+  env_.Exit(*u, 0, pids[0], true, 0);
+  env_.Settle();
+  EXPECT_EQ(u->ranks()[0].status.exit_class(), v1::EXIT_CLASS_SUCCESS);
+  EXPECT_EQ(u->run().state(), v1::RUN_STATE_SUCCEEDED);
+}
+
+TEST_F(RunUnitTest, ACommandOffTheAllowlistAtLaunchFailsToStart) {
+  auto u = NewCommandUnit(/*heartbeats=*/false);
+  env_.config_.commands.allowed_programs.clear();  // a reload took it away
+  StartAndLaunch(*u);
+  EXPECT_TRUE(env_.launches.empty());
+  EXPECT_EQ(u->ranks()[0].status.exit_class(), v1::EXIT_CLASS_CRASH);
+  EXPECT_THAT(u->ranks()[0].status.exit_reason(),
+              HasSubstr("cannot start /bin/sh: command.argv[0]: no program is allowed to run"));
+  EXPECT_EQ(u->run().state(), v1::RUN_STATE_RESTARTING);
+}
+
+TEST_F(RunUnitTest, AHungCommandGetsSigusr1ThenTheUsualKill) {
+  env_.config_.workers.heartbeat_timeout_s = 5;
+  env_.config_.workers.python_stack_wait_s = 2;
+  auto u = NewCommandUnit(/*heartbeats=*/true);
+  std::vector<int> pids = StartAndLaunch(*u);
+  EXPECT_EQ(u->run().state(), v1::RUN_STATE_STARTING) << "a Hello is awaited";
+  auto link = Hello(*u, 0);
+  EXPECT_EQ(u->run().state(), v1::RUN_STATE_RUNNING);
+  // A heartbeat without a total: the spec's total_steps stands in.
+  wv1::WorkerMessage m;
+  m.mutable_heartbeat()->set_progress_counter(1);
+  m.mutable_heartbeat()->mutable_progress()->set_step(7);
+  u->OnWorkerMessage(u->attempt_number(), 0, link.get(), m);
+  env_.Settle();
+  EXPECT_EQ(u->run().progress().total_steps(), 500);
+  EXPECT_EQ(u->run().progress().step(), 7);
+  env_.Advance(6);
+  u->CheckLiveness();
+  env_.Settle();
+  ASSERT_EQ(env_.leader_signals.size(), 1u);
+  EXPECT_EQ(env_.leader_signals[0], (std::pair<int, int>{pids[0], SIGUSR1}));
+  EXPECT_TRUE(env_.signals.empty()) << "SIGTERM before the Python stacks had their moment";
+  env_.Advance(2);
+  env_.Settle();
+  ASSERT_EQ(env_.signals.size(), 1u);
+  EXPECT_EQ(env_.signals[0].second, SIGTERM);
+  env_.Exit(*u, 0, pids[0], false, SIGTERM);
+  env_.Settle();
+  EXPECT_EQ(u->ranks()[0].status.exit_class(), v1::EXIT_CLASS_FROZEN);
+}
+
+TEST_F(RunUnitTest, OurWorkerGetsNoSigusr1) {
+  env_.config_.workers.heartbeat_timeout_s = 5;
+  auto u = NewUnit();
+  StartAndLaunch(*u);
+  Hello(*u, 0);
+  env_.Advance(6);
+  u->CheckLiveness();
+  env_.Settle();
+  EXPECT_TRUE(env_.leader_signals.empty());
+  ASSERT_EQ(env_.signals.size(), 1u);
 }
 
 }  // namespace
