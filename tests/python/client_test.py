@@ -357,9 +357,9 @@ class Channel(unittest.TestCase):
         script = subprocess.Popen([PYTHON, "-c", textwrap.dedent("""
             import time, trainsup
             def stuck_in_here():
+                print("ready", flush=True)
                 while True:
                     time.sleep(0.05)
-            print("ready", flush=True)
             stuck_in_here()
             """)], env=self.env(), cwd=self.dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True)
