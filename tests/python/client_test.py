@@ -371,7 +371,7 @@ class Channel(unittest.TestCase):
             _, err = script.communicate(timeout=20)
             self.assertIn("stuck_in_here", err)
             # all_threads: the main thread and the link's (and gRPC's).
-            self.assertGreaterEqual(err.count("Thread 0x"), 2, err)
+            self.assertGreaterEqual(err.count("hread 0x"), 2, err)
         finally:
             script.kill()
             script.communicate()
