@@ -146,7 +146,11 @@ class Link:
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
-            if not self._cv.wait_for(lambda: self._finished or not self._started, _STOP_GRACE_S):
+            # The request generator returns (a half-close); the daemon
+            # normally ends the stream then. A call it keeps open, or a
+            # connect that hangs, ends only when cancelled.
+            if not self._cv.wait_for(lambda: self._finished or not self._started,
+                                     _HALF_CLOSE_GRACE_S):
                 if self._conn is not None and self._conn.call is not None:
                     self._conn.call.cancel()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -200,7 +204,8 @@ class Link:
                 welcomed = conn.welcomed
                 self._conn = None
                 self._cv.notify_all()
-            conn.call.cancel() if conn.call is not None else None
+            if conn.call is not None:
+                conn.call.cancel()
             channel.close()
         return welcomed
 
