@@ -29,6 +29,10 @@ packages=(
   gdb systemd python3
   # docs/examples/dashboard_client.py and its test (Debian's /usr/bin/python3)
   python3-grpcio python3-protobuf
+  # python/trainsup, the training-script client: XXH3-128 for the checkpoint
+  # manifest; PyTorch for save_checkpoint/load_checkpoint and the tests that
+  # run real PyTorch scripts under trainsupd (docs/python-client.md)
+  python3-xxhash python3-torch
   # docs/plots: the benchmark plots of docs/benchmarks.md (pngcairo)
   gnuplot-nox
 )

@@ -1,0 +1,401 @@
+"""trainsup: the Python client for training scripts run by trainsupd.
+
+    import trainsup
+    state = trainsup.load_checkpoint()            # None on a fresh start
+    for step in range(start, total):
+        ...
+        trainsup.progress(step, loss=loss.item())
+        if step % 100 == 0 or trainsup.checkpoint_requested():
+            trainsup.save_checkpoint(step, {"model": model.state_dict(), ...})
+
+Under trainsupd (TRAINSUP_SUPERVISOR set) importing this module registers
+faulthandler on SIGUSR1 (all threads' Python stacks to stderr, which is the
+rank's log: the daemon sends SIGUSR1 before it kills a hung worker) and
+starts the heartbeat thread at once, so the daemon hears from the script
+while it is still loading. Outside trainsupd every call that talks to the
+daemon is a no-op and checkpoints go to ./checkpoints (or the root passed
+in), so the same script runs by hand. See docs/python-client.md.
+"""
+
+import contextlib
+import faulthandler
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import traceback
+
+from pkgutil import extend_path
+
+# The generated stubs live in build/python/trainsup/v1: make that directory
+# part of this package when it is on sys.path after python/.
+__path__ = extend_path(__path__, __name__)
+
+from trainsup import _store  # noqa: E402
+
+__all__ = [
+    "progress", "phase", "checkpoint", "save_checkpoint", "resume_path", "resume_step",
+    "load_checkpoint", "exit_on_oom", "exit", "stop_requested", "checkpoint_requested",
+    "handle_sigterm", "supervised", "EXIT_CODES",
+]
+
+# The worker contract's exit codes and their exit-file reasons
+# (proto/exit_codes.h).
+EXIT_CODES = {0: "completed", 64: "usage", 65: "data", 74: "no_space", 75: "oom",
+              76: "peer_lost", 143: "stopped"}
+_PHASES = ("loading", "training", "checkpointing", "evaluating")
+_REPORT_EXIT_TIMEOUT_S = 2.0
+_OOM_MESSAGES = ("out of memory", "DefaultCPUAllocator: can't allocate memory")
+
+
+def _env_int(name, default):
+    value = os.environ.get(name, "")
+    if value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("trainsup: environment variable %s=%r is not an integer" % (name, value))
+
+
+class _Client:
+    """The process's one client. Only the process that created it talks to
+    the daemon: a child (a forked or spawned DataLoader worker inherits the
+    environment) stays silent, see _OWNER_ENV."""
+
+    def __init__(self):
+        env = os.environ
+        self.endpoint = env.get("TRAINSUP_SUPERVISOR", "")
+        self.supervised = bool(self.endpoint)
+        self.run_id = env.get("TRAINSUP_RUN_ID", "")
+        self.token = env.get("TRAINSUP_TOKEN", "")
+        self.attempt = _env_int("TRAINSUP_ATTEMPT", 1)
+        self.run_dir = env.get("TRAINSUP_RUN_DIR", "")
+        self.checkpoint_dir = env.get("TRAINSUP_CHECKPOINT_DIR", "")
+        self.rank = _env_int("RANK", 0)
+        self.world_size = _env_int("WORLD_SIZE", 1)
+        self.lock = threading.Lock()
+        self.last_step = -1
+        self.sigterm = False
+        self.link = None
+        self.progress = None
+        if self.supervised:
+            from trainsup import _link
+            self.link = _link.Link(self.endpoint, self.run_id or os.path.basename(self.run_dir),
+                                   self.rank, self.attempt, self.world_size, self.token)
+            self.progress = self.link._pb.Progress()
+            self.progress.last_checkpoint_step = -1
+            self.progress.val_miou = -1
+            self.progress.phase = self.link._pb.PHASE_LOADING
+            self.link.update_progress(self.progress)
+            self.link.start()
+
+    def publish(self):
+        """Hands the current Progress to the link (caller holds self.lock)."""
+        if self.link is not None:
+            self.link.update_progress(self.progress)
+
+    def send_checkpoint_event(self, step, error=""):
+        if self.link is None:
+            return
+        pb = self.link._pb
+        event = self.link._wpb.WorkerEvent()
+        event.kind = pb.EVENT_KIND_CHECKPOINT
+        event.step = step
+        with self.lock:
+            if error:
+                self.progress.checkpoint_failures += 1
+                self.progress.last_checkpoint_error = error
+            else:
+                self.progress.last_checkpoint_step = step
+                self.progress.last_checkpoint_error = ""
+            event.checkpoint_step = self.progress.last_checkpoint_step
+            self.publish()
+        event.error = error
+        self.link.send_event(event)
+
+    def report_exit(self, code, reason, message):
+        """Exit file first (it survives a daemon restart), then ExitReport."""
+        if self.run_dir:
+            try:
+                _store.write_exit_file(self.run_dir, self.attempt, self.rank, code, reason, message,
+                                       self.last_step)
+            except OSError as e:
+                print("trainsup: cannot write the exit file: %s" % e, file=sys.stderr)
+        if self.link is not None:
+            report = self.link._wpb.ExitReport(code=code, reason=reason, message=message,
+                                               last_step=self.last_step)
+            self.link.report_exit(report, _REPORT_EXIT_TIMEOUT_S)
+
+
+# Set to the pid of the process whose client talks to the daemon; a child
+# process that inherits it stays silent instead of sending a second Hello
+# with its parent's token and rank.
+_OWNER_ENV = "TRAINSUP_CLIENT_PID"
+_client_lock = threading.Lock()
+_the_client = None
+_the_client_pid = None
+
+
+def _client():
+    """The client of this process; None in a child of the owning process."""
+    global _the_client, _the_client_pid
+    with _client_lock:
+        pid = os.getpid()
+        if _the_client is not None and _the_client_pid == pid:
+            return _the_client
+        owner = os.environ.get(_OWNER_ENV, "")
+        if owner and owner != str(pid):
+            return None
+        os.environ[_OWNER_ENV] = str(pid)
+        _the_client = _Client()
+        _the_client_pid = pid
+        return _the_client
+
+
+def supervised():
+    """True when this process runs under trainsupd and talks to it."""
+    c = _client()
+    return c is not None and c.supervised
+
+
+def progress(step, loss=None, samples_per_s=None, total_steps=None, epoch=None):
+    """Reports that training step `step` is done: advances the progress
+    counter that the daemon's hang detection watches (only this call does)
+    and updates the Progress sent with the next heartbeats. Sets the phase
+    to "training". No-op outside trainsupd."""
+    c = _client()
+    if c is None:
+        return
+    with c.lock:
+        c.last_step = int(step)
+        if c.link is None:
+            return
+        p = c.progress
+        p.step = int(step)
+        p.phase = c.link._pb.PHASE_TRAINING
+        if loss is not None:
+            p.loss = float(loss)
+        if samples_per_s is not None:
+            p.samples_per_sec = float(samples_per_s)
+        if total_steps is not None:
+            p.total_steps = int(total_steps)
+        if epoch is not None:
+            p.epoch = int(epoch)
+        c.publish()
+        c.link.advance_progress()
+
+
+def phase(name):
+    """Reports the phase: "loading", "training", "checkpointing" or
+    "evaluating". Does not advance the progress counter."""
+    if name not in _PHASES:
+        raise ValueError("trainsup.phase: unknown phase %r; one of %s" % (name, ", ".join(_PHASES)))
+    c = _client()
+    if c is None or c.link is None:
+        return
+    with c.lock:
+        c.progress.phase = c.link._pb.Phase.Value("PHASE_" + name.upper())
+        c.publish()
+
+
+def _checkpoint_root(c, root):
+    if c is not None and c.supervised:
+        if not c.checkpoint_dir:
+            raise RuntimeError("trainsup: TRAINSUP_CHECKPOINT_DIR is not set by the supervisor")
+        return c.checkpoint_dir
+    return root if root is not None else os.path.join(os.getcwd(), "checkpoints")
+
+
+@contextlib.contextmanager
+def checkpoint(step, root=None, keep_last=3, keep_every=0):
+    """with trainsup.checkpoint(step) as d: write regular files into d.
+
+    On a normal exit from the block the checkpoint is committed atomically
+    with MANIFEST.json (ROOT/step-N, docs/checkpoints.md), retention keeps
+    the newest `keep_last` (None: all) and every multiple of `keep_every`,
+    and a CHECKPOINT event goes to the daemon. On an exception the directory
+    is removed, a CHECKPOINT event with the error is sent and the exception
+    propagates. ROOT is TRAINSUP_CHECKPOINT_DIR under trainsupd (`root` is
+    then ignored), else `root` or ./checkpoints. On a rank other than 0 the
+    block gets a scratch directory that is discarded: a gang has one store,
+    which rank 0 writes."""
+    c = _client()
+    rank = c.rank if c is not None else _env_int("RANK", 0)
+    if rank != 0:
+        scratch = tempfile.mkdtemp(prefix="trainsup-rank%d-step%d-" % (rank, step))
+        try:
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
+    store = _store.CheckpointStore(_checkpoint_root(c, root), keep_last=keep_last,
+                                   keep_every=keep_every)
+    previous_phase = None
+    if c is not None and c.link is not None:
+        with c.lock:
+            previous_phase = c.progress.phase
+            c.progress.phase = c.link._pb.PHASE_CHECKPOINTING
+            c.publish()
+    try:
+        tmp = store.begin(step)
+        try:
+            yield tmp
+        except BaseException:
+            store.abort(tmp)
+            raise
+        store.commit(step, tmp)
+    except BaseException as e:
+        if c is not None and not isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            c.send_checkpoint_event(step, error="%s: %s" % (type(e).__name__, e))
+        raise
+    finally:
+        if previous_phase is not None:
+            with c.lock:
+                c.progress.phase = previous_phase
+                c.publish()
+    if c is not None:
+        c.send_checkpoint_event(step)
+
+
+def save_checkpoint(step, obj, name="state.pt", root=None, keep_last=3, keep_every=0):
+    """torch.save(obj) into checkpoint `step` as `name`, committed as
+    checkpoint() does. Returns the committed directory, or None on a rank
+    other than 0 (nothing is written there)."""
+    c = _client()
+    rank = c.rank if c is not None else _env_int("RANK", 0)
+    if rank != 0:
+        return None
+    if "/" in name or name in ("", ".", "..", _store.MANIFEST_NAME):
+        raise ValueError("trainsup.save_checkpoint: invalid file name %r" % (name,))
+    import torch
+    with checkpoint(step, root=root, keep_last=keep_last, keep_every=keep_every) as d:
+        torch.save(obj, os.path.join(d, name))
+    return os.path.join(_checkpoint_root(c, root), _store.step_dir_name(step))
+
+
+def resume_path():
+    """The checkpoint directory to resume from (TRAINSUP_RESUME_FROM: the
+    newest checkpoint trainsupd verified), or None on a fresh start. Read
+    outside trainsupd too, so a run by hand can be pointed at one."""
+    path = os.environ.get("TRAINSUP_RESUME_FROM", "")
+    return path or None
+
+
+def resume_step():
+    """The step of resume_path()'s checkpoint (from its MANIFEST.json), or
+    None on a fresh start."""
+    path = resume_path()
+    if path is None:
+        return None
+    import json
+    with open(os.path.join(path, _store.MANIFEST_NAME), "rb") as f:
+        return int(json.load(f)["step"])
+
+
+def load_checkpoint(name="state.pt", map_location="cpu"):
+    """torch.load of `name` in resume_path(), or None on a fresh start."""
+    path = resume_path()
+    if path is None:
+        return None
+    import torch
+    return torch.load(os.path.join(path, name), map_location=map_location)
+
+
+def _is_oom(e):
+    if isinstance(e, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    oom_type = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None) if torch else None
+    if oom_type is not None and isinstance(e, oom_type):
+        return True
+    return isinstance(e, RuntimeError) and any(m in str(e) for m in _OOM_MESSAGES)
+
+
+class exit_on_oom(contextlib.ContextDecorator):
+    """Context manager and decorator: an out-of-memory error inside
+    (torch.cuda.OutOfMemoryError, a RuntimeError saying "out of memory" or
+    "DefaultCPUAllocator: can't allocate memory", MemoryError) prints its
+    traceback, writes the exit file (code 75, reason "oom"), reports the
+    exit and ends the process with os._exit(75): CUDA's state after a hard
+    out-of-memory is not worth unwinding through, and trainsupd restarts the
+    attempt from the newest checkpoint. Other exceptions pass through."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None and _is_oom(exc):
+            traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
+            exit(75, "oom", "%s: %s" % (exc_type.__name__, exc))
+        return False
+
+
+def exit(code, reason=None, message=""):
+    """Writes the exit file (under trainsupd) and sends the ExitReport, then
+    ends the process with os._exit(code) after flushing stdout and stderr:
+    atexit handlers do not run, so close your own files first. `reason`
+    defaults to the contract's word for `code` ("completed", "oom",
+    "stopped", ...; "error" for any other code)."""
+    code = int(code)
+    if not 0 <= code <= 255:
+        raise ValueError("trainsup.exit: code must be in [0, 255], got %d" % code)
+    if reason is None:
+        reason = EXIT_CODES.get(code, "error")
+    c = _client()
+    if c is not None:
+        c.report_exit(code, reason, message)
+        if c.link is not None:
+            c.link.stop()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def handle_sigterm():
+    """Installs a SIGTERM handler (main thread only) that only sets the flag
+    stop_requested() reads; the training loop then checkpoints and calls
+    trainsup.exit(143)."""
+    def on_sigterm(signum, frame):
+        c = _client()
+        if c is not None:
+            c.sigterm = True
+        else:
+            global _child_sigterm
+            _child_sigterm = True
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+_child_sigterm = False
+
+
+def stop_requested():
+    """True after the daemon's Stop command or a SIGTERM caught by
+    handle_sigterm()."""
+    c = _client()
+    if c is None:
+        return _child_sigterm
+    return c.sigterm or (c.link is not None and c.link.stop_requested)
+
+
+def stop_deadline_s():
+    """Seconds the daemon's Stop allows before it kills the process group;
+    0 when no Stop arrived."""
+    c = _client()
+    return c.link.stop_deadline_s if c is not None and c.link is not None else 0
+
+
+def checkpoint_requested():
+    """True once for each CheckpointNow the daemon sent (then it is taken)."""
+    c = _client()
+    return c is not None and c.link is not None and c.link.take_checkpoint_request()
+
+
+if os.environ.get("TRAINSUP_SUPERVISOR"):
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _client()

@@ -1,0 +1,400 @@
+"""Tests of python/trainsup (docs/python-client.md). Run by ctest with
+/usr/bin/python3 and PYTHONPATH=python:build/python:
+
+  /usr/bin/python3 -m unittest discover -s tests/python -p '*_test.py'
+
+Each scenario runs a real script in a child python3 process, as trainsupd
+would start it; the channel tests serve WorkerChannel from this process with
+grpcio (a stand-in for trainsupd's side: it records what the client sends
+and sends Welcome, CheckpointNow and Stop), so they check the client's half
+of the protocol: Hello fields, heartbeats whose progress_counter only
+progress() advances, events, the exit report and the exit file."""
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import unittest
+from concurrent import futures
+
+try:
+    import grpc
+    from trainsup.v1 import worker_pb2, worker_pb2_grpc, supervisor_pb2
+    HAVE_GRPC = True
+except ImportError as e:  # the message says what is missing
+    HAVE_GRPC = False
+    GRPC_MISSING = str(e)
+
+PYTHON = sys.executable
+ENV_VARS = ("TRAINSUP_SUPERVISOR", "TRAINSUP_TOKEN", "TRAINSUP_RUN_ID", "TRAINSUP_ATTEMPT",
+            "TRAINSUP_RUN_DIR", "TRAINSUP_CHECKPOINT_DIR", "TRAINSUP_RESUME_FROM",
+            "TRAINSUP_CLIENT_PID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+    # The scripts run in other directories: PYTHONPATH made absolute.
+    env["PYTHONPATH"] = os.pathsep.join(
+        os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_script(body, env, cwd, timeout=60):
+    """Runs `body` as the file CWD/script.py (a file, so that spawned
+    multiprocessing children can import its functions)."""
+    path = os.path.join(cwd, "script.py")
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(body))
+    return subprocess.run([PYTHON, path], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class NoOpOutsideTrainsupd(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="trainsup-py-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_same_script_runs_by_hand(self):
+        r = run_script("""
+            import os, threading, trainsup
+            assert not trainsup.supervised()
+            assert trainsup.resume_path() is None and trainsup.resume_step() is None
+            assert trainsup.load_checkpoint() is None
+            trainsup.phase("loading")
+            for step in range(1, 4):
+                trainsup.progress(step, loss=1.0 / step, samples_per_s=10, total_steps=3)
+            assert not trainsup.stop_requested() and not trainsup.checkpoint_requested()
+            with trainsup.checkpoint(3) as d:
+                open(os.path.join(d, "w.bin"), "wb").write(b"x" * 100)
+            # No link thread: nothing talks to a daemon.
+            assert [t.name for t in threading.enumerate()] == ["MainThread"], threading.enumerate()
+            print("ok", sorted(os.listdir("checkpoints")), sorted(os.listdir("checkpoints/step-3")))
+            """, clean_env(), self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("ok ['step-3'] ['MANIFEST.json', 'w.bin']", r.stdout)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "attempts")))
+
+    def test_failed_block_leaves_nothing(self):
+        r = run_script("""
+            import os, trainsup
+            try:
+                with trainsup.checkpoint(5, root="ck") as d:
+                    open(os.path.join(d, "half"), "wb").write(b"y")
+                    raise RuntimeError("disk on fire")
+            except RuntimeError:
+                pass
+            print(sorted(os.listdir("ck")))
+            """, clean_env(), self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "[]")
+
+    def test_subdirectory_is_refused(self):
+        r = run_script("""
+            import os, trainsup
+            with trainsup.checkpoint(1, root="ck") as d:
+                os.mkdir(os.path.join(d, "sub"))
+            """, clean_env(), self.dir)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("is not a regular file", r.stderr)
+        self.assertEqual(os.listdir(os.path.join(self.dir, "ck")), [])
+
+    def test_oom_exits_75(self):
+        r = run_script("""
+            import trainsup
+            with trainsup.exit_on_oom():
+                raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+            """, clean_env(), self.dir)
+        self.assertEqual(r.returncode, 75, r.stderr)
+        self.assertIn("can't allocate memory", r.stderr)
+        r = run_script("""
+            import trainsup
+            @trainsup.exit_on_oom()
+            def f():
+                raise MemoryError()
+            f()
+            """, clean_env(), self.dir)
+        self.assertEqual(r.returncode, 75, r.stderr)
+        # Not an out-of-memory error: passes through.
+        r = run_script("""
+            import trainsup
+            with trainsup.exit_on_oom():
+                raise RuntimeError("shape mismatch")
+            """, clean_env(), self.dir)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("shape mismatch", r.stderr)
+
+    def test_rank_1_writes_nothing(self):
+        r = run_script("""
+            import os, trainsup
+            with trainsup.checkpoint(2, root="ck") as d:
+                open(os.path.join(d, "w"), "wb").write(b"z")
+            assert trainsup.save_checkpoint(2, {"a": 1}, root="ck") is None
+            print(os.path.exists("ck"))
+            """, clean_env(RANK=1, WORLD_SIZE=2), self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "False")
+
+
+if HAVE_GRPC:
+    class FakeDaemon(worker_pb2_grpc.WorkerChannelServicer):
+        """Records every message; sends Welcome, then whatever commands the
+        test puts into `commands`."""
+
+        def __init__(self, token, heartbeat_interval_ms=50):
+            self.token = token
+            self.interval = heartbeat_interval_ms
+            self.messages = queue.Queue()
+            self.commands = queue.Queue()
+            self.connections = 0
+
+        def Connect(self, request_iterator, context):
+            first = next(request_iterator)
+            self.messages.put(first)
+            if first.hello.token != self.token:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
+            self.connections += 1
+            yield worker_pb2.SupervisorCommand(
+                welcome=worker_pb2.Welcome(heartbeat_interval_ms=self.interval))
+            done = threading.Event()
+
+            def read():
+                try:
+                    for m in request_iterator:
+                        self.messages.put(m)
+                except grpc.RpcError:
+                    pass
+                done.set()
+
+            threading.Thread(target=read, daemon=True).start()
+            while not done.is_set():
+                try:
+                    yield self.commands.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+
+
+@unittest.skipUnless(HAVE_GRPC, "/usr/bin/python3 lacks grpc or the generated stubs "
+                     "(python3-grpcio, python3-protobuf, build/python): %s"
+                     % (None if HAVE_GRPC else GRPC_MISSING))
+class Channel(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="trainsup-py-")
+        self.socket = os.path.join(self.dir, "w.sock")
+        self.daemon = FakeDaemon("secret")
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        worker_pb2_grpc.add_WorkerChannelServicer_to_server(self.daemon, self.server)
+        self.server.add_insecure_port("unix:" + self.socket)
+        self.server.start()
+        self.run_dir = os.path.join(self.dir, "run")
+        os.makedirs(self.run_dir)
+
+    def tearDown(self):
+        self.server.stop(0)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def env(self, **extra):
+        return clean_env(TRAINSUP_SUPERVISOR="unix:" + self.socket, TRAINSUP_TOKEN="secret",
+                         TRAINSUP_RUN_ID="run-7", TRAINSUP_ATTEMPT=2,
+                         TRAINSUP_RUN_DIR=self.run_dir,
+                         TRAINSUP_CHECKPOINT_DIR=os.path.join(self.run_dir, "checkpoints"),
+                         TRAINSUP_RESUME_FROM="", RANK=0, WORLD_SIZE=1, **extra)
+
+    def messages(self):
+        out = []
+        while True:
+            try:
+                out.append(self.daemon.messages.get_nowait())
+            except queue.Empty:
+                return out
+
+    def wait_for(self, predicate, timeout=20):
+        """Messages up to and including the first that satisfies predicate."""
+        seen = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                m = self.daemon.messages.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            seen.append(m)
+            if predicate(m):
+                return seen
+        self.fail("no such message in %d s; saw %s" % (timeout, seen[-5:]))
+
+    def test_hello_heartbeats_checkpoint_exit(self):
+        script = subprocess.Popen([PYTHON, "-c", textwrap.dedent("""
+            import os, sys, time, trainsup
+            assert trainsup.supervised()
+            for step in range(1, 4):
+                trainsup.progress(step, loss=0.25, samples_per_s=8.0, total_steps=10)
+            time.sleep(0.5)  # heartbeats go on while the loop does nothing
+            with trainsup.checkpoint(3) as d:
+                open(os.path.join(d, "model.bin"), "wb").write(b"m" * 1000)
+            sys.stdout.write("go\\n"); sys.stdout.flush()
+            sys.stdin.readline()
+            trainsup.exit(143, message="stopped by the test")
+            """)], env=self.env(), cwd=self.dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(script.stdout.readline().strip(), "go")
+            seen = self.wait_for(lambda m: m.HasField("event"))
+            hello = seen[0].hello
+            self.assertEqual((hello.run_id, hello.rank, hello.attempt, hello.pid, hello.token,
+                              hello.world_size), ("run-7", 0, 2, script.pid, "secret", 1))
+            beats = [m.heartbeat for m in seen if m.HasField("heartbeat")]
+            self.assertGreaterEqual(len(beats), 3)
+            # Only progress() advances the counter: the beats while the
+            # script slept all carry 3.
+            self.assertEqual([b.progress_counter for b in beats[-3:]], [3, 3, 3])
+            self.assertEqual(beats[-1].progress.step, 3)
+            self.assertEqual(beats[-1].progress.total_steps, 10)
+            self.assertAlmostEqual(beats[-1].progress.loss, 0.25)
+            # Training while it slept; checkpointing in the beats that came
+            # during the save.
+            phases = [b.progress.phase for b in beats[-3:]]
+            self.assertEqual(phases[0], supervisor_pb2.PHASE_TRAINING)
+            self.assertTrue(set(phases) <= {supervisor_pb2.PHASE_TRAINING,
+                                            supervisor_pb2.PHASE_CHECKPOINTING}, phases)
+            self.assertGreater(beats[-1].progress.time_ms, 0)
+            self.assertEqual([b.seq for b in beats], list(range(1, len(beats) + 1)))
+            event = seen[-1].event
+            self.assertEqual((event.kind, event.step, event.checkpoint_step, event.error),
+                             (supervisor_pb2.EVENT_KIND_CHECKPOINT, 3, 3, ""))
+            self.assertTrue(os.path.isfile(
+                os.path.join(self.run_dir, "checkpoints", "step-3", "MANIFEST.json")))
+            script.stdin.write("\n")
+            script.stdin.flush()
+            seen = self.wait_for(lambda m: m.HasField("exit"))
+            report = seen[-1].exit
+            self.assertEqual((report.code, report.reason, report.message, report.last_step),
+                             (143, "stopped", "stopped by the test", 3))
+            self.assertEqual(script.wait(timeout=20), 143)
+            with open(os.path.join(self.run_dir, "attempts", "2", "rank-0.exit.json")) as f:
+                exit_file = json.load(f)
+            self.assertEqual({k: exit_file[k] for k in ("code", "reason", "message", "last_step")},
+                             {"code": 143, "reason": "stopped", "message": "stopped by the test",
+                              "last_step": 3})
+            self.assertGreater(exit_file["time_ms"], 0)
+        finally:
+            script.kill()
+            script.communicate()
+
+    def test_commands_reach_the_script(self):
+        script = subprocess.Popen([PYTHON, "-c", textwrap.dedent("""
+            import sys, time, trainsup
+            trainsup.progress(1)
+            deadline = time.monotonic() + 20
+            while not trainsup.checkpoint_requested():
+                assert time.monotonic() < deadline, "no CheckpointNow"
+                time.sleep(0.02)
+            assert not trainsup.checkpoint_requested()  # taken once
+            print("checkpoint requested", flush=True)
+            while not trainsup.stop_requested():
+                assert time.monotonic() < deadline, "no Stop"
+                time.sleep(0.02)
+            print("stop", trainsup.stop_deadline_s(), flush=True)
+            """)], env=self.env(), cwd=self.dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        try:
+            self.wait_for(lambda m: m.HasField("heartbeat"))
+            self.daemon.commands.put(
+                worker_pb2.SupervisorCommand(checkpoint_now=worker_pb2.CheckpointNow()))
+            self.assertEqual(script.stdout.readline().strip(), "checkpoint requested")
+            self.daemon.commands.put(
+                worker_pb2.SupervisorCommand(stop=worker_pb2.Stop(deadline_s=30, reason="test")))
+            out, err = script.communicate(timeout=30)
+            self.assertEqual(script.returncode, 0, err)
+            self.assertEqual(out.strip(), "stop 30")
+        finally:
+            script.kill()
+            script.communicate()
+
+    def test_oom_reports_and_exits_75(self):
+        r = run_script("""
+            import trainsup
+            trainsup.progress(4)
+            with trainsup.exit_on_oom():
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            """, self.env(), self.dir)
+        self.assertEqual(r.returncode, 75, r.stderr)
+        seen = self.wait_for(lambda m: m.HasField("exit"))
+        self.assertEqual((seen[-1].exit.code, seen[-1].exit.reason, seen[-1].exit.last_step),
+                         (75, "oom", 4))
+        with open(os.path.join(self.run_dir, "attempts", "2", "rank-0.exit.json")) as f:
+            self.assertEqual(json.load(f)["reason"], "oom")
+
+    def test_reconnects_when_the_daemon_comes_back(self):
+        self.server.stop(0).wait()
+        script = subprocess.Popen([PYTHON, "-c", textwrap.dedent("""
+            import time, trainsup
+            for step in range(1, 1000):
+                trainsup.progress(step)
+                time.sleep(0.02)
+            """)], env=self.env(), cwd=self.dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            time.sleep(1)  # the script trains without a daemon
+            self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+            worker_pb2_grpc.add_WorkerChannelServicer_to_server(self.daemon, self.server)
+            self.server.add_insecure_port("unix:" + self.socket)
+            self.server.start()
+            seen = self.wait_for(lambda m: m.HasField("heartbeat"))
+            self.assertTrue(seen[0].HasField("hello"))
+            self.assertGreater(seen[-1].heartbeat.progress_counter, 10)
+        finally:
+            script.kill()
+            script.communicate()
+
+    def test_sigusr1_dumps_python_stacks(self):
+        script = subprocess.Popen([PYTHON, "-c", textwrap.dedent("""
+            import time, trainsup
+            def stuck_in_here():
+                print("ready", flush=True)
+                while True:
+                    time.sleep(0.05)
+            stuck_in_here()
+            """)], env=self.env(), cwd=self.dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        try:
+            self.assertEqual(script.stdout.readline().strip(), "ready")
+            os.kill(script.pid, 10)  # SIGUSR1
+            time.sleep(0.5)
+            script.terminate()
+            _, err = script.communicate(timeout=20)
+            self.assertIn("stuck_in_here", err)
+            # all_threads: the main thread and the link's (and gRPC's).
+            self.assertGreaterEqual(err.count("hread 0x"), 2, err)
+        finally:
+            script.kill()
+            script.communicate()
+
+    def test_child_process_stays_silent(self):
+        r = run_script("""
+            import multiprocessing as mp, trainsup
+            def child():
+                import trainsup
+                trainsup.progress(99)
+                assert not trainsup.supervised()
+            if __name__ == "__main__":
+                trainsup.progress(1)
+                ctx = mp.get_context("spawn")
+                p = ctx.Process(target=child)
+                p.start(); p.join()
+                assert p.exitcode == 0, p.exitcode
+                import time; time.sleep(0.3)
+            """, self.env(), self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        hellos = [m for m in self.messages() if m.HasField("hello")]
+        self.assertEqual(len(hellos), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
