@@ -38,7 +38,7 @@ from trainsup import _store  # noqa: E402
 __all__ = [
     "progress", "phase", "checkpoint", "save_checkpoint", "resume_path", "resume_step",
     "load_checkpoint", "exit_on_oom", "exit", "stop_requested", "checkpoint_requested",
-    "handle_sigterm", "supervised", "EXIT_CODES",
+    "handle_sigterm", "stop_deadline_s", "supervised", "EXIT_CODES",
 ]
 
 # The worker contract's exit codes and their exit-file reasons
