@@ -17,6 +17,7 @@ daemon is a no-op and checkpoints go to ./checkpoints (or the root passed
 in), so the same script runs by hand. See docs/python-client.md.
 """
 
+import atexit
 import contextlib
 import faulthandler
 import os
@@ -91,6 +92,15 @@ class _Client:
             self.progress.phase = self.link._pb.PHASE_LOADING
             self.link.update_progress(self.progress)
             self.link.start()
+            atexit.register(self.at_exit)
+
+    def at_exit(self):
+        """A script that returns normally: its last progress is flushed to
+        the daemon (which judges the exit by its status) and the stream is
+        closed. exit() and exit_on_oom() end with os._exit, without this."""
+        if self.link is not None:
+            self.link.flush(_REPORT_EXIT_TIMEOUT_S)
+            self.link.stop()
 
     def publish(self):
         """Hands the current Progress to the link (caller holds self.lock)."""

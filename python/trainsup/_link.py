@@ -69,6 +69,8 @@ class Link:
         self._exit_report = None
         self._exit_generation = 0
         self._exit_written = 0
+        self._flush_generation = 0
+        self._flush_written = 0
         self._progress = self._pb.Progress()
         self._heartbeat_seq = 0
         self._progress_counter = 0  # advanced only by advance_progress()
@@ -96,6 +98,20 @@ class Link:
     def advance_progress(self):
         with self._cv:
             self._progress_counter += 1
+
+    def flush(self, timeout_s):
+        """Sends a heartbeat with the newest progress now (after any queued
+        events) and waits up to timeout_s until it was written to a
+        welcomed stream: the last progress of a script that ends between
+        two heartbeats reaches the daemon."""
+        with self._cv:
+            if not self._started or self._stopping:
+                return False
+            self._flush_generation += 1
+            generation = self._flush_generation
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: self._flush_written >= generation or self._finished, timeout_s)
+            return self._flush_written >= generation
 
     @property
     def progress_counter(self):
@@ -224,6 +240,7 @@ class Link:
         while True:
             event_id = -1
             exit_generation = 0
+            flush_generation = 0
             with self._cv:
                 while True:
                     if self._stopping or conn.ended:
@@ -244,6 +261,11 @@ class Link:
                         exit_generation = self._exit_generation
                         break
                     now = time.monotonic()
+                    if self._flush_written < self._flush_generation:
+                        message = self._make_heartbeat()
+                        flush_generation = self._flush_generation
+                        next_heartbeat = now + self._interval_s
+                        break
                     if now >= next_heartbeat:
                         message = self._make_heartbeat()
                         next_heartbeat = now + self._interval_s
@@ -258,6 +280,9 @@ class Link:
                     self._popped_events += 1
                 if exit_generation > 0:
                     self._exit_written = max(self._exit_written, exit_generation)
+                    self._cv.notify_all()
+                if flush_generation > 0:
+                    self._flush_written = max(self._flush_written, flush_generation)
                     self._cv.notify_all()
 
     def _make_heartbeat(self):

@@ -1,0 +1,188 @@
+// The user's own training script under the real trainsupd: real python3
+// processes (Debian's /usr/bin/python3 with python3-torch and
+// python3-grpcio), with and without the trainsup Python client (python/).
+//  - with the client: crashes at a step on attempt 1, resumes from its own
+//    checkpoint (trainsup's manifest), ends with the weights of an
+//    uninterrupted run;
+//  - without it: supervised by its exit code only;
+//  - stops progressing while its heartbeat thread goes on: hung, Python
+//    stacks in its log (faulthandler on the daemon's SIGUSR1), relaunched;
+//  - a two-rank DDP script over Gloo with env://: one rank killed, the gang
+//    restarted from rank 0's checkpoint;
+//  - an out-of-memory error through the helper: exit 75, an OOM restart.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/daemon_test_util.h"
+
+namespace trainsup::integration {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr char kPython[] = "/usr/bin/python3";
+
+std::string Scripts() { return std::string(TRAINSUP_SOURCE_DIR) + "/tests/integration/scripts"; }
+
+// Whether Debian's python3 has what the scripts import.
+bool PythonReady() {
+  static const bool ready = [] {
+    CommandResult r = RunCommand({kPython, "-c", "import torch, grpc, google.protobuf"},
+                                 Seconds(60), ::testing::TempDir() + "/python-check");
+    return r.code == 0;
+  }();
+  return ready;
+}
+
+void AllowPython(DaemonHarness& h) {
+  h.Set("commands.allowed_programs", std::string("[\"") + kPython + "\"]");
+}
+
+// A [command] spec running `script` with `env` (TOML inline-table body).
+std::string ScriptSpec(const std::string& name, const std::string& script, bool heartbeats,
+                       const std::string& env, int world = 1, int total_steps = 0) {
+  const std::string pythonpath =
+      std::string(TRAINSUP_SOURCE_DIR) + "/python:" + TRAINSUP_PYTHON_STUBS;
+  std::string spec = "name = \"" + name + "\"\nworld_size = " + std::to_string(world) +
+                     "\n[command]\nargv = [\"" + kPython + "\", \"" + Scripts() + "/" + script +
+                     "\"]\nheartbeats = " + (heartbeats ? "true" : "false") + "\n";
+  if (total_steps > 0) spec += "total_steps = " + std::to_string(total_steps) + "\n";
+  spec += "env = { PYTHONPATH = \"" + pythonpath + "\", PYTHONUNBUFFERED = \"1\"" +
+          (env.empty() ? "" : ", " + env) + " }\n";
+  return spec;
+}
+
+// The two final.pt files hold the same tensors, bit for bit.
+bool SameWeights(const std::string& a, const std::string& b) {
+  CommandResult r = RunCommand(
+      {kPython, "-c",
+       "import sys, torch\n"
+       "a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])\n"
+       "sys.exit(0 if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) else 1)\n",
+       a, b},
+      Seconds(120), ::testing::TempDir() + "/compare");
+  return r.code == 0;
+}
+
+TEST(CommandRun, ClientScriptCrashesResumesFromItsCheckpointAndEndsAsAnUninterruptedRun) {
+  if (!PythonReady()) GTEST_SKIP() << kPython << " lacks torch or grpc (deploy/bootstrap.sh)";
+  DaemonHarness h;
+  AllowPython(h);
+  ASSERT_TRUE(h.Start());
+  const std::string common = "USE_CLIENT = \"1\", STEPS = \"30\", CHECKPOINT_EVERY = \"5\"";
+  const std::string ref_id =
+      h.Submit(ScriptSpec("reference", "train_small.py", true, common, 1, 30));
+  v1::Run ref;
+  ASSERT_TRUE(h.WaitForEnd(ref_id, Seconds(180), &ref));
+  ASSERT_EQ(ref.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ref) << RankLog(ref, 1, 0);
+  ASSERT_EQ(ref.attempts_size(), 1);
+
+  const std::string id = h.Submit(ScriptSpec(
+      "crashes", "train_small.py", true, common + ", CRASH_AT_STEP = \"12\"", 1, 30));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  EXPECT_EQ(run.attempts(0).ranks(0).signal(), SIGABRT) << Describe(run);
+  EXPECT_EQ(run.attempts(1).resumed_from_step(), 10) << Describe(run);
+  EXPECT_THAT(RankLog(run, 2, 0), HasSubstr("resumed from step 10"));
+  EXPECT_EQ(run.progress().step(), 30);
+  EXPECT_TRUE(SameWeights(ref.run_dir() + "/final.pt", run.run_dir() + "/final.pt"))
+      << "the resumed run's weights differ from the uninterrupted run's";
+}
+
+TEST(CommandRun, ScriptWithoutTheClientIsSupervisedByItsExitCode) {
+  if (!PythonReady()) GTEST_SKIP() << kPython << " lacks torch or grpc (deploy/bootstrap.sh)";
+  DaemonHarness h;
+  AllowPython(h);
+  ASSERT_TRUE(h.Start());
+  const std::string id = h.Submit(ScriptSpec("plain", "train_small.py", false,
+                                             "STEPS = \"12\", CRASH_AT_STEP = \"5\""));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_SIGNAL) << Describe(run);
+  EXPECT_EQ(run.attempts(1).ranks(0).exit_class(), v1::EXIT_CLASS_SUCCESS) << Describe(run);
+  EXPECT_THAT(RankLog(run, 2, 0), HasSubstr("done"));
+  EXPECT_TRUE(fs::exists(run.run_dir() + "/final.pt"));
+}
+
+TEST(CommandRun, HungScriptGetsPythonStacksInItsLogAndIsRelaunched) {
+  if (!PythonReady()) GTEST_SKIP() << kPython << " lacks torch or grpc (deploy/bootstrap.sh)";
+  DaemonHarness h;
+  AllowPython(h);
+  h.Set("progress.fixed_timeout_s", "3");
+  ASSERT_TRUE(h.Start());
+  const std::string id = h.Submit(ScriptSpec(
+      "hangs", "train_small.py", true, "USE_CLIENT = \"1\", STEPS = \"12\", HANG_AT_STEP = \"6\"",
+      1, 12));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_HUNG) << Describe(run);
+  const std::string log = RankLog(run, 1, 0);
+  EXPECT_THAT(log, HasSubstr("hanging at step 6"));
+  // faulthandler's dump: the main thread stands in the script's sleep.
+  EXPECT_THAT(log, HasSubstr("most recent call first"));
+  EXPECT_THAT(log, HasSubstr("train_small.py\", line"));
+}
+
+TEST(CommandRun, TwoRankDdpScriptWithOneRankKilledRestartsAsAGang) {
+  if (!PythonReady()) GTEST_SKIP() << kPython << " lacks torch or grpc (deploy/bootstrap.sh)";
+  DaemonHarness h;
+  AllowPython(h);
+  h.Set("slots.cpu_slots", "2");
+  ASSERT_TRUE(h.Start());
+  const std::string id = h.Submit(
+      ScriptSpec("ddp", "train_ddp.py", true, "STEPS = \"400\", CHECKPOINT_EVERY = \"5\"", 2, 400));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitFor(
+      id,
+      [](const v1::Run& r) {
+        return r.state() == v1::RUN_STATE_RUNNING && r.progress().step() >= 10 &&
+               r.attempts_size() == 1 && r.attempts(0).ranks_size() == 2 &&
+               r.attempts(0).ranks(1).pid() > 1;
+      },
+      Seconds(120), &run));
+  ASSERT_EQ(kill(run.attempts(0).ranks(1).pid(), SIGKILL), 0);
+  ASSERT_TRUE(h.WaitForEnd(id, Seconds(300), &run));
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  ASSERT_GE(run.attempts_size(), 2) << Describe(run);
+  EXPECT_EQ(run.attempts(0).ranks(1).signal(), SIGKILL) << Describe(run);
+  EXPECT_GE(run.attempts(1).resumed_from_step(), 5) << Describe(run);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_THAT(RankLog(run, 2, r), HasSubstr("resumed from step")) << "rank " << r;
+  }
+  std::vector<v1::RunEvent> events = h.History(id);
+  EXPECT_TRUE(HasEvent(events, v1::EVENT_KIND_ATTEMPT_ENDED, "rank 1 died first"))
+      << Describe(events);
+}
+
+TEST(CommandRun, OutOfMemoryThroughTheHelperIsExit75AndAnOomRestart) {
+  if (!PythonReady()) GTEST_SKIP() << kPython << " lacks torch or grpc (deploy/bootstrap.sh)";
+  DaemonHarness h;
+  AllowPython(h);
+  ASSERT_TRUE(h.Start());
+  const std::string id = h.Submit(ScriptSpec(
+      "oom", "train_small.py", true, "USE_CLIENT = \"1\", STEPS = \"10\", OOM_AT_STEP = \"4\"", 1,
+      10));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  EXPECT_EQ(run.attempts(0).ranks(0).exit_code(), 75) << Describe(run);
+  EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_OOM) << Describe(run);
+  EXPECT_EQ(run.oom_restarts(), 1) << Describe(run);
+}
+
+}  // namespace
+}  // namespace trainsup::integration
