@@ -277,5 +277,48 @@ TEST(Gang, RankStoppedInsideACollectiveTimesOutItsPeerAndTheGangRestarts) {
   EXPECT_TRUE(Eventually([&] { return ProcessesMentioning(run.run_dir()).empty(); }, Seconds(10)));
 }
 
+// Cancel (the daemon's Stop command to every rank, then SIGTERM): the stop
+// requests reach the ranks at different moments, but the ranks agree on
+// it in the next step's control collective, so both stop after the same
+// step, rank 0 writes that step's checkpoint once, and both exit 143.
+TEST(Gang, CancelStopsEveryRankAfterTheSameStepWithOneCheckpoint) {
+  DaemonHarness h;
+  UseRealWorker(h, 2);
+  ASSERT_TRUE(h.Start());
+  const std::string id = h.Submit(GangSpec("cancelled", 2, 1000, 0));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitFor(
+      id, [](const v1::Run& r) { return AttemptRunning(r, 2) && r.progress().step() >= 3; },
+      Seconds(120), &run));
+  v1::CancelRunRequest req;
+  req.set_run_id(id);
+  req.set_reason("enough");
+  auto ctx = h.Context(h.operator_token());
+  grpc::Status s = h.stub().CancelRun(ctx.get(), req, &run);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_TRUE(h.WaitForState(id, v1::RUN_STATE_CANCELLED, Seconds(120), &run));
+  ASSERT_EQ(run.attempts_size(), 1) << Describe(run);
+  int64_t stopped_at = -1;
+  for (int r = 0; r < 2; ++r) {
+    const v1::RankStatus& rank = run.attempts(0).ranks(r);
+    EXPECT_EQ(rank.exit_code(), 143) << "rank " << r << ": " << Describe(run);
+    absl::StatusOr<ExitFile> f = ReadExitFile(ExitFilePath(run.run_dir(), 1, r));
+    ASSERT_TRUE(f.ok()) << "rank " << r << ": " << f.status();
+    EXPECT_EQ(f->reason, "stopped") << "rank " << r;
+    if (r == 0) stopped_at = f->last_step;
+    EXPECT_EQ(f->last_step, stopped_at) << "the ranks stopped after different steps";
+  }
+  ASSERT_GE(stopped_at, 3);
+  // One store, one checkpoint: the step both stopped after.
+  std::vector<std::string> steps;
+  for (const auto& e : fs::directory_iterator(RunLayout(run.run_dir()).CheckpointsDir())) {
+    steps.push_back(e.path().filename().string());
+  }
+  EXPECT_EQ(steps, std::vector<std::string>{"step-" + std::to_string(stopped_at)});
+  EXPECT_THAT(RankLog(run, 1, 1),
+              HasSubstr("checkpoint step-" + std::to_string(stopped_at) + " (written by rank 0)"));
+  EXPECT_TRUE(Eventually([&] { return ProcessesMentioning(run.run_dir()).empty(); }, Seconds(10)));
+}
+
 }  // namespace
 }  // namespace trainsup::integration
