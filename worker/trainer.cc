@@ -543,13 +543,26 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
 void Trainer::Evaluate(TrainerResult* result) {
   if (!val_ || val_->size() == 0) return;
   Report(v1::PHASE_EVALUATING);
+  // In a gang every rank evaluates the same model: rank 0's running
+  // statistics (each rank's last training forward moved its own), and the
+  // baseline's majority class of the labelled voxels all ranks have seen.
+  std::vector<int64_t> seen = class_counts_;
+  if (gang_->world_size() > 1) {
+    if (!sync_batchnorm_) {
+      BroadcastWeights(/*parameters=*/false,
+                       absl::StrCat("running statistics from rank 0 for the evaluation at step ",
+                                    step_));
+    }
+    at::Tensor counts = at::tensor(seen, at::kLong);
+    gang_->AllreduceSum(counts, absl::StrCat("class counts for the evaluation at step ", step_));
+    for (size_t c = 0; c < seen.size(); ++c) seen[c] = counts[static_cast<int64_t>(c)].item<int64_t>();
+  }
   torch::NoGradGuard no_grad;
   model_->eval();
   Confusion confusion(num_classes_);
   Confusion baseline(num_classes_);
-  majority_class_ =
-      std::max_element(class_counts_.begin(), class_counts_.end()) - class_counts_.begin();
   // The majority class of the training split's labelled voxels seen so far.
+  majority_class_ = std::max_element(seen.begin(), seen.end()) - seen.begin();
   LoaderOptions lo;
   lo.batch_size = 1;
   lo.seed = static_cast<uint64_t>(spec_.train.seed);

@@ -274,6 +274,19 @@ TEST(Gang, RankStoppedInsideACollectiveTimesOutItsPeerAndTheGangRestarts) {
   for (const v1::RankStatus& r : run.attempts(run.attempts_size() - 1).ranks()) {
     EXPECT_EQ(r.exit_class(), v1::EXIT_CLASS_SUCCESS);
   }
+  // Both ranks evaluate the same model (rank 0's running statistics) and
+  // the same majority-class baseline (the gang's class counts).
+  std::vector<std::string> evaluations;
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<ExitFile> last =
+        ReadExitFile(ExitFilePath(run.run_dir(), run.attempts_size(), r));
+    ASSERT_TRUE(last.ok()) << last.status();
+    const size_t at = last->message.find("val mIoU");
+    ASSERT_NE(at, std::string::npos) << last->message;
+    evaluations.push_back(last->message.substr(at));
+  }
+  EXPECT_EQ(evaluations[0], evaluations[1]);
+  std::printf("rank 0: %s\nrank 1: %s\n", evaluations[0].c_str(), evaluations[1].c_str());
   EXPECT_TRUE(Eventually([&] { return ProcessesMentioning(run.run_dir()).empty(); }, Seconds(10)));
 }
 
