@@ -6,8 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -31,63 +31,13 @@
 #include "worker/metrics.h"
 #include "worker/split.h"
 #include "worker/step.h"
+#include "worker/trainer_impl.h"
 
 namespace trainsup::worker {
+namespace internal {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-constexpr int kExitOk = ExitStatus(WorkerExit::kCompleted);
-constexpr int kExitUsage = ExitStatus(WorkerExit::kUsage);
-constexpr int kExitData = ExitStatus(WorkerExit::kData);
-constexpr int kExitOom = ExitStatus(WorkerExit::kOom);
-constexpr int kExitStopped = ExitStatus(WorkerExit::kStopped);
-constexpr int kExitPeerLost = ExitStatus(WorkerExit::kPeerLost);
-// Not a contract code: the supervisor restarts the attempt like a crash.
-constexpr int kExitCheckpointIo = 1;
-
-// Counters kept across the whole run (checkpointed with the trainer state).
-struct Counters {
-  int64_t splits = 0;
-  int64_t predicted_splits = 0;
-  int64_t retries = 0;
-  int64_t oom_events = 0;
-  int64_t wasted_forwards = 0;
-  int64_t dropped_pieces = 0;
-  int64_t dropped_voxels = 0;
-  int64_t skipped_steps = 0;
-
-  void Add(const SplitStats& s) {
-    splits += s.splits;
-    predicted_splits += s.predicted_splits;
-    retries += s.retries;
-    oom_events += s.oom_events;
-    wasted_forwards += s.wasted_forwards;
-    dropped_pieces += s.dropped_pieces;
-    dropped_voxels += s.dropped_voxels;
-  }
-  nlohmann::json ToJson() const {
-    return {{"splits", splits},
-            {"predicted_splits", predicted_splits},
-            {"retries", retries},
-            {"oom_events", oom_events},
-            {"wasted_forwards", wasted_forwards},
-            {"dropped_pieces", dropped_pieces},
-            {"dropped_voxels", dropped_voxels},
-            {"skipped_steps", skipped_steps}};
-  }
-  void FromJson(const nlohmann::json& j) {
-    splits = j.value("splits", int64_t{0});
-    predicted_splits = j.value("predicted_splits", int64_t{0});
-    retries = j.value("retries", int64_t{0});
-    oom_events = j.value("oom_events", int64_t{0});
-    wasted_forwards = j.value("wasted_forwards", int64_t{0});
-    dropped_pieces = j.value("dropped_pieces", int64_t{0});
-    dropped_voxels = j.value("dropped_voxels", int64_t{0});
-    skipped_steps = j.value("skipped_steps", int64_t{0});
-  }
-};
 
 int DepthOf(const std::string& arch) {
   if (arch == "minkunet18") return 18;
@@ -137,314 +87,7 @@ void CorruptNewest(const std::string& root) {
   f.write(&byte, 1);
 }
 
-class Trainer {
- public:
-  Trainer(const RunSpec& spec, const TrainerOptions& options, const TrainerHooks& hooks)
-      : spec_(spec),
-        options_(options),
-        hooks_(hooks),
-        store_(RunLayout(options.run_dir).CheckpointRoot(options.rank, options.world_size),
-               options.file_system != nullptr ? options.file_system : ckpt::FileSystem::Default(),
-               ckpt::StoreOptions{static_cast<int>(spec.train.keep_checkpoints), 0}) {}
-
-  // Run's body; a CollectiveError (a peer lost) becomes exit 76.
-  TrainerResult Run();
-
- private:
-  TrainerResult RunLoop();
-  void Log(const std::string& line) {
-    if (hooks_.log) hooks_.log(line);
-  }
-  void Event(v1::EventKind kind, int64_t checkpoint_step, const std::string& message) {
-    if (hooks_.event) hooks_.event(kind, step_, checkpoint_step, message);
-  }
-  void Report(v1::Phase phase) {
-    if (!hooks_.progress) return;
-    v1::Progress p;
-    p.set_step(step_);
-    p.set_total_steps(total_steps_);
-    p.set_epoch(epoch_);
-    p.set_phase(phase);
-    p.set_loss(last_loss_);
-    p.set_samples_per_sec(samples_per_sec_);
-    sparse::MemoryStats m = sparse::GetMemoryStats(device_);
-    p.set_memory_current_bytes(m.current_bytes);
-    p.set_memory_peak_bytes(run_peak_);
-    p.set_memory_budget_bytes(budget_);
-    p.set_last_checkpoint_step(last_checkpoint_);
-    p.set_splits(counters_.splits);
-    p.set_oom_retries(counters_.retries);
-    p.set_dropped_pieces(counters_.dropped_pieces);
-    p.set_wasted_forwards(counters_.wasted_forwards);
-    p.set_accuracy(last_accuracy_);
-    p.set_val_miou(val_miou_);
-    p.set_baseline_miou(baseline_miou_);
-    p.set_checkpoint_failures(checkpoint_failures_);
-    p.set_last_checkpoint_error(last_checkpoint_error_);
-    hooks_.progress(p);
-  }
-  // A data error's message for the exit file and the supervisor, which
-  // viewers see: the file's content withheld (ViewerMessage). The rank's
-  // log gets all of it.
-  std::string DataMessage(const absl::Status& s) {
-    const std::string viewer = ViewerMessage(s);
-    if (viewer != s.message()) Log(absl::StrCat("data error: ", s.message()));
-    return viewer;
-  }
-  TrainerResult Fail(int code, const std::string& reason, const std::string& message) {
-    TrainerResult r;
-    r.exit_code = code;
-    r.reason = reason;
-    r.message = message;
-    r.last_step = step_;
-    return r;
-  }
-  // Saves the current step. A failure is counted and reported (log,
-  // checkpoint_failed, the heartbeat) and returned; the checkpoints
-  // committed before are untouched.
-  absl::Status Checkpoint();
-  // The end of an attempt whose checkpoint had to be written (`when`: at
-  // the end, before a requested stop) but failed with `s`: exit 74 when the
-  // file system is full (ResourceExhausted: ENOSPC, EDQUOT), else 1.
-  TrainerResult CheckpointFailed(const absl::Status& s, const std::string& when);
-  absl::Status Resume();
-  // This rank's own part of a checkpoint (data position, memory model,
-  // counters, RNG), and its restoration.
-  nlohmann::json RankState() const;
-  absl::Status ApplyRankState(const nlohmann::json& rank_state, bool restore_rng);
-  // Every rank gets rank 0's buffers (BatchNorm running statistics) and,
-  // with `parameters`, its parameters; `what` names the collectives.
-  void BroadcastWeights(bool parameters, const std::string& what);
-  SplitOptions Splitting() const;
-  // Calibrates the memory model before the first step (CalibrateMemory)
-  // when it plans (predictive splitting under a budget) and is not ready.
-  absl::Status Calibrate(const LoaderOptions& loader);
-  // One optimizer step over `batch`, part of a global batch of
-  // `global_labelled` labelled voxels; ResourceExhausted = hard OOM.
-  absl::Status Step(const Batch& batch, int64_t global_labelled);
-  void Evaluate(TrainerResult* result);
-
-  RunSpec spec_;
-  TrainerOptions options_;
-  TrainerHooks hooks_;
-  ckpt::CheckpointStore store_;
-  std::unique_ptr<Dataset> train_, val_;
-  std::unique_ptr<Loader> loader_;
-  std::unique_ptr<Gang> gang_;  // world size 1 too: collectives are then the identity
-  std::unique_ptr<GradientReducer> reducer_;
-  bool sync_batchnorm_ = false;
-  int64_t shard_size_ = 0;  // scenes this rank visits per epoch
-  sparse::MinkUNet model_{nullptr};
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::vector<at::Tensor> params_;
-  std::vector<at::Tensor> accum_;
-  MemoryModel memory_model_;
-  Counters counters_;
-  int num_classes_ = 0;
-  int channels_ = 0;   // model input channels (the data's, plus the height)
-  double height_ = 0;  // > 0: the height channel's scale (the voxel size)
-  int64_t budget_ = 0;
-  c10::Device device_{c10::DeviceType::CPU};
-  int64_t run_peak_ = 0;
-  int64_t step_ = 0;  // the next step to run (== steps done)
-  int64_t epoch_ = 0;
-  int64_t cursor_ = 0;
-  int64_t total_steps_ = 0;
-  int64_t last_checkpoint_ = -1;
-  int64_t checkpoint_failures_ = 0;    // failed saves in this attempt
-  std::string last_checkpoint_error_;  // the newest save's error; "" once one succeeds
-  double last_loss_ = 0;
-  double last_accuracy_ = 0;
-  double samples_per_sec_ = 0;
-  int64_t majority_class_ = 0;
-  double val_miou_ = -1;
-  double baseline_miou_ = -1;
-  std::vector<int64_t> class_counts_;  // labelled training voxels seen, per class
-};
-
-nlohmann::json Trainer::RankState() const {
-  return {{"rank", options_.rank},
-          {"epoch", epoch_},
-          {"cursor", cursor_},
-          {"memory_model", memory_model_.Serialize()},
-          {"counters", counters_.ToJson()},
-          {"last_loss", last_loss_},
-          {"class_counts", class_counts_},
-          {"cpu_rng_state", ckpt::ToHex(ckpt::CpuGeneratorState())}};
-}
-
-absl::Status Trainer::ApplyRankState(const nlohmann::json& r, bool restore_rng) {
-  if (!r.is_object()) return absl::DataLossError("a rank's state is not a JSON object");
-  if (r.contains("epoch")) epoch_ = r["epoch"].get<int64_t>();
-  if (r.contains("cursor")) cursor_ = r["cursor"].get<int64_t>();
-  if (r.contains("memory_model")) {
-    absl::StatusOr<MemoryModel> m = MemoryModel::Deserialize(r["memory_model"].get<std::string>());
-    if (m.ok()) memory_model_ = *m;
-  }
-  if (r.contains("counters")) counters_.FromJson(r["counters"]);
-  last_loss_ = r.value("last_loss", 0.0);
-  if (r.contains("class_counts")) {
-    std::vector<int64_t> counts = r["class_counts"].get<std::vector<int64_t>>();
-    if (counts.size() == class_counts_.size()) class_counts_ = counts;
-  }
-  if (restore_rng && r.contains("cpu_rng_state")) {
-    std::string bytes;
-    if (!ckpt::FromHex(r["cpu_rng_state"].get<std::string>(), &bytes)) {
-      return absl::DataLossError(absl::StrCat("rank ", options_.rank,
-                                              "'s CPU generator state is not hex"));
-    }
-    absl::Status set = ckpt::SetCpuGeneratorState(bytes);
-    if (!set.ok()) {
-      return absl::DataLossError(absl::StrCat("rank ", options_.rank, ": ", set.message()));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Trainer::Checkpoint() {
-  Report(v1::PHASE_CHECKPOINTING);
-  const int world = gang_->world_size();
-  const std::string name = absl::StrCat("checkpoint step-", step_);
-  ckpt::TrainerState state;
-  state.step = step_;
-  state.epoch = epoch_;
-  state.cursor = cursor_;
-  nlohmann::json extra = RankState();
-  extra["num_classes"] = num_classes_;
-  absl::Status s;
-  if (world == 1) {
-    state.extra_json = extra.dump();
-    s = ckpt::SaveState(store_, *model_, *optimizer_, state);
-  } else {
-    // Every rank has finished the step (this gather is the barrier); rank 0
-    // writes the one checkpoint, with every rank's state in it, and tells
-    // the others how it went.
-    std::vector<std::string> ranks = gang_->AllGather(RankState().dump(), name + ": rank states");
-    at::Tensor result = at::zeros({2}, at::kLong);  // [written, out of space]
-    if (options_.rank == 0) {
-      nlohmann::json all = nlohmann::json::array();
-      for (const std::string& r : ranks) all.push_back(nlohmann::json::parse(r));
-      nlohmann::json gang_extra = {{"num_classes", num_classes_},
-                                   {"world_size", world},
-                                   {"ranks", all}};
-      state.extra_json = gang_extra.dump();
-      s = ckpt::SaveState(store_, *model_, *optimizer_, state);
-      result[0] = s.ok() ? 1 : 0;
-      result[1] = absl::IsResourceExhausted(s) ? 1 : 0;
-    }
-    gang_->Broadcast(result, 0, name + ": written");
-    if (options_.rank != 0) {
-      if (result[0].item<int64_t>() == 1) {
-        s = absl::OkStatus();
-      } else {
-        const std::string why = absl::StrCat("rank 0 could not write ", name, " (its log says why)");
-        s = result[1].item<int64_t>() == 1 ? absl::ResourceExhaustedError(why)
-                                          : absl::UnavailableError(why);
-      }
-    }
-  }
-  if (s.ok()) {
-    last_checkpoint_ = step_;
-    last_checkpoint_error_.clear();
-    if (options_.rank == 0) Event(v1::EVENT_KIND_CHECKPOINT, step_, name);
-    Log(world == 1 || options_.rank == 0 ? name : absl::StrCat(name, " (written by rank 0)"));
-  } else {
-    ++checkpoint_failures_;
-    last_checkpoint_error_ = std::string(s.message());
-    Log(absl::StrCat(name, " failed (", checkpoint_failures_,
-                     " failed so far; newest checkpoint ",
-                     last_checkpoint_ >= 0 ? absl::StrCat("step-", last_checkpoint_) : "none",
-                     "): ", s.message()));
-    if (hooks_.checkpoint_failed && options_.rank == 0)
-      hooks_.checkpoint_failed(step_, last_checkpoint_, last_checkpoint_error_);
-  }
-  Report(v1::PHASE_TRAINING);
-  return s;
-}
-
-TrainerResult Trainer::CheckpointFailed(const absl::Status& s, const std::string& when) {
-  if (!absl::IsResourceExhausted(s)) {
-    return Fail(1, "checkpoint_failed", std::string(s.message()));
-  }
-  return Fail(
-      ExitStatus(WorkerExit::kNoSpace), ToString(WorkerExit::kNoSpace),
-      absl::StrCat("no space left in ", store_.root(), " for checkpoint step-", step_, " ", when,
-                   ": ", s.message(), "; the newest checkpoint kept is ",
-                   last_checkpoint_ >= 0 ? absl::StrCat("step-", last_checkpoint_) : "none"));
-}
-
-absl::Status Trainer::Resume() {
-  if (options_.resume == "none") return absl::OkStatus();
-  absl::StatusOr<ckpt::CheckpointInfo> chosen = absl::NotFoundError("");
-  if (options_.resume == "latest") {
-    std::vector<ckpt::QuarantineReport> quarantined;
-    chosen = store_.ChooseLatest(&quarantined);
-    for (const auto& q : quarantined) {
-      std::string line = absl::StrCat("checkpoint step-", q.step, " quarantined: ", q.reason);
-      Log(line);
-      Event(v1::EVENT_KIND_LOG, -1, line);
-    }
-    if (!chosen.ok()) {
-      if (chosen.status().code() == absl::StatusCode::kNotFound) return absl::OkStatus();
-      return chosen.status();
-    }
-  } else {
-    int64_t want = std::stoll(options_.resume);
-    absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = store_.List();
-    if (!list.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("listing ", store_.root(), ": ", list.status().message()));
-    }
-    for (const auto& info : *list) {
-      if (info.step == want) chosen = info;
-    }
-    if (!chosen.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--resume ", want, ": no such checkpoint"));
-    }
-    absl::Status v = store_.Verify(*chosen);
-    if (absl::IsDataLoss(v)) {
-      // A content error: moved aside, so the supervisor's next choice skips it.
-      store_.Quarantine(*chosen, std::string(v.message())).IgnoreError();
-      return absl::DataLossError(absl::StrCat("checkpoint step-", want, ": ", v.message()));
-    }
-    if (!v.ok()) return v;  // an I/O error: nothing is known about the checkpoint
-  }
-  ckpt::TrainerState state;
-  absl::Status s = ckpt::LoadState(store_, *chosen, *model_, *optimizer_, &state);
-  if (!s.ok()) {
-    if (absl::IsUnavailable(s)) return s;
-    return absl::Status(s.code(),
-                        absl::StrCat("checkpoint step-", chosen->step, ": ", s.message()));
-  }
-  step_ = state.step;
-  epoch_ = state.epoch;
-  cursor_ = state.cursor;
-  last_checkpoint_ = state.step;
-  nlohmann::json extra = nlohmann::json::parse(state.extra_json, nullptr, false);
-  const int world = options_.world_size;
-  const int64_t written_by =
-      extra.is_object() && extra.contains("world_size") ? extra["world_size"].get<int64_t>() : 1;
-  if (written_by != world) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint step-", chosen->step, " was written by a gang of ", written_by,
-        " rank", written_by == 1 ? "" : "s", "; this run has world_size = ", world,
-        " (a run resumes with the world size it was written with)"));
-  }
-  if (extra.is_object()) {
-    // One rank: its state is the extra object itself; a gang: each rank's
-    // own entry (rank 0's RNG was restored by LoadState already).
-    const bool gang = extra.contains("ranks");
-    const nlohmann::json& mine = gang ? extra["ranks"][options_.rank] : extra;
-    absl::Status applied = ApplyRankState(mine, gang && options_.rank != 0);
-    if (!applied.ok()) {
-      return absl::DataLossError(absl::StrCat("checkpoint step-", chosen->step, ": ",
-                                              applied.message()));
-    }
-  }
-  Log(absl::StrCat("resumed from step ", step_, " (epoch ", epoch_, ", cursor ", cursor_, ")"));
-  Event(v1::EVENT_KIND_LOG, -1, absl::StrCat("resumed from step ", step_));
-  return absl::OkStatus();
-}
+}  // namespace
 
 SplitOptions Trainer::Splitting() const {
   SplitOptions split_options;
@@ -497,8 +140,8 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
   int64_t labelled = outcome->labelled;
   if (gang) {
     // The global batch's loss and accuracy; its gradient is in accum_.
-    at::Tensor sums = at::tensor({loss_sum, static_cast<double>(hits),
-                                  static_cast<double>(labelled)}, at::kDouble);
+    at::Tensor sums = at::tensor(
+        {loss_sum, static_cast<double>(hits), static_cast<double>(labelled)}, at::kDouble);
     gang_->AllreduceSum(sums, absl::StrCat("loss and accuracy of step ", step_ + 1));
     loss_sum = sums[0].item<double>();
     hits = static_cast<int64_t>(sums[1].item<double>());
@@ -538,99 +181,6 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
   last_loss_ = loss_sum;
   last_accuracy_ = static_cast<double>(hits) / static_cast<double>(labelled);
   return absl::OkStatus();
-}
-
-void Trainer::Evaluate(TrainerResult* result) {
-  if (!val_ || val_->size() == 0) return;
-  Report(v1::PHASE_EVALUATING);
-  // In a gang every rank evaluates the same model: rank 0's running
-  // statistics (each rank's last training forward moved its own), and the
-  // baseline's majority class of the labelled voxels all ranks have seen.
-  std::vector<int64_t> seen = class_counts_;
-  if (gang_->world_size() > 1) {
-    if (!sync_batchnorm_) {
-      BroadcastWeights(/*parameters=*/false,
-                       absl::StrCat("running statistics from rank 0 for the evaluation at step ",
-                                    step_));
-    }
-    at::Tensor counts = at::tensor(seen, at::kLong);
-    gang_->AllreduceSum(counts, absl::StrCat("class counts for the evaluation at step ", step_));
-    for (size_t c = 0; c < seen.size(); ++c) seen[c] = counts[static_cast<int64_t>(c)].item<int64_t>();
-  }
-  torch::NoGradGuard no_grad;
-  model_->eval();
-  Confusion confusion(num_classes_);
-  Confusion baseline(num_classes_);
-  // The majority class of the training split's labelled voxels seen so far.
-  majority_class_ = std::max_element(seen.begin(), seen.end()) - seen.begin();
-  LoaderOptions lo;
-  lo.batch_size = 1;
-  lo.seed = static_cast<uint64_t>(spec_.train.seed);
-  lo.voxel_size = spec_.model.voxel_size;
-  lo.augment = false;
-  lo.shuffle = false;
-  lo.prefetch = 1;
-  Loader loader(val_.get(), lo, 0, 0);
-  for (int64_t i = 0; i < val_->size(); ++i) {
-    absl::StatusOr<Batch> batch = loader.Next();
-    if (!batch.ok()) break;
-    std::vector<SceneView> views;
-    for (const VoxelScene& s : batch->scenes) {
-      views.push_back({s.xyz.data(), static_cast<int64_t>(s.labels.size()), s.labelled.data()});
-    }
-    RunGroup run = [&](const Group& group, double) -> absl::Status {
-      try {
-        GroupTensors t = Assemble(*batch, group, channels_, at::kFloat, height_, device_);
-        at::Tensor pred = model_->forward(t.input).features().argmax(1).cpu();
-        at::Tensor labels = t.labels.cpu();
-        confusion.Add(pred, labels);
-        baseline.Add(at::full_like(labels, majority_class_), labels);
-        return absl::OkStatus();
-      } catch (const c10::OutOfMemoryError& e) {
-        return absl::ResourceExhaustedError(e.what());
-      }
-    };
-    SplitOptions o;
-    o.min_piece_voxels = spec_.train.min_piece_points;
-    RunSplitting(
-        views, o, run, [this] { sparse::ReleaseCachedMemory(device_); }, nullptr, budget_)
-        .IgnoreError();
-  }
-  model_->train();
-  result->val_miou = confusion.MeanIoU();
-  result->val_accuracy = confusion.Accuracy();
-  result->baseline_miou = baseline.MeanIoU();
-  val_miou_ = result->val_miou;
-  baseline_miou_ = result->baseline_miou;
-  std::string line =
-      absl::StrCat("eval at step ", step_, ": val mIoU ", result->val_miou, ", accuracy ",
-                   result->val_accuracy, "; majority-class baseline mIoU ", result->baseline_miou);
-  Log(line);
-  Event(v1::EVENT_KIND_LOG, -1, line);
-  Report(v1::PHASE_TRAINING);
-}
-
-void Trainer::BroadcastWeights(bool parameters, const std::string& what) {
-  if (gang_->world_size() == 1) return;
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> tensors;
-  if (parameters) tensors = model_->parameters();
-  for (const at::Tensor& b : model_->buffers()) tensors.push_back(b);
-  // One collective per dtype: the float tensors flattened into one, the
-  // counters (num_batches_tracked) into another.
-  std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
-  for (const at::Tensor& t : tensors) by_type[t.scalar_type()].push_back(t);
-  for (auto& [type, list] : by_type) {
-    std::vector<at::Tensor> flat_parts;
-    for (const at::Tensor& t : list) flat_parts.push_back(t.reshape({-1}));
-    at::Tensor flat = at::cat(flat_parts);
-    gang_->Broadcast(flat, 0, absl::StrCat(what, " (", c10::toString(type), ")"));
-    int64_t offset = 0;
-    for (at::Tensor& t : list) {
-      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
-  }
 }
 
 TrainerResult Trainer::Run() {
@@ -712,8 +262,8 @@ TrainerResult Trainer::RunLoop() {
   }
   gang_ = std::move(*gang);
   if (options_.world_size > 1) {
-    Log(absl::StrCat("joined the gang as rank ", options_.rank, " of ", options_.world_size,
-                     " (", gang_->backend(), ", rendezvous ", options_.master_addr, ":",
+    Log(absl::StrCat("joined the gang as rank ", options_.rank, " of ", options_.world_size, " (",
+                     gang_->backend(), ", rendezvous ", options_.master_addr, ":",
                      options_.master_port, ", collective timeout ", spec_.distributed.timeout_s,
                      " s)"));
   }
@@ -821,16 +371,15 @@ TrainerResult Trainer::RunLoop() {
   if (inject && faults.stop_in_collective_at_step > 0) {
     reducer_->StopInCollectiveAt(faults.stop_in_collective_at_step);
   }
-  Log(absl::StrCat("training ", spec_.model.arch, " (", model_->NumParameters(), " parameters, ",
-                   num_classes_, " classes, ", channels_, " input channels) on ", train_->size(),
-                   " training and ", val_ ? val_->size() : 0, " validation scenes, ", total_steps_,
-                   " steps, ", memory_settings, ", ", at::get_num_threads(), " threads, on ",
-                   device_.str(),
-                   options_.world_size > 1
-                       ? absl::StrCat(", rank ", options_.rank, " of ", options_.world_size, " (",
-                                      shard_size_, " scenes per rank and epoch, ",
-                                      reducer_->num_buckets(), " gradient buckets)")
-                       : std::string()));
+  Log(absl::StrCat(
+      "training ", spec_.model.arch, " (", model_->NumParameters(), " parameters, ", num_classes_,
+      " classes, ", channels_, " input channels) on ", train_->size(), " training and ",
+      val_ ? val_->size() : 0, " validation scenes, ", total_steps_, " steps, ", memory_settings,
+      ", ", at::get_num_threads(), " threads, on ", device_.str(),
+      options_.world_size > 1 ? absl::StrCat(", rank ", options_.rank, " of ", options_.world_size,
+                                             " (", shard_size_, " scenes per rank and epoch, ",
+                                             reducer_->num_buckets(), " gradient buckets)")
+                              : std::string()));
   Report(v1::PHASE_TRAINING);
 
   TrainerResult result;
@@ -999,7 +548,7 @@ TrainerResult Trainer::RunLoop() {
   return result;
 }
 
-}  // namespace
+}  // namespace internal
 
 absl::StatusOr<c10::Device> TrainingDevice(const std::string& device, bool cuda_available) {
   if (device == "cpu" || (device == "auto" && !cuda_available)) {
@@ -1018,7 +567,7 @@ absl::StatusOr<c10::Device> TrainingDevice(const std::string& device, bool cuda_
 }
 
 TrainerResult Train(const RunSpec& spec, const TrainerOptions& options, const TrainerHooks& hooks) {
-  Trainer trainer(spec, options, hooks);
+  internal::Trainer trainer(spec, options, hooks);
   return trainer.Run();
 }
 

@@ -1,0 +1,211 @@
+// The trainer's class, shared by the files that implement it:
+// trainer.cc (the set-up and the loop, one step, the memory calibration),
+// trainer_state.cc (checkpoints, resume, every rank's own state, rank 0's
+// weights broadcast) and trainer_eval.cc (the evaluation). Internal to
+// trainsup_worker_trainer; the interface is worker/trainer.h.
+#ifndef TRAINSUP_WORKER_TRAINER_IMPL_H_
+#define TRAINSUP_WORKER_TRAINER_IMPL_H_
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/store.h"
+#include "nlohmann/json.hpp"
+#include "proto/exit_codes.h"
+#include "proto/run_layout.h"
+#include "sparse/memory.h"
+#include "sparse/minkunet.h"
+#include "worker/dataset.h"
+#include "worker/distributed.h"
+#include "worker/loader.h"
+#include "worker/split.h"
+#include "worker/trainer.h"
+
+namespace trainsup::worker::internal {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kExitOk = ExitStatus(WorkerExit::kCompleted);
+constexpr int kExitUsage = ExitStatus(WorkerExit::kUsage);
+constexpr int kExitData = ExitStatus(WorkerExit::kData);
+constexpr int kExitOom = ExitStatus(WorkerExit::kOom);
+constexpr int kExitStopped = ExitStatus(WorkerExit::kStopped);
+constexpr int kExitPeerLost = ExitStatus(WorkerExit::kPeerLost);
+// Not a contract code: the supervisor restarts the attempt like a crash.
+constexpr int kExitCheckpointIo = 1;
+
+// Counters kept across the whole run (checkpointed with the trainer state).
+struct Counters {
+  int64_t splits = 0;
+  int64_t predicted_splits = 0;
+  int64_t retries = 0;
+  int64_t oom_events = 0;
+  int64_t wasted_forwards = 0;
+  int64_t dropped_pieces = 0;
+  int64_t dropped_voxels = 0;
+  int64_t skipped_steps = 0;
+
+  void Add(const SplitStats& s) {
+    splits += s.splits;
+    predicted_splits += s.predicted_splits;
+    retries += s.retries;
+    oom_events += s.oom_events;
+    wasted_forwards += s.wasted_forwards;
+    dropped_pieces += s.dropped_pieces;
+    dropped_voxels += s.dropped_voxels;
+  }
+  nlohmann::json ToJson() const {
+    return {{"splits", splits},
+            {"predicted_splits", predicted_splits},
+            {"retries", retries},
+            {"oom_events", oom_events},
+            {"wasted_forwards", wasted_forwards},
+            {"dropped_pieces", dropped_pieces},
+            {"dropped_voxels", dropped_voxels},
+            {"skipped_steps", skipped_steps}};
+  }
+  void FromJson(const nlohmann::json& j) {
+    splits = j.value("splits", int64_t{0});
+    predicted_splits = j.value("predicted_splits", int64_t{0});
+    retries = j.value("retries", int64_t{0});
+    oom_events = j.value("oom_events", int64_t{0});
+    wasted_forwards = j.value("wasted_forwards", int64_t{0});
+    dropped_pieces = j.value("dropped_pieces", int64_t{0});
+    dropped_voxels = j.value("dropped_voxels", int64_t{0});
+    skipped_steps = j.value("skipped_steps", int64_t{0});
+  }
+};
+
+class Trainer {
+ public:
+  Trainer(const RunSpec& spec, const TrainerOptions& options, const TrainerHooks& hooks)
+      : spec_(spec),
+        options_(options),
+        hooks_(hooks),
+        store_(RunLayout(options.run_dir).CheckpointRoot(options.rank, options.world_size),
+               options.file_system != nullptr ? options.file_system : ckpt::FileSystem::Default(),
+               ckpt::StoreOptions{static_cast<int>(spec.train.keep_checkpoints), 0}) {}
+
+  // Run's body; a CollectiveError (a peer lost) becomes exit 76.
+  TrainerResult Run();
+
+ private:
+  TrainerResult RunLoop();
+  void Log(const std::string& line) {
+    if (hooks_.log) hooks_.log(line);
+  }
+  void Event(v1::EventKind kind, int64_t checkpoint_step, const std::string& message) {
+    if (hooks_.event) hooks_.event(kind, step_, checkpoint_step, message);
+  }
+  void Report(v1::Phase phase) {
+    if (!hooks_.progress) return;
+    v1::Progress p;
+    p.set_step(step_);
+    p.set_total_steps(total_steps_);
+    p.set_epoch(epoch_);
+    p.set_phase(phase);
+    p.set_loss(last_loss_);
+    p.set_samples_per_sec(samples_per_sec_);
+    sparse::MemoryStats m = sparse::GetMemoryStats(device_);
+    p.set_memory_current_bytes(m.current_bytes);
+    p.set_memory_peak_bytes(run_peak_);
+    p.set_memory_budget_bytes(budget_);
+    p.set_last_checkpoint_step(last_checkpoint_);
+    p.set_splits(counters_.splits);
+    p.set_oom_retries(counters_.retries);
+    p.set_dropped_pieces(counters_.dropped_pieces);
+    p.set_wasted_forwards(counters_.wasted_forwards);
+    p.set_accuracy(last_accuracy_);
+    p.set_val_miou(val_miou_);
+    p.set_baseline_miou(baseline_miou_);
+    p.set_checkpoint_failures(checkpoint_failures_);
+    p.set_last_checkpoint_error(last_checkpoint_error_);
+    hooks_.progress(p);
+  }
+  // A data error's message for the exit file and the supervisor, which
+  // viewers see: the file's content withheld (ViewerMessage). The rank's
+  // log gets all of it.
+  std::string DataMessage(const absl::Status& s) {
+    const std::string viewer = ViewerMessage(s);
+    if (viewer != s.message()) Log(absl::StrCat("data error: ", s.message()));
+    return viewer;
+  }
+  TrainerResult Fail(int code, const std::string& reason, const std::string& message) {
+    TrainerResult r;
+    r.exit_code = code;
+    r.reason = reason;
+    r.message = message;
+    r.last_step = step_;
+    return r;
+  }
+  // Saves the current step. A failure is counted and reported (log,
+  // checkpoint_failed, the heartbeat) and returned; the checkpoints
+  // committed before are untouched.
+  absl::Status Checkpoint();
+  // The end of an attempt whose checkpoint had to be written (`when`: at
+  // the end, before a requested stop) but failed with `s`: exit 74 when the
+  // file system is full (ResourceExhausted: ENOSPC, EDQUOT), else 1.
+  TrainerResult CheckpointFailed(const absl::Status& s, const std::string& when);
+  absl::Status Resume();
+  // This rank's own part of a checkpoint (data position, memory model,
+  // counters, RNG), and its restoration.
+  nlohmann::json RankState() const;
+  absl::Status ApplyRankState(const nlohmann::json& rank_state, bool restore_rng);
+  // Every rank gets rank 0's buffers (BatchNorm running statistics) and,
+  // with `parameters`, its parameters; `what` names the collectives.
+  void BroadcastWeights(bool parameters, const std::string& what);
+  SplitOptions Splitting() const;
+  // Calibrates the memory model before the first step (CalibrateMemory)
+  // when it plans (predictive splitting under a budget) and is not ready.
+  absl::Status Calibrate(const LoaderOptions& loader);
+  // One optimizer step over `batch`, part of a global batch of
+  // `global_labelled` labelled voxels; ResourceExhausted = hard OOM.
+  absl::Status Step(const Batch& batch, int64_t global_labelled);
+  void Evaluate(TrainerResult* result);
+
+  RunSpec spec_;
+  TrainerOptions options_;
+  TrainerHooks hooks_;
+  ckpt::CheckpointStore store_;
+  std::unique_ptr<Dataset> train_, val_;
+  std::unique_ptr<Loader> loader_;
+  std::unique_ptr<Gang> gang_;  // world size 1 too: collectives are then the identity
+  std::unique_ptr<GradientReducer> reducer_;
+  bool sync_batchnorm_ = false;
+  int64_t shard_size_ = 0;  // scenes this rank visits per epoch
+  sparse::MinkUNet model_{nullptr};
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> accum_;
+  MemoryModel memory_model_;
+  Counters counters_;
+  int num_classes_ = 0;
+  int channels_ = 0;   // model input channels (the data's, plus the height)
+  double height_ = 0;  // > 0: the height channel's scale (the voxel size)
+  int64_t budget_ = 0;
+  c10::Device device_{c10::DeviceType::CPU};
+  int64_t run_peak_ = 0;
+  int64_t step_ = 0;  // the next step to run (== steps done)
+  int64_t epoch_ = 0;
+  int64_t cursor_ = 0;
+  int64_t total_steps_ = 0;
+  int64_t last_checkpoint_ = -1;
+  int64_t checkpoint_failures_ = 0;    // failed saves in this attempt
+  std::string last_checkpoint_error_;  // the newest save's error; "" once one succeeds
+  double last_loss_ = 0;
+  double last_accuracy_ = 0;
+  double samples_per_sec_ = 0;
+  int64_t majority_class_ = 0;
+  double val_miou_ = -1;
+  double baseline_miou_ = -1;
+  std::vector<int64_t> class_counts_;  // labelled training voxels seen, per class
+};
+
+}  // namespace trainsup::worker::internal
+
+#endif  // TRAINSUP_WORKER_TRAINER_IMPL_H_
