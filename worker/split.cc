@@ -116,14 +116,14 @@ Group AllScenes(const std::vector<SceneView>& scenes) {
   return group;
 }
 
+}  // namespace
+
 int64_t BatchLabelled(const std::vector<SceneView>& scenes) {
   int64_t labelled = 0;
   for (size_t i = 0; i < scenes.size(); ++i)
     labelled += WholeScene(static_cast<int>(i), scenes[i]).labelled;
   return labelled;
 }
-
-}  // namespace
 
 Piece WholeScene(int index, const SceneView& scene) {
   Piece piece;

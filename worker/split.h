@@ -165,6 +165,9 @@ class MemoryModel {
   int64_t min_failed_voxels_ = 0;
 };
 
+// The labelled voxels of `scenes`.
+int64_t BatchLabelled(const std::vector<SceneView>& scenes);
+
 // The groups to run for a batch when `model` is ready: scenes whose
 // predicted peak exceeds safety * budget are bisected until predicted to fit
 // or at the floor, then the pieces are packed first-fit in decreasing voxel

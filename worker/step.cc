@@ -123,15 +123,9 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
   }
 }
 
-int64_t BatchLabelled(const Batch& batch) {
-  int64_t n = 0;
-  for (const VoxelScene& s : batch.scenes) {
-    for (uint8_t l : s.labelled) n += l;
-  }
-  return n;
-}
-
 }  // namespace
+
+int64_t BatchLabelled(const Batch& batch) { return BatchLabelled(SceneViews(batch)); }
 
 int64_t OptimizerStateBytes(const OptimizerSpec& optimizer, const std::vector<at::Tensor>& params) {
   int64_t bytes = 0;
@@ -189,15 +183,15 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
   const std::vector<SceneView> views = SceneViews(batch);
   for (at::Tensor& a : accum) a.zero_();
   const c10::Device device = ParamsDevice(params);
-  const int64_t local_labelled = BatchLabelled(batch);
+  const int64_t local_labelled = BatchLabelled(views);
   GradientReducer* reducer = parallel != nullptr ? parallel->reducer : nullptr;
   // The groups' weights are shares of this rank's labelled voxels; scaled
   // by this rank's share of the global batch's they sum, over all ranks, to
   // the gradient of the global batch's mean loss.
-  const double scale = parallel != nullptr && parallel->global_labelled > 0
-                           ? static_cast<double>(local_labelled) /
-                                 static_cast<double>(parallel->global_labelled)
-                           : 1.0;
+  const double scale =
+      parallel != nullptr && parallel->global_labelled > 0
+          ? static_cast<double>(local_labelled) / static_cast<double>(parallel->global_labelled)
+          : 1.0;
   const bool unsplit = parallel != nullptr && parallel->unsplit;
   StepOutcome outcome;
   RunGroup run = [&](const Group& group, double weight) -> absl::Status {

@@ -50,6 +50,9 @@ GroupTensors Assemble(const Batch& batch, const Group& group, int channels,
                       at::ScalarType dtype = at::kFloat, double height = 0,
                       c10::Device device = c10::Device(c10::DeviceType::CPU));
 
+// The labelled voxels of `batch` (split.h's count over its scene views).
+int64_t BatchLabelled(const Batch& batch);
+
 // What one optimizer step's forward and backward passes did.
 struct StepOutcome {
   SplitStats stats;

@@ -431,10 +431,7 @@ TrainerResult Trainer::RunLoop() {
     // rank, the local values): the global batch's labelled voxels, and
     // whether any rank was asked to stop or to checkpoint (rank 0's clock
     // decides checkpoint_every_seconds), so all take the same decisions.
-    int64_t local_labelled = 0;
-    for (const VoxelScene& scene : batch->scenes) {
-      for (uint8_t l : scene.labelled) local_labelled += l;
-    }
+    const int64_t local_labelled = BatchLabelled(*batch);
     const bool stop = hooks_.stop_requested && hooks_.stop_requested();
     const bool timed = options_.rank == 0 && spec_.train.checkpoint_every_seconds > 0 &&
                        std::chrono::duration<double>(Clock::now() - last_checkpoint_time).count() >=

@@ -84,14 +84,21 @@ Batch ScenesOf(const std::vector<int64_t>& indices) {
   return batch;
 }
 
+// MinkUNet14's layout at a quarter of its widths (as trainer_test's
+// equivalence test): small weights, quick float64 steps.
+sparse::MinkUNetConfig QuarterMinkUNet14() {
+  sparse::MinkUNetConfig plan = sparse::MinkUNetPlan(14, kChannels, kClasses);
+  for (int64_t& planes : plan.planes) planes /= 4;
+  plan.init_dim /= 4;
+  return plan;
+}
+
 int RunRole(const RoleArgs& a) {
   at::set_num_threads(1);
   sparse::InstallCountingAllocator();
   // The rank's shard of the global batch, as the loader cuts it.
   const Batch batch = ScenesOf(EpochShard(kScenes, 0, 0, a.rank, a.world, /*shuffle=*/false));
-  sparse::MinkUNetConfig plan = sparse::MinkUNetPlan(14, kChannels, kClasses);
-  for (int64_t& planes : plan.planes) planes /= 4;
-  plan.init_dim /= 4;
+  sparse::MinkUNetConfig plan = QuarterMinkUNet14();
   torch::manual_seed(3);
   sparse::MinkUNet model(plan);
   model->to(torch::kFloat64);
@@ -142,11 +149,7 @@ int RunRole(const RoleArgs& a) {
     sparse::SetBatchNormAllreduce(*model, [g](at::Tensor& t) { g->AllreduceSum(t, "sync bn"); });
   }
 
-  int64_t local = 0;
-  for (const VoxelScene& s : batch.scenes) {
-    for (uint8_t l : s.labelled) local += l;
-  }
-  at::Tensor global = at::tensor({local});
+  at::Tensor global = at::tensor({BatchLabelled(batch)});
   (*gang)->AllreduceSum(global, "labelled");
   DataParallel parallel{&reducer, global.item<int64_t>(), a.mode == "sync" && a.world > 1};
   reducer.BeginStep(&accum, 0);
@@ -249,9 +252,7 @@ double RelativeDifference(const std::vector<double>& a, const std::vector<double
 }
 
 size_t GradientSize() {
-  sparse::MinkUNetConfig plan = sparse::MinkUNetPlan(14, kChannels, kClasses);
-  for (int64_t& planes : plan.planes) planes /= 4;
-  plan.init_dim /= 4;
+  sparse::MinkUNetConfig plan = QuarterMinkUNet14();
   sparse::MinkUNet model(plan);
   size_t n = 0;
   for (const at::Tensor& p : model->parameters()) n += p.numel();
