@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "proto/data_roots.h"
 #include "proto/toml_guard.h"
@@ -311,6 +312,49 @@ absl::Status ReadTesting(const toml::table* t, TestingSpec* s) {
   return r.Finish();
 }
 
+bool IsNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-';
+}
+
+absl::Status ReadCluster(const toml::table* t, ClusterSpec* c) {
+  c->present = t != nullptr;
+  if (t == nullptr) return absl::OkStatus();
+  TableReader r(t, "cluster");
+  TRAINSUP_RETURN_IF_ERROR(r.String("job", &c->job));
+  if (c->job.empty() || c->job.size() > 64 ||
+      !std::all_of(c->job.begin(), c->job.end(), IsNameChar)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster.job: required, 1 to 64 of letters, digits, '.', '_' and '-'; got \"", c->job,
+        "\""));
+  }
+  TRAINSUP_RETURN_IF_ERROR(r.Int("nodes", &c->nodes, 1, 64));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("ranks_per_node", &c->ranks_per_node, 1, 64));
+  TRAINSUP_RETURN_IF_ERROR(r.StringArray("etcd_endpoints", &c->etcd_endpoints, 16));
+  if (c->etcd_endpoints.empty()) {
+    return absl::InvalidArgumentError("cluster.etcd_endpoints: required (host:port of etcd)");
+  }
+  for (const std::string& e : c->etcd_endpoints) {
+    const size_t colon = e.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(e.substr(colon + 1), &port) || port < 1 || port > 65535 ||
+        e.find_first_of(",/ ") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster.etcd_endpoints: not host:port: \"", e, "\""));
+    }
+  }
+  TRAINSUP_RETURN_IF_ERROR(r.String("checkpoint_dir", &c->checkpoint_dir));
+  if (c->checkpoint_dir.empty() || c->checkpoint_dir[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster.checkpoint_dir: required, an absolute path on storage every node shares; got \"",
+        c->checkpoint_dir, "\""));
+  }
+  TRAINSUP_RETURN_IF_ERROR(r.Double("lease_ttl_s", &c->lease_ttl_s, 2, 600));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("rendezvous_timeout_s", &c->rendezvous_timeout_s, 1, 86400));
+  return r.Finish();
+}
+
 // Why `name` may not be set through command.env; "" when it may.
 std::string CheckEnvName(const std::string& name) {
   const auto alpha = [](char c) {
@@ -348,11 +392,6 @@ absl::Status ReadCommand(const toml::table* t, CommandSpec* c) {
   return r.Finish();
 }
 
-bool IsNameChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '_' || c == '-';
-}
-
 }  // namespace
 
 absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
@@ -385,6 +424,26 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
   }
   TRAINSUP_RETURN_IF_ERROR(r.Int("priority", &spec.priority, -1000, 1000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("world_size", &spec.world_size, 1, 64));
+  const bool world_size_given = root.get("world_size") != nullptr;
+  {
+    absl::StatusOr<const toml::table*> cluster = r.Table("cluster");
+    if (!cluster.ok()) return cluster.status();
+    TRAINSUP_RETURN_IF_ERROR(ReadCluster(*cluster, &spec.cluster));
+  }
+  if (spec.cluster.present) {
+    const int64_t world = spec.cluster.nodes * spec.cluster.ranks_per_node;
+    if (world > 64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster: nodes * ranks_per_node is ", world, ", more than 64 ranks"));
+    }
+    if (world_size_given && spec.world_size != world) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("world_size: ", spec.world_size, " but the [cluster] table makes ",
+                       spec.cluster.nodes, " nodes x ", spec.cluster.ranks_per_node,
+                       " ranks = ", world, "; drop world_size or make them agree"));
+    }
+    spec.world_size = world;
+  }
   struct Section {
     const char* key;
     std::function<absl::Status(const toml::table*)> read;
@@ -428,7 +487,8 @@ absl::Status CheckSpecPaths(const RunSpec& spec, const std::vector<std::string>&
   const std::pair<const char*, const std::string*> paths[] = {
       {"data.path", &spec.data.path},
       {"data.label_file", &spec.data.label_file},
-      {"command.cwd", &spec.command.cwd}};
+      {"command.cwd", &spec.command.cwd},
+      {"cluster.checkpoint_dir", &spec.cluster.checkpoint_dir}};
   for (const auto& [field, path] : paths) {
     if (path->empty()) continue;
     fs::path p(*path);

@@ -145,6 +145,30 @@ struct CommandSpec {
   bool heartbeats = false;
 };
 
+// A run whose ranks span machines (the [cluster] table; docs/distributed.md):
+// the same spec is submitted to the daemon of every node, and the daemons
+// coordinate through etcd. Without the table a run is local, as always.
+struct ClusterSpec {
+  bool present = false;
+  // The job's name, shared by its nodes: its keys in etcd live under
+  // /trainsup/v1/jobs/JOB/. 1..64 of [A-Za-z0-9._-]; required.
+  std::string job;
+  int64_t nodes = 2;           // 1..64
+  int64_t ranks_per_node = 1;  // 1..64; world_size = nodes * ranks_per_node
+  // host:port of etcd's client API, 1..16; required.
+  std::vector<std::string> etcd_endpoints;
+  // Where global rank 0 writes the job's checkpoints and every node reads
+  // them: a directory on storage all nodes share, inside daemon.data_roots
+  // of every node. Absolute; required.
+  std::string checkpoint_dir;
+  // The node's etcd lease: a daemon that has not renewed it for this long
+  // is declared lost by the others. [2, 600]
+  double lease_ttl_s = 10;
+  // How long the nodes of a generation wait for every node to join before
+  // the job fails. [1, 86400]
+  double rendezvous_timeout_s = 300;
+};
+
 // The variables trainsupd sets for a command run, which a spec's
 // command.env may not set (nor any TRAINSUP_* name).
 inline constexpr const char* kCommandReservedEnv[] = {
@@ -165,6 +189,7 @@ struct RunSpec {
   TrainSpec train;
   DistributedSpec distributed;
   TestingSpec testing;
+  ClusterSpec cluster;
 };
 
 // Parses and validates `toml_text`. Errors are InvalidArgument naming the
@@ -176,7 +201,7 @@ struct RunSpec {
 absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text);
 
 // Checks that every path in the spec (data.path, data.label_file,
-// command.cwd) resolves (after symlinks) inside one of `data_roots`. InvalidArgument naming the
+// command.cwd, cluster.checkpoint_dir) resolves (after symlinks) inside one of `data_roots`. InvalidArgument naming the
 // field when not, or when a path is relative. An empty `data_roots` allows no paths at all.
 absl::Status CheckSpecPaths(const RunSpec& spec, const std::vector<std::string>& data_roots);
 

@@ -255,6 +255,65 @@ TEST(RunSpec, CommandErrorsNameTheField) {
   }
 }
 
+constexpr char kCluster[] =
+    "[cluster]\njob = \"scan-a\"\nnodes = 2\nranks_per_node = 3\n"
+    "etcd_endpoints = [\"127.0.0.1:2379\", \"etcd-2:2379\"]\n"
+    "checkpoint_dir = \"/shared/ckpt/scan-a\"\nlease_ttl_s = 5\nrendezvous_timeout_s = 60\n";
+
+TEST(RunSpec, ReadsAClusterTable) {
+  absl::StatusOr<RunSpec> spec = ParseRunSpec(kCluster);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->cluster.present);
+  EXPECT_EQ(spec->cluster.job, "scan-a");
+  EXPECT_EQ(spec->cluster.nodes, 2);
+  EXPECT_EQ(spec->cluster.ranks_per_node, 3);
+  EXPECT_EQ(spec->world_size, 6) << "world_size follows nodes x ranks_per_node";
+  EXPECT_EQ(spec->cluster.etcd_endpoints,
+            (std::vector<std::string>{"127.0.0.1:2379", "etcd-2:2379"}));
+  EXPECT_EQ(spec->cluster.checkpoint_dir, "/shared/ckpt/scan-a");
+  EXPECT_EQ(spec->cluster.lease_ttl_s, 5);
+  EXPECT_EQ(spec->cluster.rendezvous_timeout_s, 60);
+  absl::StatusOr<RunSpec> agree = ParseRunSpec(std::string("world_size = 6\n") + kCluster);
+  ASSERT_TRUE(agree.ok()) << agree.status();
+  absl::StatusOr<RunSpec> local = ParseRunSpec("");
+  ASSERT_TRUE(local.ok());
+  EXPECT_FALSE(local->cluster.present);
+}
+
+TEST(RunSpec, ClusterErrorsNameTheField) {
+  const std::string ok_rest =
+      "etcd_endpoints = [\"127.0.0.1:2379\"]\ncheckpoint_dir = \"/shared/c\"\n";
+  EXPECT_EQ(Error("world_size = 4\n" + std::string(kCluster)),
+            "world_size: 4 but the [cluster] table makes 2 nodes x 3 ranks = 6; drop world_size "
+            "or make them agree");
+  EXPECT_EQ(Error("[cluster]\nnodes = 2\n" + ok_rest),
+            "cluster.job: required, 1 to 64 of letters, digits, '.', '_' and '-'; got \"\"");
+  EXPECT_EQ(Error("[cluster]\njob = \"j\"\ncheckpoint_dir = \"/c\"\n"),
+            "cluster.etcd_endpoints: required (host:port of etcd)");
+  EXPECT_EQ(Error("[cluster]\njob = \"j\"\netcd_endpoints = [\"etcd\"]\ncheckpoint_dir = "
+                  "\"/c\"\n"),
+            "cluster.etcd_endpoints: not host:port: \"etcd\"");
+  EXPECT_EQ(Error("[cluster]\njob = \"j\"\netcd_endpoints = [\"e:2379\"]\n"),
+            "cluster.checkpoint_dir: required, an absolute path on storage every node shares; "
+            "got \"\"");
+  EXPECT_EQ(Error("[cluster]\njob = \"j\"\nnodes = 0\n" + ok_rest),
+            "cluster.nodes: must be in [1, 64], got 0");
+  EXPECT_EQ(Error("[cluster]\njob = \"j\"\nnodes = 8\nranks_per_node = 9\n" + ok_rest),
+            "cluster: nodes * ranks_per_node is 72, more than 64 ranks");
+  EXPECT_EQ(Error("[cluster]\njob = \"j\"\nlease_ttl_s = 1\n" + ok_rest),
+            "cluster.lease_ttl_s: must be in [2, 600], got 1");
+  EXPECT_EQ(Error("[cluster]\njob = \"j\"\nnode = 1\n" + ok_rest), "cluster.node: unknown key");
+}
+
+TEST(RunSpec, ClusterCheckpointDirStaysInsideDataRoots) {
+  RunSpec spec;
+  spec.cluster.present = true;
+  spec.cluster.checkpoint_dir = "/definitely/not/a/root/ckpt";
+  absl::Status outside = CheckSpecPaths(spec, {"/tmp"});
+  EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(outside.message().rfind("cluster.checkpoint_dir: ", 0), 0u) << outside.message();
+}
+
 TEST(RunSpec, CommandCwdStaysInsideDataRoots) {
   namespace fs = std::filesystem;
   fs::path root = fs::temp_directory_path() / ("spec_cwd_test_" + std::to_string(getpid()));
