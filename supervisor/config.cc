@@ -284,6 +284,13 @@ void VisitCommands(Visitor& v, Section& c) {
 }
 
 template <typename Visitor, typename Section>
+void VisitCluster(Visitor& v, Section& c) {
+  v.String("node_name", &c.node_name);
+  v.String("advertise_addr", &c.advertise_addr);
+  v.Finish();
+}
+
+template <typename Visitor, typename Section>
 void VisitTesting(Visitor& v, Section& t) {
   v.String("fake_gpu_file", &t.fake_gpu_file);
   v.Bool("allow_fault_injection", &t.allow_fault_injection);
@@ -301,6 +308,7 @@ void ForEachSection(Config& c, Fn&& fn) {
   fn("restart", [&](auto& v) { VisitRestart(v, c.restart); });
   fn("checkpoints", [&](auto& v) { VisitCheckpoints(v, c.checkpoints); });
   fn("commands", [&](auto& v) { VisitCommands(v, c.commands); });
+  fn("cluster", [&](auto& v) { VisitCluster(v, c.cluster); });
   fn("testing", [&](auto& v) { VisitTesting(v, c.testing); });
 }
 

@@ -124,6 +124,13 @@ struct CommandsSection {
 };
 
 // [auth]
+// This daemon as a node of multi-node jobs (run specs with a [cluster]
+// table; docs/distributed.md).
+struct ClusterSection {
+  std::string node_name;       // "" = the host name; unique among a job's nodes
+  std::string advertise_addr;  // "" = the host name: where other nodes reach rank 0's store
+};
+
 struct AuthSection {
   std::vector<TokenEntry> tokens;
   // With no tokens configured: create <state_dir>/auth/operator.token
@@ -147,6 +154,7 @@ struct DaemonConfig {
   RestartSection restart;
   CheckpointsSection checkpoints;
   CommandsSection commands;
+  ClusterSection cluster;
   AuthSection auth;
   TestingSection testing;
 };

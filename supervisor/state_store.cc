@@ -89,8 +89,8 @@ using store_internal::SqliteError;
 
 namespace {
 
-// Version 2 (version 1 lacked attempts.stop_requested; Initialize migrates
-// it). A later version adds a migration from each older one in Initialize
+// Version 3 (version 1 lacked attempts.stop_requested, version 2
+// attempts.generation; Initialize migrates them). A later version adds a migration from each older one in Initialize
 // and bumps kSchemaVersion; nothing is ever renumbered.
 constexpr char kSchema[] = R"sql(
 CREATE TABLE runs (
@@ -125,6 +125,7 @@ CREATE TABLE attempts (
   exit_class        INTEGER NOT NULL DEFAULT 0,
   exit_reason       TEXT NOT NULL DEFAULT '',
   stop_requested    INTEGER NOT NULL DEFAULT 0,
+  generation        INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (run_id, number)
 );
 CREATE TABLE ranks (
@@ -277,7 +278,8 @@ absl::Status StateStore::Initialize() {
                          "; use a newer trainsupd"));
       }
       if (version < 1) return absl::DataLossError(absl::StrCat("bad schema_version ", version));
-      if (version == 1) {
+      if (version == kSchemaVersion) return absl::OkStatus();
+      if (version < 2) {
         // 1 -> 2: attempts.stop_requested.
         if (absl::Status s = Exec("ALTER TABLE attempts ADD COLUMN stop_requested INTEGER NOT NULL"
                                   " DEFAULT 0",
@@ -285,13 +287,21 @@ absl::Status StateStore::Initialize() {
             !s.ok()) {
           return s;
         }
-        absl::StatusOr<Query> q =
-            Prepare("UPDATE meta SET value = ?1 WHERE key = 'schema_version'", op);
-        if (!q.ok()) return q.status();
-        q->BindInt(kSchemaVersion);
-        return q->Run();
       }
-      return absl::OkStatus();
+      if (version < 3) {
+        // 2 -> 3: attempts.generation (multi-node runs).
+        if (absl::Status s = Exec("ALTER TABLE attempts ADD COLUMN generation INTEGER NOT NULL"
+                                  " DEFAULT 0",
+                                  absl::StrCat("migrating the schema from version ", version));
+            !s.ok()) {
+          return s;
+        }
+      }
+      absl::StatusOr<Query> q =
+          Prepare("UPDATE meta SET value = ?1 WHERE key = 'schema_version'", op);
+      if (!q.ok()) return q.status();
+      q->BindInt(kSchemaVersion);
+      return q->Run();
     }
     {
       absl::StatusOr<Query> q =

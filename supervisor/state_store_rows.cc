@@ -115,7 +115,7 @@ absl::Status StateStore::ReadAttempts(v1::Run* run, const std::string& op) {
   {
     absl::StatusOr<Query> q = Prepare(
         "SELECT number, started_ms, ended_ms, resumed_from_step, resumed_from, exit_class, "
-        "exit_reason, stop_requested"
+        "exit_reason, stop_requested, generation"
         " FROM attempts WHERE run_id = ?1 ORDER BY number",
         op);
     if (!q.ok()) return q.status();
@@ -130,6 +130,7 @@ absl::Status StateStore::ReadAttempts(v1::Run* run, const std::string& op) {
       a->set_exit_class(static_cast<v1::ExitClass>(q->Int(5)));
       a->set_exit_reason(q->Text(6));
       a->set_stop_requested(q->Int(7) != 0);
+      a->set_generation(q->Int(8));
       by_number[a->number()] = a;
       return absl::OkStatus();
     });
@@ -270,11 +271,13 @@ absl::Status StateStore::UpsertAttempt(const std::string& run_id, const v1::Atte
     return absl::InvalidArgumentError(absl::StrCat(op, ": number must be >= 1"));
   absl::StatusOr<Query> q = Prepare(
       "INSERT INTO attempts (run_id, number, started_ms, ended_ms, resumed_from_step, resumed_from,"
-      " exit_class, exit_reason, stop_requested) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+      " exit_class, exit_reason, stop_requested, generation)"
+      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
       " ON CONFLICT (run_id, number) DO UPDATE SET started_ms = excluded.started_ms,"
       " ended_ms = excluded.ended_ms, resumed_from_step = excluded.resumed_from_step,"
       " resumed_from = excluded.resumed_from, exit_class = excluded.exit_class,"
-      " exit_reason = excluded.exit_reason, stop_requested = excluded.stop_requested",
+      " exit_reason = excluded.exit_reason, stop_requested = excluded.stop_requested,"
+      " generation = excluded.generation",
       op);
   if (!q.ok()) return q.status();
   q->BindText(run_id)
@@ -285,7 +288,8 @@ absl::Status StateStore::UpsertAttempt(const std::string& run_id, const v1::Atte
       .BindText(attempt.resumed_from())
       .BindInt(attempt.exit_class())
       .BindText(attempt.exit_reason())
-      .BindInt(attempt.stop_requested() ? 1 : 0);
+      .BindInt(attempt.stop_requested() ? 1 : 0)
+      .BindInt(attempt.generation());
   return q->Run();
 }
 

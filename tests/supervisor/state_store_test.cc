@@ -666,6 +666,36 @@ TEST_F(StateStoreTest, AProcessThatEndsWithoutClosingLosesNothing) {
   EXPECT_EQ((*events)[0].reason(), "from the child");
 }
 
+// A version-2 store (no attempts.generation) opens, keeps its rows and is
+// migrated: its attempts are of local runs, generation 0.
+TEST_F(StateStoreTest, VersionTwoStoreIsMigrated) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->CreateRun(MakeRun("two"), "").ok());
+    v1::Attempt a;
+    a.set_number(1);
+    a.set_stop_requested(true);
+    ASSERT_TRUE(store->UpsertAttempt("two", a).ok());
+  }
+  ASSERT_EQ(RawSql("ALTER TABLE attempts DROP COLUMN generation;"
+                   " UPDATE meta SET value = 2 WHERE key = 'schema_version';"
+                   " SELECT value FROM meta WHERE key = 'schema_version'"),
+            "2");
+  absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"), "3");
+  absl::StatusOr<v1::Run> run = (*store)->GetRun("two");
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->attempts_size(), 1);
+  EXPECT_TRUE(run->attempts(0).stop_requested());
+  EXPECT_EQ(run->attempts(0).generation(), 0);
+  v1::Attempt a = run->attempts(0);
+  a.set_generation(7);
+  ASSERT_TRUE((*store)->UpsertAttempt("two", a).ok());
+  EXPECT_EQ((*store)->GetRun("two")->attempts(0).generation(), 7);
+}
+
 // A version-1 store (no attempts.stop_requested) opens, keeps its rows and
 // is migrated to the current version.
 TEST_F(StateStoreTest, VersionOneStoreIsMigrated) {
@@ -682,6 +712,7 @@ TEST_F(StateStoreTest, VersionOneStoreIsMigrated) {
   }
   // Back to what version 1 wrote.
   ASSERT_EQ(RawSql("ALTER TABLE attempts DROP COLUMN stop_requested;"
+                   " ALTER TABLE attempts DROP COLUMN generation;"
                    " UPDATE meta SET value = 1 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "1");
