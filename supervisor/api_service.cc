@@ -96,7 +96,13 @@ absl::Status SupervisorService::Validate(const v1::SubmitRunRequest& req, const 
     absl::StatusOr<std::string> program = AllowedProgram(parsed->command.argv[0], policy.commands);
     if (!program.ok()) return program.status();
   }
-  if (parsed->world_size > policy.total_slots) {
+  if (parsed->cluster.present) {
+    if (parsed->cluster.ranks_per_node > policy.total_slots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster.ranks_per_node: ", parsed->cluster.ranks_per_node,
+                       " exceeds the node's ", policy.total_slots, " slots"));
+    }
+  } else if (parsed->world_size > policy.total_slots) {
     return absl::InvalidArgumentError(absl::StrCat(
         "world_size: ", parsed->world_size, " exceeds the node's ", policy.total_slots, " slots"));
   }

@@ -29,6 +29,8 @@
 #include "proto/run_layout.h"
 #include "supervisor/api_service.h"
 #include "supervisor/daemon_impl.h"
+#include "supervisor/cluster.h"
+#include "supervisor/etcd_client.h"
 #include "supervisor/exit_watcher.h"
 #include "supervisor/launch_plan.h"
 #include "supervisor/loop_env.h"
@@ -59,6 +61,34 @@ constexpr double kTickS = 0.25;
 namespace internal {
 
 int DaemonImpl::FreePort() { return FreeLoopbackPort(); }
+
+absl::StatusOr<std::unique_ptr<UnitCluster>> DaemonImpl::JoinCluster(const v1::Run& run,
+                                                                     const RunSpec& spec,
+                                                                     ClusterEvents events) {
+  // The deadline bounds every etcd call; a lease renewal must fit well
+  // inside the lease.
+  const double deadline_s = std::min(2.0, spec.cluster.lease_ttl_s / 3);
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client =
+      MakeEtcdClient(absl::StrJoin(spec.cluster.etcd_endpoints, ","), deadline_s);
+  if (!client.ok()) return client.status();
+  ClusterMember::Options o;
+  o.spec = spec.cluster;
+  o.node = config_.cluster.node_name.empty() ? hostname_ : config_.cluster.node_name;
+  o.address = config_.cluster.advertise_addr.empty() ? hostname_ : config_.cluster.advertise_addr;
+  o.run_id = run.run_id();
+  o.spec_hash = SpecHash(run.spec_toml());
+  const RestartSection& r = config_.restart;
+  o.policy.initial_backoff_s = r.initial_backoff_s;
+  o.policy.max_backoff_s = r.max_backoff_s;
+  o.policy.multiplier = r.multiplier;
+  o.policy.jitter = 0;
+  o.policy.max_restarts = static_cast<int>(r.max_restarts);
+  o.policy.restart_window_s = r.restart_window_s;
+  o.policy.max_oom_restarts = static_cast<int>(r.max_oom_restarts);
+  o.policy.crash_loop_attempts = static_cast<int>(r.crash_loop_attempts);
+  return std::unique_ptr<UnitCluster>(std::make_unique<ClusterMember>(
+      io_, std::shared_ptr<EtcdClient>(std::move(*client)), std::move(o), std::move(events)));
+}
 
 // --- start-up --------------------------------------------------------------------------------
 

@@ -96,6 +96,9 @@ class DaemonImpl final : public Daemon,
   void CountCheckpointFailures(const std::string& id, int64_t n) override {
     metrics_->CountCheckpointFailures(id, n);
   }
+  absl::StatusOr<std::unique_ptr<UnitCluster>> JoinCluster(const v1::Run& run,
+                                                           const RunSpec& spec,
+                                                           ClusterEvents events) override;
 
   // ApiBackend (gRPC threads: everything goes to the loop).
   void Submit(const v1::SubmitRunRequest& req, RunSpec spec,

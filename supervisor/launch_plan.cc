@@ -27,7 +27,9 @@ LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
   spec.env["TRAINSUP_ATTEMPT"] = std::to_string(w.attempt);
   spec.env["CUDA_VISIBLE_DEVICES"] = w.gpu;
   spec.env["RANK"] = std::to_string(w.rank);
-  spec.env["LOCAL_RANK"] = std::to_string(w.rank);
+  const int local_rank = w.local_rank >= 0 ? w.local_rank : w.rank;
+  const int local_world = w.local_world_size >= 0 ? w.local_world_size : w.world_size;
+  spec.env["LOCAL_RANK"] = std::to_string(local_rank);
   spec.env["WORLD_SIZE"] = std::to_string(w.world_size);
   spec.env["MASTER_ADDR"] = w.master_addr;
   spec.env["MASTER_PORT"] = std::to_string(w.master_port);
@@ -45,7 +47,7 @@ LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
     spec.args.assign(w.command->argv.begin() + (w.command->argv.empty() ? 0 : 1),
                      w.command->argv.end());
     if (!w.command->cwd.empty()) spec.working_dir = w.command->cwd;
-    spec.env["LOCAL_WORLD_SIZE"] = std::to_string(w.world_size);
+    spec.env["LOCAL_WORLD_SIZE"] = std::to_string(local_world);
     spec.env["TRAINSUP_RANK"] = std::to_string(w.rank);
     spec.env["TRAINSUP_WORLD_SIZE"] = std::to_string(w.world_size);
     spec.env["TRAINSUP_RUN_DIR"] = w.run_dir;

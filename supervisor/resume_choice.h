@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,9 +24,19 @@ struct ResumeChoice {
   std::string dir;                 // the checkpoint's directory
   std::vector<std::string> notes;  // quarantines, for the run's events
   absl::Status error;              // not OK: an I/O error, nothing chosen
+  // ChooseResumeShared: every checkpoint that verified, newest first.
+  std::vector<std::pair<int64_t, std::string>> loadable;
 };
 
 ResumeChoice ChooseResume(const std::string& run_dir);
+
+// A multi-node run's choice (docs/distributed.md): the run directory's
+// checkpoints/ is made a symlink to `shared_dir` (created when missing;
+// FailedPrecondition in `error` when checkpoints/ is something else), and
+// every checkpoint there is verified, not only the newest, since the job
+// resumes from the newest step that every node verified. `step`/`dir` are
+// this node's newest.
+ResumeChoice ChooseResumeShared(const std::string& run_dir, const std::string& shared_dir);
 
 }  // namespace trainsup::supervisor
 

@@ -90,11 +90,11 @@ bool RunUnit::AnyAlive() const {
 std::optional<QueuedRun> RunUnit::Queued() const {
   const v1::RunState s = run_.state();
   if (s != v1::RUN_STATE_PENDING && s != v1::RUN_STATE_RESTARTING) return std::nullopt;
-  if (preparing_ || launching_ || cancel_ || waiting_for_space_ || write_in_flight_ ||
-      !writes_.empty() || AnyAlive()) {
+  if (preparing_ || launching_ || joining_ || cancel_ || waiting_for_space_ || write_in_flight_ ||
+      !writes_.empty() || AnyAlive() || failed_to_cluster_) {
     return std::nullopt;
   }
-  return QueuedRun{id(), run_.priority(), seq_, run_.world_size(), not_before_s_};
+  return QueuedRun{id(), run_.priority(), seq_, LocalRanks(), not_before_s_};
 }
 
 // --- persistence ---------------------------------------------------------------------
@@ -156,6 +156,7 @@ void RunUnit::SetState(v1::RunState state, const std::string& reason, StoreBatch
   Log(LogLevel::kInfo, absl::StrCat(StateName(old), " -> ", StateName(state), ": ", reason));
   Persist(std::move(extra), [this, then](const StoreBatch& stored) {
     PublishAll(stored);
+    ReportToCluster();
     if (then) then();
   });
 }
@@ -239,6 +240,8 @@ std::unique_ptr<RunUnit> RunUnit::Restore(const v1::Run& stored, RunSpec spec, i
 
 void RunUnit::Adopt(const v1::Attempt& a, const std::vector<RankPrivate>& privs) {
   const double now = env_.clock->NowS();
+  rank_base_ = a.ranks_size() > 0 ? a.ranks(0).rank() : 0;
+  generation_ = a.generation();
   int adopted = 0;
   std::vector<int> died;
   for (int i = 0; i < a.ranks_size(); ++i) {
@@ -293,6 +296,19 @@ void RunUnit::Adopt(const v1::Attempt& a, const std::vector<RankPrivate>& privs)
   for (int rank : died) {
     env_.timers->Start(0, Guarded([this, number, rank] { OnProcessExit(number, rank); }));
   }
+  if (Clustered() && EnsureCluster()) {
+    // Not adopted: while no daemon held this node's lease the job may have
+    // moved on without it, and its peers may be gone. The job restarts
+    // together (the generation moves when they end).
+    for (RankState& r : ranks_) {
+      if (r.alive && !r.died_unwatched) {
+        StopRank(r, ExitClass::kGang,
+                 "daemon restarted: the ranks of a multi-node attempt are not adopted; the job "
+                 "restarts together",
+                 /*graceful=*/false);
+      }
+    }
+  }
   if (!AnyAlive()) env_.timers->Start(0, Guarded([this] { EndAttempt(); }));
 }
 
@@ -303,9 +319,11 @@ void RunUnit::Start(const std::vector<int>& slots, const std::vector<std::string
   gpus_ = gpus;
   preparing_ = true;
   const std::string dir = run_.run_dir();
+  const bool shared = Clustered();
+  const std::string shared_dir = spec_.cluster.checkpoint_dir;
   auto done = Guarded([this](ResumeChoice c) { OnPrepared(std::move(c)); });
-  env_.timers->OffLoop([dir, done]() mutable -> std::function<void()> {
-    ResumeChoice c = ChooseResume(dir);
+  env_.timers->OffLoop([dir, shared, shared_dir, done]() mutable -> std::function<void()> {
+    ResumeChoice c = shared ? ChooseResumeShared(dir, shared_dir) : ChooseResume(dir);
     return [done, c]() mutable { done(std::move(c)); };
   });
 }
@@ -349,12 +367,31 @@ void RunUnit::OnPrepared(ResumeChoice c) {
     return;
   }
   prepare_failures_ = 0;
+  if (Clustered()) {
+    if (!EnsureCluster()) {
+      ReleaseSlots();
+      return;
+    }
+    std::vector<int64_t> steps;
+    for (const auto& [step, dir] : c.loadable) steps.push_back(step);
+    joining_ = true;
+    cluster_->Join(attempt_.number() + 1, std::move(steps), env_.host->FreePort(),
+                   Guarded([this, c](absl::StatusOr<ClusterAgreement> a) {
+                     OnAgreement(c, std::move(a));
+                   }));
+    return;
+  }
+  StartAttempt(std::move(c));
+}
+
+void RunUnit::StartAttempt(ResumeChoice c) {
   const int number = attempt_.number() + 1;
   attempt_ = v1::Attempt();
   attempt_.set_number(number);
   attempt_.set_started_ms(env_.clock->WallMs());
   attempt_.set_resumed_from_step(c.step);
   attempt_.set_resumed_from(c.dir);
+  attempt_.set_generation(generation_);
   ranks_.clear();
   ends_seen_ = 0;
   StoreBatch b;
@@ -379,7 +416,7 @@ void RunUnit::LaunchRanks() {
   const int number = attempt_.number();
   const bool stop = cancel_ || env_.host->shutting_down();
   if (stop) shutdown_stop_ = shutdown_stop_ || !cancel_;
-  const int port = env_.host->FreePort();
+  const int port = Clustered() ? master_port_ : env_.host->FreePort();
   const int64_t budget = LoweredMemoryBudgetMb(spec_.train.memory_budget_mb, oom_exits_,
                                                cfg().restart.oom_budget_factor);
   const std::map<std::string, std::string> daemon_env = env_.host->DaemonEnvironment();
@@ -401,7 +438,7 @@ void RunUnit::LaunchRanks() {
   }
   for (size_t i = 0; i < slots_.size(); ++i) {
     RankState r;
-    r.rank = static_cast<int>(i);
+    r.rank = rank_base_ + static_cast<int>(i);
     r.slot = slots_[i];
     r.gpu = i < gpus_.size() ? gpus_[i] : "";
     r.token = env_.host->NewSecret(32);
@@ -412,6 +449,9 @@ void RunUnit::LaunchRanks() {
     w.attempt = number;
     w.rank = r.rank;
     w.world_size = run_.world_size();
+    w.local_rank = static_cast<int>(i);
+    w.local_world_size = static_cast<int>(slots_.size());
+    if (!master_addr_.empty()) w.master_addr = master_addr_;
     w.supervisor_endpoint = env_.host->SupervisorEndpoint();
     w.resume_step = attempt_.resumed_from_step();
     w.token = r.token;
@@ -494,8 +534,8 @@ void RunUnit::LaunchRanks() {
 // --- ends ---------------------------------------------------------------------------------
 
 void RunUnit::OnProcessExit(int attempt, int rank) {
-  if (attempt != attempt_.number() || rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
-  RankState& r = ranks_[rank];
+  if (attempt != attempt_.number() || At(rank) == nullptr) return;
+  RankState& r = *At(rank);
   if (!r.alive) return;
   RankEndFacts f;
   if (r.own_child) {
@@ -521,7 +561,7 @@ void RunUnit::OnProcessExit(int attempt, int rank) {
   // sent one): what clients read ends at the step the worker reached.
   if (f.report && f.report->last_step > r.status.progress().step()) {
     r.status.mutable_progress()->set_step(f.report->last_step);
-    if (rank == 0) run_.mutable_progress()->set_step(f.report->last_step);
+    if (rank == rank_base_) run_.mutable_progress()->set_step(f.report->last_step);
   }
   r.alive = false;
   if (r.stop_timer != 0) env_.timers->Cancel(r.stop_timer);
@@ -558,7 +598,16 @@ void RunUnit::OnProcessExit(int attempt, int rank) {
                  /*graceful=*/false);
       }
     }
+    if (cluster_ && !cancel_ && !shutdown_stop_) {
+      AttemptEnd e;
+      e.end_s = static_cast<double>(env_.clock->WallMs()) / 1000.0;
+      e.cls = end.cls;
+      e.made_progress = r.progressed;
+      e.detail = absl::StrCat("rank ", rank, " ended: ", end.reason);
+      cluster_->Broken(generation_, e);
+    }
   }
+  ReportToCluster();
   if (!AnyAlive()) EndAttempt();
 }
 
@@ -599,8 +648,32 @@ void RunUnit::EndAttempt() {
              std::move(b));
     return;
   }
+  if (cluster_ && o.cls != ExitClass::kSuccess) {
+    // One decision for the whole job (docs/distributed.md): the node that
+    // moved the generation made it; this node follows.
+    cluster_->Verdict(generation_, end, Guarded([this, b, cls = o.cls](ClusterVerdict v) mutable {
+      if (IsTerminal(run_.state())) return;
+      if (cancel_ || v.kind == ClusterVerdict::Kind::kCancel) {
+        SetState(v1::RUN_STATE_CANCELLED, cancel_ ? cancel_reason_ : v.reason, std::move(b),
+                 [this] { MaybeFinished(); });
+        return;
+      }
+      RestartDecision d;
+      d.action = v.kind == ClusterVerdict::Kind::kRestart ? Action::kRestart : Action::kFail;
+      d.delay_s = v.delay_s;
+      d.reason = absl::StrCat("job generation ", v.generation, ": ", v.reason);
+      d.oom = cls == ExitClass::kOom;
+      ApplyDecision(std::move(b), cls, d, v.restarts);
+    }));
+    return;
+  }
   const RestartDecision d =
       DecideRestart(PolicyFrom(cfg().restart), history_, env_.host->JitterUnit());
+  ApplyDecision(std::move(b), o.cls, d);
+}
+
+void RunUnit::ApplyDecision(StoreBatch b, ExitClass cls, const RestartDecision& d,
+                            int64_t restarts) {
   switch (d.action) {
     case Action::kSucceed:
       SetState(v1::RUN_STATE_SUCCEEDED, "every rank completed", std::move(b),
@@ -615,16 +688,16 @@ void RunUnit::EndAttempt() {
     case Action::kRestart:
       break;
   }
-  run_.set_restarts(run_.restarts() + 1);
+  run_.set_restarts(restarts >= 0 ? static_cast<int32_t>(restarts) : run_.restarts() + 1);
   if (d.oom) run_.set_oom_restarts(run_.oom_restarts() + 1);
   not_before_s_ = env_.clock->NowS() + d.delay_s;
   run_.set_next_restart_ms(env_.clock->WallMs() + static_cast<int64_t>(d.delay_s * 1000));
-  env_.host->CountRestart(ToString(o.cls));
+  env_.host->CountRestart(ToString(cls));
   waiting_for_space_ = d.wait_for_space;
   space_reported_ = false;
   space_backoff_s_ = std::max(d.delay_s, 1.0);
   v1::RunEvent restart = Event(v1::EVENT_KIND_RESTART, -1, d.reason);
-  restart.set_exit_class(Proto(o.cls));
+  restart.set_exit_class(Proto(cls));
   restart.set_delay_s(d.delay_s);
   b.events.push_back(restart);
   const double delay = d.delay_s;

@@ -151,6 +151,27 @@ class RunUnit {
     };
   }
   const DaemonConfig& cfg() const { return env_.host->config(); }
+  // The rank `rank` (global: a multi-node run's ranks on this node are
+  // rank_base_ ...) of the current attempt, or nullptr.
+  RankState* At(int rank) {
+    const int i = rank - rank_base_;
+    return i >= 0 && i < static_cast<int>(ranks_.size()) ? &ranks_[i] : nullptr;
+  }
+  // Multi-node (spec.cluster): this node runs ranks_per_node of the ranks.
+  bool Clustered() const { return spec_.cluster.present; }
+  int LocalRanks() const {
+    return Clustered() ? static_cast<int>(spec_.cluster.ranks_per_node) : run_.world_size();
+  }
+  // Creates cluster_ when missing; false (and the run failing) when the
+  // host cannot.
+  bool EnsureCluster();
+  void OnClusterMoved(int64_t generation, const std::string& reason);
+  void OnClusterNote(LogLevel level, const std::string& line);
+  void OnAgreement(ResumeChoice c, absl::StatusOr<ClusterAgreement> a);
+  void ReportToCluster(bool final = false);
+  // The end of EndAttempt once the decision is known.
+  // `restarts` >= 0: the job's count (a multi-node run), not one more.
+  void ApplyDecision(StoreBatch b, ExitClass cls, const RestartDecision& d, int64_t restarts = -1);
   // The run's processes speak to the daemon (our worker, or a command run
   // with heartbeats): they say Hello, and frozen and hung detection apply.
   bool Heartbeats() const { return !spec_.has_command || spec_.command.heartbeats; }
@@ -169,6 +190,7 @@ class RunUnit {
 
   void Adopt(const v1::Attempt& attempt, const std::vector<RankPrivate>& privs);
   void OnPrepared(ResumeChoice choice);
+  void StartAttempt(ResumeChoice choice);
   void LaunchRanks();
   void EndAttempt();
   void AfterDecision(const RestartDecision& d);
@@ -211,6 +233,15 @@ class RunUnit {
   double space_backoff_s_ = 0;
   double last_progress_persist_s_ = 0;
   int64_t last_checkpoint_ms_ = 0;
+
+  // Multi-node runs (docs/distributed.md).
+  std::unique_ptr<UnitCluster> cluster_;
+  int rank_base_ = 0;       // node rank x ranks_per_node
+  std::string master_addr_;  // the generation's node 0 (empty: local)
+  int master_port_ = 0;
+  int64_t generation_ = 0;  // of the current attempt
+  bool joining_ = false;    // in the rendezvous
+  bool failed_to_cluster_ = false;
 
   struct PendingWrite {
     StoreBatch batch;

@@ -44,7 +44,9 @@ void RunUnit::StopRank(RankState& r, ExitClass why, const std::string& reason, b
 }
 
 void RunUnit::EnterStopStage(int rank, StopStage stage) {
-  RankState& r = ranks_[rank];
+  RankState* found = At(rank);
+  if (found == nullptr) return;
+  RankState& r = *found;
   if (!r.alive || stage == StopStage::kNone) return;
   const StopStage previous = r.stop_stage;
   r.stop_stage = stage;
@@ -86,8 +88,8 @@ void RunUnit::EnterStopStage(int rank, StopStage stage) {
   }
   r.stop_timer = env_.timers->Start(
       StopStageTimeout(stage, timeouts), Guarded([this, attempt, rank, stage] {
-        if (attempt != attempt_.number() || rank >= static_cast<int>(ranks_.size())) return;
-        ranks_[rank].stop_timer = 0;
+        if (attempt != attempt_.number() || At(rank) == nullptr) return;
+        At(rank)->stop_timer = 0;
         EnterStopStage(rank, NextStopStage(stage));
       }));
 }
@@ -127,7 +129,9 @@ void RunUnit::CaptureAndKill(RankState& r, ExitClass cls, const std::string& rea
 }
 
 void RunUnit::CaptureThenTerm(int attempt, int rank) {
-  RankState& r = ranks_[rank];
+  RankState* found = At(rank);
+  if (found == nullptr) return;
+  RankState& r = *found;
   if (!r.alive) return;
   if (!cfg().workers.capture_stacks) {
     EnterStopStage(rank, StopStage::kSigterm);
@@ -161,13 +165,15 @@ void RunUnit::Cancel(const std::string& reason, std::function<void(absl::Status)
   }
   cancel_ = true;
   cancel_reason_ = reason.empty() ? "cancelled" : absl::StrCat("cancelled: ", reason);
+  // The whole job: every node's run ends CANCELLED.
+  if (cluster_) cluster_->Cancel(reason.empty() ? "cancelled" : reason);
   bool any_alive = false;
   for (RankState& r : ranks_) {
     if (!r.alive) continue;
     any_alive = true;
     StopRank(r, ExitClass::kCancelled, cancel_reason_, /*graceful=*/true);
   }
-  if (any_alive || preparing_ || launching_) {
+  if (any_alive || preparing_ || launching_ || joining_) {
     done(absl::OkStatus());
     return;
   }
@@ -194,6 +200,7 @@ void RunUnit::Shutdown() {
 
 void RunUnit::CheckLiveness() {
   const double now = env_.clock->NowS();
+  ReportToCluster();
   // Judged by their exit codes only.
   if (!Heartbeats()) return;
   const ProgressTimeoutConfig tcfg = TimeoutFrom(cfg().progress);
@@ -220,11 +227,10 @@ void RunUnit::CheckLiveness() {
 absl::Status RunUnit::OnHello(const wv1::Hello& h, std::shared_ptr<WorkerLink> link) {
   const absl::Status reject =
       absl::UnauthenticatedError("unknown run, attempt or rank, or wrong token");
-  if (h.attempt() != attempt_.number() || h.rank() < 0 ||
-      h.rank() >= static_cast<int>(ranks_.size())) {
+  if (h.attempt() != attempt_.number() || At(h.rank()) == nullptr) {
     return reject;
   }
-  RankState& r = ranks_[h.rank()];
+  RankState& r = *At(h.rank());
   if (!r.alive || r.died_unwatched || !ConstantTimeEquals(r.token, h.token())) return reject;
   if (r.link && r.link != link) r.link->Close(absl::AbortedError("replaced by a new stream"));
   r.link = std::move(link);
@@ -257,8 +263,8 @@ absl::Status RunUnit::OnHello(const wv1::Hello& h, std::shared_ptr<WorkerLink> l
 
 void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
                               const wv1::WorkerMessage& m) {
-  if (attempt != attempt_.number() || rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
-  RankState& r = ranks_[rank];
+  if (attempt != attempt_.number() || At(rank) == nullptr) return;
+  RankState& r = *At(rank);
   if (r.link.get() != link || !r.alive) return;
   const double now = env_.clock->NowS();
   if (m.has_heartbeat()) {
@@ -291,7 +297,7 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
     b.coalescible = true;
     v1::RunEvent progress;
     bool publish_live = false;
-    if (rank == 0) {
+    if (rank == rank_base_) {
       *run_.mutable_progress() = r.status.progress();
       progress = Event(v1::EVENT_KIND_PROGRESS, 0, "");
       *progress.mutable_progress() = r.status.progress();
@@ -343,11 +349,12 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
 }
 
 void RunUnit::OnLinkClosed(int attempt, int rank, const WorkerLink* link) {
-  if (attempt != attempt_.number() || rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
-  if (ranks_[rank].link.get() == link) ranks_[rank].link.reset();
+  if (attempt != attempt_.number() || At(rank) == nullptr) return;
+  if (At(rank)->link.get() == link) At(rank)->link.reset();
 }
 
 void RunUnit::FillLive(v1::Run* out) const {
+  if (cluster_) cluster_->Fill(out->mutable_cluster());
   *out->mutable_progress() = run_.progress();
   for (v1::Attempt& a : *out->mutable_attempts()) {
     if (a.number() != attempt_.number()) continue;

@@ -10,15 +10,19 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <vector>
 #include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/exit_file.h"
+#include "proto/spec.h"
 #include "supervisor/config.h"
 #include "supervisor/group_identity.h"
 #include "supervisor/process.h"
+#include "supervisor/restart_policy.h"
 #include "supervisor/store_thread.h"
 #include "trainsup/v1/supervisor.pb.h"
 #include "trainsup/v1/worker.pb.h"
@@ -101,6 +105,62 @@ class WorkerLink {
 
 enum class LogLevel { kInfo, kWarn, kError };
 
+// A multi-node run's side of its job's coordination (supervisor/cluster.h
+// implements it over etcd; docs/distributed.md has the protocol).
+struct ClusterAgreement {
+  int64_t generation = 0;
+  int node_rank = 0;
+  std::vector<std::string> nodes;  // node rank = index
+  std::string master_addr;
+  int master_port = 0;
+  int64_t resume_step = -1;  // the newest checkpoint every node verified; -1: none
+};
+
+// What follows a failed generation, decided once for the whole job.
+struct ClusterVerdict {
+  enum class Kind { kRestart, kFail, kCancel };
+  Kind kind = Kind::kRestart;
+  int64_t generation = 0;  // the generation that follows
+  int64_t restarts = 0;    // of the whole job
+  double delay_s = 0;
+  std::string reason;
+};
+
+struct ClusterEvents {
+  // The job's generation moved to `generation` (a node restarted the job,
+  // or it failed or was cancelled): ranks of an older one must stop.
+  std::function<void(int64_t generation, const std::string& reason)> moved;
+  // A line for the run's events: etcd unreachable or back, a node lost,
+  // waiting for nodes to join.
+  std::function<void(LogLevel level, const std::string& line)> note;
+};
+
+class UnitCluster {
+ public:
+  virtual ~UnitCluster() = default;
+  // Joins the current generation's rendezvous for `attempt`, with the
+  // checkpoint steps of the shared store this node verified and a free
+  // port (MASTER_PORT if this node becomes node 0). `done` runs on the loop
+  // once every node has joined, or with FailedPrecondition (the job failed,
+  // or this node cannot take part: the message says why) or Cancelled.
+  virtual void Join(int attempt, std::vector<int64_t> steps, int port,
+                    std::function<void(absl::StatusOr<ClusterAgreement>)> done) = 0;
+  // A rank of this node ended badly in `generation`: the job must restart
+  // (the first node to say so moves the generation; the others follow).
+  virtual void Broken(int64_t generation, const AttemptEnd& end) = 0;
+  // What follows `generation` for the whole job, deciding it with `end` if
+  // no node has yet. `done` runs on the loop; it may wait for etcd.
+  virtual void Verdict(int64_t generation, const AttemptEnd& end,
+                       std::function<void(ClusterVerdict)> done) = 0;
+  // Cancels the whole job (every node's run ends CANCELLED).
+  virtual void Cancel(const std::string& reason) = 0;
+  // This node's status for the job's other nodes and `describe`; `final`:
+  // the run ended, kept after this daemon's lease ends.
+  virtual void Report(const v1::ClusterNode& self, bool final) = 0;
+  // The whole job as last seen.
+  virtual void Fill(v1::ClusterStatus* out) const = 0;
+};
+
 class UnitHost {
  public:
   virtual ~UnitHost() = default;
@@ -142,6 +202,11 @@ class UnitHost {
   virtual void RemoveWorkerMetrics(const std::string& run_id, int rank) = 0;
   // `n` more checkpoint saves of the run failed (a worker's heartbeat said).
   virtual void CountCheckpointFailures(const std::string& run_id, int64_t n) = 0;
+  // The coordination of multi-node run `run` (spec.cluster.present), or an
+  // error that fails the run (InvalidArgument: etcd endpoints unusable).
+  virtual absl::StatusOr<std::unique_ptr<UnitCluster>> JoinCluster(const v1::Run& run,
+                                                                   const RunSpec& spec,
+                                                                   ClusterEvents events) = 0;
 };
 
 struct UnitEnv {

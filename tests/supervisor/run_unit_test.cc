@@ -196,6 +196,12 @@ class FakeEnv final : public UnitClock,
   void CountRestart(const std::string&) override {}
   void RemoveWorkerMetrics(const std::string&, int) override {}
   void CountCheckpointFailures(const std::string&, int64_t n) override { checkpoint_failures += n; }
+  absl::StatusOr<std::unique_ptr<UnitCluster>> JoinCluster(const v1::Run&, const RunSpec&,
+                                                           ClusterEvents events) override {
+    if (!make_cluster) return absl::UnimplementedError("no cluster in this test");
+    return make_cluster(std::move(events));
+  }
+  std::function<std::unique_ptr<UnitCluster>(ClusterEvents)> make_cluster;
 
   // Every stored event of `kind`.
   std::vector<v1::RunEvent> Stored(v1::EventKind kind) const {

@@ -1,0 +1,306 @@
+// Multi-node jobs as a user runs them: one real etcd on loopback, two real
+// trainsupd daemons ("node-a", "node-b") with separate state directories,
+// the real trainsup-worker, one rank per node (world size 2 over Gloo), the
+// same spec submitted to both daemons, checkpoints in a directory both
+// nodes' data roots include (standing in for shared storage).
+//
+//  - The job trains and succeeds on both nodes; its final weights are byte
+//    for byte those of the same run on one daemon with two ranks; GetRun on
+//    either node shows both nodes.
+//  - A rank SIGKILLed on node-b: both nodes restart from the same
+//    checkpoint in generation 2, and the events on both name the cause.
+//  - node-b's daemon SIGKILLed: its lease expires, node-a stops its rank;
+//    node-b's daemon restarted adopts nothing stale, rejoins, the job
+//    finishes.
+//  - etcd stopped mid-run, then started again: training goes on, nothing is
+//    restarted, the job finishes.
+//  - node-b's daemon paused (SIGSTOP) past its lease, a partition: node-a
+//    counts it lost and stops; resumed, node-b rejoins and the job finishes.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "proto/run_layout.h"
+#include "tests/common/etcd_server.h"
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/daemon_test_util.h"
+
+namespace trainsup::integration {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr double kLeaseS = 3;
+
+std::string ModelSpec(const std::string& name, int steps, int checkpoint_every) {
+  std::ostringstream s;
+  s << "name = \"" << name << "\"\n"
+    << "[model]\narch = \"minkunet14\"\nin_channels = 3\nvoxel_size = 0.1\n"
+    << "[data]\nformat = \"synthetic\"\nscenes = 10\nscene_size = \"small\"\n"
+    << "[train]\nbatch_size = 1\nsteps = " << steps
+    << "\ncheckpoint_every_steps = " << checkpoint_every
+    << "\nkeep_checkpoints = 3\ndeterministic = true\nthreads = 1\n"
+    << "[distributed]\ntimeout_s = 20\n";
+  return s.str();
+}
+
+std::string ClusterSpecText(const std::string& job, const std::string& endpoint,
+                            const std::string& shared, int steps, int checkpoint_every) {
+  std::ostringstream s;
+  s << ModelSpec(job, steps, checkpoint_every) << "[cluster]\njob = \"" << job
+    << "\"\nnodes = 2\nranks_per_node = 1\netcd_endpoints = [\"" << endpoint
+    << "\"]\ncheckpoint_dir = \"" << shared << "/" << job << "\"\nlease_ttl_s = " << kLeaseS
+    << "\nrendezvous_timeout_s = 120\n";
+  return s.str();
+}
+
+void Configure(DaemonHarness& h, const std::string& node, const std::string& shared, int slots) {
+  h.Set("daemon.worker_binary", std::string("\"") + TRAINSUP_WORKER + "\"");
+  h.Set("daemon.data_roots", "[\"" + h.data_dir() + "\", \"" + shared + "\"]");
+  h.Set("slots.cpu_slots", std::to_string(slots));
+  h.Set("workers.heartbeat_timeout_s", "10");
+  h.Set("progress.startup_grace_s", "60");
+  h.Set("progress.min_timeout_s", "30");
+  h.Set("restart.max_restarts", "20");
+  h.Set("restart.initial_backoff_s", "0");
+  h.Set("cluster.node_name", "\"" + node + "\"");
+  h.Set("cluster.advertise_addr", "\"127.0.0.1\"");
+}
+
+std::string ReadAll(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+const v1::Attempt* Last(const v1::Run& r) {
+  return r.attempts_size() == 0 ? nullptr : &r.attempts(r.attempts_size() - 1);
+}
+
+// The newest attempt runs with its rank alive, past `step`.
+bool RunningPast(const v1::Run& r, int64_t step) {
+  const v1::Attempt* a = Last(r);
+  return r.state() == v1::RUN_STATE_RUNNING && a != nullptr && a->ended_ms() == 0 &&
+         a->ranks_size() == 1 && a->ranks(0).alive() && r.progress().step() >= step;
+}
+
+std::string Events(DaemonHarness& h, const std::string& id) {
+  std::string all;
+  for (const v1::RunEvent& e : h.History(id)) all += e.reason() + "\n";
+  return all;
+}
+
+// The newest checkpoint directory under `dir` (step-N with the largest N).
+fs::path NewestCheckpoint(const fs::path& dir) {
+  fs::path best;
+  int64_t best_step = -1;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || name.find('.') != std::string::npos) continue;
+    const int64_t step = std::stoll(name.substr(5));
+    if (step > best_step) {
+      best_step = step;
+      best = e.path();
+    }
+  }
+  return best;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(etcd_.Start().ok()) << etcd_.Log();
+    shared_ = a_.dir() + "/shared";
+    fs::create_directories(shared_);
+    Configure(a_, "node-a", shared_, 1);
+    Configure(b_, "node-b", shared_, 1);
+    ASSERT_TRUE(a_.Start());
+    ASSERT_TRUE(b_.Start());
+  }
+
+  // Submits the job to both nodes; their run ids.
+  std::pair<std::string, std::string> SubmitBoth(const std::string& job, int steps,
+                                                 int checkpoint_every) {
+    const std::string spec = ClusterSpecText(job, etcd_.endpoint(), shared_, steps,
+                                             checkpoint_every);
+    return {a_.Submit(spec), b_.Submit(spec)};
+  }
+
+  void ExpectBothSucceed(const std::string& ia, const std::string& ib, v1::Run* ra, v1::Run* rb) {
+    ASSERT_TRUE(a_.WaitForEnd(ia, Seconds(400), ra));
+    ASSERT_TRUE(b_.WaitForEnd(ib, Seconds(400), rb));
+    ASSERT_EQ(ra->state(), v1::RUN_STATE_SUCCEEDED) << Describe(*ra);
+    ASSERT_EQ(rb->state(), v1::RUN_STATE_SUCCEEDED) << Describe(*rb);
+  }
+
+  void ExpectNoWorkerLeft() {
+    EXPECT_TRUE(Eventually(
+        [&] {
+          return ProcessesMentioning(a_.dir()).empty() && ProcessesMentioning(b_.dir()).empty();
+        },
+        Seconds(30)))
+        << "workers left running";
+  }
+
+  trainsup::testing::EtcdServer etcd_;
+  DaemonHarness a_, b_;
+  std::string shared_;
+};
+
+TEST_F(ClusterTest, TwoNodesTrainLikeOneDaemonWithTwoRanks) {
+  // The same training on one daemon with two ranks.
+  DaemonHarness one;
+  Configure(one, "solo", shared_, 2);
+  ASSERT_TRUE(one.Start());
+  const std::string ref_id =
+      one.Submit("world_size = 2\n" + ModelSpec("reference", 24, 6));
+  v1::Run ref;
+  ASSERT_TRUE(one.WaitForEnd(ref_id, Seconds(400), &ref));
+  ASSERT_EQ(ref.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ref);
+
+  auto [ia, ib] = SubmitBoth("same-as-one", 24, 6);
+  v1::Run ra, rb;
+  ExpectBothSucceed(ia, ib, &ra, &rb);
+  EXPECT_EQ(ra.attempts_size(), 1) << Describe(ra);
+  EXPECT_EQ(rb.attempts_size(), 1) << Describe(rb);
+  EXPECT_EQ(Last(ra)->generation(), 1);
+  // Node ranks follow the sorted names: node-a runs rank 0, node-b rank 1.
+  ASSERT_EQ(Last(ra)->ranks_size(), 1);
+  ASSERT_EQ(Last(rb)->ranks_size(), 1);
+  EXPECT_EQ(Last(ra)->ranks(0).rank(), 0);
+  EXPECT_EQ(Last(rb)->ranks(0).rank(), 1);
+
+  const fs::path mine = NewestCheckpoint(shared_ + "/same-as-one");
+  const fs::path theirs = NewestCheckpoint(RunLayout(ref.run_dir()).CheckpointsDir());
+  ASSERT_FALSE(mine.empty());
+  ASSERT_EQ(mine.filename(), theirs.filename());
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::string x = ReadAll(mine / file), y = ReadAll(theirs / file);
+    ASSERT_FALSE(x.empty()) << file;
+    EXPECT_TRUE(x == y) << file << " differs from the one-daemon run's";
+  }
+  // Either node shows the whole job.
+  for (DaemonHarness* h : {&a_, &b_}) {
+    v1::Run r = h->GetRun(h == &a_ ? ia : ib);
+    const v1::ClusterStatus& c = r.cluster();
+    EXPECT_EQ(c.job(), "same-as-one");
+    ASSERT_EQ(c.nodes_size(), 2) << r.DebugString();
+    EXPECT_EQ(c.nodes(0).node(), "node-a");
+    EXPECT_EQ(c.nodes(1).node(), "node-b");
+    EXPECT_EQ(c.nodes(0).state(), v1::RUN_STATE_SUCCEEDED);
+    EXPECT_EQ(c.nodes(1).state(), v1::RUN_STATE_SUCCEEDED);
+    EXPECT_EQ(c.nodes(1).run_id(), ib);
+  }
+  ExpectNoWorkerLeft();
+}
+
+TEST_F(ClusterTest, RankKilledOnOneNodeRestartsBothFromTheSameCheckpoint) {
+  auto [ia, ib] = SubmitBoth("rank-killed", 40, 5);
+  v1::Run rb;
+  ASSERT_TRUE(b_.WaitFor(ib, [](const v1::Run& r) { return RunningPast(r, 12); }, Seconds(200),
+                         &rb));
+  const int pid = Last(rb)->ranks(0).pid();
+  ASSERT_GT(pid, 1);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  v1::Run ra;
+  ExpectBothSucceed(ia, ib, &ra, &rb);
+  ASSERT_GE(ra.attempts_size(), 2) << Describe(ra);
+  ASSERT_GE(rb.attempts_size(), 2) << Describe(rb);
+  // Attempt 2 of both: generation 2, from one checkpoint.
+  EXPECT_EQ(ra.attempts(1).generation(), 2);
+  EXPECT_EQ(rb.attempts(1).generation(), 2);
+  EXPECT_GE(ra.attempts(1).resumed_from_step(), 5);
+  EXPECT_EQ(ra.attempts(1).resumed_from_step(), rb.attempts(1).resumed_from_step());
+  EXPECT_EQ(ra.restarts(), rb.restarts()) << "one restart of the job, counted once";
+  // The cause, on both nodes.
+  for (DaemonHarness* h : {&a_, &b_}) {
+    EXPECT_THAT(Events(*h, h == &a_ ? ia : ib), HasSubstr("node node-b: rank 1 ended"))
+        << (h == &a_ ? "node-a" : "node-b");
+  }
+  ExpectNoWorkerLeft();
+}
+
+TEST_F(ClusterTest, KilledDaemonsLeaseExpiresAndItRejoinsWhenRestarted) {
+  auto [ia, ib] = SubmitBoth("daemon-killed", 40, 5);
+  v1::Run ra, rb;
+  ASSERT_TRUE(b_.WaitFor(ib, [](const v1::Run& r) { return RunningPast(r, 10); }, Seconds(200),
+                         &rb));
+  const int old_worker = Last(rb)->ranks(0).pid();
+  b_.Kill();
+  // node-a sees the lease expire and stops its rank.
+  ASSERT_TRUE(a_.WaitFor(
+      ia, [](const v1::Run& r) { return r.attempts_size() >= 1 && r.attempts(0).ended_ms() > 0; },
+      Seconds(60), &ra))
+      << Describe(ra);
+  EXPECT_THAT(Events(a_, ia), HasSubstr("node node-b lost: its etcd lease expired"));
+  // The killed daemon's worker lost its peer and is gone too.
+  EXPECT_TRUE(Eventually([&] { return !ProcessAlive(old_worker); }, Seconds(60)));
+  ASSERT_TRUE(b_.Start());
+  ExpectBothSucceed(ia, ib, &ra, &rb);
+  EXPECT_GE(Last(ra)->generation(), 2);
+  EXPECT_EQ(Last(ra)->generation(), Last(rb)->generation());
+  EXPECT_EQ(Last(ra)->resumed_from_step(), Last(rb)->resumed_from_step());
+  ExpectNoWorkerLeft();
+}
+
+TEST_F(ClusterTest, EtcdDownForAWhileChangesNothing) {
+  auto [ia, ib] = SubmitBoth("etcd-down", 60, 10);
+  v1::Run ra, rb;
+  ASSERT_TRUE(a_.WaitFor(ia, [](const v1::Run& r) { return RunningPast(r, 5); }, Seconds(200),
+                         &ra));
+  etcd_.Stop();
+  const int64_t step_at_stop = a_.GetRun(ia).progress().step();
+  // Longer than the lease: nothing may be decided meanwhile.
+  ASSERT_TRUE(a_.WaitFor(
+      ia,
+      [&](const v1::Run& r) {
+        return !r.cluster().etcd_reachable() && r.progress().step() >= step_at_stop + 8;
+      },
+      Seconds(120), &ra))
+      << Describe(ra);
+  std::this_thread::sleep_for(std::chrono::duration<double>(2 * kLeaseS));
+  ra = a_.GetRun(ia);
+  rb = b_.GetRun(ib);
+  EXPECT_EQ(ra.state(), v1::RUN_STATE_RUNNING) << Describe(ra);
+  EXPECT_EQ(rb.state(), v1::RUN_STATE_RUNNING) << Describe(rb);
+  EXPECT_EQ(ra.attempts_size(), 1);
+  ASSERT_TRUE(etcd_.Start().ok()) << etcd_.Log();
+  ExpectBothSucceed(ia, ib, &ra, &rb);
+  EXPECT_EQ(ra.attempts_size(), 1) << Describe(ra);
+  EXPECT_EQ(rb.attempts_size(), 1) << Describe(rb);
+  EXPECT_EQ(ra.restarts(), 0);
+  const std::string events = Events(a_, ia);
+  EXPECT_THAT(events, HasSubstr("etcd unreachable"));
+  EXPECT_THAT(events, HasSubstr("etcd reachable again"));
+  ExpectNoWorkerLeft();
+}
+
+TEST_F(ClusterTest, PausedDaemonPastItsLeaseIsLostThenRejoins) {
+  auto [ia, ib] = SubmitBoth("partition", 40, 5);
+  v1::Run ra, rb;
+  ASSERT_TRUE(b_.WaitFor(ib, [](const v1::Run& r) { return RunningPast(r, 10); }, Seconds(200),
+                         &rb));
+  b_.Signal(SIGSTOP);
+  ASSERT_TRUE(a_.WaitFor(
+      ia, [](const v1::Run& r) { return r.attempts_size() >= 1 && r.attempts(0).ended_ms() > 0; },
+      Seconds(60), &ra))
+      << Describe(ra);
+  b_.Signal(SIGCONT);
+  ExpectBothSucceed(ia, ib, &ra, &rb);
+  EXPECT_THAT(Events(a_, ia), HasSubstr("node node-b lost"));
+  EXPECT_THAT(Events(b_, ib), HasSubstr("this node's etcd lease expired"));
+  EXPECT_EQ(Last(ra)->generation(), Last(rb)->generation());
+  ExpectNoWorkerLeft();
+}
+
+}  // namespace
+}  // namespace trainsup::integration
