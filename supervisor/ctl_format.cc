@@ -314,6 +314,7 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
     const int64_t took = (a.ended_ms() > 0 ? a.ended_ms() : now_ms) - a.started_ms();
     absl::StrAppend(&out, "  #", a.number(), "  ", FormatTimestamp(a.started_ms()), " .. ", ended,
                     a.started_ms() > 0 ? absl::StrCat(" (", FormatDuration(took), ")") : "", ", ");
+    if (a.generation() > 0) absl::StrAppend(&out, "job generation ", a.generation(), ", ");
     if (a.resumed_from_step() >= 0) {
       absl::StrAppend(&out, "resumed from step ", a.resumed_from_step(),
                       a.resumed_from().empty() ? "" : absl::StrCat(" (", a.resumed_from(), ")"),
@@ -338,6 +339,33 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
       }
     }
     absl::StrAppend(&out, FormatTable(rows, "      "), reasons);
+  }
+
+  if (run.has_cluster() && !run.cluster().job().empty()) {
+    const v1::ClusterStatus& c = run.cluster();
+    absl::StrAppend(&out, "\nJob ", c.job(), " (", c.nodes_expected(), " nodes x ",
+                    c.ranks_per_node(), " ranks), generation ", c.generation(), ", ", c.restarts(),
+                    " restarts of the job; this node: ", c.this_node(), "\n");
+    absl::StrAppend(&out, "  etcd ", c.etcd_endpoints(), ": ",
+                    c.etcd_reachable() ? "reachable" : "UNREACHABLE",
+                    c.etcd_error().empty() ? "" : absl::StrCat(" (", c.etcd_error(), ")"), "\n");
+    if (!c.last_reason().empty()) absl::StrAppend(&out, "  last change: ", c.last_reason(), "\n");
+    std::vector<std::vector<std::string>> rows = {
+        {"NODE", "NODE RANK", "RUN", "STATE", "GENERATION", "RANKS", "LEASE"}};
+    for (const v1::ClusterNode& n : c.nodes()) {
+      std::vector<std::string> ranks;
+      for (const v1::RankStatus& r : n.ranks()) {
+        ranks.push_back(absl::StrCat(r.rank(), ":", r.alive() ? "alive" : ToString(r.exit_class()),
+                                     r.progress().step() > 0
+                                         ? absl::StrCat("@", r.progress().step())
+                                         : ""));
+      }
+      rows.push_back({n.node(), n.node_rank() >= 0 ? absl::StrCat(n.node_rank()) : "-",
+                      n.run_id().empty() ? "-" : n.run_id(), ToString(n.state()),
+                      absl::StrCat(n.generation()), ranks.empty() ? "-" : absl::StrJoin(ranks, " "),
+                      n.lease_alive() ? "alive" : "none"});
+    }
+    absl::StrAppend(&out, FormatTable(rows, "  "));
   }
 
   if (run.checkpoints_size() > 0) {

@@ -381,6 +381,48 @@ TEST(Describe, ACommandRunShowsItsArgvAndHeartbeatMode) {
   EXPECT_NE(text.find("Heartbeats:     no (judged by exit code)\n"), std::string::npos) << text;
 }
 
+TEST(Describe, AMultiNodeRunShowsTheWholeJob) {
+  v1::Run run = RunningRun();
+  EXPECT_EQ(FormatRunDescription(run, kT).find("Job "), std::string::npos) << "a local run";
+  v1::ClusterStatus* c = run.mutable_cluster();
+  c->set_job("scan-a");
+  c->set_nodes_expected(2);
+  c->set_ranks_per_node(1);
+  c->set_generation(3);
+  c->set_restarts(2);
+  c->set_this_node("node-a");
+  c->set_etcd_endpoints("127.0.0.1:2379");
+  c->set_etcd_reachable(false);
+  c->set_etcd_error("connection refused");
+  c->set_last_reason("node node-b lost: its etcd lease expired");
+  v1::ClusterNode* a = c->add_nodes();
+  a->set_node("node-a");
+  a->set_node_rank(0);
+  a->set_run_id("r-a");
+  a->set_state(v1::RUN_STATE_RUNNING);
+  a->set_generation(3);
+  a->set_lease_alive(true);
+  v1::RankStatus* rank = a->add_ranks();
+  rank->set_rank(0);
+  rank->set_alive(true);
+  rank->mutable_progress()->set_step(42);
+  v1::ClusterNode* b = c->add_nodes();
+  b->set_node("node-b");
+  b->set_node_rank(-1);
+  b->set_lease_alive(false);
+  const std::string text = FormatRunDescription(run, kT);
+  EXPECT_NE(text.find("Job scan-a (2 nodes x 1 ranks), generation 3, 2 restarts of the job; this "
+                      "node: node-a\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("etcd 127.0.0.1:2379: UNREACHABLE (connection refused)"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("last change: node node-b lost"), std::string::npos) << text;
+  EXPECT_NE(text.find("node-a  0          r-a"), std::string::npos) << text;
+  EXPECT_NE(text.find("0:alive@42"), std::string::npos) << text;
+  EXPECT_NE(text.find("node-b  -"), std::string::npos) << text;
+}
+
 TEST(Describe, ValidationOnlyOnceEvaluated) {
   v1::Run run = RunningRun();
   EXPECT_EQ(FormatRunDescription(run, kT).find("Validation:"), std::string::npos);
