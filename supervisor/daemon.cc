@@ -426,6 +426,14 @@ void DaemonImpl::UpdateMetrics() {
     if (u->last_checkpoint_ms() > 0) {
       metrics_->SetCheckpointAge(id, static_cast<double>(wall - u->last_checkpoint_ms()) / 1000.0);
     }
+    if (u->spec().cluster.present) {
+      v1::Run live;
+      u->FillLive(&live);
+      if (!live.cluster().job().empty()) {
+        metrics_->SetCluster(id, live.cluster().job(), live.cluster().etcd_reachable(),
+                             live.cluster().generation());
+      }
+    }
   }
   metrics_->SetRunsByState(counts);
   metrics_->SetRunsWaitingForSpace(waiting);

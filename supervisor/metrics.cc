@@ -132,6 +132,11 @@ struct Metrics::Impl {
   Family<Counter>& checkpoint_failures =
       NewCounter(*registry, "trainsup_checkpoint_save_failures_total",
                  "Checkpoint saves that workers reported as failed, by run.");
+  Family<Gauge>& etcd_reachable =
+      NewGauge(*registry, "trainsup_cluster_etcd_reachable",
+               "Multi-node runs: 1 while the job's etcd answers this daemon, 0 while it does not.");
+  Family<Gauge>& cluster_generation = NewGauge(
+      *registry, "trainsup_cluster_generation", "Multi-node runs: the job's restart generation.");
   Family<Gauge>& daemon_info =
       NewGauge(*registry, "trainsup_daemon_info", "Always 1, labelled with the daemon version.");
   Family<Gauge>& daemon_start_time =
@@ -154,6 +159,7 @@ struct Metrics::Impl {
   std::set<std::string> run_states;
   // Keyed by run, then rank, so RemoveRun finds a run's workers.
   std::map<std::string, std::set<int>> workers;
+  std::map<std::string, std::string> cluster_jobs;  // run -> job, for RemoveRun
   std::map<int, SlotSeries> slots;
   std::string daemon_version;
   bool has_daemon_info = false;
@@ -263,8 +269,22 @@ void Metrics::SetCheckpointAge(const std::string& run_id, double age_s) {
   impl_->checkpoint_age.Add({{"run", run_id}}).Set(age_s);
 }
 
+void Metrics::SetCluster(const std::string& run_id, const std::string& job, bool etcd_reachable,
+                         int64_t generation) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->etcd_reachable.Add({{"run", run_id}, {"job", job}}).Set(etcd_reachable ? 1 : 0);
+  impl_->cluster_generation.Add({{"run", run_id}, {"job", job}})
+      .Set(static_cast<double>(generation));
+  impl_->cluster_jobs[run_id] = job;
+}
+
 void Metrics::RemoveRun(const std::string& run_id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  if (auto job = impl_->cluster_jobs.find(run_id); job != impl_->cluster_jobs.end()) {
+    RemoveSeries(impl_->etcd_reachable, {{"run", run_id}, {"job", job->second}});
+    RemoveSeries(impl_->cluster_generation, {{"run", run_id}, {"job", job->second}});
+    impl_->cluster_jobs.erase(job);
+  }
   RemoveSeries(impl_->checkpoint_age, {{"run", run_id}});
   RemoveSeries(impl_->checkpoint_failures, {{"run", run_id}});
   const auto run = impl_->workers.find(run_id);

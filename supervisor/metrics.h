@@ -22,6 +22,8 @@
 //   trainsup_store_write_failures_total{what}             counter
 //   trainsup_runs_waiting_for_space                       gauge
 //   trainsup_checkpoint_save_failures_total{run}          counter
+//   trainsup_cluster_etcd_reachable{run,job}              gauge, 1/0
+//   trainsup_cluster_generation{run,job}                  gauge
 //
 // Thread safety: every method may be called from any thread. Each call is
 // applied under one lock, so a call that touches several series (SetSlot,
@@ -102,6 +104,12 @@ class Metrics {
   // Removes every series of the run: its checkpoint age and the worker
   // series of all its ranks. Call when a run ends.
   void RemoveRun(const std::string& run_id);
+
+  // A multi-node run (docs/distributed.md):
+  // trainsup_cluster_etcd_reachable{run,job} 1/0 and
+  // trainsup_cluster_generation{run,job}. RemoveRun drops them.
+  void SetCluster(const std::string& run_id, const std::string& job, bool etcd_reachable,
+                  int64_t generation);
 
   // trainsup_slot_state{slot,gpu,state}: one-hot, 1 for `state` and 0 for
   // each other of FREE, BUSY, RELEASING, STRANDED; trainsup_slot_healthy

@@ -265,6 +265,42 @@ class FakeEnv final : public UnitClock,
   int secrets_ = 0;
 };
 
+// A job's coordination as the unit sees it: records the calls, answers
+// when the test says.
+class FakeCluster final : public UnitCluster {
+ public:
+  struct Calls {
+    std::vector<std::vector<int64_t>> joins;
+    std::function<void(absl::StatusOr<ClusterAgreement>)> join_done;
+    std::vector<std::pair<int64_t, AttemptEnd>> broken;
+    std::vector<int64_t> verdicts;
+    std::function<void(ClusterVerdict)> verdict_done;
+    std::vector<std::string> cancels;
+    int reports = 0;
+    ClusterEvents events;
+  };
+  explicit FakeCluster(std::shared_ptr<Calls> calls) : calls_(std::move(calls)) {}
+  void Join(int, std::vector<int64_t> steps, int,
+            std::function<void(absl::StatusOr<ClusterAgreement>)> done) override {
+    calls_->joins.push_back(std::move(steps));
+    calls_->join_done = std::move(done);
+  }
+  void Broken(int64_t generation, const AttemptEnd& end) override {
+    calls_->broken.emplace_back(generation, end);
+  }
+  void Verdict(int64_t generation, const AttemptEnd&,
+               std::function<void(ClusterVerdict)> done) override {
+    calls_->verdicts.push_back(generation);
+    calls_->verdict_done = std::move(done);
+  }
+  void Cancel(const std::string& reason) override { calls_->cancels.push_back(reason); }
+  void Report(const v1::ClusterNode&, bool) override { calls_->reports++; }
+  void Fill(v1::ClusterStatus* out) const override { out->set_job("fake"); }
+
+ private:
+  std::shared_ptr<Calls> calls_;
+};
+
 class RunUnitTest : public ::testing::Test {
  protected:
   std::unique_ptr<RunUnit> NewUnit(int world_size = 1) {
@@ -701,6 +737,85 @@ TEST_F(RunUnitTest, OurWorkerGetsNoSigusr1) {
   env_.Settle();
   EXPECT_TRUE(env_.leader_signals.empty());
   ASSERT_EQ(env_.signals.size(), 1u);
+}
+
+// Node rank 1 of a job of 2 nodes x 2 ranks: it joins before launching,
+// starts global ranks 2 and 3 with node 0's MASTER, reports a failure to
+// the job, stops its ranks when the job moves on, and takes the job's one
+// decision (and restart count) instead of its own.
+TEST_F(RunUnitTest, AMultiNodeRunJoinsLaunchesItsGlobalRanksAndFollowsTheJob) {
+  auto calls = std::make_shared<FakeCluster::Calls>();
+  env_.make_cluster = [calls](ClusterEvents events) {
+    calls->events = std::move(events);
+    return std::make_unique<FakeCluster>(calls);
+  };
+  RunSpec spec;
+  spec.cluster.present = true;
+  spec.cluster.job = "j";
+  spec.cluster.nodes = 2;
+  spec.cluster.ranks_per_node = 2;
+  spec.cluster.checkpoint_dir = dir_.path() + "/shared";
+  spec.world_size = 4;
+  auto u = NewUnit(spec);
+  ASSERT_TRUE(u->Queued().has_value());
+  EXPECT_EQ(u->Queued()->world_size, 2) << "this node's slots, not the job's";
+  u->Start({0, 1}, {"", ""});
+  env_.Settle();
+  ASSERT_EQ(calls->joins.size(), 1u);
+  EXPECT_TRUE(env_.launches.empty()) << "nothing starts before the rendezvous";
+  EXPECT_FALSE(u->Queued().has_value());
+  ClusterAgreement a;
+  a.generation = 1;
+  a.node_rank = 1;
+  a.nodes = {"a", "b"};
+  a.master_addr = "10.0.0.1";
+  a.master_port = 29999;
+  calls->join_done(a);
+  env_.Settle();
+  ASSERT_EQ(env_.launches.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const LaunchSpec& l = env_.launches[i];
+    EXPECT_EQ(l.env.at("RANK"), std::to_string(2 + i));
+    EXPECT_EQ(l.env.at("LOCAL_RANK"), std::to_string(i));
+    EXPECT_EQ(l.env.at("WORLD_SIZE"), "4");
+    EXPECT_EQ(l.env.at("MASTER_ADDR"), "10.0.0.1");
+    EXPECT_EQ(l.env.at("MASTER_PORT"), "29999");
+  }
+  ASSERT_EQ(u->ranks().size(), 2u);
+  EXPECT_EQ(u->ranks()[0].rank, 2);
+  const int pid2 = u->ranks()[0].pid, pid3 = u->ranks()[1].pid;
+  env_.Exit(*u, 2, pid2, true, 3);
+  env_.Settle();
+  ASSERT_EQ(calls->broken.size(), 1u);
+  EXPECT_EQ(calls->broken[0].first, 1);
+  EXPECT_EQ(calls->broken[0].second.cls, ExitClass::kCrash);
+  EXPECT_EQ(calls->broken[0].second.detail.rfind("rank 2 ended: ", 0), 0u)
+      << calls->broken[0].second.detail;
+  // The job moves on; rank 3 (already being stopped) ends.
+  calls->events.moved(2, "node b: rank 2 ended");
+  env_.Exit(*u, 3, pid3, false, SIGTERM);
+  env_.Settle();
+  ASSERT_EQ(calls->verdicts.size(), 1u);
+  EXPECT_EQ(calls->verdicts[0], 1);
+  EXPECT_NE(u->run().state(), v1::RUN_STATE_RESTARTING) << "waits for the job's decision";
+  ClusterVerdict v;
+  v.kind = ClusterVerdict::Kind::kRestart;
+  v.generation = 2;
+  v.restarts = 5;
+  v.delay_s = 0;
+  v.reason = "node b: rank 2 ended; restart";
+  calls->verdict_done(v);
+  env_.Settle();
+  EXPECT_EQ(u->run().state(), v1::RUN_STATE_RESTARTING);
+  EXPECT_EQ(u->run().restarts(), 5) << "the job's count";
+  EXPECT_GT(calls->reports, 0);
+  // A cancel here cancels the whole job.
+  bool taken = false;
+  u->Cancel("enough", [&](absl::Status s) { taken = s.ok(); });
+  env_.Settle();
+  EXPECT_TRUE(taken);
+  ASSERT_EQ(calls->cancels.size(), 1u);
+  EXPECT_EQ(u->run().state(), v1::RUN_STATE_CANCELLED);
 }
 
 }  // namespace
