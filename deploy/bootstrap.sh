@@ -20,6 +20,9 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libboost1.81-dev libboost-filesystem1.81-dev
   libsqlite3-dev libsystemd-dev prometheus-cpp-dev
+  # multi-node jobs: etcd (the tests start their own on loopback) and the
+  # .proto files of its v3 API, compiled at build time (docs/building.md)
+  etcd-server golang-etcd-server-dev
   # shared libraries
   libspdlog-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
   # tests and benchmarks; clang's libFuzzer and sanitizers for fuzz/

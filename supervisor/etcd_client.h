@@ -40,7 +40,7 @@ struct EtcdRange {
 // The outcome of a compare-and-swap (EtcdClient::PutIf).
 struct EtcdSwap {
   bool succeeded = false;
-  int64_t revision = 0;                // the store's revision after the txn
+  int64_t revision = 0;                 // the store's revision after the txn
   std::optional<EtcdKeyValue> current;  // the key as it is when !succeeded
 };
 
@@ -73,7 +73,10 @@ class EtcdClient {
   virtual absl::StatusOr<EtcdRange> GetPrefix(const std::string& prefix) = 0;
   // One transaction: if `key`'s mod_revision is `expected_mod_revision` (0:
   // the key must not exist), put `value` (with `lease` when nonzero);
-  // otherwise nothing is written and `current` tells what is there.
+  // otherwise nothing is written and `current` tells what is there. With
+  // several endpoints, a swap etcd applied before the connection broke is
+  // tried again on the next one and comes back !succeeded with `current`
+  // holding `value`.
   virtual absl::StatusOr<EtcdSwap> PutIf(const std::string& key, int64_t expected_mod_revision,
                                          const std::string& value, int64_t lease = 0) = 0;
   // Deletes `key` (absent: OK). The number of keys deleted.
@@ -94,7 +97,11 @@ class EtcdClient {
   // compacted by etcd) `on_end` runs once with the reason, on that thread,
   // and the watch is over: the caller starts another from the last revision
   // it saw + 1. Destroying the handle ends the watch without calling
-  // `on_end`.
+  // `on_end`. `revision` is the mod_revision of the batch's last event.
+  // `why`: Unavailable (or DeadlineExceeded) when the stream was lost,
+  // FailedPrecondition when etcd compacted `start_revision` away (read the
+  // keys again, watch from that read's revision + 1) or cancelled the
+  // watch, InvalidArgument for a negative `start_revision`.
   virtual std::unique_ptr<EtcdWatch> Watch(
       const std::string& prefix, int64_t start_revision,
       std::function<void(const std::vector<EtcdEvent>& events, int64_t revision)> on_events,
