@@ -13,8 +13,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "proto/data_roots.h"
 #include "proto/toml_guard.h"
@@ -324,9 +324,9 @@ absl::Status ReadCluster(const toml::table* t, ClusterSpec* c) {
   TRAINSUP_RETURN_IF_ERROR(r.String("job", &c->job));
   if (c->job.empty() || c->job.size() > 64 ||
       !std::all_of(c->job.begin(), c->job.end(), IsNameChar)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cluster.job: required, 1 to 64 of letters, digits, '.', '_' and '-'; got \"", c->job,
-        "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster.job: required, 1 to 64 of letters, digits, '.', '_' and '-'; got \"",
+                     c->job, "\""));
   }
   TRAINSUP_RETURN_IF_ERROR(r.Int("nodes", &c->nodes, 1, 64));
   TRAINSUP_RETURN_IF_ERROR(r.Int("ranks_per_node", &c->ranks_per_node, 1, 64));
@@ -337,9 +337,8 @@ absl::Status ReadCluster(const toml::table* t, ClusterSpec* c) {
   for (const std::string& e : c->etcd_endpoints) {
     const size_t colon = e.rfind(':');
     int port = 0;
-    if (colon == std::string::npos || colon == 0 ||
-        !absl::SimpleAtoi(e.substr(colon + 1), &port) || port < 1 || port > 65535 ||
-        e.find_first_of(",/ ") != std::string::npos) {
+    if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(e.substr(colon + 1), &port) ||
+        port < 1 || port > 65535 || e.find_first_of(",/ ") != std::string::npos) {
       return absl::InvalidArgumentError(
           absl::StrCat("cluster.etcd_endpoints: not host:port: \"", e, "\""));
     }
@@ -433,8 +432,8 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
   if (spec.cluster.present) {
     const int64_t world = spec.cluster.nodes * spec.cluster.ranks_per_node;
     if (world > 64) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cluster: nodes * ranks_per_node is ", world, ", more than 64 ranks"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster: nodes * ranks_per_node is ", world, ", more than 64 ranks"));
     }
     if (world_size_given && spec.world_size != world) {
       return absl::InvalidArgumentError(

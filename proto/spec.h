@@ -201,8 +201,9 @@ struct RunSpec {
 absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text);
 
 // Checks that every path in the spec (data.path, data.label_file,
-// command.cwd, cluster.checkpoint_dir) resolves (after symlinks) inside one of `data_roots`. InvalidArgument naming the
-// field when not, or when a path is relative. An empty `data_roots` allows no paths at all.
+// command.cwd, cluster.checkpoint_dir) resolves (after symlinks) inside one of `data_roots`.
+// InvalidArgument naming the field when not, or when a path is relative. An empty `data_roots`
+// allows no paths at all.
 absl::Status CheckSpecPaths(const RunSpec& spec, const std::vector<std::string>& data_roots);
 
 // The total number of optimizer steps the run takes (steps, or epochs times

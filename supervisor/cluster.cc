@@ -21,13 +21,11 @@ constexpr double kPublishEveryS = 1;
 constexpr double kEchoGraceS = 1;
 
 double NowS() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double WallS() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 bool Unreachable(const absl::Status& s) {
@@ -36,8 +34,7 @@ bool Unreachable(const absl::Status& s) {
 }
 
 bool Terminal(v1::RunState s) {
-  return s == v1::RUN_STATE_SUCCEEDED || s == v1::RUN_STATE_FAILED ||
-         s == v1::RUN_STATE_CANCELLED;
+  return s == v1::RUN_STATE_SUCCEEDED || s == v1::RUN_STATE_FAILED || s == v1::RUN_STATE_CANCELLED;
 }
 
 std::string NodeJson(const v1::ClusterNode& n) {
@@ -336,7 +333,7 @@ void ClusterMember::Evaluate() {
       ClusterVerdict v;
       v.kind = g.action == GenerationRecord::Action::kRun      ? ClusterVerdict::Kind::kRestart
                : g.action == GenerationRecord::Action::kCancel ? ClusterVerdict::Kind::kCancel
-                                                                : ClusterVerdict::Kind::kFail;
+                                                               : ClusterVerdict::Kind::kFail;
       v.generation = g.generation;
       v.restarts = g.restarts;
       v.delay_s = g.delay_s;
@@ -352,9 +349,8 @@ void ClusterMember::Evaluate() {
     if (g.action != GenerationRecord::Action::kRun) {
       auto done = std::move(join_->done);
       join_.reset();
-      done(g.action == GenerationRecord::Action::kCancel
-               ? absl::CancelledError(g.reason)
-               : absl::FailedPreconditionError(g.reason));
+      done(g.action == GenerationRecord::Action::kCancel ? absl::CancelledError(g.reason)
+                                                         : absl::FailedPreconditionError(g.reason));
       return;
     }
     if (join_->put_generation != g.generation) {
@@ -415,10 +411,9 @@ void ClusterMember::PutJoin(int64_t generation) {
   r.port = join_->port;
   r.steps = join_->steps;
   const std::string key = keys_.Join(generation, o_.node);
-  const std::string old =
-      last_join_generation_ > 0 && last_join_generation_ != generation
-          ? keys_.Join(last_join_generation_, o_.node)
-          : "";
+  const std::string old = last_join_generation_ > 0 && last_join_generation_ != generation
+                              ? keys_.Join(last_join_generation_, o_.node)
+                              : "";
   const std::string value = EncodeJoin(r);
   const int64_t lease = lease_;
   Do<absl::StatusOr<int64_t>>(
@@ -438,27 +433,28 @@ void ClusterMember::PutJoin(int64_t generation) {
         join_->put_generation = generation;
         last_join_generation_ = generation;
         if (events_.note) {
-          const size_t joined = joins_[generation].size() + (joins_[generation].count(o_.node) ? 0 : 1);
+          const size_t joined =
+              joins_[generation].size() + (joins_[generation].count(o_.node) ? 0 : 1);
           events_.note(LogLevel::kInfo,
-                       absl::StrCat("joined the rendezvous of generation ", generation, " (", joined,
-                                    " of ", o_.spec.nodes, " nodes so far)"));
+                       absl::StrCat("joined the rendezvous of generation ", generation, " (",
+                                    joined, " of ", o_.spec.nodes, " nodes so far)"));
         }
-        After(o_.spec.rendezvous_timeout_s, [this, generation] { OnRendezvousTimeout(generation); });
+        After(o_.spec.rendezvous_timeout_s,
+              [this, generation] { OnRendezvousTimeout(generation); });
         Evaluate();
       });
 }
 
 void ClusterMember::OnRendezvousTimeout(int64_t generation) {
-  if (!join_ || join_->put_generation != generation || !gen_ ||
-      gen_->generation != generation) {
+  if (!join_ || join_->put_generation != generation || !gen_ || gen_->generation != generation) {
     return;
   }
   std::vector<std::string> joined;
   for (const auto& [node, r] : joins_[generation]) joined.push_back(node);
-  const std::string reason = absl::StrCat(
-      "rendezvous of generation ", generation, ": only ", joined.size(), " of ", o_.spec.nodes,
-      " nodes joined within ", o_.spec.rendezvous_timeout_s, " s (", absl::StrJoin(joined, ", "),
-      "); the job fails");
+  const std::string reason =
+      absl::StrCat("rendezvous of generation ", generation, ": only ", joined.size(), " of ",
+                   o_.spec.nodes, " nodes joined within ", o_.spec.rendezvous_timeout_s, " s (",
+                   absl::StrJoin(joined, ", "), "); the job fails");
   const std::string key = keys_.Generation();
   const std::string by = o_.node;
   Do<absl::Status>(
@@ -501,8 +497,7 @@ void ClusterMember::Bump(int64_t generation, AttemptEnd end, const std::string& 
             return absl::OkStatus();
           }
           const GenerationRecord next = NextGeneration(*g, end, policy, by, reason);
-          absl::StatusOr<EtcdSwap> swap =
-              c.PutIf(key, (*kv)->mod_revision, EncodeGeneration(next));
+          absl::StatusOr<EtcdSwap> swap = c.PutIf(key, (*kv)->mod_revision, EncodeGeneration(next));
           if (!swap.ok()) return swap.status();
           if (swap->succeeded) return absl::OkStatus();
         }
@@ -607,8 +602,7 @@ void ClusterMember::Cancel(const std::string& reason) {
           next.action = GenerationRecord::Action::kCancel;
           next.by = by;
           next.reason = why;
-          absl::StatusOr<EtcdSwap> swap =
-              c.PutIf(key, (*kv)->mod_revision, EncodeGeneration(next));
+          absl::StatusOr<EtcdSwap> swap = c.PutIf(key, (*kv)->mod_revision, EncodeGeneration(next));
           if (!swap.ok()) return swap.status();
           if (swap->succeeded) return absl::OkStatus();
         }
@@ -647,16 +641,17 @@ void ClusterMember::PublishSelf() {
   // A final status outlives the lease: the job's other nodes and describe
   // see how this node ended, and its absence is never read as a loss.
   const int64_t lease = self_final_ ? 0 : lease_;
-  Do<absl::StatusOr<int64_t>>([key, value, lease](EtcdClient& c) { return c.Put(key, value, lease); },
-                              [this](absl::StatusOr<int64_t> put) {
-                                publishing_ = false;
-                                if (!put.ok()) {
-                                  self_dirty_ = true;
-                                  Failed("publishing the node's status", put.status());
-                                  return;
-                                }
-                                Answered();
-                              });
+  Do<absl::StatusOr<int64_t>>(
+      [key, value, lease](EtcdClient& c) { return c.Put(key, value, lease); },
+      [this](absl::StatusOr<int64_t> put) {
+        publishing_ = false;
+        if (!put.ok()) {
+          self_dirty_ = true;
+          Failed("publishing the node's status", put.status());
+          return;
+        }
+        Answered();
+      });
 }
 
 void ClusterMember::Fill(v1::ClusterStatus* out) const {

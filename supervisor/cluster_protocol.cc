@@ -1,8 +1,7 @@
 #include "supervisor/cluster_protocol.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -90,9 +89,12 @@ std::string EncodeGeneration(const GenerationRecord& r) {
                        {"made_progress", e.made_progress},
                        {"detail", e.detail}});
   }
-  return json{{"generation", r.generation}, {"action", ActionName(r.action)},
-              {"restarts", r.restarts},     {"delay_s", r.delay_s},
-              {"by", r.by},                 {"reason", r.reason},
+  return json{{"generation", r.generation},
+              {"action", ActionName(r.action)},
+              {"restarts", r.restarts},
+              {"delay_s", r.delay_s},
+              {"by", r.by},
+              {"reason", r.reason},
               {"history", history}}
       .dump();
 }
@@ -145,8 +147,7 @@ GenerationRecord NextGeneration(const GenerationRecord& current, const AttemptEn
   next.history = current.history;
   next.history.push_back(end);
   if (next.history.size() > GenerationRecord::kMaxHistory) {
-    next.history.erase(next.history.begin(),
-                       next.history.end() - GenerationRecord::kMaxHistory);
+    next.history.erase(next.history.begin(), next.history.end() - GenerationRecord::kMaxHistory);
   }
   // No jitter: every node reads the one delay written here.
   const RestartDecision d = DecideRestart(policy, next.history, /*jitter_unit=*/0.5);
@@ -172,9 +173,9 @@ absl::StatusOr<std::optional<Agreement>> Agree(const std::vector<JoinRecord>& jo
   if (static_cast<int>(sorted.size()) > nodes) {
     std::vector<std::string> names;
     for (const JoinRecord* r : sorted) names.push_back(r->node);
-    return absl::InvalidArgumentError(
-        absl::StrCat(sorted.size(), " nodes joined a job of ", nodes, " (",
-                     absl::StrJoin(names, ", "), "): check cluster.nodes and node names"));
+    return absl::InvalidArgumentError(absl::StrCat(sorted.size(), " nodes joined a job of ", nodes,
+                                                   " (", absl::StrJoin(names, ", "),
+                                                   "): check cluster.nodes and node names"));
   }
   if (static_cast<int>(sorted.size()) < nodes) return std::optional<Agreement>();
   Agreement a;

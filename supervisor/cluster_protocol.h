@@ -66,10 +66,10 @@ struct GenerationRecord {
   int64_t generation = 1;
   enum class Action { kRun, kFail, kCancel };
   Action action = Action::kRun;
-  int64_t restarts = 0;   // restarts of the whole job so far
-  double delay_s = 0;     // backoff before this generation's rendezvous
-  std::string by;         // the node that wrote it ("" for generation 1)
-  std::string reason;     // why the generation moved (or the job ended)
+  int64_t restarts = 0;  // restarts of the whole job so far
+  double delay_s = 0;    // backoff before this generation's rendezvous
+  std::string by;        // the node that wrote it ("" for generation 1)
+  std::string reason;    // why the generation moved (or the job ended)
   // The job's failed generations (the restart policy's history), oldest
   // first, at most kMaxHistory.
   std::vector<AttemptEnd> history;

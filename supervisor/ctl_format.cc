@@ -355,10 +355,9 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
     for (const v1::ClusterNode& n : c.nodes()) {
       std::vector<std::string> ranks;
       for (const v1::RankStatus& r : n.ranks()) {
-        ranks.push_back(absl::StrCat(r.rank(), ":", r.alive() ? "alive" : ToString(r.exit_class()),
-                                     r.progress().step() > 0
-                                         ? absl::StrCat("@", r.progress().step())
-                                         : ""));
+        ranks.push_back(
+            absl::StrCat(r.rank(), ":", r.alive() ? "alive" : ToString(r.exit_class()),
+                         r.progress().step() > 0 ? absl::StrCat("@", r.progress().step()) : ""));
       }
       rows.push_back({n.node(), n.node_rank() >= 0 ? absl::StrCat(n.node_rank()) : "-",
                       n.run_id().empty() ? "-" : n.run_id(), ToString(n.state()),

@@ -251,8 +251,8 @@ void DaemonImpl::Node(std::function<void(v1::Node)> done) {
       v1::Run live;
       u->FillLive(&live);
       if (!live.cluster().job().empty() && !live.cluster().etcd_reachable()) {
-        out.add_etcd_unreachable(absl::StrCat(live.cluster().job(), " (", id, "): ",
-                                              live.cluster().etcd_error()));
+        out.add_etcd_unreachable(
+            absl::StrCat(live.cluster().job(), " (", id, "): ", live.cluster().etcd_error()));
       }
     }
     done(std::move(out));

@@ -28,8 +28,8 @@ struct WorkerLaunch {
   int world_size = 1;
   // The rank among this node's ranks and how many run here: rank and
   // world_size unless the run spans nodes (spec.cluster).
-  int local_rank = -1;        // -1: rank
-  int local_world_size = -1;  // -1: world_size
+  int local_rank = -1;              // -1: rank
+  int local_world_size = -1;        // -1: world_size
   std::string supervisor_endpoint;  // "unix:/…/trainsupd.sock"
   int64_t resume_step = -1;         // -1: none
   std::string token;                // TRAINSUP_TOKEN

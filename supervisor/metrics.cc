@@ -135,8 +135,8 @@ struct Metrics::Impl {
   Family<Gauge>& etcd_reachable =
       NewGauge(*registry, "trainsup_cluster_etcd_reachable",
                "Multi-node runs: 1 while the job's etcd answers this daemon, 0 while it does not.");
-  Family<Gauge>& cluster_generation = NewGauge(
-      *registry, "trainsup_cluster_generation", "Multi-node runs: the job's restart generation.");
+  Family<Gauge>& cluster_generation = NewGauge(*registry, "trainsup_cluster_generation",
+                                               "Multi-node runs: the job's restart generation.");
   Family<Gauge>& daemon_info =
       NewGauge(*registry, "trainsup_daemon_info", "Always 1, labelled with the daemon version.");
   Family<Gauge>& daemon_start_time =

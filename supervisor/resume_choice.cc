@@ -44,14 +44,13 @@ ResumeChoice ChooseResumeShared(const std::string& run_dir, const std::string& s
   if (st.type() == fs::file_type::not_found) {
     fs::create_directory_symlink(shared_dir, link, ec);
     if (ec) {
-      c.error = absl::FailedPreconditionError(absl::StrCat("cannot link ", link.string(), " to ",
-                                                           shared_dir, ": ", ec.message()));
+      c.error = absl::FailedPreconditionError(
+          absl::StrCat("cannot link ", link.string(), " to ", shared_dir, ": ", ec.message()));
       return c;
     }
   } else if (st.type() != fs::file_type::symlink || fs::read_symlink(link, ec) != shared_dir) {
-    c.error = absl::FailedPreconditionError(
-        absl::StrCat(link.string(), " exists and is not a link to cluster.checkpoint_dir ",
-                     shared_dir));
+    c.error = absl::FailedPreconditionError(absl::StrCat(
+        link.string(), " exists and is not a link to cluster.checkpoint_dir ", shared_dir));
     return c;
   }
   ckpt::CheckpointStore store(shared_dir);
@@ -61,10 +60,9 @@ ResumeChoice ChooseResumeShared(const std::string& run_dir, const std::string& s
     return c;
   }
   std::vector<ckpt::CheckpointInfo> newest_first = *all;
-  std::sort(newest_first.begin(), newest_first.end(),
-            [](const ckpt::CheckpointInfo& a, const ckpt::CheckpointInfo& b) {
-              return a.step > b.step;
-            });
+  std::sort(
+      newest_first.begin(), newest_first.end(),
+      [](const ckpt::CheckpointInfo& a, const ckpt::CheckpointInfo& b) { return a.step > b.step; });
   for (const ckpt::CheckpointInfo& info : newest_first) {
     absl::Status v = store.Verify(info);
     if (v.ok()) {
@@ -78,9 +76,9 @@ ResumeChoice ChooseResumeShared(const std::string& run_dir, const std::string& s
     }
     // Not quarantined here: the store is shared, and global rank 0's
     // worker handles its own; this node only leaves it out.
-    c.notes.push_back(absl::StrCat("checkpoint step ", info.step,
-                                   " of the shared store does not verify on this node: ",
-                                   v.message()));
+    c.notes.push_back(
+        absl::StrCat("checkpoint step ", info.step,
+                     " of the shared store does not verify on this node: ", v.message()));
   }
   if (!c.loadable.empty()) {
     c.step = c.loadable.front().first;

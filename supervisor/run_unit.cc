@@ -375,10 +375,9 @@ void RunUnit::OnPrepared(ResumeChoice c) {
     std::vector<int64_t> steps;
     for (const auto& [step, dir] : c.loadable) steps.push_back(step);
     joining_ = true;
-    cluster_->Join(attempt_.number() + 1, std::move(steps), env_.host->FreePort(),
-                   Guarded([this, c](absl::StatusOr<ClusterAgreement> a) {
-                     OnAgreement(c, std::move(a));
-                   }));
+    cluster_->Join(
+        attempt_.number() + 1, std::move(steps), env_.host->FreePort(),
+        Guarded([this, c](absl::StatusOr<ClusterAgreement> a) { OnAgreement(c, std::move(a)); }));
     return;
   }
   StartAttempt(std::move(c));
@@ -652,19 +651,20 @@ void RunUnit::EndAttempt() {
     // One decision for the whole job (docs/distributed.md): the node that
     // moved the generation made it; this node follows.
     cluster_->Verdict(generation_, end, Guarded([this, b, cls = o.cls](ClusterVerdict v) mutable {
-      if (IsTerminal(run_.state())) return;
-      if (cancel_ || v.kind == ClusterVerdict::Kind::kCancel) {
-        SetState(v1::RUN_STATE_CANCELLED, cancel_ ? cancel_reason_ : v.reason, std::move(b),
-                 [this] { MaybeFinished(); });
-        return;
-      }
-      RestartDecision d;
-      d.action = v.kind == ClusterVerdict::Kind::kRestart ? Action::kRestart : Action::kFail;
-      d.delay_s = v.delay_s;
-      d.reason = absl::StrCat("job generation ", v.generation, ": ", v.reason);
-      d.oom = cls == ExitClass::kOom;
-      ApplyDecision(std::move(b), cls, d, v.restarts);
-    }));
+                        if (IsTerminal(run_.state())) return;
+                        if (cancel_ || v.kind == ClusterVerdict::Kind::kCancel) {
+                          SetState(v1::RUN_STATE_CANCELLED, cancel_ ? cancel_reason_ : v.reason,
+                                   std::move(b), [this] { MaybeFinished(); });
+                          return;
+                        }
+                        RestartDecision d;
+                        d.action = v.kind == ClusterVerdict::Kind::kRestart ? Action::kRestart
+                                                                            : Action::kFail;
+                        d.delay_s = v.delay_s;
+                        d.reason = absl::StrCat("job generation ", v.generation, ": ", v.reason);
+                        d.oom = cls == ExitClass::kOom;
+                        ApplyDecision(std::move(b), cls, d, v.restarts);
+                      }));
     return;
   }
   const RestartDecision d =

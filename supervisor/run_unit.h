@@ -236,7 +236,7 @@ class RunUnit {
 
   // Multi-node runs (docs/distributed.md).
   std::unique_ptr<UnitCluster> cluster_;
-  int rank_base_ = 0;       // node rank x ranks_per_node
+  int rank_base_ = 0;        // node rank x ranks_per_node
   std::string master_addr_;  // the generation's node 0 (empty: local)
   int master_port_ = 0;
   int64_t generation_ = 0;  // of the current attempt

@@ -86,12 +86,12 @@ void RunUnit::EnterStopStage(int rank, StopStage stage) {
     case StopStage::kNone:
       return;
   }
-  r.stop_timer = env_.timers->Start(
-      StopStageTimeout(stage, timeouts), Guarded([this, attempt, rank, stage] {
-        if (attempt != attempt_.number() || At(rank) == nullptr) return;
-        At(rank)->stop_timer = 0;
-        EnterStopStage(rank, NextStopStage(stage));
-      }));
+  r.stop_timer =
+      env_.timers->Start(StopStageTimeout(stage, timeouts), Guarded([this, attempt, rank, stage] {
+                           if (attempt != attempt_.number() || At(rank) == nullptr) return;
+                           At(rank)->stop_timer = 0;
+                           EnterStopStage(rank, NextStopStage(stage));
+                         }));
 }
 
 void RunUnit::CaptureAndKill(RankState& r, ExitClass cls, const std::string& reason) {

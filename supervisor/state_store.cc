@@ -90,8 +90,8 @@ using store_internal::SqliteError;
 namespace {
 
 // Version 3 (version 1 lacked attempts.stop_requested, version 2
-// attempts.generation; Initialize migrates them). A later version adds a migration from each older one in Initialize
-// and bumps kSchemaVersion; nothing is ever renumbered.
+// attempts.generation; Initialize migrates them). A later version adds a migration from each older
+// one in Initialize and bumps kSchemaVersion; nothing is ever renumbered.
 constexpr char kSchema[] = R"sql(
 CREATE TABLE runs (
   run_id          TEXT PRIMARY KEY NOT NULL,

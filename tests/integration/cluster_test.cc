@@ -130,8 +130,8 @@ class ClusterTest : public ::testing::Test {
   // Submits the job to both nodes; their run ids.
   std::pair<std::string, std::string> SubmitBoth(const std::string& job, int steps,
                                                  int checkpoint_every) {
-    const std::string spec = ClusterSpecText(job, etcd_.endpoint(), shared_, steps,
-                                             checkpoint_every);
+    const std::string spec =
+        ClusterSpecText(job, etcd_.endpoint(), shared_, steps, checkpoint_every);
     return {a_.Submit(spec), b_.Submit(spec)};
   }
 
@@ -163,8 +163,7 @@ TEST_F(ClusterTest, TwoNodesTrainLikeOneDaemonWithTwoRanks) {
   DaemonHarness one;
   Configure(one, "solo", shared_, 2);
   ASSERT_TRUE(one.Start());
-  const std::string ref_id =
-      one.Submit("world_size = 2\n" + ModelSpec("reference", 24, 6));
+  const std::string ref_id = one.Submit("world_size = 2\n" + ModelSpec("reference", 24, 6));
   v1::Run ref;
   ASSERT_TRUE(one.WaitForEnd(ref_id, Seconds(400), &ref));
   ASSERT_EQ(ref.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ref);
@@ -179,8 +178,8 @@ TEST_F(ClusterTest, TwoNodesTrainLikeOneDaemonWithTwoRanks) {
           const v1::ClusterStatus& c = r.cluster();
           if (c.nodes_size() != 2) return false;
           for (const v1::ClusterNode& n : c.nodes()) {
-            if (n.state() != v1::RUN_STATE_RUNNING || n.ranks_size() != 1 ||
-                !n.ranks(0).alive() || !n.lease_alive()) {
+            if (n.state() != v1::RUN_STATE_RUNNING || n.ranks_size() != 1 || !n.ranks(0).alive() ||
+                !n.lease_alive()) {
               return false;
             }
           }
@@ -226,8 +225,8 @@ TEST_F(ClusterTest, TwoNodesTrainLikeOneDaemonWithTwoRanks) {
 TEST_F(ClusterTest, RankKilledOnOneNodeRestartsBothFromTheSameCheckpoint) {
   auto [ia, ib] = SubmitBoth("rank-killed", 40, 5);
   v1::Run rb;
-  ASSERT_TRUE(b_.WaitFor(ib, [](const v1::Run& r) { return RunningPast(r, 12); }, Seconds(200),
-                         &rb));
+  ASSERT_TRUE(b_.WaitFor(
+      ib, [](const v1::Run& r) { return RunningPast(r, 12); }, Seconds(200), &rb));
   const int pid = Last(rb)->ranks(0).pid();
   ASSERT_GT(pid, 1);
   ASSERT_EQ(kill(pid, SIGKILL), 0);
@@ -252,8 +251,8 @@ TEST_F(ClusterTest, RankKilledOnOneNodeRestartsBothFromTheSameCheckpoint) {
 TEST_F(ClusterTest, KilledDaemonsLeaseExpiresAndItRejoinsWhenRestarted) {
   auto [ia, ib] = SubmitBoth("daemon-killed", 40, 5);
   v1::Run ra, rb;
-  ASSERT_TRUE(b_.WaitFor(ib, [](const v1::Run& r) { return RunningPast(r, 10); }, Seconds(200),
-                         &rb));
+  ASSERT_TRUE(b_.WaitFor(
+      ib, [](const v1::Run& r) { return RunningPast(r, 10); }, Seconds(200), &rb));
   const int old_worker = Last(rb)->ranks(0).pid();
   b_.Kill();
   // node-a sees the lease expire and stops its rank.
@@ -277,8 +276,8 @@ TEST_F(ClusterTest, KilledDaemonsLeaseExpiresAndItRejoinsWhenRestarted) {
 TEST_F(ClusterTest, EtcdDownForAWhileChangesNothing) {
   auto [ia, ib] = SubmitBoth("etcd-down", 60, 10);
   v1::Run ra, rb;
-  ASSERT_TRUE(a_.WaitFor(ia, [](const v1::Run& r) { return RunningPast(r, 5); }, Seconds(200),
-                         &ra));
+  ASSERT_TRUE(a_.WaitFor(
+      ia, [](const v1::Run& r) { return RunningPast(r, 5); }, Seconds(200), &ra));
   etcd_.Stop();
   const int64_t step_at_stop = a_.GetRun(ia).progress().step();
   // Longer than the lease: nothing may be decided meanwhile.
@@ -309,8 +308,8 @@ TEST_F(ClusterTest, EtcdDownForAWhileChangesNothing) {
 TEST_F(ClusterTest, PausedDaemonPastItsLeaseIsLostThenRejoins) {
   auto [ia, ib] = SubmitBoth("partition", 40, 5);
   v1::Run ra, rb;
-  ASSERT_TRUE(b_.WaitFor(ib, [](const v1::Run& r) { return RunningPast(r, 10); }, Seconds(200),
-                         &rb));
+  ASSERT_TRUE(b_.WaitFor(
+      ib, [](const v1::Run& r) { return RunningPast(r, 10); }, Seconds(200), &rb));
   b_.Signal(SIGSTOP);
   ASSERT_TRUE(a_.WaitFor(
       ia, [](const v1::Run& r) { return r.attempts_size() >= 1 && r.attempts(0).ended_ms() > 0; },

@@ -129,8 +129,7 @@ TEST(Agree, TooManyNodesOrAStrangerIsAnError) {
   absl::StatusOr<std::optional<Agreement>> many =
       Agree({Node("a", 1, {}), Node("b", 2, {}), Node("c", 3, {})}, 2, "a");
   EXPECT_EQ(many.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(many.status().message().find("3 nodes joined a job of 2 (a, b, c)"),
-            std::string::npos)
+  EXPECT_NE(many.status().message().find("3 nodes joined a job of 2 (a, b, c)"), std::string::npos)
       << many.status();
   absl::StatusOr<std::optional<Agreement>> stranger =
       Agree({Node("a", 1, {}), Node("b", 2, {})}, 2, "z");
