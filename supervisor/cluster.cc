@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,27 @@ struct Snapshot {
   int64_t lease = 0;
   EtcdRange range;
 };
+
+// Moves the generation record at `key` by compare-and-swap: `next` gets
+// the record as it is and returns the one to write, or nullopt when there
+// is nothing to do (someone else moved it already). A lost race re-reads.
+absl::Status SwapGeneration(
+    EtcdClient& c, const std::string& key,
+    const std::function<std::optional<GenerationRecord>(const GenerationRecord&)>& next) {
+  for (int tries = 0; tries < 8; ++tries) {
+    absl::StatusOr<std::optional<EtcdKeyValue>> kv = c.Get(key);
+    if (!kv.ok()) return kv.status();
+    if (!kv->has_value()) return absl::OkStatus();
+    absl::StatusOr<GenerationRecord> g = DecodeGeneration((*kv)->value);
+    if (!g.ok()) return g.status();
+    std::optional<GenerationRecord> n = next(*g);
+    if (!n) return absl::OkStatus();
+    absl::StatusOr<EtcdSwap> swap = c.PutIf(key, (*kv)->mod_revision, EncodeGeneration(*n));
+    if (!swap.ok()) return swap.status();
+    if (swap->succeeded) return absl::OkStatus();
+  }
+  return absl::AbortedError("the generation kept changing");
+}
 
 }  // namespace
 
@@ -458,18 +480,17 @@ void ClusterMember::OnRendezvousTimeout(int64_t generation) {
   const std::string key = keys_.Generation();
   const std::string by = o_.node;
   Do<absl::Status>(
-      [key, generation, reason, by](EtcdClient& c) -> absl::Status {
-        absl::StatusOr<std::optional<EtcdKeyValue>> kv = c.Get(key);
-        if (!kv.ok()) return kv.status();
-        if (!kv->has_value()) return absl::OkStatus();
-        absl::StatusOr<GenerationRecord> g = DecodeGeneration((*kv)->value);
-        if (!g.ok() || g->generation != generation) return absl::OkStatus();
-        GenerationRecord fail = *g;
-        fail.generation = generation + 1;
-        fail.action = GenerationRecord::Action::kFail;
-        fail.by = by;
-        fail.reason = reason;
-        return c.PutIf(key, (*kv)->mod_revision, EncodeGeneration(fail)).status();
+      [key, generation, reason, by](EtcdClient& c) {
+        return SwapGeneration(c, key, [&](const GenerationRecord& g) {
+          std::optional<GenerationRecord> fail;
+          if (g.generation != generation) return fail;
+          fail = g;
+          fail->generation = generation + 1;
+          fail->action = GenerationRecord::Action::kFail;
+          fail->by = by;
+          fail->reason = reason;
+          return fail;
+        });
       },
       [this, generation](absl::Status s) {
         if (!s.ok()) {
@@ -485,23 +506,14 @@ void ClusterMember::Bump(int64_t generation, AttemptEnd end, const std::string& 
   const std::string by = o_.node;
   const RestartPolicy policy = o_.policy;
   Do<absl::Status>(
-      [key, generation, end, reason, by, policy](EtcdClient& c) -> absl::Status {
-        // A lost race re-reads: the winner's record has moved past us.
-        for (int tries = 0; tries < 8; ++tries) {
-          absl::StatusOr<std::optional<EtcdKeyValue>> kv = c.Get(key);
-          if (!kv.ok()) return kv.status();
-          if (!kv->has_value()) return absl::OkStatus();
-          absl::StatusOr<GenerationRecord> g = DecodeGeneration((*kv)->value);
-          if (!g.ok()) return g.status();
-          if (g->generation != generation || g->action != GenerationRecord::Action::kRun) {
-            return absl::OkStatus();
+      [key, generation, end, reason, by, policy](EtcdClient& c) {
+        return SwapGeneration(c, key, [&](const GenerationRecord& g) {
+          std::optional<GenerationRecord> next;
+          if (g.generation == generation && g.action == GenerationRecord::Action::kRun) {
+            next = NextGeneration(g, end, policy, by, reason);
           }
-          const GenerationRecord next = NextGeneration(*g, end, policy, by, reason);
-          absl::StatusOr<EtcdSwap> swap = c.PutIf(key, (*kv)->mod_revision, EncodeGeneration(next));
-          if (!swap.ok()) return swap.status();
-          if (swap->succeeded) return absl::OkStatus();
-        }
-        return absl::AbortedError("the generation kept changing");
+          return next;
+        });
       },
       [this, generation, end, reason](absl::Status s) {
         if (s.ok()) {
@@ -589,24 +601,17 @@ void ClusterMember::Cancel(const std::string& reason) {
   const std::string why = absl::StrCat("cancelled on node ", o_.node, ": ", reason);
   const std::string by = o_.node;
   Do<absl::Status>(
-      [key, why, by](EtcdClient& c) -> absl::Status {
-        for (int tries = 0; tries < 8; ++tries) {
-          absl::StatusOr<std::optional<EtcdKeyValue>> kv = c.Get(key);
-          if (!kv.ok()) return kv.status();
-          if (!kv->has_value()) return absl::OkStatus();
-          absl::StatusOr<GenerationRecord> g = DecodeGeneration((*kv)->value);
-          if (!g.ok()) return g.status();
-          if (g->action != GenerationRecord::Action::kRun) return absl::OkStatus();
-          GenerationRecord next = *g;
-          next.generation = g->generation + 1;
-          next.action = GenerationRecord::Action::kCancel;
-          next.by = by;
-          next.reason = why;
-          absl::StatusOr<EtcdSwap> swap = c.PutIf(key, (*kv)->mod_revision, EncodeGeneration(next));
-          if (!swap.ok()) return swap.status();
-          if (swap->succeeded) return absl::OkStatus();
-        }
-        return absl::AbortedError("the generation kept changing");
+      [key, why, by](EtcdClient& c) {
+        return SwapGeneration(c, key, [&](const GenerationRecord& g) {
+          std::optional<GenerationRecord> next;
+          if (g.action != GenerationRecord::Action::kRun) return next;
+          next = g;
+          next->generation = g.generation + 1;
+          next->action = GenerationRecord::Action::kCancel;
+          next->by = by;
+          next->reason = why;
+          return next;
+        });
       },
       [this, reason](absl::Status s) {
         if (!s.ok()) {

@@ -332,17 +332,22 @@ void RunUnit::ReleaseSlots() {
   for (int slot : slots_) env_.host->ReleaseSlot(slot, GroupIdentity{});
 }
 
-void RunUnit::OnPrepared(ResumeChoice c) {
-  preparing_ = false;
+bool RunUnit::StoppedBeforeStart() {
   if (cancel_) {
     ReleaseSlots();
     SetState(v1::RUN_STATE_CANCELLED, cancel_reason_, {}, [this] { MaybeFinished(); });
-    return;
+    return true;
   }
   if (env_.host->shutting_down()) {
     ReleaseSlots();
-    return;
+    return true;
   }
+  return false;
+}
+
+void RunUnit::OnPrepared(ResumeChoice c) {
+  preparing_ = false;
+  if (StoppedBeforeStart()) return;
   if (!c.error.ok()) {
     // An I/O error is not a verdict on the checkpoints: no attempt, no
     // quarantine, try again after a backoff.

@@ -189,6 +189,9 @@ class RunUnit {
   StoreBatch::Rank RankRow(RankState& r);
 
   void Adopt(const v1::Attempt& attempt, const std::vector<RankPrivate>& privs);
+  // Cancelled or the daemon stopping while the attempt was prepared: its
+  // slots go back (and a cancel ends the run). True when so.
+  bool StoppedBeforeStart();
   void OnPrepared(ResumeChoice choice);
   void StartAttempt(ResumeChoice choice);
   void LaunchRanks();

@@ -58,15 +58,7 @@ void RunUnit::OnClusterMoved(int64_t generation, const std::string& reason) {
 
 void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<ClusterAgreement> a) {
   joining_ = false;
-  if (cancel_) {
-    ReleaseSlots();
-    SetState(v1::RUN_STATE_CANCELLED, cancel_reason_, {}, [this] { MaybeFinished(); });
-    return;
-  }
-  if (env_.host->shutting_down()) {
-    ReleaseSlots();
-    return;
-  }
+  if (StoppedBeforeStart()) return;
   if (!a.ok()) {
     ReleaseSlots();
     if (a.status().code() == absl::StatusCode::kCancelled) {
