@@ -350,22 +350,26 @@ void ClusterMember::Evaluate() {
     moved_told_ = g.generation;
     if (g.generation > 1 && events_.moved) events_.moved(g.generation, g.reason);
   }
+  // Taken out before any is answered: an answer may ask for another.
+  std::vector<std::function<void(ClusterVerdict)>> ready;
   for (auto it = verdicts_.begin(); it != verdicts_.end();) {
     if (g.generation > it->first) {
-      ClusterVerdict v;
-      v.kind = g.action == GenerationRecord::Action::kRun      ? ClusterVerdict::Kind::kRestart
-               : g.action == GenerationRecord::Action::kCancel ? ClusterVerdict::Kind::kCancel
-                                                               : ClusterVerdict::Kind::kFail;
-      v.generation = g.generation;
-      v.restarts = g.restarts;
-      v.delay_s = g.delay_s;
-      v.reason = g.reason;
-      auto done = std::move(it->second);
+      ready.push_back(std::move(it->second));
       it = verdicts_.erase(it);
-      done(v);
     } else {
       ++it;
     }
+  }
+  if (!ready.empty()) {
+    ClusterVerdict v;
+    v.kind = g.action == GenerationRecord::Action::kRun      ? ClusterVerdict::Kind::kRestart
+             : g.action == GenerationRecord::Action::kCancel ? ClusterVerdict::Kind::kCancel
+                                                             : ClusterVerdict::Kind::kFail;
+    v.generation = g.generation;
+    v.restarts = g.restarts;
+    v.delay_s = g.delay_s;
+    v.reason = g.reason;
+    for (auto& done : ready) done(v);
   }
   if (join_ && connected_) {
     if (g.action != GenerationRecord::Action::kRun) {
