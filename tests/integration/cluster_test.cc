@@ -288,6 +288,14 @@ TEST_F(ClusterTest, EtcdDownForAWhileChangesNothing) {
       },
       Seconds(120), &ra))
       << Describe(ra);
+  {
+    // The node's health says so too.
+    v1::Node node;
+    auto ctx = a_.Context(a_.operator_token());
+    ASSERT_TRUE(a_.stub().GetNode(ctx.get(), v1::GetNodeRequest(), &node).ok());
+    ASSERT_EQ(node.etcd_unreachable_size(), 1) << node.DebugString();
+    EXPECT_THAT(node.etcd_unreachable(0), HasSubstr("etcd-down (" + ia + "): "));
+  }
   std::this_thread::sleep_for(std::chrono::duration<double>(2 * kLeaseS));
   ra = a_.GetRun(ia);
   rb = b_.GetRun(ib);
