@@ -371,42 +371,7 @@ void ClusterMember::Evaluate() {
     v.reason = g.reason;
     for (auto& done : ready) done(v);
   }
-  if (join_ && connected_) {
-    if (g.action != GenerationRecord::Action::kRun) {
-      auto done = std::move(join_->done);
-      join_.reset();
-      done(g.action == GenerationRecord::Action::kCancel ? absl::CancelledError(g.reason)
-                                                         : absl::FailedPreconditionError(g.reason));
-      return;
-    }
-    if (join_->put_generation != g.generation) {
-      PutJoin(g.generation);
-    } else {
-      std::vector<JoinRecord> joined;
-      for (const auto& [node, r] : joins_[g.generation]) joined.push_back(r);
-      absl::StatusOr<std::optional<Agreement>> a =
-          Agree(joined, static_cast<int>(o_.spec.nodes), o_.node);
-      if (!a.ok()) {
-        if (events_.note) events_.note(LogLevel::kError, std::string(a.status().message()));
-      } else if (a->has_value()) {
-        const Agreement& agreed = **a;
-        ClusterAgreement out;
-        out.generation = g.generation;
-        out.node_rank = agreed.node_rank;
-        out.nodes = agreed.nodes;
-        out.master_addr = agreed.master_addr;
-        out.master_port = agreed.master_port;
-        out.resume_step = agreed.resume_step;
-        running_ = g.generation;
-        members_ = agreed.nodes;
-        self_.set_node_rank(agreed.node_rank);
-        self_.set_generation(g.generation);
-        auto done = std::move(join_->done);
-        join_.reset();
-        done(out);
-      }
-    }
-  }
+  EvaluateJoin(g);
   // A node of the generation we run in whose node key is gone: its lease
   // expired (daemon killed, machine down, partitioned). The job restarts
   // and waits for it in the next rendezvous.
@@ -422,6 +387,40 @@ void ClusterMember::Evaluate() {
                         " lost: its etcd lease expired (daemon killed, machine down or "
                         "partitioned)"));
       break;
+    }
+  }
+}
+
+// The pending join against generation `g`: its record written, or the
+// rendezvous complete (the agreement handed over), or the job over.
+void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
+  if (!join_ || !connected_) return;
+  if (g.action != GenerationRecord::Action::kRun) {
+    auto done = std::move(join_->done);
+    join_.reset();
+    done(g.action == GenerationRecord::Action::kCancel ? absl::CancelledError(g.reason)
+                                                       : absl::FailedPreconditionError(g.reason));
+    return;
+  }
+  if (join_->put_generation != g.generation) {
+    PutJoin(g.generation);
+  } else {
+    std::vector<JoinRecord> joined;
+    for (const auto& [node, r] : joins_[g.generation]) joined.push_back(r);
+    absl::StatusOr<std::optional<Agreement>> a =
+        Agree(joined, static_cast<int>(o_.spec.nodes), o_.node);
+    if (!a.ok()) {
+      if (events_.note) events_.note(LogLevel::kError, std::string(a.status().message()));
+    } else if (a->has_value()) {
+      Agreement agreed = **a;
+      agreed.generation = g.generation;
+      running_ = g.generation;
+      members_ = agreed.nodes;
+      self_.set_node_rank(agreed.node_rank);
+      self_.set_generation(g.generation);
+      auto done = std::move(join_->done);
+      join_.reset();
+      done(std::move(agreed));
     }
   }
 }
@@ -571,7 +570,7 @@ void ClusterMember::KeepAlive() {
 // --- UnitCluster ----------------------------------------------------------------------
 
 void ClusterMember::Join(int attempt, std::vector<int64_t> steps, int port,
-                         std::function<void(absl::StatusOr<ClusterAgreement>)> done) {
+                         std::function<void(absl::StatusOr<Agreement>)> done) {
   if (join_) {
     auto old = std::move(join_->done);
     join_.reset();

@@ -41,7 +41,7 @@ class ClusterMember final : public UnitCluster {
   ~ClusterMember() override;
 
   void Join(int attempt, std::vector<int64_t> steps, int port,
-            std::function<void(absl::StatusOr<ClusterAgreement>)> done) override;
+            std::function<void(absl::StatusOr<Agreement>)> done) override;
   void Broken(int64_t generation, const AttemptEnd& end) override;
   void Verdict(int64_t generation, const AttemptEnd& end,
                std::function<void(ClusterVerdict)> done) override;
@@ -65,6 +65,7 @@ class ClusterMember final : public UnitCluster {
   void StartWatch(int64_t from_revision);
   void Apply(const EtcdKeyValue& kv, bool deleted);
   void Evaluate();
+  void EvaluateJoin(const GenerationRecord& g);
   void KeepAlive();
   void PutJoin(int64_t generation);
   void OnRendezvousTimeout(int64_t generation);
@@ -100,7 +101,7 @@ class ClusterMember final : public UnitCluster {
     int attempt = 0;
     std::vector<int64_t> steps;
     int port = 0;
-    std::function<void(absl::StatusOr<ClusterAgreement>)> done;
+    std::function<void(absl::StatusOr<Agreement>)> done;
     int64_t put_generation = 0;  // the generation whose join record is stored
     bool putting = false;
   };

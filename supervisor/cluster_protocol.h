@@ -92,6 +92,7 @@ GenerationRecord NextGeneration(const GenerationRecord& current, const AttemptEn
 // node names, MASTER_ADDR/MASTER_PORT are node 0's, and the checkpoint is
 // the newest step every node verified (-1: none, from scratch).
 struct Agreement {
+  int64_t generation = 0;          // the rendezvous's (set by the caller)
   std::vector<std::string> nodes;  // sorted; node rank = index
   int node_rank = -1;              // of `self`
   std::string master_addr;

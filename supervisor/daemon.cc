@@ -77,15 +77,9 @@ absl::StatusOr<std::unique_ptr<UnitCluster>> DaemonImpl::JoinCluster(const v1::R
   o.address = config_.cluster.advertise_addr.empty() ? hostname_ : config_.cluster.advertise_addr;
   o.run_id = run.run_id();
   o.spec_hash = SpecHash(run.spec_toml());
-  const RestartSection& r = config_.restart;
-  o.policy.initial_backoff_s = r.initial_backoff_s;
-  o.policy.max_backoff_s = r.max_backoff_s;
-  o.policy.multiplier = r.multiplier;
-  o.policy.jitter = 0;
-  o.policy.max_restarts = static_cast<int>(r.max_restarts);
-  o.policy.restart_window_s = r.restart_window_s;
-  o.policy.max_oom_restarts = static_cast<int>(r.max_oom_restarts);
-  o.policy.crash_loop_attempts = static_cast<int>(r.crash_loop_attempts);
+  // No jitter to draw: every node reads the one delay the deciding node
+  // wrote (NextGeneration).
+  o.policy = RestartPolicyFrom(config_.restart);
   return std::unique_ptr<UnitCluster>(std::make_unique<ClusterMember>(
       io_, std::shared_ptr<EtcdClient>(std::move(*client)), std::move(o), std::move(events)));
 }
@@ -426,13 +420,8 @@ void DaemonImpl::UpdateMetrics() {
     if (u->last_checkpoint_ms() > 0) {
       metrics_->SetCheckpointAge(id, static_cast<double>(wall - u->last_checkpoint_ms()) / 1000.0);
     }
-    if (u->spec().cluster.present) {
-      v1::Run live;
-      u->FillLive(&live);
-      if (!live.cluster().job().empty()) {
-        metrics_->SetCluster(id, live.cluster().job(), live.cluster().etcd_reachable(),
-                             live.cluster().generation());
-      }
+    if (v1::ClusterStatus c; u->FillCluster(&c)) {
+      metrics_->SetCluster(id, c.job(), c.etcd_reachable(), c.generation());
     }
   }
   metrics_->SetRunsByState(counts);

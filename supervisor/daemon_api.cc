@@ -247,13 +247,9 @@ void DaemonImpl::Node(std::function<void(v1::Node)> done) {
     out.set_store_write_failures(store_failures_);
     out.set_store_error(store_error_);
     for (const auto& [id, u] : units_) {
-      if (!u->spec().cluster.present || IsTerminal(u->run().state())) continue;
-      v1::Run live;
-      u->FillLive(&live);
-      if (!live.cluster().job().empty() && !live.cluster().etcd_reachable()) {
-        out.add_etcd_unreachable(
-            absl::StrCat(live.cluster().job(), " (", id, "): ", live.cluster().etcd_error()));
-      }
+      v1::ClusterStatus c;
+      if (IsTerminal(u->run().state()) || !u->FillCluster(&c) || c.etcd_reachable()) continue;
+      out.add_etcd_unreachable(absl::StrCat(c.job(), " (", id, "): ", c.etcd_error()));
     }
     done(std::move(out));
   });

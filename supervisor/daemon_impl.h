@@ -96,8 +96,7 @@ class DaemonImpl final : public Daemon,
   void CountCheckpointFailures(const std::string& id, int64_t n) override {
     metrics_->CountCheckpointFailures(id, n);
   }
-  absl::StatusOr<std::unique_ptr<UnitCluster>> JoinCluster(const v1::Run& run,
-                                                           const RunSpec& spec,
+  absl::StatusOr<std::unique_ptr<UnitCluster>> JoinCluster(const v1::Run& run, const RunSpec& spec,
                                                            ClusterEvents events) override;
 
   // ApiBackend (gRPC threads: everything goes to the loop).

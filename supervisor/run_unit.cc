@@ -23,19 +23,6 @@ constexpr double kAdoptReconnectS = 10;
 // A failed store write is retried after 0.25 s, doubling up to this.
 constexpr double kMaxStoreRetryS = 30;
 
-RestartPolicy PolicyFrom(const RestartSection& r) {
-  RestartPolicy p;
-  p.initial_backoff_s = r.initial_backoff_s;
-  p.max_backoff_s = r.max_backoff_s;
-  p.multiplier = r.multiplier;
-  p.jitter = r.jitter;
-  p.max_restarts = static_cast<int>(r.max_restarts);
-  p.restart_window_s = r.restart_window_s;
-  p.max_oom_restarts = static_cast<int>(r.max_oom_restarts);
-  p.crash_loop_attempts = static_cast<int>(r.crash_loop_attempts);
-  return p;
-}
-
 v1::ExitClass Proto(ExitClass cls) { return static_cast<v1::ExitClass>(ToProto(cls)); }
 
 }  // namespace
@@ -91,7 +78,7 @@ std::optional<QueuedRun> RunUnit::Queued() const {
   const v1::RunState s = run_.state();
   if (s != v1::RUN_STATE_PENDING && s != v1::RUN_STATE_RESTARTING) return std::nullopt;
   if (preparing_ || launching_ || joining_ || cancel_ || waiting_for_space_ || write_in_flight_ ||
-      !writes_.empty() || AnyAlive() || failed_to_cluster_) {
+      !writes_.empty() || AnyAlive()) {
     return std::nullopt;
   }
   return QueuedRun{id(), run_.priority(), seq_, LocalRanks(), not_before_s_};
@@ -241,7 +228,6 @@ std::unique_ptr<RunUnit> RunUnit::Restore(const v1::Run& stored, RunSpec spec, i
 void RunUnit::Adopt(const v1::Attempt& a, const std::vector<RankPrivate>& privs) {
   const double now = env_.clock->NowS();
   rank_base_ = a.ranks_size() > 0 ? a.ranks(0).rank() : 0;
-  generation_ = a.generation();
   int adopted = 0;
   std::vector<int> died;
   for (int i = 0; i < a.ranks_size(); ++i) {
@@ -382,20 +368,20 @@ void RunUnit::OnPrepared(ResumeChoice c) {
     joining_ = true;
     cluster_->Join(
         attempt_.number() + 1, std::move(steps), env_.host->FreePort(),
-        Guarded([this, c](absl::StatusOr<ClusterAgreement> a) { OnAgreement(c, std::move(a)); }));
+        Guarded([this, c](absl::StatusOr<Agreement> a) { OnAgreement(c, std::move(a)); }));
     return;
   }
   StartAttempt(std::move(c));
 }
 
-void RunUnit::StartAttempt(ResumeChoice c) {
+void RunUnit::StartAttempt(ResumeChoice c, int64_t generation) {
   const int number = attempt_.number() + 1;
   attempt_ = v1::Attempt();
   attempt_.set_number(number);
   attempt_.set_started_ms(env_.clock->WallMs());
   attempt_.set_resumed_from_step(c.step);
   attempt_.set_resumed_from(c.dir);
-  attempt_.set_generation(generation_);
+  attempt_.set_generation(generation);
   ranks_.clear();
   ends_seen_ = 0;
   StoreBatch b;
@@ -608,7 +594,7 @@ void RunUnit::OnProcessExit(int attempt, int rank) {
       e.cls = end.cls;
       e.made_progress = r.progressed;
       e.detail = absl::StrCat("rank ", rank, " ended: ", end.reason);
-      cluster_->Broken(generation_, e);
+      cluster_->Broken(attempt_.generation(), e);
     }
   }
   ReportToCluster();
@@ -655,25 +641,25 @@ void RunUnit::EndAttempt() {
   if (cluster_ && o.cls != ExitClass::kSuccess) {
     // One decision for the whole job (docs/distributed.md): the node that
     // moved the generation made it; this node follows.
-    cluster_->Verdict(generation_, end, Guarded([this, b, cls = o.cls](ClusterVerdict v) mutable {
-                        if (IsTerminal(run_.state())) return;
-                        if (cancel_ || v.kind == ClusterVerdict::Kind::kCancel) {
-                          SetState(v1::RUN_STATE_CANCELLED, cancel_ ? cancel_reason_ : v.reason,
-                                   std::move(b), [this] { MaybeFinished(); });
-                          return;
-                        }
-                        RestartDecision d;
-                        d.action = v.kind == ClusterVerdict::Kind::kRestart ? Action::kRestart
-                                                                            : Action::kFail;
-                        d.delay_s = v.delay_s;
-                        d.reason = absl::StrCat("job generation ", v.generation, ": ", v.reason);
-                        d.oom = cls == ExitClass::kOom;
-                        ApplyDecision(std::move(b), cls, d, v.restarts);
-                      }));
+    cluster_->Verdict(
+        attempt_.generation(), end, Guarded([this, b, cls = o.cls](ClusterVerdict v) mutable {
+          if (IsTerminal(run_.state())) return;
+          if (cancel_ || v.kind == ClusterVerdict::Kind::kCancel) {
+            SetState(v1::RUN_STATE_CANCELLED, cancel_ ? cancel_reason_ : v.reason, std::move(b),
+                     [this] { MaybeFinished(); });
+            return;
+          }
+          RestartDecision d;
+          d.action = v.kind == ClusterVerdict::Kind::kRestart ? Action::kRestart : Action::kFail;
+          d.delay_s = v.delay_s;
+          d.reason = absl::StrCat("job generation ", v.generation, ": ", v.reason);
+          d.oom = cls == ExitClass::kOom;
+          ApplyDecision(std::move(b), cls, d, v.restarts);
+        }));
     return;
   }
   const RestartDecision d =
-      DecideRestart(PolicyFrom(cfg().restart), history_, env_.host->JitterUnit());
+      DecideRestart(RestartPolicyFrom(cfg().restart), history_, env_.host->JitterUnit());
   ApplyDecision(std::move(b), o.cls, d);
 }
 

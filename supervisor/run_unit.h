@@ -138,6 +138,8 @@ class RunUnit {
 
   // Overlays what only the loop knows (live ranks, progress) on a stored run.
   void FillLive(v1::Run* out) const;
+  // A multi-node run: its job as last seen (true); false for a local run.
+  bool FillCluster(v1::ClusterStatus* out) const;
 
  private:
   explicit RunUnit(UnitEnv env);
@@ -167,7 +169,7 @@ class RunUnit {
   bool EnsureCluster();
   void OnClusterMoved(int64_t generation, const std::string& reason);
   void OnClusterNote(LogLevel level, const std::string& line);
-  void OnAgreement(ResumeChoice c, absl::StatusOr<ClusterAgreement> a);
+  void OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a);
   void ReportToCluster(bool final = false);
   // The end of EndAttempt once the decision is known.
   // `restarts` >= 0: the job's count (a multi-node run), not one more.
@@ -193,7 +195,8 @@ class RunUnit {
   // slots go back (and a cancel ends the run). True when so.
   bool StoppedBeforeStart();
   void OnPrepared(ResumeChoice choice);
-  void StartAttempt(ResumeChoice choice);
+  // A multi-node run's attempt belongs to job generation `generation`.
+  void StartAttempt(ResumeChoice choice, int64_t generation = 0);
   void LaunchRanks();
   void EndAttempt();
   void AfterDecision(const RestartDecision& d);
@@ -242,9 +245,7 @@ class RunUnit {
   int rank_base_ = 0;        // node rank x ranks_per_node
   std::string master_addr_;  // the generation's node 0 (empty: local)
   int master_port_ = 0;
-  int64_t generation_ = 0;  // of the current attempt
-  bool joining_ = false;    // in the rendezvous
-  bool failed_to_cluster_ = false;
+  bool joining_ = false;  // in the rendezvous
 
   struct PendingWrite {
     StoreBatch batch;

@@ -10,7 +10,6 @@ namespace trainsup::supervisor {
 
 bool RunUnit::EnsureCluster() {
   if (cluster_) return true;
-  if (failed_to_cluster_) return false;
   ClusterEvents events;
   events.moved = Guarded([this](int64_t generation, const std::string& reason) {
     OnClusterMoved(generation, reason);
@@ -20,7 +19,6 @@ bool RunUnit::EnsureCluster() {
   absl::StatusOr<std::unique_ptr<UnitCluster>> c =
       env_.host->JoinCluster(run_, spec_, std::move(events));
   if (!c.ok()) {
-    failed_to_cluster_ = true;
     SetState(v1::RUN_STATE_FAILED,
              absl::StrCat("cannot coordinate with the job's other nodes: ", c.status().message()),
              {}, [this] { MaybeFinished(); });
@@ -40,7 +38,8 @@ void RunUnit::OnClusterNote(LogLevel level, const std::string& line) {
 }
 
 void RunUnit::OnClusterMoved(int64_t generation, const std::string& reason) {
-  if (generation_ == 0 || generation <= generation_) return;
+  const int64_t mine = attempt_.generation();
+  if (mine == 0 || generation <= mine) return;
   bool stopping = false;
   for (RankState& r : ranks_) {
     if (!r.alive || r.stop_stage != StopStage::kNone) continue;
@@ -52,11 +51,11 @@ void RunUnit::OnClusterMoved(int64_t generation, const std::string& reason) {
   if (stopping) {
     OnClusterNote(LogLevel::kInfo,
                   absl::StrCat("generation ", generation, ": ", reason,
-                               "; stopping this node's ranks of generation ", generation_));
+                               "; stopping this node's ranks of generation ", mine));
   }
 }
 
-void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<ClusterAgreement> a) {
+void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a) {
   joining_ = false;
   if (StoppedBeforeStart()) return;
   if (!a.ok()) {
@@ -89,7 +88,6 @@ void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<ClusterAgreement> a) {
                                         }));
     return;
   }
-  generation_ = a->generation;
   rank_base_ = a->node_rank * static_cast<int>(spec_.cluster.ranks_per_node);
   master_addr_ = a->master_addr;
   master_port_ = a->master_port;
@@ -99,7 +97,7 @@ void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<ClusterAgreement> a) {
       rank_base_ + spec_.cluster.ranks_per_node - 1, ", MASTER ", master_addr_, ":", master_port_,
       a->resume_step >= 0 ? absl::StrCat(", resuming from step ", a->resume_step)
                           : std::string(", from scratch")));
-  StartAttempt(std::move(c));
+  StartAttempt(std::move(c), a->generation);
 }
 
 void RunUnit::ReportToCluster(bool final) {

@@ -353,6 +353,12 @@ void RunUnit::OnLinkClosed(int attempt, int rank, const WorkerLink* link) {
   if (At(rank)->link.get() == link) At(rank)->link.reset();
 }
 
+bool RunUnit::FillCluster(v1::ClusterStatus* out) const {
+  if (!cluster_) return false;
+  cluster_->Fill(out);
+  return true;
+}
+
 void RunUnit::FillLive(v1::Run* out) const {
   if (cluster_) cluster_->Fill(out->mutable_cluster());
   *out->mutable_progress() = run_.progress();

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "proto/exit_file.h"
 #include "proto/spec.h"
+#include "supervisor/cluster_protocol.h"
 #include "supervisor/config.h"
 #include "supervisor/group_identity.h"
 #include "supervisor/process.h"
@@ -107,15 +108,6 @@ enum class LogLevel { kInfo, kWarn, kError };
 
 // A multi-node run's side of its job's coordination (supervisor/cluster.h
 // implements it over etcd; docs/distributed.md has the protocol).
-struct ClusterAgreement {
-  int64_t generation = 0;
-  int node_rank = 0;
-  std::vector<std::string> nodes;  // node rank = index
-  std::string master_addr;
-  int master_port = 0;
-  int64_t resume_step = -1;  // the newest checkpoint every node verified; -1: none
-};
-
 // What follows a failed generation, decided once for the whole job.
 struct ClusterVerdict {
   enum class Kind { kRestart, kFail, kCancel };
@@ -144,7 +136,7 @@ class UnitCluster {
   // once every node has joined, or with FailedPrecondition (the job failed,
   // or this node cannot take part: the message says why) or Cancelled.
   virtual void Join(int attempt, std::vector<int64_t> steps, int port,
-                    std::function<void(absl::StatusOr<ClusterAgreement>)> done) = 0;
+                    std::function<void(absl::StatusOr<Agreement>)> done) = 0;
   // A rank of this node ended badly in `generation`: the job must restart
   // (the first node to say so moves the generation; the others follow).
   virtual void Broken(int64_t generation, const AttemptEnd& end) = 0;

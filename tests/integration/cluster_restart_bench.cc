@@ -34,8 +34,7 @@ std::string Spec(const std::string& name, const std::string& cluster) {
 }
 
 void Configure(DaemonHarness& h, const std::string& node, int slots) {
-  h.Set("daemon.worker_binary", std::string("\"") + TRAINSUP_WORKER + "\"");
-  h.Set("slots.cpu_slots", std::to_string(slots));
+  UseRealWorker(h, slots);
   h.Set("restart.initial_backoff_s", "0");
   h.Set("restart.max_restarts", "1000");
   h.Set("restart.crash_loop_attempts", "1000");

@@ -62,23 +62,12 @@ std::string ClusterSpecText(const std::string& job, const std::string& endpoint,
 }
 
 void Configure(DaemonHarness& h, const std::string& node, const std::string& shared, int slots) {
-  h.Set("daemon.worker_binary", std::string("\"") + TRAINSUP_WORKER + "\"");
+  UseRealWorker(h, slots);
   h.Set("daemon.data_roots", "[\"" + h.data_dir() + "\", \"" + shared + "\"]");
-  h.Set("slots.cpu_slots", std::to_string(slots));
-  h.Set("workers.heartbeat_timeout_s", "10");
-  h.Set("progress.startup_grace_s", "60");
-  h.Set("progress.min_timeout_s", "30");
   h.Set("restart.max_restarts", "20");
   h.Set("restart.initial_backoff_s", "0");
   h.Set("cluster.node_name", "\"" + node + "\"");
   h.Set("cluster.advertise_addr", "\"127.0.0.1\"");
-}
-
-std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 const v1::Attempt* Last(const v1::Run& r) {
@@ -215,7 +204,7 @@ TEST_F(ClusterTest, TwoNodesTrainLikeOneDaemonWithTwoRanks) {
   ASSERT_FALSE(mine.empty());
   ASSERT_EQ(mine.filename(), theirs.filename());
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
-    const std::string x = ReadAll(mine / file), y = ReadAll(theirs / file);
+    const std::string x = ReadFileText(mine / file), y = ReadFileText(theirs / file);
     ASSERT_FALSE(x.empty()) << file;
     EXPECT_TRUE(x == y) << file << " differs from the one-daemon run's";
   }

@@ -269,6 +269,21 @@ class DaemonHarness {
   std::unique_ptr<v1::Supervisor::Stub> stub_;
 };
 
+#ifdef TRAINSUP_WORKER
+// The configuration for runs of the real trainsup-worker (TRAINSUP_WORKER,
+// the built binary): `slots` CPU slots, timeouts that fit its start-up
+// (LibTorch, Gloo) and its reconnect backoff of up to 5 s after a daemon
+// restart, room for many restarts.
+inline void UseRealWorker(DaemonHarness& h, int slots) {
+  h.Set("daemon.worker_binary", std::string("\"") + TRAINSUP_WORKER + "\"");
+  h.Set("slots.cpu_slots", std::to_string(slots));
+  h.Set("workers.heartbeat_timeout_s", "10");
+  h.Set("progress.startup_grace_s", "60");
+  h.Set("progress.min_timeout_s", "30");
+  h.Set("restart.max_restarts", "100");
+}
+#endif
+
 // --- implementation -------------------------------------------------------------------
 
 inline int FreeLoopbackPort() {

@@ -53,39 +53,6 @@ std::string GangSpec(const std::string& name, int world, int steps, int checkpoi
   return s.str();
 }
 
-void UseRealWorker(DaemonHarness& h, int slots) {
-  h.Set("daemon.worker_binary", std::string("\"") + TRAINSUP_WORKER + "\"");
-  h.Set("slots.cpu_slots", std::to_string(slots));
-  // Workers reconnect to a restarted daemon with a backoff of up to 5 s.
-  h.Set("workers.heartbeat_timeout_s", "10");
-  h.Set("progress.startup_grace_s", "60");
-  h.Set("progress.min_timeout_s", "30");
-  h.Set("restart.max_restarts", "100");
-}
-
-std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Processes whose command line mentions `text` (the workers name their run
-// directory with --run-dir).
-std::vector<int> ProcessesMentioning(const std::string& text) {
-  std::vector<int> pids;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string cmdline = ReadAll(entry.path() / "cmdline");
-    for (char& c : cmdline) {
-      if (c == '\0') c = ' ';
-    }
-    if (cmdline.find(text) != std::string::npos) pids.push_back(std::stoi(name));
-  }
-  return pids;
-}
-
 // A step-N.tmp (a checkpoint being written, not a deletion or a
 // replacement) made after `since`: a crash's leftover is older.
 bool CheckpointBeingWritten(const std::string& run_dir, fs::file_time_type since) {
@@ -204,9 +171,9 @@ void Chaos(int world) {
   const std::string last = "step-" + std::to_string(kSteps);
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
     const std::string a =
-        ReadAll(fs::path(RunLayout(ref.run_dir()).CheckpointsDir()) / last / file);
+        ReadFileText(fs::path(RunLayout(ref.run_dir()).CheckpointsDir()) / last / file);
     const std::string b =
-        ReadAll(fs::path(RunLayout(run.run_dir()).CheckpointsDir()) / last / file);
+        ReadFileText(fs::path(RunLayout(run.run_dir()).CheckpointsDir()) / last / file);
     ASSERT_GT(a.size(), 1000u) << file;
     EXPECT_TRUE(a == b) << file << " differs from the uninterrupted run's";
     std::printf("world %d: %s: %zu bytes, %s\n", world, file, a.size(),

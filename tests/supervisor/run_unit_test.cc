@@ -271,7 +271,7 @@ class FakeCluster final : public UnitCluster {
  public:
   struct Calls {
     std::vector<std::vector<int64_t>> joins;
-    std::function<void(absl::StatusOr<ClusterAgreement>)> join_done;
+    std::function<void(absl::StatusOr<Agreement>)> join_done;
     std::vector<std::pair<int64_t, AttemptEnd>> broken;
     std::vector<int64_t> verdicts;
     std::function<void(ClusterVerdict)> verdict_done;
@@ -281,7 +281,7 @@ class FakeCluster final : public UnitCluster {
   };
   explicit FakeCluster(std::shared_ptr<Calls> calls) : calls_(std::move(calls)) {}
   void Join(int, std::vector<int64_t> steps, int,
-            std::function<void(absl::StatusOr<ClusterAgreement>)> done) override {
+            std::function<void(absl::StatusOr<Agreement>)> done) override {
     calls_->joins.push_back(std::move(steps));
     calls_->join_done = std::move(done);
   }
@@ -764,7 +764,7 @@ TEST_F(RunUnitTest, AMultiNodeRunJoinsLaunchesItsGlobalRanksAndFollowsTheJob) {
   ASSERT_EQ(calls->joins.size(), 1u);
   EXPECT_TRUE(env_.launches.empty()) << "nothing starts before the rendezvous";
   EXPECT_FALSE(u->Queued().has_value());
-  ClusterAgreement a;
+  Agreement a;
   a.generation = 1;
   a.node_rank = 1;
   a.nodes = {"a", "b"};
