@@ -39,6 +39,7 @@ struct OverrideState {
   std::mutex mu;
   bool initialised = false;
   std::optional<BackendKind> kind;
+  const Backend* table = nullptr;  // SetBackendTable
 };
 
 OverrideState& Override() {
@@ -123,8 +124,25 @@ std::optional<BackendKind> SetBackendOverride(std::optional<BackendKind> kind) {
   return previous;
 }
 
+const Backend* SetBackendTable(const Backend* table) {
+  OverrideState& state = Override();
+  std::lock_guard<std::mutex> lock(state.mu);
+  const Backend* previous = state.table;
+  state.table = table;
+  return previous;
+}
+
 const Backend& BackendFor(c10::Device device) {
-  const std::optional<BackendKind> forced = BackendOverride();
+  const Backend* table = nullptr;
+  std::optional<BackendKind> forced;
+  {
+    OverrideState& state = Override();
+    std::lock_guard<std::mutex> lock(state.mu);
+    InitialiseOverride(state);
+    table = state.table;
+    forced = state.kind;
+  }
+  if (table != nullptr && table->runs_on(device.type())) return *table;
   if (forced) {
     const Backend* b = FindBackend(*forced);
     if (b->runs_on(device.type())) return *b;

@@ -10,7 +10,8 @@
 //   cuda     sparse/cuda/     CUDA kernels (kernel maps, gather-GEMM-scatter);
 //                             built only when the LibTorch found has CUDA
 //
-// Which backend runs: an override (SetBackendOverride, or TRAINSUP_BACKEND
+// Which backend runs: a table set by SetBackendTable (tests), else an
+// override (SetBackendOverride, or TRAINSUP_BACKEND
 // = cpu | generic | cuda, read once) wherever that backend runs; otherwise
 // cpu for CPU tensors and generic for CUDA tensors. The CUDA kernels are not
 // the default on CUDA tensors: they have never run on a GPU (docs/engine.md),
@@ -145,6 +146,13 @@ std::vector<BackendKind> BuiltBackends();
 std::optional<BackendKind> BackendOverride();
 std::optional<BackendKind> SetBackendOverride(std::optional<BackendKind> kind);
 
+// A table outside the registry (a test's, or an experiment's), used on
+// every device it runs on before the override and the defaults; nullptr
+// for none. The table must live as long as anything built with it
+// (autograd nodes keep a pointer to the table that ran their forward).
+// Returns the previous one.
+const Backend* SetBackendTable(const Backend* table);
+
 // Sets the override for one scope and restores the previous one after.
 class BackendGuard {
  public:
@@ -155,6 +163,18 @@ class BackendGuard {
 
  private:
   std::optional<BackendKind> previous_;
+};
+
+// SetBackendTable for one scope.
+class BackendTableGuard {
+ public:
+  explicit BackendTableGuard(const Backend* table) : previous_(SetBackendTable(table)) {}
+  ~BackendTableGuard() { SetBackendTable(previous_); }
+  BackendTableGuard(const BackendTableGuard&) = delete;
+  BackendTableGuard& operator=(const BackendTableGuard&) = delete;
+
+ private:
+  const Backend* previous_;
 };
 
 }  // namespace trainsup::sparse

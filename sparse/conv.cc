@@ -40,11 +40,14 @@ void SaveMap(AutogradContext* ctx, const KernelMap& map, bool transposed, const 
   ctx->saved_data["sorted"] = map.rows_sorted;
   ctx->saved_data["num_in"] = transposed ? map.num_out : map.num_in;
   ctx->saved_data["num_out"] = transposed ? map.num_in : map.num_out;
-  ctx->saved_data["backend"] = static_cast<int64_t>(backend.kind);
+  // The table itself, which may be outside the registry (SetBackendTable):
+  // tables are static objects, outliving every autograd node.
+  ctx->saved_data["backend"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(&backend));
 }
 
 const Backend& SavedBackend(AutogradContext* ctx) {
-  return *FindBackend(static_cast<BackendKind>(ctx->saved_data["backend"].toInt()));
+  return *reinterpret_cast<const Backend*>(
+      static_cast<intptr_t>(ctx->saved_data["backend"].toInt()));
 }
 
 // The pairs of a saved map, oriented as at forward. `begin` holds the

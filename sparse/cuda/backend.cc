@@ -4,183 +4,59 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <algorithm>
-#include <utility>
-#include <vector>
-
-#include "sparse/coordinates.h"
 #include "sparse/cuda/kernels.h"
+#include "sparse/cuda/steps.h"
 #include "sparse/generic/backend.h"
 
 namespace trainsup::sparse::cuda {
 namespace {
 
-// Gathered operands of one group of offsets stay under this many bytes (at
-// least one offset per group): large enough that a layer takes a few
-// groups, small next to a GPU's memory.
-constexpr int64_t kGroupBytes = int64_t{256} << 20;
+// The steps' ops as kernels on LibTorch's current stream of the current
+// device (the entries set it from their tensors).
+class StreamLauncher final : public Launcher {
+ public:
+  void Run(const MapSearch& op, const char* what) const override { Check(Launch(op, S()), what); }
+  void Run(const InvertPairs& op, const char* what) const override { Check(Launch(op, S()), what); }
+  void Run(const GatherRows<float>& op, const char* what) const override {
+    Check(Launch(op, S()), what);
+  }
+  void Run(const GatherRows<double>& op, const char* what) const override {
+    Check(Launch(op, S()), what);
+  }
+  void Run(const ScatterSum<float>& op, const char* what) const override {
+    Check(Launch(op, S()), what);
+  }
+  void Run(const ScatterSum<double>& op, const char* what) const override {
+    Check(Launch(op, S()), what);
+  }
 
-void Check(cudaError_t e, const char* what) {
-  TORCH_CHECK(e == cudaSuccess, "CUDA backend, ", what, ": ", cudaGetErrorString(e));
-}
+ private:
+  static cudaStream_t S() { return at::cuda::getCurrentCUDAStream().stream(); }
+  static void Check(cudaError_t e, const char* what) {
+    TORCH_CHECK(e == cudaSuccess, "CUDA backend, ", what, ": ", cudaGetErrorString(e));
+  }
+};
 
-cudaStream_t Stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+const StreamLauncher kLauncher;
 
 bool RunsOn(c10::DeviceType type) { return type == c10::DeviceType::CUDA; }
 
 void BuildKernelMapEntry(const KernelMapInputs& inputs, KernelMap* map) {
   const c10::cuda::CUDAGuard guard(inputs.device);
-  const at::Tensor& in_keys = inputs.in_device->keys;
-  const at::Tensor& out_keys = inputs.out_device->keys;
-  const int64_t n_in = in_keys.size(0), n_out = out_keys.size(0);
-  const int64_t volume = static_cast<int64_t>(inputs.offsets.size());
-  const at::TensorOptions index = in_keys.options();
-  map->begin.assign(volume + 1, 0);
-  if (n_in == 0 || n_out == 0) {
-    map->in_rows = at::empty({0}, index.dtype(at::kInt));
-    map->out_rows = at::empty({0}, index.dtype(at::kInt));
-    return;
-  }
-  std::vector<int64_t> fields(3 * volume), delta(volume);
-  for (int64_t k = 0; k < volume; ++k) {
-    delta[k] = 0;
-    for (int a = 0; a < 3; ++a) {
-      fields[3 * k + a] = inputs.offsets[k][a] * inputs.step;
-      delta[k] += fields[3 * k + a] * (int64_t{1} << ((2 - a) * kCoordinateBits));
-    }
-  }
-  const at::Tensor fields_d = at::tensor(fields, at::kLong).to(inputs.device);
-  const at::Tensor delta_d = at::tensor(delta, at::kLong).to(inputs.device);
-  const bool mirror = inputs.same_set && inputs.kernel_size % 2 == 1;
-  const int64_t lookups = mirror ? volume / 2 + 1 : volume;
-  at::Tensor match = at::full({volume, n_out}, -1, index.dtype(at::kInt));
-  Check(KernelMapSearch(in_keys.data_ptr<int64_t>(), n_in, out_keys.data_ptr<int64_t>(), n_out,
-                        fields_d.data_ptr<int64_t>(), delta_d.data_ptr<int64_t>(), kCoordinateBits,
-                        lookups, volume, mirror, match.data_ptr<int32_t>(), Stream()),
-        "kernel-map search");
-  // nonzero lists (offset, output position) in row-major order: offset by
-  // offset, output keys ascending, which is the map's pair order.
-  const at::Tensor hit = match.ge(0);
-  const at::Tensor counts = hit.sum(1).to(at::kCPU).to(at::kLong).contiguous();
-  const int64_t* count = counts.data_ptr<int64_t>();
-  for (int64_t k = 0; k < volume; ++k) map->begin[k + 1] = map->begin[k] + count[k];
-  const at::Tensor nz = hit.nonzero();
-  const at::Tensor pos = nz.select(1, 1);
-  const at::Tensor in_pos = match.view({-1}).index_select(0, nz.select(1, 0) * n_out + pos);
-  const at::Tensor& in_rows = inputs.in_device->rows;
-  const at::Tensor& out_rows = inputs.out_device->rows;
-  map->in_rows = in_rows.defined() ? in_rows.index_select(0, in_pos) : in_pos.to(at::kInt);
-  map->out_rows = out_rows.defined() ? out_rows.index_select(0, pos) : pos.to(at::kInt);
-}
-
-// Consecutive offsets [k0, k1) whose gathered pairs fit kGroupBytes, never
-// holding the identity offset (which needs no gather).
-std::vector<std::pair<int64_t, int64_t>> Groups(const PairView& pairs, int64_t bytes_per_pair) {
-  std::vector<std::pair<int64_t, int64_t>> groups;
-  const std::vector<int64_t>& begin = *pairs.begin;
-  int64_t k0 = 0;
-  for (int64_t k = 0; k <= pairs.volume(); ++k) {
-    const bool end = k == pairs.volume() || k == pairs.identity_offset ||
-                     (k > k0 && (begin[k + 1] - begin[k0]) * bytes_per_pair > kGroupBytes);
-    if (!end) continue;
-    if (k > k0) groups.emplace_back(k0, k);
-    k0 = k == pairs.identity_offset ? k + 1 : k;
-  }
-  return groups;
-}
-
-// inverse[k, row] = the pair of offset k that has `rows`-side row `row`.
-at::Tensor Inverse(const at::Tensor& rows_of_pairs, const PairView& pairs, int64_t rows) {
-  at::Tensor inverse = at::full({pairs.volume(), rows}, -1, rows_of_pairs.options());
-  const at::Tensor begin = at::tensor(*pairs.begin, at::kLong).to(rows_of_pairs.device());
-  Check(InvertPairs(rows_of_pairs.data_ptr<int32_t>(), begin.data_ptr<int64_t>(), pairs.volume(),
-                    rows_of_pairs.size(0), rows, inverse.data_ptr<int32_t>(), Stream()),
-        "inverting pairs");
-  return inverse;
-}
-
-// out[rows_out] += sum_k scatter_to(gather_from(x) @ op(W_k)), offsets in
-// order, the identity offset skipped (the caller put it in `out` first).
-// transpose_w: W_k^T (the input gradient).
-void GatherGemmScatter(const at::Tensor& x, const at::Tensor& w, bool transpose_w,
-                       const PairView& pairs, const at::Tensor& from, const at::Tensor& to,
-                       at::Tensor& out) {
-  if (from.numel() == 0) return;
-  const int64_t cols_in = x.size(1), cols_out = out.size(1);
-  const at::Tensor inverse = Inverse(to, pairs, out.size(0));
-  const std::vector<int64_t>& begin = *pairs.begin;
-  for (const auto& [k0, k1] : Groups(pairs, (cols_in + cols_out) * x.element_size())) {
-    const int64_t base = begin[k0], n = begin[k1] - base;
-    at::Tensor a = at::empty({n, cols_in}, x.options());
-    at::Tensor c = at::empty({n, cols_out}, x.options());
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cuda_gather", [&] {
-      Check(GatherRows<scalar_t>(x.data_ptr<scalar_t>(), cols_in, from.data_ptr<int32_t>() + base,
-                                 n, a.data_ptr<scalar_t>(), Stream()),
-            "gather");
-    });
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t m = pairs.count(k);
-      if (m == 0) continue;
-      at::Tensor ck = c.narrow(0, begin[k] - base, m);
-      at::mm_out(ck, a.narrow(0, begin[k] - base, m), transpose_w ? w[k].t() : w[k]);
-    }
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cuda_scatter", [&] {
-      Check(ScatterSum<scalar_t>(c.data_ptr<scalar_t>(), cols_out, inverse.data_ptr<int32_t>(),
-                                 out.size(0), k0, k1, pairs.identity_offset, base,
-                                 out.data_ptr<scalar_t>(), Stream()),
-            "scatter");
-    });
-  }
+  BuildKernelMap(kLauncher, inputs, map);
 }
 
 at::Tensor ConvForwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
                             int64_t num_out) {
   const c10::cuda::CUDAGuard guard(f.device());
-  const int64_t id = pairs.identity_offset;
-  at::Tensor out = id >= 0 ? at::mm(f, w[id]) : at::zeros({num_out, w.size(2)}, f.options());
-  GatherGemmScatter(f, w, /*transpose_w=*/false, pairs, pairs.src, pairs.dst, out);
-  return out;
+  return ConvForward(kLauncher, f, w, pairs, num_out);
 }
 
 void ConvBackwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
                        const at::Tensor& grad_out, bool need_input, bool need_weight,
                        at::Tensor* grad_in, at::Tensor* grad_weight) {
   const c10::cuda::CUDAGuard guard(f.device());
-  const int64_t id = pairs.identity_offset;
-  *grad_in = at::Tensor();
-  *grad_weight = at::Tensor();
-  if (need_input) {
-    *grad_in = id >= 0 ? at::mm(grad_out, w[id].t()) : at::zeros_like(f);
-    GatherGemmScatter(grad_out, w, /*transpose_w=*/true, pairs, pairs.dst, pairs.src, *grad_in);
-  }
-  if (!need_weight) return;
-  *grad_weight = at::zeros_like(w);
-  if (id >= 0) {
-    at::Tensor gid = (*grad_weight)[id];
-    at::mm_out(gid, f.t(), grad_out);
-  }
-  const std::vector<int64_t>& begin = *pairs.begin;
-  const int64_t cin = f.size(1), cout = grad_out.size(1);
-  for (const auto& [k0, k1] : Groups(pairs, (cin + cout) * f.element_size())) {
-    const int64_t base = begin[k0], n = begin[k1] - base;
-    at::Tensor a = at::empty({n, cin}, f.options());
-    at::Tensor g = at::empty({n, cout}, f.options());
-    AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "cuda_gather", [&] {
-      Check(GatherRows<scalar_t>(f.data_ptr<scalar_t>(), cin, pairs.src.data_ptr<int32_t>() + base,
-                                 n, a.data_ptr<scalar_t>(), Stream()),
-            "gather");
-      Check(GatherRows<scalar_t>(grad_out.data_ptr<scalar_t>(), cout,
-                                 pairs.dst.data_ptr<int32_t>() + base, n, g.data_ptr<scalar_t>(),
-                                 Stream()),
-            "gather");
-    });
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t m = pairs.count(k);
-      if (m == 0) continue;
-      at::Tensor gk = (*grad_weight)[k];
-      at::mm_out(gk, a.narrow(0, begin[k] - base, m).t(), g.narrow(0, begin[k] - base, m));
-    }
-  }
+  ConvBackward(kLauncher, f, w, pairs, grad_out, need_input, need_weight, grad_in, grad_weight);
 }
 
 }  // namespace

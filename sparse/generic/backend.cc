@@ -24,17 +24,12 @@ struct Indices {
 };
 
 void BuildKernelMapEntry(const KernelMapInputs& inputs, KernelMap* map) {
+  if (!StartKernelMap(inputs, map)) return;
   const at::Tensor& in_keys = inputs.in_device->keys;
   const at::Tensor& out_keys = inputs.out_device->keys;
   const int64_t n_in = in_keys.size(0), n_out = out_keys.size(0);
   const int64_t volume = static_cast<int64_t>(inputs.offsets.size());
   const at::TensorOptions index = in_keys.options();
-  map->begin.assign(volume + 1, 0);
-  if (n_in == 0 || n_out == 0) {
-    map->in_rows = at::empty({0}, index.dtype(at::kInt));
-    map->out_rows = at::empty({0}, index.dtype(at::kInt));
-    return;
-  }
   // The fields of the output keys, each biased into [0, 2^kCoordinateBits).
   const int64_t mask = (int64_t{1} << kCoordinateBits) - 1;
   const at::Tensor raw = at::bitwise_xor(out_keys, std::numeric_limits<int64_t>::min());
@@ -179,6 +174,15 @@ at::Tensor BatchNormTrainingEntry(const at::Tensor& f, const at::Tensor& weight,
 }
 
 }  // namespace
+
+bool StartKernelMap(const KernelMapInputs& inputs, KernelMap* map) {
+  const at::Tensor& in_keys = inputs.in_device->keys;
+  map->begin.assign(inputs.offsets.size() + 1, 0);
+  if (in_keys.size(0) > 0 && inputs.out_device->keys.size(0) > 0) return true;
+  map->in_rows = at::empty({0}, in_keys.options().dtype(at::kInt));
+  map->out_rows = at::empty({0}, in_keys.options().dtype(at::kInt));
+  return false;
+}
 
 const Backend& GenericBackend() {
   static const Backend backend{BackendKind::kGeneric,

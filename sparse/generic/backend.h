@@ -24,6 +24,11 @@ namespace trainsup::sparse::generic {
 
 const Backend& GenericBackend();
 
+// The start of a kernel-map build from device keys (this backend's and the
+// CUDA backend's): map->begin all zeros, and when either set is empty, no
+// pairs (empty in_rows and out_rows on the keys' device) and false.
+bool StartKernelMap(const KernelMapInputs& inputs, KernelMap* map);
+
 }  // namespace trainsup::sparse::generic
 
 #endif  // TRAINSUP_SPARSE_GENERIC_BACKEND_H_

@@ -3,8 +3,9 @@
 // tests/test-backend-ops.cpp: every op on every backend this machine can
 // run, against the cpu backend on CPU tensors, forward and gradients.
 //
-// Targets: cpu, generic_on_cpu, and (with a CUDA device and a CUDA
-// LibTorch) generic_on_cuda and cuda. The CUDA targets carry the ctest
+// Targets: cpu, generic_on_cpu, cuda_steps_on_host (the CUDA backend's code
+// with its kernels' element code run on the host, below), and (with a CUDA
+// device and a CUDA LibTorch) generic_on_cuda and cuda. The CUDA targets carry the ctest
 // label `gpu` and are skipped without a device.
 //
 // What must match bit for bit and what within float tolerance is stated
@@ -19,11 +20,16 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <numeric>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "sparse/cpu/kernels.h"
+#include "sparse/cuda/steps.h"
 #include "sparse/determinism.h"
+#include "sparse/generic/backend.h"
 #include "sparse/minkunet.h"
 #include "sparse/ops.h"
 #include "tests/sparse/test_util.h"
@@ -109,10 +115,74 @@ TEST(Backend, AskingForABackendNotBuiltFailsAndKeepsTheOverride) {
 // ---------------------------------------------------------------------------
 // The cross-backend test.
 
+// The CUDA backend's steps (sparse/cuda/steps.h) with their ops run on the
+// host: every element of an op, one after another in a shuffled order (a
+// GPU runs them in no set order; the results must not depend on it). This
+// is the CUDA backend's code but for the kernel launch (kernels.cu) and
+// the device: it is how its arithmetic and indexing are tested on a
+// machine without a GPU, on every build.
+class HostLauncher final : public cuda::Launcher {
+ public:
+  void Run(const cuda::MapSearch& op, const char*) const override { RunAll(op); }
+  void Run(const cuda::InvertPairs& op, const char*) const override { RunAll(op); }
+  void Run(const cuda::GatherRows<float>& op, const char*) const override { RunAll(op); }
+  void Run(const cuda::GatherRows<double>& op, const char*) const override { RunAll(op); }
+  void Run(const cuda::ScatterSum<float>& op, const char*) const override { RunAll(op); }
+  void Run(const cuda::ScatterSum<double>& op, const char*) const override { RunAll(op); }
+
+ private:
+  template <typename Op>
+  static void RunAll(const Op& op) {
+    std::vector<int64_t> order(static_cast<size_t>(op.size()));
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(order.size()));
+    for (int64_t i : order) op(i);
+  }
+};
+
+const HostLauncher kHostLauncher;
+
+const Backend& CudaStepsOnHost() {
+  static const Backend backend = [] {
+    Backend b = generic::GenericBackend();
+    b.kind = BackendKind::kCuda;
+    b.name = "cuda_steps_on_host";
+    b.runs_on = [](c10::DeviceType type) { return type == c10::DeviceType::CPU; };
+    b.builds_from_device_keys = true;
+    b.build_kernel_map = [](const KernelMapInputs& inputs, KernelMap* map) {
+      cuda::BuildKernelMap(kHostLauncher, inputs, map);
+    };
+    b.conv_forward = [](const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
+                        int64_t num_out) {
+      return cuda::ConvForward(kHostLauncher, f, w, pairs, num_out);
+    };
+    b.conv_backward = [](const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
+                         const at::Tensor& grad_out, bool need_input, bool need_weight,
+                         at::Tensor* grad_in, at::Tensor* grad_weight) {
+      cuda::ConvBackward(kHostLauncher, f, w, pairs, grad_out, need_input, need_weight, grad_in,
+                         grad_weight);
+    };
+    return b;
+  }();
+  return backend;
+}
+
+TEST(Backend, ATableGoesBeforeTheOverrideWhereItRuns) {
+  BackendGuard generic(BackendKind::kGeneric);
+  {
+    BackendTableGuard table(&CudaStepsOnHost());
+    EXPECT_EQ(&BackendFor(c10::Device(c10::DeviceType::CPU)), &CudaStepsOnHost());
+    EXPECT_EQ(BackendFor(c10::Device(c10::DeviceType::CUDA, 0)).kind, BackendKind::kGeneric);
+  }
+  EXPECT_EQ(&BackendFor(c10::Device(c10::DeviceType::CPU)), FindBackend(BackendKind::kGeneric));
+}
+
 struct Target {
   BackendKind kind;
   c10::DeviceType device;
   const char* name;
+  // A table outside the registry (SetBackendTable) instead of `kind`'s.
+  const Backend& (*table)() = nullptr;
 };
 
 // Names the target in test names and failure messages.
@@ -121,6 +191,7 @@ void PrintTo(const Target& t, std::ostream* os) { *os << t.name; }
 const Target kTargets[] = {
     {BackendKind::kCpu, c10::DeviceType::CPU, "cpu"},
     {BackendKind::kGeneric, c10::DeviceType::CPU, "generic_on_cpu"},
+    {BackendKind::kCuda, c10::DeviceType::CPU, "cuda_steps_on_host", &CudaStepsOnHost},
     {BackendKind::kGeneric, c10::DeviceType::CUDA, "generic_on_cuda"},
     {BackendKind::kCuda, c10::DeviceType::CUDA, "cuda"},
 };
@@ -160,7 +231,7 @@ class CrossBackend : public ::testing::TestWithParam<Target> {
  protected:
   void SetUp() override {
     const Target& t = GetParam();
-    if (FindBackend(t.kind) == nullptr) {
+    if (t.table == nullptr && FindBackend(t.kind) == nullptr) {
       GTEST_SKIP() << "backend " << ToString(t.kind) << " is not in this build";
     }
     if (t.device == c10::DeviceType::CUDA && !torch::cuda::is_available()) {
@@ -185,7 +256,9 @@ class CrossBackend : public ::testing::TestWithParam<Target> {
         want = op(c10::Device(c10::DeviceType::CPU));
       }
       {
-        BackendGuard target(GetParam().kind);
+        const Target& t = GetParam();
+        BackendGuard target(t.table != nullptr ? std::nullopt : std::optional(t.kind));
+        BackendTableGuard table(t.table != nullptr ? &t.table() : nullptr);
         got = op(device());
       }
       ASSERT_EQ(got.size(), want.size());

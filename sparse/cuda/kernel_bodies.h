@@ -1,0 +1,160 @@
+// The work of the CUDA backend's kernels, one element at a time. Each op
+// is a struct holding its operands: size() elements, and operator()(i)
+// does element i. kernels.cu runs an op as one grid-stride kernel (one
+// thread per element); the host launcher of the cross-backend test
+// (tests/sparse/backend_test.cc, target cuda_steps_on_host) runs the same
+// structs element by element on the CPU in a shuffled order. So the
+// kernels' arithmetic and indexing are tested on every machine, and what
+// only a GPU checks is the launch itself.
+//
+// No op uses atomics: every element of an op's output is written by one
+// element i, and the sums an element forms run in a fixed order (offset
+// order), so results do not depend on the order elements run in.
+//
+// Plain C++ without nvcc; __host__ __device__ under nvcc. No CUDA or
+// LibTorch headers.
+#ifndef TRAINSUP_SPARSE_CUDA_KERNEL_BODIES_H_
+#define TRAINSUP_SPARSE_CUDA_KERNEL_BODIES_H_
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define TRAINSUP_HD __host__ __device__
+#else
+#define TRAINSUP_HD
+#endif
+
+namespace trainsup::sparse::cuda {
+
+// The first position in keys[0, n) whose key is >= t.
+TRAINSUP_HD inline int64_t LowerBound(const int64_t* keys, int64_t n, int64_t t) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] < t) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// Kernel-map search over sorted keys. Keys are int64 with the top bit
+// flipped (kDeviceKeyBias in coordinate_manager.h), ascending. Element i =
+// k * n_out + p, for lookup offset k in [0, lookups) and output position p
+// in [0, n_out): the target is out_keys[p] + delta[k] when every field of
+// the key stays in [0, 2^field_bits) after adding fields[3k..3k+2] (else
+// no target); a binary search over in_keys finds it or not. Writes
+// match[k * n_out + p] = its position in in_keys, and, when `mirror` (one
+// set, odd kernel: lookups = volume / 2 + 1) and k != volume / 2,
+// match[(volume - 1 - k) * n_out + j] = p for the found position j (offset
+// -k from v finds u). `match` ([volume, n_out] int32) must be -1 on entry;
+// entries without a pair stay -1. fields: int64 [3 * volume] per-axis
+// shifts, delta: int64 [volume] packed shifts.
+struct MapSearch {
+  const int64_t* in_keys;
+  int64_t n_in;
+  const int64_t* out_keys;
+  int64_t n_out;
+  const int64_t* fields;
+  const int64_t* delta;
+  int field_bits;
+  int64_t lookups;
+  int64_t volume;
+  bool mirror;
+  int32_t* match;
+
+  TRAINSUP_HD int64_t size() const { return n_in == 0 ? 0 : lookups * n_out; }
+  TRAINSUP_HD void operator()(int64_t i) const {
+    const int64_t mask = (int64_t{1} << field_bits) - 1;
+    const int64_t k = i / n_out, p = i % n_out;
+    const int64_t key = out_keys[p];
+    // The unbiased key's fields: flipping the top bit back, then masking.
+    const uint64_t raw = static_cast<uint64_t>(key) ^ (uint64_t{1} << 63);
+    for (int a = 0; a < 3; ++a) {
+      const int64_t f = static_cast<int64_t>((raw >> ((2 - a) * field_bits)) & mask);
+      const int64_t moved = f + fields[3 * k + a];
+      if (moved < 0 || moved > mask) return;
+    }
+    const int64_t t = key + delta[k];
+    const int64_t j = LowerBound(in_keys, n_in, t);
+    if (j >= n_in || in_keys[j] != t) return;
+    match[k * n_out + p] = static_cast<int32_t>(j);
+    if (mirror && k != volume / 2) match[(volume - 1 - k) * n_out + j] = static_cast<int32_t>(p);
+  }
+};
+
+// Element p of `pairs`: inverse[k * rows + row[p]] = p, where k is the
+// offset whose pairs [begin[k], begin[k + 1]) hold p (begin: int64
+// [volume + 1]). Rows are unique within an offset. `inverse` ([volume,
+// rows] int32) must be -1 on entry.
+struct InvertPairs {
+  const int32_t* row;
+  const int64_t* begin;
+  int64_t volume;
+  int64_t pairs;
+  int64_t rows;
+  int32_t* inverse;
+
+  TRAINSUP_HD int64_t size() const { return pairs; }
+  TRAINSUP_HD void operator()(int64_t p) const {
+    // The offset of pair p: the last k with begin[k] <= p.
+    int64_t lo = 0, hi = volume;
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (begin[mid] <= p) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    inverse[lo * rows + row[p]] = static_cast<int32_t>(p);
+  }
+};
+
+// Element i = r * cols + c: dst[r, c] = src[rows[r], c] for r in [0, n).
+template <typename T>
+struct GatherRows {
+  const T* src;
+  int64_t cols;
+  const int32_t* rows;
+  int64_t n;
+  T* dst;
+
+  TRAINSUP_HD int64_t size() const { return n * cols; }
+  TRAINSUP_HD void operator()(int64_t i) const {
+    const int64_t r = i / cols, c = i % cols;
+    dst[i] = src[static_cast<int64_t>(rows[r]) * cols + c];
+  }
+};
+
+// Element i = r * cols + c of `out` ([rows, cols]): out[r, c] += the sum
+// over offsets k in [k0, k1), in increasing k, of buffer[p - base, c] with
+// p = inverse[k * rows + r] (offsets without a pair for r add nothing).
+// One element sums left to right: the result is the offsets' products
+// added to `out` one offset after another.
+template <typename T>
+struct ScatterSum {
+  const T* buffer;
+  int64_t cols;
+  const int32_t* inverse;
+  int64_t rows;
+  int64_t k0, k1, base;
+  T* out;
+
+  TRAINSUP_HD int64_t size() const { return k0 < k1 ? rows * cols : 0; }
+  TRAINSUP_HD void operator()(int64_t i) const {
+    const int64_t r = i / cols, c = i % cols;
+    T acc = out[i];
+    for (int64_t k = k0; k < k1; ++k) {
+      const int32_t p = inverse[k * rows + r];
+      if (p >= 0) acc += buffer[(static_cast<int64_t>(p) - base) * cols + c];
+    }
+    out[i] = acc;
+  }
+};
+
+}  // namespace trainsup::sparse::cuda
+
+#endif  // TRAINSUP_SPARSE_CUDA_KERNEL_BODIES_H_

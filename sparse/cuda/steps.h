@@ -1,0 +1,51 @@
+// The CUDA backend's entries as steps over LibTorch tensors and the ops of
+// kernel_bodies.h, with the ops run by a Launcher: on the GPU, CudaBackend
+// (backend.cc) launches them as kernels on LibTorch's current stream; in
+// the cross-backend test a host launcher runs the same ops on CPU tensors.
+// Everything here but the launches is device-independent ATen code
+// (allocation, at::mm, nonzero), so this file is built and tested on every
+// machine; on a CUDA build it is part of trainsup_sparse_cuda.
+#ifndef TRAINSUP_SPARSE_CUDA_STEPS_H_
+#define TRAINSUP_SPARSE_CUDA_STEPS_H_
+
+#include <ATen/core/Tensor.h>
+
+#include "sparse/backend.h"
+#include "sparse/cuda/kernel_bodies.h"
+
+namespace trainsup::sparse::cuda {
+
+// Runs every element of an op (in any order, all before the next op's
+// reads: on one stream, or on the host one op after another). Errors are
+// thrown (c10::Error) naming `what`.
+class Launcher {
+ public:
+  virtual ~Launcher() = default;
+  virtual void Run(const MapSearch& op, const char* what) const = 0;
+  virtual void Run(const InvertPairs& op, const char* what) const = 0;
+  virtual void Run(const GatherRows<float>& op, const char* what) const = 0;
+  virtual void Run(const GatherRows<double>& op, const char* what) const = 0;
+  virtual void Run(const ScatterSum<float>& op, const char* what) const = 0;
+  virtual void Run(const ScatterSum<double>& op, const char* what) const = 0;
+};
+
+// The entries of Backend (sparse/backend.h), with the same contracts, on
+// tensors of the device the launcher runs its ops on.
+//
+//   kernel maps     one search over sorted keys for all offsets (half of
+//                   them for an odd kernel on one set, the rest mirrored),
+//                   then a compaction with LibTorch's nonzero
+//   convolutions    gather -> a product per offset (at::mm: cuBLAS on the
+//                   GPU) -> one summing op per group of offsets that adds
+//                   them into each output element in offset order: no
+//                   atomics, the same order as the cpu backend's BLAS path
+void BuildKernelMap(const Launcher& launcher, const KernelMapInputs& inputs, KernelMap* map);
+at::Tensor ConvForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
+                       const PairView& pairs, int64_t num_out);
+void ConvBackward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
+                  const PairView& pairs, const at::Tensor& grad_out, bool need_input,
+                  bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight);
+
+}  // namespace trainsup::sparse::cuda
+
+#endif  // TRAINSUP_SPARSE_CUDA_STEPS_H_
