@@ -1,0 +1,115 @@
+// The machine's float32 fused-multiply-add ceiling: every thread runs 12
+// independent chains of vector FMAs in registers (no memory, no
+// dependencies between the chains, so the FMA units are the only limit),
+// for the AVX2 set (8 floats per vector) and, where the CPU has it,
+// AVX-512F (16). A convolution cannot run faster than this, so it bounds
+// what any kernel set can reach (docs/benchmarks.md, issue 11's targets).
+//
+//   fma_peak [--threads N] [--repeats N]
+//
+// Prints the median and the range over the repeats, in GFLOP/s (an FMA is
+// two floating-point operations), for each set the CPU supports.
+#include <immintrin.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sparse/bench/bench_util.h"
+
+namespace {
+
+constexpr int kChains = 12;
+constexpr long kIterations = 100'000'000;
+
+__attribute__((target("avx2,fma"))) float ChainsAvx2(long iterations) {
+  __m256 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(1.0f + i * 1e-7f);
+  const __m256 m = _mm256_set1_ps(0.9999999f), a = _mm256_set1_ps(1e-7f);
+  for (long it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], m, a);
+  }
+  __m256 sum = acc[0];
+  for (int i = 1; i < kChains; ++i) sum = _mm256_add_ps(sum, acc[i]);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, sum);
+  return lanes[0];
+}
+
+__attribute__((target("avx512f"))) float ChainsAvx512(long iterations) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-7f);
+  const __m512 m = _mm512_set1_ps(0.9999999f), a = _mm512_set1_ps(1e-7f);
+  for (long it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, a);
+  }
+  __m512 sum = acc[0];
+  for (int i = 1; i < kChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  return _mm512_reduce_add_ps(sum);
+}
+
+// GFLOP/s of `threads` threads each running fn(kIterations).
+double Rate(float (*fn)(long), int lanes, int threads) {
+  std::vector<float> sink(threads);
+  const double t0 = trainsup::bench::Now();
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) workers.emplace_back([&, t] { sink[t] = fn(kIterations); });
+  for (std::thread& w : workers) w.join();
+  const double seconds = trainsup::bench::Now() - t0;
+  volatile float keep = sink[0];
+  (void)keep;
+  return 2.0 * lanes * kChains * kIterations * threads / seconds / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, repeats = 5;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "--threads" || a == "--repeats") && i + 1 < argc) {
+      const int v = std::atoi(argv[++i]);
+      if (v < 1) {
+        std::fprintf(stderr, "fma_peak: %s must be at least 1\n", a.c_str());
+        return 2;
+      }
+      (a == "--threads" ? threads : repeats) = v;
+    } else {
+      std::fprintf(stderr,
+                   "fma_peak: unknown argument %s\nusage: fma_peak [--threads N] [--repeats N]\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  struct Set {
+    const char* name;
+    bool supported;
+    float (*fn)(long);
+    int lanes;
+  };
+  const Set sets[] = {
+      {"avx2", __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), &ChainsAvx2, 8},
+      {"avx512", static_cast<bool>(__builtin_cpu_supports("avx512f")), &ChainsAvx512, 16},
+  };
+  std::printf(
+      "fma_peak: %d threads (std::thread), %d chains of float32 vector FMAs per thread, "
+      "median of %d\n",
+      threads, kChains, repeats);
+  for (const Set& s : sets) {
+    if (!s.supported) {
+      std::printf("%-7s not supported by this CPU\n", s.name);
+      continue;
+    }
+    std::vector<double> rates;
+    for (int r = 0; r < repeats; ++r) rates.push_back(Rate(s.fn, s.lanes, threads));
+    const auto [lo, hi] = std::minmax_element(rates.begin(), rates.end());
+    std::printf("%-7s %7.1f GFLOP/s (%.1f-%.1f), %.1f per thread\n", s.name,
+                trainsup::bench::Median(rates), *lo, *hi, trainsup::bench::Median(rates) / threads);
+  }
+  return 0;
+}
