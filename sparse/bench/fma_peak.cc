@@ -5,10 +5,11 @@
 // AVX-512F (16). A convolution cannot run faster than this, so it bounds
 // what any kernel set can reach (docs/benchmarks.md, issue 11's targets).
 //
-//   fma_peak [--threads N] [--repeats N]
+//   fma_peak [--threads N] [--repeats N] [--json]
 //
 // Prints the median and the range over the repeats, in GFLOP/s (an FMA is
-// two floating-point operations), for each set the CPU supports.
+// two floating-point operations), for each set the CPU supports; --json
+// prints one JSON object instead ({"threads": N, "avx2_gflops": ...}).
 #include <immintrin.h>
 
 #include <cstdio>
@@ -70,9 +71,12 @@ double Rate(float (*fn)(long), int lanes, int threads) {
 
 int main(int argc, char** argv) {
   int threads = 2, repeats = 5;
+  bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--threads" || a == "--repeats") && i + 1 < argc) {
+    if (a == "--json") {
+      json = true;
+    } else if ((a == "--threads" || a == "--repeats") && i + 1 < argc) {
       const int v = std::atoi(argv[++i]);
       if (v < 1) {
         std::fprintf(stderr, "fma_peak: %s must be at least 1\n", a.c_str());
@@ -81,7 +85,8 @@ int main(int argc, char** argv) {
       (a == "--threads" ? threads : repeats) = v;
     } else {
       std::fprintf(stderr,
-                   "fma_peak: unknown argument %s\nusage: fma_peak [--threads N] [--repeats N]\n",
+                   "fma_peak: unknown argument %s\n"
+                   "usage: fma_peak [--threads N] [--repeats N] [--json]\n",
                    a.c_str());
       return 2;
     }
@@ -96,20 +101,28 @@ int main(int argc, char** argv) {
       {"avx2", __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), &ChainsAvx2, 8},
       {"avx512", static_cast<bool>(__builtin_cpu_supports("avx512f")), &ChainsAvx512, 16},
   };
-  std::printf(
-      "fma_peak: %d threads (std::thread), %d chains of float32 vector FMAs per thread, "
-      "median of %d\n",
-      threads, kChains, repeats);
+  if (!json) {
+    std::printf(
+        "fma_peak: %d threads (std::thread), %d chains of float32 vector FMAs per thread, "
+        "median of %d\n",
+        threads, kChains, repeats);
+  }
+  std::string js = "{\"threads\": " + std::to_string(threads);
   for (const Set& s : sets) {
     if (!s.supported) {
-      std::printf("%-7s not supported by this CPU\n", s.name);
+      if (!json) std::printf("%-7s not supported by this CPU\n", s.name);
       continue;
     }
     std::vector<double> rates;
     for (int r = 0; r < repeats; ++r) rates.push_back(Rate(s.fn, s.lanes, threads));
+    const double median = trainsup::bench::Median(rates);
     const auto [lo, hi] = std::minmax_element(rates.begin(), rates.end());
-    std::printf("%-7s %7.1f GFLOP/s (%.1f-%.1f), %.1f per thread\n", s.name,
-                trainsup::bench::Median(rates), *lo, *hi, trainsup::bench::Median(rates) / threads);
+    js += ", \"" + std::string(s.name) + "_gflops\": " + std::to_string(median);
+    if (!json) {
+      std::printf("%-7s %7.1f GFLOP/s (%.1f-%.1f), %.1f per thread\n", s.name, median, *lo, *hi,
+                  median / threads);
+    }
   }
+  if (json) std::printf("%s}\n", js.c_str());
   return 0;
 }
