@@ -149,8 +149,9 @@ std::optional<BackendKind> SetBackendOverride(std::optional<BackendKind> kind);
 // A table outside the registry (a test's, or an experiment's), used on
 // every device it runs on before the override and the defaults; nullptr
 // for none. The table must live as long as anything built with it
-// (autograd nodes keep a pointer to the table that ran their forward).
-// Returns the previous one.
+// (autograd nodes keep a pointer to the table that ran their forward; a
+// checkpointed block's recompute chooses again). Process-wide, like the
+// override. Returns the previous one.
 const Backend* SetBackendTable(const Backend* table);
 
 // Sets the override for one scope and restores the previous one after.

@@ -12,6 +12,7 @@
 // prints one JSON object instead ({"threads": N, "avx2_gflops": ...}).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -76,13 +77,15 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--json") {
       json = true;
-    } else if ((a == "--threads" || a == "--repeats") && i + 1 < argc) {
-      const int v = std::atoi(argv[++i]);
-      if (v < 1) {
-        std::fprintf(stderr, "fma_peak: %s must be at least 1\n", a.c_str());
+    } else if (a == "--threads" || a == "--repeats") {
+      char* end = nullptr;
+      const long v = i + 1 < argc ? std::strtol(argv[i + 1], &end, 10) : 0;
+      if (i + 1 >= argc || *end != '\0' || v < 1 || v > 1024) {
+        std::fprintf(stderr, "fma_peak: %s needs a whole number from 1 to 1024\n", a.c_str());
         return 2;
       }
-      (a == "--threads" ? threads : repeats) = v;
+      ++i;
+      (a == "--threads" ? threads : repeats) = static_cast<int>(v);
     } else {
       std::fprintf(stderr,
                    "fma_peak: unknown argument %s\n"

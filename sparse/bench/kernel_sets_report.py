@@ -3,9 +3,11 @@
 
     python3 sparse/bench/kernel_sets_report.py OUT_DIR SET [SET ...]
 
-Medians over the runs (ranges in brackets); every ratio is against the
-BLAS path measured in the same program run (sparse_bench) or in the run
-next to it (minkunet_bench), never against a figure from another day.
+Medians over the runs (ranges in brackets). The convolution ratios are
+against the BLAS path measured in the same program run (sparse_bench);
+the MinkUNet ratios are the median of run i of a set against run i of its
+BLAS path, two programs run next to each other, never against a figure
+from another day.
 """
 import glob
 import json
@@ -40,7 +42,7 @@ def main():
     say("FMA ceiling (fma_peak, %d threads), before / after the benchmarks:" % before["threads"])
     for s in ("avx2", "avx512"):
         key = s + "_gflops"
-        if key in before:
+        if key in before and key in after:
             say("  %-7s %.1f / %.1f GFLOP/s" % (s, before[key], after[key]))
     say("")
     cases = [("conv3_s1_c64", "conv C64 3×3×3"), ("conv3_s1_c32", "conv C32 3×3×3"),
@@ -65,19 +67,24 @@ def main():
             for part, label in (("fwd", "fwd"), ("fwdbwd", "fwd+bwd")):
                 got = [r["%s_%s_ms" % (key, part)] for r in runs]
                 blas = [r["%s_blas_%s_ms" % (key, part)] for r in runs]
-                ratio = [r["%s_%s_speedup_vs_blas" % (key, "fwd" if part == "fwd" else "fwdbwd")]
-                         for r in runs]
+                ratio = [r["%s_%s_speedup_vs_blas" % (key, part)] for r in runs]
                 say("| %s %s | %.1f ms | %.1f ms | %.2f×%s |" % (
                     name, label, med(got), med(blas), med(ratio), spread(ratio, "%.2f")))
-        for key, label in (("minkunet14_plain_step_s", "MinkUNet14 fwd+bwd"),
-                           ("minkunet14_forward_s", "MinkUNet14 fwd, no gradients")):
+        for side, want in ((s, s), ("blas", "blas")):
+            wrong = sorted({u["conv_kernels"] for u in unet[side]} - {want})
+            if wrong:
+                sys.exit("kernel_sets_report: minkunet_bench for %s ran the %s kernels" %
+                         (side, ", ".join(wrong)))
+        for key, label in (("minkunet14_plain_step_s", "MinkUNet14 fwd+bwd (runs side by side)"),
+                           ("minkunet14_forward_s", "MinkUNet14 fwd, no gradients (same)")):
             got = [u[key] for u in unet[s]]
             blas = [u[key] for u in unet["blas"]]
-            if not got or not blas:
+            if not got or len(got) != len(blas):
                 continue
-            say("| %s | %.2f s%s | %.2f s%s | %.2f× |" % (
+            ratio = [b / g for g, b in zip(got, blas)]
+            say("| %s | %.2f s%s | %.2f s%s | %.2f×%s |" % (
                 label, med(got), spread(got, "%.2f"), med(blas), spread(blas, "%.2f"),
-                med(blas) / med(got)))
+                med(ratio), spread(ratio, "%.2f")))
         say("")
     print("\n".join(lines))
 

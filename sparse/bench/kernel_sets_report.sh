@@ -15,11 +15,16 @@
 # AVX-512 set with the kernels OpenBLAS picks (the worker re-executes with
 # SkylakeX on a Xeon it takes for Prescott). OMP_WAIT_POLICY=ACTIVE as in
 # docs/benchmarks.md. Each program runs under cpulock when there is one.
-# About 15 minutes on a 2-core machine with two sets.
+# The MinkUNet runs alternate which side goes first (a host that slows
+# down during the run would otherwise always penalise the same side).
+# OUT_DIR's earlier JSON files are removed first; the table is printed and
+# kept as OUT_DIR/report.md. About 20 minutes on a 2-core machine with two
+# sets.
 set -euo pipefail
 build=${1:-build}
 out=${2:-$build/kernel-sets-report}
 mkdir -p "$out"
+rm -f "$out"/*.json "$out/report.md"
 lock=()
 command -v cpulock >/dev/null 2>&1 && lock=(cpulock)
 runs=${RUNS:-5}
@@ -46,7 +51,7 @@ grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && sets+=(avx2)
 # env(1) arguments for OpenBLAS in the comparison of set $1.
 blas_env() {
   if [[ $1 == avx512 ]]; then
-    echo "-u OPENBLAS_CORETYPE"
+    echo "-u OPENBLAS_CORETYPE -u TRAINSUP_KEEP_BLAS_CORETYPE"
   else
     echo "OPENBLAS_CORETYPE=Haswell"
   fi
@@ -77,7 +82,9 @@ for ((i = 1; i <= runs; ++i)); do
 done
 for ((i = 1; i <= unet_runs; ++i)); do
   for set in "${sets[@]}"; do
-    for kernels in "$set" blas; do
+    sides=("$set" blas)
+    ((i % 2 == 0)) && sides=(blas "$set")
+    for kernels in "${sides[@]}"; do
       say "minkunet_bench $kernels (OpenBLAS for the $set comparison), run $i of $unet_runs"
       # shellcheck disable=SC2046
       run "$out/minkunet_bench-$set-$kernels-$i.json" $(blas_env "$set") \
@@ -89,4 +96,4 @@ for ((i = 1; i <= unet_runs; ++i)); do
 done
 say "fma_peak (after)"
 run "$out/fma_peak-after.json" -- "$build/sparse/fma_peak" --threads "$threads"
-python3 "$(dirname "$0")/kernel_sets_report.py" "$out" "${sets[@]}"
+python3 "$(dirname "$0")/kernel_sets_report.py" "$out" "${sets[@]}" | tee "$out/report.md"

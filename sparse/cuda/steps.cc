@@ -88,6 +88,15 @@ void GatherGemmScatter(const Launcher& launcher, const at::Tensor& x, const at::
 
 }  // namespace
 
+Backend StepsTableBase(const char* name, bool (*runs_on)(c10::DeviceType)) {
+  Backend b = generic::GenericBackend();
+  b.kind = BackendKind::kCuda;
+  b.name = name;
+  b.runs_on = runs_on;
+  b.builds_from_device_keys = true;
+  return b;
+}
+
 void BuildKernelMap(const Launcher& launcher, const KernelMapInputs& inputs, KernelMap* map) {
   if (!generic::StartKernelMap(inputs, map)) return;
   const at::Tensor& in_keys = inputs.in_device->keys;

@@ -10,6 +10,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+
 #include "sparse/backend.h"
 #include "sparse/cuda/kernel_bodies.h"
 
@@ -21,6 +23,9 @@ namespace trainsup::sparse::cuda {
 class Launcher {
  public:
   virtual ~Launcher() = default;
+  // Runs `body` with `device` as the current device of its kind (the GPU
+  // launcher: a CUDAGuard; on the host: nothing to set).
+  virtual void OnDevice(c10::Device device, const std::function<void()>& body) const = 0;
   virtual void Run(const MapSearch& op, const char* what) const = 0;
   virtual void Run(const InvertPairs& op, const char* what) const = 0;
   virtual void Run(const GatherRows<float>& op, const char* what) const = 0;
@@ -45,6 +50,38 @@ at::Tensor ConvForward(const Launcher& launcher, const at::Tensor& f, const at::
 void ConvBackward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
                   const PairView& pairs, const at::Tensor& grad_out, bool need_input,
                   bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight);
+
+// StepsTable's start: the generic backend's table with kind cuda, `name`,
+// `runs_on` and builds_from_device_keys.
+Backend StepsTableBase(const char* name, bool (*runs_on)(c10::DeviceType));
+
+// The CUDA backend's table with its ops run by launcher(): the generic
+// backend's entries, and the steps above for kernel maps and
+// convolutions, each inside launcher().OnDevice. CudaBackend() is
+// StepsTable<&its launcher>; the cross-backend test builds the same table
+// with a host launcher, so what it tests is this table.
+template <const Launcher& (*launcher)()>
+Backend StepsTable(const char* name, bool (*runs_on)(c10::DeviceType)) {
+  Backend b = StepsTableBase(name, runs_on);
+  b.build_kernel_map = [](const KernelMapInputs& inputs, KernelMap* map) {
+    launcher().OnDevice(inputs.device, [&] { BuildKernelMap(launcher(), inputs, map); });
+  };
+  b.conv_forward = [](const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
+                      int64_t num_out) {
+    at::Tensor out;
+    launcher().OnDevice(f.device(), [&] { out = ConvForward(launcher(), f, w, pairs, num_out); });
+    return out;
+  };
+  b.conv_backward = [](const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
+                       const at::Tensor& grad_out, bool need_input, bool need_weight,
+                       at::Tensor* grad_in, at::Tensor* grad_weight) {
+    launcher().OnDevice(f.device(), [&] {
+      ConvBackward(launcher(), f, w, pairs, grad_out, need_input, need_weight, grad_in,
+                   grad_weight);
+    });
+  };
+  return b;
+}
 
 }  // namespace trainsup::sparse::cuda
 

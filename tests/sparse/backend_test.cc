@@ -123,6 +123,7 @@ TEST(Backend, AskingForABackendNotBuiltFailsAndKeepsTheOverride) {
 // machine without a GPU, on every build.
 class HostLauncher final : public cuda::Launcher {
  public:
+  void OnDevice(c10::Device, const std::function<void()>& body) const override { body(); }
   void Run(const cuda::MapSearch& op, const char*) const override { RunAll(op); }
   void Run(const cuda::InvertPairs& op, const char*) const override { RunAll(op); }
   void Run(const cuda::GatherRows<float>& op, const char*) const override { RunAll(op); }
@@ -140,30 +141,15 @@ class HostLauncher final : public cuda::Launcher {
   }
 };
 
-const HostLauncher kHostLauncher;
+const cuda::Launcher& TheHostLauncher() {
+  static const HostLauncher launcher;
+  return launcher;
+}
 
+// CudaBackend()'s table (cuda::StepsTable) over the host launcher.
 const Backend& CudaStepsOnHost() {
-  static const Backend backend = [] {
-    Backend b = generic::GenericBackend();
-    b.kind = BackendKind::kCuda;
-    b.name = "cuda_steps_on_host";
-    b.runs_on = [](c10::DeviceType type) { return type == c10::DeviceType::CPU; };
-    b.builds_from_device_keys = true;
-    b.build_kernel_map = [](const KernelMapInputs& inputs, KernelMap* map) {
-      cuda::BuildKernelMap(kHostLauncher, inputs, map);
-    };
-    b.conv_forward = [](const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
-                        int64_t num_out) {
-      return cuda::ConvForward(kHostLauncher, f, w, pairs, num_out);
-    };
-    b.conv_backward = [](const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
-                         const at::Tensor& grad_out, bool need_input, bool need_weight,
-                         at::Tensor* grad_in, at::Tensor* grad_weight) {
-      cuda::ConvBackward(kHostLauncher, f, w, pairs, grad_out, need_input, need_weight, grad_in,
-                         grad_weight);
-    };
-    return b;
-  }();
+  static const Backend backend = cuda::StepsTable<&TheHostLauncher>(
+      "cuda_steps_on_host", [](c10::DeviceType type) { return type == c10::DeviceType::CPU; });
   return backend;
 }
 
