@@ -140,8 +140,14 @@ class EtcdServer {
   }
 
   // SIGSTOP / SIGCONT: etcd stops answering but keeps its connections.
+  // Returns once etcd has stopped: kill() only queues the signal, and etcd
+  // could otherwise answer a call made right after Pause.
   void Pause() {
-    if (pid_ > 0 && kill(pid_, SIGSTOP) == 0) paused_ = true;
+    if (pid_ <= 0 || kill(pid_, SIGSTOP) != 0) return;
+    int status = 0;
+    while (waitpid(pid_, &status, WUNTRACED) < 0 && errno == EINTR) {
+    }
+    paused_ = true;
   }
   void Resume() {
     if (pid_ > 0 && kill(pid_, SIGCONT) == 0) paused_ = false;

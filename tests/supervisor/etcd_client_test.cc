@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <mutex>
@@ -541,6 +542,22 @@ TEST_F(EtcdClientTest, WatchEndsWhenEtcdStopsAndCallsFailFastUntilItIsBack) {
   down_watch.reset();
   EXPECT_EQ(log.ends(), 1);
   EXPECT_EQ(down.ends(), 1);
+}
+
+// The fixture's Pause returns only once etcd has stopped: kill(SIGSTOP)
+// merely queues the signal, and an etcd still running for a moment after it
+// answered a call the paused test expected to time out (seen once in CI).
+TEST_F(EtcdClientTest, PauseReturnsOnceEtcdHasStopped) {
+  for (int i = 0; i < 20; ++i) {
+    etcd_.Pause();
+    std::ifstream stat("/proc/" + std::to_string(etcd_.pid()) + "/stat");
+    std::string pid, comm, state;
+    stat >> pid >> comm >> state;
+    EXPECT_EQ(state, "T") << "round " << i;
+    etcd_.Resume();
+  }
+  auto got = client_->Put("/pause/check", "1");
+  EXPECT_TRUE(got.ok()) << got.status();
 }
 
 // A stopped (SIGSTOP) etcd keeps its connections but answers nothing, as a
