@@ -12,7 +12,9 @@
 namespace trainsup::ckpt {
 namespace {
 
-std::string StateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+// The key of a parameter in torch::optim::Optimizer::state() (its
+// TensorImpl; LibTorch 1.13 keyed it by that pointer printed as a string).
+void* StateKey(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
 enum class OptimizerKind { kSgd, kAdamW };
 

@@ -60,6 +60,9 @@ trainsup_fuzz_sources(checkpoint_sources trainsup_checkpoint_core:checkpoint)
 trainsup_fuzz_sources(spec_sources trainsup_spec:proto)
 
 set(fuzz_dir ${CMAKE_BINARY_DIR}/fuzz)
+# LibTorch's CMake in the fuzz build needs the same GPU list (no GPU to
+# detect); "|" is the list separator below.
+string(REPLACE ";" "|" fuzz_cuda_archs "${TORCH_CUDA_ARCH_LIST}")
 ExternalProject_Add(trainsup_fuzz
   SOURCE_DIR ${PROJECT_SOURCE_DIR}/fuzz
   BINARY_DIR ${fuzz_dir}
@@ -67,7 +70,9 @@ ExternalProject_Add(trainsup_fuzz
   CMAKE_ARGS
     -DCMAKE_CXX_COMPILER=${TRAINSUP_FUZZ_CXX}
     -DCMAKE_CXX_COMPILER_LAUNCHER=${TRAINSUP_CCACHE}
-    -DTorch_DIR=${Torch_DIR}
+    -DTRAINSUP_TORCH_DIR=${TRAINSUP_TORCH_ROOT}
+    -DTORCH_CUDA_ARCH_LIST=${fuzz_cuda_archs}
+    -DCMAKE_CUDA_COMPILER=${CMAKE_CUDA_COMPILER}
     -DTRAINSUP_SOURCE_DIR=${PROJECT_SOURCE_DIR}
     -DTRAINSUP_DATA_SOURCES=${data_sources}
     -DTRAINSUP_CHECKPOINT_SOURCES=${checkpoint_sources}

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine to build, test and run trainsup.
 # Idempotent; run as root (or through sudo). Installs exactly the Debian
-# packages the project needs, selects an optimised BLAS for LibTorch and
-# prints which one is active.
+# packages the project needs, the pinned PyPI torch wheel (its LibTorch, with
+# CUDA, NCCL and cuDNN) into the project's virtual environment, selects
+# OpenBLAS for the engine's products and prints which one is active.
+#
+# TRAINSUP_VENV (default /opt/trainsup/venv) is where torch goes; the build
+# finds it there by itself (cmake/TrainsupLibTorch.cmake).
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -14,8 +18,10 @@ fi
 packages=(
   # toolchain
   build-essential cmake ninja-build ccache pkg-config git
-  # engine and worker: LibTorch (CPU) with Gloo for c10d, optimised BLAS
-  libtorch-dev libgloo-dev libopenblas0-pthread libopenblas-dev
+  # engine and worker: LibTorch is the torch wheel's (below); Gloo's headers
+  # for ProcessGroupGloo.hpp (the wheel ships none; its code is the wheel's),
+  # OpenBLAS for the engine's products; the virtual environment for torch
+  libgloo-dev libopenblas0-pthread libopenblas-dev python3-venv
   # API and daemon
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libboost1.81-dev libboost-filesystem1.81-dev
@@ -33,9 +39,9 @@ packages=(
   # docs/examples/dashboard_client.py and its test (Debian's /usr/bin/python3)
   python3-grpcio python3-protobuf
   # python/trainsup, the training-script client: XXH3-128 for the checkpoint
-  # manifest; PyTorch for save_checkpoint/load_checkpoint and the tests that
-  # run real PyTorch scripts under trainsupd (docs/python-client.md)
-  python3-xxhash python3-torch
+  # manifest (the venv sees Debian's python3-grpcio, python3-protobuf and
+  # python3-xxhash; its torch runs the tests' PyTorch scripts)
+  python3-xxhash
   # docs/plots: the benchmark plots of docs/benchmarks.md (pngcairo)
   gnuplot-nox
 )
@@ -56,7 +62,31 @@ else
   echo "bootstrap: all ${#packages[@]} packages already installed"
 fi
 
-# LibTorch calls the system BLAS through the libblas.so.3 alternative.
+# The pinned torch wheel in the project's virtual environment. The venv sees
+# Debian's site packages (grpcio, protobuf, xxhash for the Python client);
+# its own torch comes first. A second run finds the version installed and
+# downloads nothing.
+torch_version=2.15.0
+venv=${TRAINSUP_VENV:-/opt/trainsup/venv}
+if [ ! -x "$venv/bin/python3" ]; then
+  echo "bootstrap: creating the virtual environment $venv"
+  mkdir -p "$(dirname "$venv")"
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+fi
+installed=$("$venv/bin/python3" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+if [ "${installed%%+*}" != "$torch_version" ]; then
+  echo "bootstrap: installing torch==${torch_version} into $venv (was: ${installed:-none})"
+  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check --no-input \
+    "torch==${torch_version}"
+fi
+"$venv/bin/python3" - <<'PY'
+import torch
+print("bootstrap: torch %s, torch.version.cuda %s, C++11 ABI %s, at %s" % (
+    torch.__version__, torch.version.cuda, int(torch._C._GLIBCXX_USE_CXX11_ABI),
+    torch.__file__.rsplit("/", 1)[0]))
+PY
+
+# The engine calls the system BLAS through the libblas.so.3 alternative.
 # Debian may leave the reference BLAS selected; pick OpenBLAS (pthread build).
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
 openblas_blas="/usr/lib/${arch}/openblas-pthread/libblas.so.3"

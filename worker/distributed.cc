@@ -1,8 +1,12 @@
 #include "worker/distributed.h"
 
 // ProcessGroupGloo.hpp declares its class only under USE_C10D_GLOO, the
-// macro LibTorch's own build sets; Debian's LibTorch is built with Gloo
-// (libtorch_cpu exports ProcessGroupGloo).
+// macro LibTorch's own build sets; the wheel's LibTorch is built with Gloo
+// (libtorch_cpu exports ProcessGroupGloo). Gloo's own headers, which
+// ProcessGroupGloo.hpp includes, come from Debian's libgloo-dev: the wheel
+// ships none. Only declarations are used (ProcessGroupGloo's API holds Gloo
+// types by shared_ptr alone); libgloo itself is never linked, so the code
+// that runs is the wheel's (docs/building.md, "Link hazards").
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO 1
 #endif
@@ -10,6 +14,7 @@
 #include <signal.h>
 #include <torch/torch.h>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef TRAINSUP_HAVE_NCCL
@@ -46,11 +51,27 @@ bool IsLoopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
 
+// Sets an environment variable unless the user did.
+void DefaultEnv(const char* name, const char* value) { setenv(name, value, /*overwrite=*/0); }
+
 }  // namespace
+
+GroupKind GroupFor(bool separate_host_group, const c10::Device& tensor_device) {
+  return separate_host_group && !tensor_device.is_cuda() ? GroupKind::kHost : GroupKind::kDevice;
+}
 
 struct Gang::Impl {
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  // Collectives on the training device's tensors, and on host tensors
+  // where the device's backend cannot take them (NCCL): one group, the
+  // same object twice, with Gloo alone.
+  c10::intrusive_ptr<c10d::Backend> device_group;
+  c10::intrusive_ptr<c10d::Backend> host_group;
+
+  bool separate() const { return host_group.get() != device_group.get(); }
+  c10d::Backend& For(const at::Tensor& t) {
+    return GroupFor(separate(), t.device()) == GroupKind::kHost ? *host_group : *device_group;
+  }
 };
 
 class Gang::Pending {
@@ -117,7 +138,7 @@ absl::StatusOr<std::unique_ptr<Gang>> Gang::Join(const GangOptions& o) {
     so.waitWorkers = true;
     so.timeout = Millis(o.connect_timeout_s);
     gang->impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
-    if (backend == "gloo") {
+    auto gloo = [&](const std::string& prefix) -> c10::intrusive_ptr<c10d::Backend> {
       auto go = c10d::ProcessGroupGloo::Options::create(Millis(o.timeout_s));
       // Loopback for a single machine; otherwise the interface this host's
       // name resolves to (GLOO_SOCKET_IFNAME-style selection is issue 13's).
@@ -125,16 +146,35 @@ absl::StatusOr<std::unique_ptr<Gang>> Gang::Join(const GangOptions& o) {
                                 ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                                 : c10d::ProcessGroupGloo::createDefaultDevice());
       go->threads = 1;
-      gang->impl_->group =
-          c10::make_intrusive<c10d::ProcessGroupGloo>(gang->impl_->store, o.rank, o.world_size, go);
+      return c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>(prefix, gang->impl_->store), o.rank,
+          o.world_size, go);
+    };
+    if (backend == "gloo" && !o.host_group_beside_device) {
+      gang->impl_->device_group = gloo("gloo");
+      gang->impl_->host_group = gang->impl_->device_group;
+    } else if (backend == "gloo") {
+      // The layout of an NCCL gang, with Gloo in the device's place: what
+      // the tests run where there is no GPU.
+      gang->impl_->device_group = gloo("device");
+      gang->impl_->host_group = gloo("host");
     } else {
 #ifdef TRAINSUP_HAVE_NCCL
-      // Written for LibTorch with NCCL; never compiled or run here (Debian's
-      // LibTorch has no CUDA).
+      // Compiled and linked in every build; never run (no GPU has run it).
+      // A collective that outlasts distributed.timeout_s must end this rank
+      // with a CollectiveError (exit 76), not hang: Wait() passes the
+      // timeout to Work::wait, and on a timeout the watchdog aborts the
+      // communicator without killing the process (CleanUpOnly).
+      DefaultEnv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2");
+      DefaultEnv("TORCH_NCCL_BLOCKING_WAIT", "1");
       auto no = c10d::ProcessGroupNCCL::Options::create();
       no->timeout = Millis(o.timeout_s);
-      gang->impl_->group =
-          c10::make_intrusive<c10d::ProcessGroupNCCL>(gang->impl_->store, o.rank, o.world_size, no);
+      gang->impl_->device_group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>("nccl", gang->impl_->store), o.rank,
+          o.world_size, no);
+      // The control tensor, the loss sums, AllGather and the checkpoint
+      // result are host tensors, which ProcessGroupNCCL rejects.
+      gang->impl_->host_group = gloo("host");
 #endif
     }
     // Store calls after the join (the entered-collective records and the
@@ -208,7 +248,8 @@ void Gang::AllreduceSum(at::Tensor& tensor, const std::string& what) {
   const auto t0 = Clock::now();
   try {
     std::vector<at::Tensor> list{tensor};
-    impl_->group->allreduce(list)->wait();
+    CountGroup(tensor);
+    impl_->For(tensor).allreduce(list)->wait(Millis(options_.timeout_s));
   } catch (const std::exception& e) {
     Fail(seq, what, e.what());
   }
@@ -224,7 +265,8 @@ void Gang::Broadcast(at::Tensor& tensor, int root, const std::string& what) {
     std::vector<at::Tensor> list{tensor};
     c10d::BroadcastOptions bo;
     bo.rootRank = root;
-    impl_->group->broadcast(list, bo)->wait();
+    CountGroup(tensor);
+    impl_->For(tensor).broadcast(list, bo)->wait(Millis(options_.timeout_s));
   } catch (const std::exception& e) {
     Fail(seq, what, e.what());
   }
@@ -237,7 +279,10 @@ void Gang::Barrier(const std::string& what) {
   const int64_t seq = Enter(what);
   const auto t0 = Clock::now();
   try {
-    impl_->group->barrier()->wait();
+    // A barrier on the host group: every rank's training thread meets
+    // there, whatever queues the device holds.
+    if (impl_->separate()) ++stats_.host_collectives;
+    impl_->host_group->barrier()->wait(Millis(options_.timeout_s));
   } catch (const std::exception& e) {
     Fail(seq, what, e.what());
   }
@@ -275,7 +320,8 @@ std::shared_ptr<Gang::Pending> Gang::AllreduceAsync(at::Tensor tensor, const std
   p->launched = Clock::now();
   try {
     std::vector<at::Tensor> list{tensor};
-    p->work = impl_->group->allreduce(list);
+    CountGroup(tensor);
+    p->work = impl_->For(tensor).allreduce(list);
     std::shared_ptr<std::atomic<int64_t>> done = p->done_ns;
     p->work->getFuture()->addCallback([done](c10::ivalue::Future&) {
       done->store(
@@ -294,7 +340,7 @@ double Gang::Wait(Pending& p) {
   p.waited = true;
   const auto t0 = Clock::now();
   try {
-    p.work->wait();
+    p.work->wait(Millis(options_.timeout_s));
   } catch (const std::exception& e) {
     Fail(p.seq, p.what, e.what());
   }
@@ -302,6 +348,10 @@ double Gang::Wait(Pending& p) {
   const int64_t done = p.done_ns->load();
   const auto end = done > 0 ? Clock::time_point(std::chrono::nanoseconds(done)) : Clock::now();
   return std::chrono::duration<double>(end - p.launched).count();
+}
+
+void Gang::CountGroup(const at::Tensor& tensor) {
+  if (GroupFor(impl_->separate(), tensor.device()) == GroupKind::kHost) ++stats_.host_collectives;
 }
 
 CollectiveStats Gang::TakeStats() {

@@ -1,7 +1,7 @@
 // Data-parallel training across the ranks of a run (docs/distributed.md):
 // the gang's process group on PyTorch's own c10d (a TCPStore hosted by rank
-// 0, ProcessGroupGloo on the CPU, ProcessGroupNCCL where LibTorch has it
-// and the run trains on CUDA), and the gradient allreduce in buckets that
+// 0, ProcessGroupGloo on the CPU, ProcessGroupNCCL with a Gloo group beside
+// it for host tensors when the run trains on CUDA), and the gradient allreduce in buckets that
 // the last backward pass of a step launches as its gradients become ready.
 //
 // Every collective has a name ("gradient bucket 3/9 of step 17") and a
@@ -34,7 +34,19 @@ struct GangOptions {
   double connect_timeout_s = 120;         // for the store and for the whole gang to join
   std::string backend = "auto";           // auto | gloo | nccl (distributed.backend)
   c10::Device device = c10::Device(c10::DeviceType::CPU);
+  // Gloo only: build the layout of an NCCL gang (a device group and a Gloo
+  // group beside it for host tensors) with Gloo in both places, so the
+  // tests run it without a GPU.
+  bool host_group_beside_device = false;
 };
+
+// Which of a gang's process groups a collective on a tensor goes to. An
+// NCCL gang has two: NCCL for the device's tensors and a Gloo group beside
+// it for host tensors (the control tensor, the loss sums, AllGather, the
+// checkpoint result), which ProcessGroupNCCL rejects. A Gloo gang has one,
+// and everything goes to it (kDevice).
+enum class GroupKind { kDevice, kHost };
+GroupKind GroupFor(bool separate_host_group, const c10::Device& tensor_device);
 
 // A collective that failed: its message names the collective, this rank,
 // the peers that had not reached it or were stuck in it, and the backend's
@@ -56,6 +68,9 @@ struct CollectiveStats {
   int64_t buckets_after_backward = 0;
   double bucket_flight_s = 0;
   int64_t bytes = 0;
+  // Collectives that went to the host group beside the device's (none in
+  // a gang of one group).
+  int64_t host_collectives = 0;
 };
 
 class Gang {
@@ -100,6 +115,7 @@ class Gang {
   int64_t Enter(const std::string& what);
   // The error for collective `seq` `what` that failed with `cause`.
   [[noreturn]] void Fail(int64_t seq, const std::string& what, const std::string& cause);
+  void CountGroup(const at::Tensor& tensor);
 
   GangOptions options_;
   std::string backend_ = "none";

@@ -318,15 +318,20 @@ def _is_oom(e):
     if isinstance(e, MemoryError):
         return True
     torch = sys.modules.get("torch")
-    oom_type = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None) if torch else None
-    if oom_type is not None and isinstance(e, oom_type):
-        return True
+    if torch is not None:
+        # torch 2.x raises torch.OutOfMemoryError (CUDA and CPU); 1.13 had
+        # only torch.cuda.OutOfMemoryError, which 2.x keeps as an alias.
+        for owner in (torch, getattr(torch, "cuda", None)):
+            oom_type = getattr(owner, "OutOfMemoryError", None)
+            if isinstance(oom_type, type) and isinstance(e, oom_type):
+                return True
     return isinstance(e, RuntimeError) and any(m in str(e) for m in _OOM_MESSAGES)
 
 
 class exit_on_oom(contextlib.ContextDecorator):
     """Context manager and decorator: an out-of-memory error inside
-    (torch.cuda.OutOfMemoryError, a RuntimeError saying "out of memory" or
+    (torch.OutOfMemoryError or torch.cuda.OutOfMemoryError, a RuntimeError
+    saying "out of memory" or
     "DefaultCPUAllocator: can't allocate memory", MemoryError) prints its
     traceback, writes the exit file (code 75, reason "oom"), reports the
     exit and ends the process with os._exit(75): CUDA's state after a hard

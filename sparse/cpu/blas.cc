@@ -8,16 +8,21 @@
 #include <mutex>
 #include <cstring>
 
-// Without a system BLAS (TRAINSUP_SYSTEM_BLAS=0: LibTorch wheels bring
-// their own, not exported), Gemm is blas_aten.cc's.
+// Without a system BLAS (TRAINSUP_SYSTEM_BLAS=0), Gemm is blas_aten.cc's.
+// With one, the products go through its CBLAS entry points, never the
+// Fortran sgemm_/dgemm_: the torch wheel's libtorch_cpu exports MKL's
+// sgemm_ and dgemm_ as well, and which of two same-named symbols a call
+// binds to depends on the order the libraries load. It exports no
+// cblas_sgemm or cblas_dgemm, so these name OpenBLAS alone
+// (tests/sparse/blas_test.cc checks where they resolve).
 #if TRAINSUP_SYSTEM_BLAS
 extern "C" {
-void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
-            const float* beta, float* c, const int* ldc);
-void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-            const double* alpha, const double* a, const int* lda, const double* b,
-            const int* ldb, const double* beta, double* c, const int* ldc);
+// CBLAS's enums are ints: CblasRowMajor 101, CblasNoTrans 111, CblasTrans 112.
+void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                 const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc);
+void cblas_dgemm(int order, int trans_a, int trans_b, int m, int n, int k, double alpha,
+                 const double* a, int lda, const double* b, int ldb, double beta, double* c,
+                 int ldc);
 }
 #endif
 
@@ -33,17 +38,15 @@ Fn Lookup(const char* name) {
 
 namespace {
 
-template <typename T>
-using FortranGemm = void (*)(const char*, const char*, const int*, const int*, const int*,
-                             const T*, const T*, const int*, const T*, const int*, const T*, T*,
-                             const int*);
+constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
 
-// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: call the
-// Fortran routine with the operands swapped.
 template <typename T>
-void RowMajorGemm(FortranGemm<T> gemm, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                  int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
-                  int64_t ldc) {
+using CblasGemm = void (*)(int, int, int, int, int, int, T, const T*, int, const T*, int, T, T*,
+                           int);
+
+template <typename T>
+void RowMajorGemm(CblasGemm<T> gemm, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                  const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     // An empty sum: BLAS may reject the call, so scale C here.
@@ -52,13 +55,12 @@ void RowMajorGemm(FortranGemm<T> gemm, bool trans_a, bool trans_b, int64_t m, in
     }
     return;
   }
-  const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
-  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
   const int ilda = static_cast<int>(std::max<int64_t>(1, lda));
   const int ildb = static_cast<int>(std::max<int64_t>(1, ldb));
   const int ildc = static_cast<int>(std::max<int64_t>(1, ldc));
-  const T alpha = T(1);
-  gemm(&tb, &ta, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
+  gemm(kCblasRowMajor, trans_a ? kCblasTrans : kCblasNoTrans, trans_b ? kCblasTrans : kCblasNoTrans,
+       static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), T(1), a, ilda, b, ildb, beta,
+       c, ildc);
 }
 
 }  // namespace
@@ -67,14 +69,14 @@ void RowMajorGemm(FortranGemm<T> gemm, bool trans_a, bool trans_b, int64_t m, in
 template <>
 void Gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  RowMajorGemm<float>(sgemm_, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  RowMajorGemm<float>(cblas_sgemm, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
 template <>
 void Gemm<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const double* a,
                   int64_t lda, const double* b, int64_t ldb, double beta, double* c,
                   int64_t ldc) {
-  RowMajorGemm<double>(dgemm_, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  RowMajorGemm<double>(cblas_dgemm, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 #endif
 
@@ -88,7 +90,7 @@ std::string BlasLibraryPath() {
   return "LibTorch (at::mm; no system BLAS at build time)";
 #else
   Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&sgemm_), &info) != 0 && info.dli_fname != nullptr) {
+  if (dladdr(reinterpret_cast<void*>(&cblas_sgemm), &info) != 0 && info.dli_fname != nullptr) {
     char resolved[4096];
     if (realpath(info.dli_fname, resolved) != nullptr) return resolved;
     return info.dli_fname;

@@ -19,7 +19,7 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* 
 // OpenBLAS's kernel set ("SkylakeX", "Haswell", "Prescott", ...), or
 // "unknown" when the BLAS is not OpenBLAS.
 std::string BlasCoreName();
-// The shared object that provides sgemm_.
+// The shared object that provides cblas_sgemm (the one Gemm calls).
 std::string BlasLibraryPath();
 // OpenBLAS's thread count (-1 if not OpenBLAS).
 int BlasThreads();

@@ -99,7 +99,7 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& kind, 
 std::vector<at::Tensor> OptimizerTensors(torch::optim::Optimizer& opt, TinyNet& net, const std::string& kind) {
   std::vector<at::Tensor> out;
   for (const auto& p : net.parameters()) {
-    auto& st = opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    auto& st = opt.state().at(p.unsafeGetTensorImpl());
     if (kind == "sgd") {
       out.push_back(static_cast<torch::optim::SGDParamState&>(*st).momentum_buffer());
     } else {

@@ -178,18 +178,14 @@ print(torch.__version__, torch.version.cuda or "none", int(torch.cuda.is_availab
   libs=$( (find "$site/nvidia" -maxdepth 2 -type d -name lib 2>/dev/null || true) | paste -sd: -)
   export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   link_flags="-Wl,-rpath-link,${libs:-$cuda_root/lib64}"
-  # LibTorch 2.12 and later want C++20 in code that includes ATen.
-  std=17
-  python3 -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(0 if v >= (2, 12) else 1)" &&
-    std=20
   # LibTorch's CMake sets CMAKE_CUDA_ARCHITECTURES OFF and takes the
   # architectures from TORCH_CUDA_ARCH_LIST: both are given. FindBLAS stays
   # off: the ATen-matmul path (blas_aten.cc) is the one tested without
   # OpenBLAS.
-  cmake_args=(-DCMAKE_PREFIX_PATH="$prefix" -DTRAINSUP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch"
+  cmake_args=(-DTRAINSUP_PYTHON="$(command -v python3)" -DTRAINSUP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch"
               -DTORCH_CUDA_ARCH_LIST="$cap" -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=TRUE
               -DCMAKE_CUDA_COMPILER="$nvcc" -DCUDAToolkit_ROOT="$cuda_root"
-              -DCMAKE_CXX_STANDARD="$std" -DCMAKE_EXE_LINKER_FLAGS="$link_flags")
+              -DCMAKE_EXE_LINKER_FLAGS="$link_flags")
   export TORCH_CUDA_ARCH_LIST="$cap"
   # cuBLAS is deterministic run to run on one stream; this also covers the
   # workspaces of several.
@@ -198,7 +194,7 @@ print(torch.__version__, torch.version.cuda or "none", int(torch.cuda.is_availab
   fact cxx11_abi "$(python3 -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' || true)"
 else
   fact gpu ""
-  fact torch "the LibTorch CMake finds"
+  fact torch "$("${TRAINSUP_VENV:-/opt/trainsup/venv}/bin/python3" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo "the LibTorch CMake finds")"
   cmake_args=(-DTRAINSUP_CUDA=ON)
 fi
 if [[ -f $root/.gpu/googletest/CMakeLists.txt ]]; then

@@ -27,7 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-constexpr char kPython[] = "/usr/bin/python3";
+// The interpreter whose torch the build uses (the venv's: torch 2.x).
+constexpr char kPython[] = TRAINSUP_TEST_PYTHON;
 
 std::string Scripts() { return std::string(TRAINSUP_SOURCE_DIR) + "/tests/integration/scripts"; }
 

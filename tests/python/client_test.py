@@ -123,6 +123,16 @@ class NoOpOutsideTrainsupd(unittest.TestCase):
             f()
             """, clean_env(), self.dir)
         self.assertEqual(r.returncode, 75, r.stderr)
+        # torch 2.x's name and 1.13's, by type (a message without the
+        # words the string match looks for).
+        for name in ("torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError"):
+            r = run_script("""
+                import torch, trainsup
+                with trainsup.exit_on_oom():
+                    raise %s("allocation refused (injected)")
+                """ % name, clean_env(), self.dir)
+            self.assertEqual(r.returncode, 75, name + ": " + r.stderr)
+            self.assertIn("allocation refused", r.stderr)
         # Not an out-of-memory error: passes through.
         r = run_script("""
             import trainsup

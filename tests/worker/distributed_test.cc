@@ -58,6 +58,7 @@ struct RoleArgs {
   int port = 0;
   std::string mode = "eval";  // eval | sync | local (training-mode BatchNorm per rank)
   bool split = false;         // a budget that makes this rank's batch split
+  bool host_group = false;    // an NCCL gang's layout, Gloo in both groups
   std::string out;
 };
 
@@ -113,6 +114,7 @@ int RunRole(const RoleArgs& a) {
   go.master_port = a.port;
   go.timeout_s = 60;
   go.connect_timeout_s = 60;
+  go.host_group_beside_device = a.host_group;
   absl::StatusOr<std::unique_ptr<Gang>> gang = Gang::Join(go);
   if (!gang.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", a.rank, std::string(gang.status().message()).c_str());
@@ -149,8 +151,10 @@ int RunRole(const RoleArgs& a) {
     sparse::SetBatchNormAllreduce(*model, [g](at::Tensor& t) { g->AllreduceSum(t, "sync bn"); });
   }
 
+  (*gang)->TakeStats();
   at::Tensor global = at::tensor({BatchLabelled(batch)});
   (*gang)->AllreduceSum(global, "labelled");
+  const CollectiveStats before = (*gang)->TakeStats();
   DataParallel parallel{&reducer, global.item<int64_t>(), a.mode == "sync" && a.world > 1};
   reducer.BeginStep(&accum, 0);
   (*gang)->TakeStats();
@@ -181,6 +185,8 @@ int RunRole(const RoleArgs& a) {
                       {"buckets", reducer.num_buckets()},
                       {"buckets_in_backward", stats.buckets_in_backward},
                       {"buckets_after_backward", stats.buckets_after_backward},
+                      {"collectives", before.collectives + stats.collectives},
+                      {"host_collectives", before.host_collectives + stats.host_collectives},
                       {"params", static_cast<int64_t>(params.size())}};
   std::ofstream(a.out + ".json") << j.dump() << "\n";
   return 0;
@@ -196,7 +202,8 @@ struct RankResult {
 // Runs a gang of `world` role processes; `split_ranks` get a budget that
 // splits their batch. Returns each rank's result.
 std::vector<RankResult> RunGang(int world, const std::string& mode,
-                                const std::vector<int>& split_ranks = {}) {
+                                const std::vector<int>& split_ranks = {},
+                                bool host_group = false) {
   const std::string dir = ::testing::TempDir() + "/distributed_test_" + std::to_string(getpid());
   fs::create_directories(dir);
   const int port = FreeLoopbackPort();
@@ -210,6 +217,7 @@ std::vector<RankResult> RunGang(int world, const std::string& mode,
         "--port",  std::to_string(port),
         "--mode",  mode,
         "--split", split ? "1" : "0",
+        "--host-group", host_group ? "1" : "0",
         "--out",   dir + "/" + mode + std::to_string(world) + "-" + std::to_string(r)};
     pid_t pid = fork();
     if (pid == 0) {
@@ -325,6 +333,57 @@ TEST(DataParallel, RanksThatSplitDifferentlyStillGiveTheUnsplitStep) {
   ExpectSameGradient(one, two, /*with_running_stats=*/false);
 }
 
+// An NCCL gang's layout: the device's group and a Gloo group beside it
+// for host tensors, which ProcessGroupNCCL rejects. Here Gloo stands in for
+// NCCL, so the step runs with every tensor on the host: each collective
+// goes to the host group, and the step is still the one-rank step (BN
+// statistics and gradient buckets included). Which group a CUDA tensor
+// takes is GroupFor's, below; NCCL itself is the one part no test runs.
+TEST(DataParallel, AHostGroupBesideTheDeviceGroupGivesTheSameStep) {
+  std::vector<RankResult> one = RunGang(1, "sync");
+  std::vector<RankResult> two = RunGang(2, "sync", {}, /*host_group=*/true);
+  ExpectSameGradient(one, two, /*with_running_stats=*/true);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_GT(two[r].stats.value("collectives", 0), 2);
+    EXPECT_EQ(two[r].stats.value("host_collectives", -1), two[r].stats.value("collectives", 0))
+        << "every tensor here is a host tensor";
+  }
+  // A gang of one group counts none apart.
+  std::vector<RankResult> plain = RunGang(2, "eval");
+  ASSERT_EQ(plain.size(), 2u);
+  EXPECT_EQ(plain[0].stats.value("host_collectives", -1), 0);
+}
+
+// The GradientReducer's hooks on the parameters must see each gradient as
+// backward makes it. LibTorch 1.13 fired no leaf hook under
+// torch::autograd::grad, which is why the step's backward pass writes
+// .grad (loss.backward()); 2.15 fires them under both (docs/distributed.md).
+TEST(LibTorchAutograd, LeafHooksFireUnderBackwardAndUnderAutogradGrad) {
+  at::Tensor x = torch::ones({3}, torch::requires_grad());
+  at::Tensor w = torch::full({3}, 2.0, torch::requires_grad());
+  int fired = 0;
+  at::Tensor seen;
+  x.register_hook([&](const at::Tensor& g) {
+    ++fired;
+    seen = g.clone();
+  });
+  torch::autograd::grad({(x * w).sum()}, {x, w});
+  EXPECT_EQ(fired, 1) << "under torch::autograd::grad";
+  ASSERT_TRUE(seen.defined());
+  EXPECT_TRUE(seen.equal(torch::full({3}, 2.0)));
+  (x * w).sum().backward();
+  EXPECT_EQ(fired, 2) << "under backward()";
+}
+
+TEST(GroupFor, HostTensorsGoBesideNcclDeviceTensorsStay) {
+  const c10::Device cpu(c10::DeviceType::CPU), cuda(c10::DeviceType::CUDA, 0);
+  EXPECT_EQ(GroupFor(/*separate_host_group=*/true, cpu), GroupKind::kHost);
+  EXPECT_EQ(GroupFor(true, cuda), GroupKind::kDevice);
+  EXPECT_EQ(GroupFor(false, cpu), GroupKind::kDevice) << "one group: everything goes to it";
+  EXPECT_EQ(GroupFor(false, cuda), GroupKind::kDevice);
+}
+
 TEST(EpochShard, RanksTogetherVisitWhatOneRankWithTheirBatchesVisits) {
   const int64_t n = 23;
   for (int world : {1, 2, 3, 4}) {
@@ -377,6 +436,7 @@ int main(int argc, char** argv) {
       if (k == "--port") a.port = std::atoi(v.c_str());
       if (k == "--mode") a.mode = v;
       if (k == "--split") a.split = v == "1";
+      if (k == "--host-group") a.host_group = v == "1";
       if (k == "--out") a.out = v;
     }
     try {

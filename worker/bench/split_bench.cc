@@ -75,7 +75,7 @@ std::vector<at::Tensor> LiveState(ts::MinkUNetImpl& model, torch::optim::SGD& sg
   std::vector<at::Tensor> live = model.parameters();
   for (const at::Tensor& t : model.buffers()) live.push_back(t);
   for (const at::Tensor& p : model.parameters()) {
-    auto& state = sgd.state().at(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    auto& state = sgd.state().at(p.unsafeGetTensorImpl());
     live.push_back(static_cast<torch::optim::SGDParamState&>(*state).momentum_buffer());
   }
   return live;

@@ -1,0 +1,122 @@
+# Finds the one LibTorch the build uses and settles its link hazards
+# (docs/building.md, "Which LibTorch"). Included once, from the top-level
+# CMakeLists.txt, after Protobuf and gRPC have been found.
+#
+# Where LibTorch comes from, first match wins:
+#   TRAINSUP_TORCH_DIR  a LibTorch root: an unzipped LibTorch, or a wheel's
+#                       site-packages/torch;
+#   TRAINSUP_PYTHON     a python interpreter: its `torch` package (default:
+#                       the set-up script's virtual environment,
+#                       /opt/trainsup/venv/bin/python3).
+#
+# What it settles:
+#   - CUDA runtime libraries: the ones next to that LibTorch (the wheel's
+#     nvidia/*/lib, a LibTorch zip's lib/), never an older copy of the
+#     toolkit's, so CUDA::cudart points there; nvrtc is dropped from what our
+#     targets link (libtorch_cuda loads its own through its RPATH).
+#   - OpenMP: our -fopenmp code links the libgomp that LibTorch ships, so a
+#     process holds one OpenMP runtime.
+#   - GPU architectures: TORCH_CUDA_ARCH_LIST (LibTorch's own variable) gets a
+#     fixed default, since the build machine may have no GPU to detect.
+# It sets TRAINSUP_TORCH_ROOT, TRAINSUP_TORCH_VERSION and TRAINSUP_HAVE_CUDA.
+
+set(TRAINSUP_VENV "/opt/trainsup/venv" CACHE PATH
+    "The virtual environment deploy/bootstrap.sh installs torch into")
+set(TRAINSUP_TORCH_DIR "" CACHE PATH
+    "A LibTorch root (unzipped LibTorch, or site-packages/torch); overrides TRAINSUP_PYTHON")
+set(TRAINSUP_PYTHON "" CACHE FILEPATH
+    "Python interpreter whose torch the build uses (default: TRAINSUP_VENV's)")
+if(NOT TRAINSUP_PYTHON)
+  if(EXISTS "${TRAINSUP_VENV}/bin/python3")
+    set(TRAINSUP_PYTHON "${TRAINSUP_VENV}/bin/python3" CACHE FILEPATH "" FORCE)
+  else()
+    find_program(TRAINSUP_PYTHON_ON_PATH python3)
+    set(TRAINSUP_PYTHON "${TRAINSUP_PYTHON_ON_PATH}" CACHE FILEPATH "" FORCE)
+  endif()
+endif()
+
+if(TRAINSUP_TORCH_DIR)
+  set(TRAINSUP_TORCH_ROOT "${TRAINSUP_TORCH_DIR}")
+else()
+  execute_process(
+    COMMAND "${TRAINSUP_PYTHON}" -c "import os, torch; print(os.path.dirname(torch.__file__))"
+    OUTPUT_VARIABLE TRAINSUP_TORCH_ROOT OUTPUT_STRIP_TRAILING_WHITESPACE
+    RESULT_VARIABLE torch_found ERROR_VARIABLE torch_error)
+  if(NOT torch_found EQUAL 0)
+    message(FATAL_ERROR "trainsup: no LibTorch. ${TRAINSUP_PYTHON} cannot import torch "
+      "(${torch_error}). Run deploy/bootstrap.sh (it installs the pinned torch into "
+      "${TRAINSUP_VENV}), or pass -DTRAINSUP_PYTHON=/path/to/python3 or "
+      "-DTRAINSUP_TORCH_DIR=/path/to/libtorch (docs/building.md).")
+  endif()
+endif()
+if(NOT EXISTS "${TRAINSUP_TORCH_ROOT}/share/cmake/Torch/TorchConfig.cmake")
+  message(FATAL_ERROR "trainsup: ${TRAINSUP_TORCH_ROOT} is not a LibTorch root "
+    "(no share/cmake/Torch/TorchConfig.cmake)")
+endif()
+# The root first, so TorchConfig's find_library calls take its lib/ before
+# any LibTorch installed under /usr.
+list(PREPEND CMAKE_PREFIX_PATH "${TRAINSUP_TORCH_ROOT}")
+set(Torch_DIR "${TRAINSUP_TORCH_ROOT}/share/cmake/Torch" CACHE PATH "" FORCE)
+
+# The shared libraries that ship with this LibTorch: a wheel's come in
+# site-packages/nvidia/*/lib, a LibTorch zip's in its own lib/.
+file(GLOB trainsup_torch_lib_dirs LIST_DIRECTORIES true
+  "${TRAINSUP_TORCH_ROOT}/lib" "${TRAINSUP_TORCH_ROOT}/../nvidia/*/lib")
+
+# Every GPU generation CUDA 13 builds for, and PTX of the newest for the
+# ones after it. LibTorch's CMake reads TORCH_CUDA_ARCH_LIST and ignores
+# CMAKE_CUDA_ARCHITECTURES.
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX")
+endif()
+if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+  set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+endif()
+
+find_package(Torch REQUIRED)
+set(TRAINSUP_TORCH_VERSION "${Torch_VERSION}")
+# The wheel's MKL is inside libtorch_cpu; its CMake still names MKL's
+# folders under an empty prefix (/lib/intel64, ...), which would land on
+# every RUNPATH.
+if(TARGET caffe2::mkl)
+  set_property(TARGET caffe2::mkl PROPERTY INTERFACE_LINK_DIRECTORIES "")
+endif()
+if(TRAINSUP_TORCH_VERSION VERSION_LESS 2.4)
+  message(FATAL_ERROR "trainsup: LibTorch ${TRAINSUP_TORCH_VERSION} at ${TRAINSUP_TORCH_ROOT} "
+    "is older than 2.4, the oldest this code supports (docs/building.md)")
+endif()
+
+set(TRAINSUP_HAVE_CUDA OFF)
+if(TRAINSUP_CUDA AND (TORCH_CUDA_LIBRARIES OR CAFFE2_USE_CUDA))
+  enable_language(CUDA)
+  set(TRAINSUP_HAVE_CUDA ON)
+  # Our targets do not call nvrtc; linking the toolkit's would load it
+  # before libtorch_cuda's own.
+  list(FILTER TORCH_LIBRARIES EXCLUDE REGEX "nvrtc")
+  find_library(TRAINSUP_TORCH_CUDART NAMES libcudart.so.13 libcudart.so.12 cudart
+    PATHS ${trainsup_torch_lib_dirs} NO_DEFAULT_PATH)
+  if(TRAINSUP_TORCH_CUDART AND TARGET CUDA::cudart)
+    set_target_properties(CUDA::cudart PROPERTIES IMPORTED_LOCATION "${TRAINSUP_TORCH_CUDART}")
+  elseif(NOT TRAINSUP_TORCH_CUDART)
+    message(STATUS "trainsup: no CUDA runtime next to LibTorch; the toolkit's is linked")
+  endif()
+  # nccl.h for ProcessGroupNCCL.hpp: the one LibTorch was built with (its
+  # Options hold an ncclConfig_t by value), before the toolkit's.
+  find_path(TRAINSUP_NCCL_INCLUDE_DIR nccl.h
+    PATHS "${TRAINSUP_TORCH_ROOT}/../nvidia/nccl/include" "${TRAINSUP_TORCH_ROOT}/include"
+    NO_DEFAULT_PATH)
+  find_path(TRAINSUP_NCCL_INCLUDE_DIR nccl.h PATHS /usr/local/cuda/include)
+endif()
+
+# One OpenMP runtime: the libgomp LibTorch ships, where it ships one.
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_library(TRAINSUP_TORCH_GOMP NAMES libgomp.so.1 PATHS "${TRAINSUP_TORCH_ROOT}/lib"
+  NO_DEFAULT_PATH)
+if(TRAINSUP_TORCH_GOMP)
+  set_target_properties(OpenMP::OpenMP_CXX PROPERTIES
+    INTERFACE_LINK_LIBRARIES "${TRAINSUP_TORCH_GOMP};Threads::Threads")
+endif()
+
+message(STATUS "trainsup: LibTorch ${TRAINSUP_TORCH_VERSION} at ${TRAINSUP_TORCH_ROOT}, "
+  "CUDA backend: ${TRAINSUP_HAVE_CUDA}, CUDA runtime: ${TRAINSUP_TORCH_CUDART}, "
+  "OpenMP: ${TRAINSUP_TORCH_GOMP}")
