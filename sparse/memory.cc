@@ -134,16 +134,14 @@ void Release(void* data) {
   delete a;
 }
 
-// LibTorch 2.3 made c10::Allocator::allocate non-const and added a pure
-// virtual copy_data: this class has both allocate overloads and copy_data,
-// without `override`, so it implements the interface of either version.
+// The interface of LibTorch 2.3 and later (allocate non-const, a pure
+// virtual copy_data); 1.13's const allocate overload is gone with 1.13.
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
 
-  c10::DataPtr allocate(size_t n) const { return Allocate(n); }
-  c10::DataPtr allocate(size_t n) { return Allocate(n); }
-  void copy_data(void* dest, const void* src, std::size_t count) const {
+  c10::DataPtr allocate(size_t n) override { return Allocate(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
 

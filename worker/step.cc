@@ -67,9 +67,11 @@ c10::Device ParamsDevice(const std::vector<at::Tensor>& params) {
 // Forward and backward on one group: `weight` times the gradient of its
 // mean loss is added to `accum` only when the whole group succeeded, so an
 // OOM half-way leaves no trace; the loss, hits and labelled voxels are
-// added to `outcome`. The backward pass writes the parameters' .grad
-// (cleared before and after) so that a data-parallel reducer's hooks see
-// each gradient as it is made: when the group completes the rank's batch
+// added to `outcome`. The gradients come from torch::autograd::grad, so
+// no parameter's .grad is written; a data-parallel reducer's hooks on the
+// parameters see each gradient as backward makes it (LibTorch 1.13 fired
+// no leaf hook under autograd::grad, and this step wrote .grad through
+// backward() instead; 2.x fires them): when the group completes the rank's batch
 // (`remaining_labelled`, the labelled voxels not trained yet, equals the
 // group's), `reducer` takes the gradients (sealing them) and launches their
 // allreduce during backward; sealed gradients are never added again.
@@ -82,16 +84,13 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
                                      at::ScalarType dtype, double height, c10::Device device,
                                      StepOutcome* outcome, GradientReducer* reducer = nullptr,
                                      int64_t remaining_labelled = -1) {
-  struct ClearGrads {
-    const std::vector<at::Tensor>& params;
+  struct DisarmAtExit {
     GradientReducer* reducer;
-    ~ClearGrads() {
+    ~DisarmAtExit() {
       if (reducer != nullptr) reducer->Disarm();
-      for (const at::Tensor& p : params) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
     }
-  } clear{params, reducer};
+  } disarm{reducer};
   try {
-    for (const at::Tensor& p : params) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
     sparse::ResetPeakMemory(device);
     GroupTensors t = Assemble(batch, group, channels, dtype, height, device);
     sparse::SparseTensor out = model.forward(t.input);
@@ -103,12 +102,14 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
     if (reducer != nullptr && t.labelled > 0 && t.labelled == remaining_labelled) {
       reducer->ArmFinalBackward();
     }
-    scaled.backward();
+    const std::vector<at::Tensor> grads = torch::autograd::grad(
+        {scaled}, params, /*grad_outputs=*/{}, /*retain_graph=*/false, /*create_graph=*/false,
+        /*allow_unused=*/true);
     if (reducer != nullptr) reducer->Disarm();
     {
       at::NoGradGuard no_grad;
       for (size_t i = 0; i < params.size(); ++i) {
-        const at::Tensor& g = params[i].grad();
+        const at::Tensor& g = grads[i];
         if (g.defined() && (reducer == nullptr || !reducer->Sealed(i))) accum[i].add_(g);
       }
     }
