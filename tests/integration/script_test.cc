@@ -42,8 +42,15 @@ bool PythonReady() {
   return ready;
 }
 
+// Every test here runs real python3 scripts that import torch: allowed, and
+// with the start-up grace the real worker gets (daemon_harness.h). The
+// torch 2.15 wheel takes 4 s of CPU to import (12 s of wall time measured
+// on a loaded 2-core box), and the harness's default grace of 10 s before
+// the first progress then declared a DDP gang hung before its first step.
+// The hang test still hangs after progress has started (progress timeout).
 void AllowPython(DaemonHarness& h) {
   h.Set("commands.allowed_programs", std::string("[\"") + kPython + "\"]");
+  h.Set("progress.startup_grace_s", "60");
 }
 
 // A [command] spec running `script` with `env` (TOML inline-table body).
