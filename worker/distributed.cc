@@ -147,8 +147,8 @@ absl::StatusOr<std::unique_ptr<Gang>> Gang::Join(const GangOptions& o) {
                                 : c10d::ProcessGroupGloo::createDefaultDevice());
       go->threads = 1;
       return c10::make_intrusive<c10d::ProcessGroupGloo>(
-          c10::make_intrusive<c10d::PrefixStore>(prefix, gang->impl_->store), o.rank,
-          o.world_size, go);
+          c10::make_intrusive<c10d::PrefixStore>(prefix, gang->impl_->store), o.rank, o.world_size,
+          go);
     };
     if (backend == "gloo" && !o.host_group_beside_device) {
       gang->impl_->device_group = gloo("gloo");
@@ -170,8 +170,8 @@ absl::StatusOr<std::unique_ptr<Gang>> Gang::Join(const GangOptions& o) {
       auto no = c10d::ProcessGroupNCCL::Options::create();
       no->timeout = Millis(o.timeout_s);
       gang->impl_->device_group = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-          c10::make_intrusive<c10d::PrefixStore>("nccl", gang->impl_->store), o.rank,
-          o.world_size, no);
+          c10::make_intrusive<c10d::PrefixStore>("nccl", gang->impl_->store), o.rank, o.world_size,
+          no);
       // The control tensor, the loss sums, AllGather and the checkpoint
       // result are host tensors, which ProcessGroupNCCL rejects.
       gang->impl_->host_group = gloo("host");

@@ -202,8 +202,7 @@ struct RankResult {
 // Runs a gang of `world` role processes; `split_ranks` get a budget that
 // splits their batch. Returns each rank's result.
 std::vector<RankResult> RunGang(int world, const std::string& mode,
-                                const std::vector<int>& split_ranks = {},
-                                bool host_group = false) {
+                                const std::vector<int>& split_ranks = {}, bool host_group = false) {
   const std::string dir = ::testing::TempDir() + "/distributed_test_" + std::to_string(getpid());
   fs::create_directories(dir);
   const int port = FreeLoopbackPort();
@@ -211,14 +210,14 @@ std::vector<RankResult> RunGang(int world, const std::string& mode,
   for (int r = 0; r < world; ++r) {
     const bool split = std::find(split_ranks.begin(), split_ranks.end(), r) != split_ranks.end();
     std::vector<std::string> args = {
-        g_self,    "--rank-role",
-        "--rank",  std::to_string(r),
-        "--world", std::to_string(world),
-        "--port",  std::to_string(port),
-        "--mode",  mode,
-        "--split", split ? "1" : "0",
+        g_self,         "--rank-role",
+        "--rank",       std::to_string(r),
+        "--world",      std::to_string(world),
+        "--port",       std::to_string(port),
+        "--mode",       mode,
+        "--split",      split ? "1" : "0",
         "--host-group", host_group ? "1" : "0",
-        "--out",   dir + "/" + mode + std::to_string(world) + "-" + std::to_string(r)};
+        "--out",        dir + "/" + mode + std::to_string(world) + "-" + std::to_string(r)};
     pid_t pid = fork();
     if (pid == 0) {
       std::vector<char*> argv;

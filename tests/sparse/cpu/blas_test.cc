@@ -3,13 +3,13 @@
 // entry point resolves into it. The torch wheel's libtorch_cpu exports MKL's
 // Fortran sgemm_/dgemm_ too, so a product bound by those names could land in
 // either library depending on load order (docs/building.md, "Link hazards").
+#include "sparse/cpu/blas.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 #include <string>
 #include <vector>
-
-#include "sparse/cpu/blas.h"
 
 namespace trainsup::sparse {
 namespace {
@@ -39,8 +39,8 @@ void CheckAgainstLoop(bool trans_a, bool trans_b) {
   }
   Gemm<T>(trans_a, trans_b, m, n, k, a.data(), lda, b.data(), ldb, beta, c.data(), n);
   for (int64_t i = 0; i < m * n; ++i) {
-    EXPECT_NEAR(c[i], expected[i], 1e-4) << "element " << i << ", trans_a " << trans_a
-                                         << ", trans_b " << trans_b;
+    EXPECT_NEAR(c[i], expected[i], 1e-4)
+        << "element " << i << ", trans_a " << trans_a << ", trans_b " << trans_b;
   }
 }
 
