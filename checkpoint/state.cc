@@ -51,7 +51,8 @@ std::string TrainerJson(const TrainerState& t) {
 
 absl::StatusOr<TrainerState> ParseTrainer(const std::string& text) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return absl::DataLossError("trainer.json is not a JSON object");
+  if (j.is_discarded() || !j.is_object())
+    return absl::DataLossError("trainer.json is not a JSON object");
   TrainerState t;
   for (const char* k : {"step", "epoch", "cursor"}) {
     if (!j.contains(k) || !j[k].is_number_integer()) {
@@ -172,11 +173,13 @@ absl::StatusOr<StateSnapshot> Snapshot(const torch::nn::Module& model,
       if (*kind == OptimizerKind::kSgd) {
         const auto& st = static_cast<const torch::optim::SGDParamState&>(*it->second);
         if (st.momentum_buffer().defined()) {
-          s.optimizer.emplace_back(prefix + "momentum_buffer", HostCopy(st.momentum_buffer(), copy));
+          s.optimizer.emplace_back(prefix + "momentum_buffer",
+                                   HostCopy(st.momentum_buffer(), copy));
         }
       } else {
         const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-        s.optimizer.emplace_back(prefix + "step", at::tensor(std::vector<int64_t>{st.step()}, at::kLong));
+        s.optimizer.emplace_back(prefix + "step",
+                                 at::tensor(std::vector<int64_t>{st.step()}, at::kLong));
         s.optimizer.emplace_back(prefix + "exp_avg", HostCopy(st.exp_avg(), copy));
         s.optimizer.emplace_back(prefix + "exp_avg_sq", HostCopy(st.exp_avg_sq(), copy));
         if (st.max_exp_avg_sq().defined()) {
@@ -244,17 +247,20 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
     expected.insert(name);
     auto it = weights->tensors.find(name);
     if (it == weights->tensors.end()) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint has no tensor '", name, "' that the model needs"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint has no tensor '", name, "' that the model needs"));
     }
     if (it->second.sizes() != t.sizes() || it->second.scalar_type() != t.scalar_type()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "tensor '", name, "': checkpoint has ", c10::toString(it->second.scalar_type()), " ",
-          c10::str(it->second.sizes()), ", the model ", c10::toString(t.scalar_type()), " ", c10::str(t.sizes())));
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor '", name, "': checkpoint has ",
+                       c10::toString(it->second.scalar_type()), " ", c10::str(it->second.sizes()),
+                       ", the model ", c10::toString(t.scalar_type()), " ", c10::str(t.sizes())));
     }
   }
   for (const auto& [name, t] : weights->tensors) {
     if (!expected.count(name)) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint tensor '", name, "' is not in the model"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint tensor '", name, "' is not in the model"));
     }
   }
   auto kind_it = opt->metadata.find("optimizer");
@@ -264,15 +270,19 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
         "', the trainer's is '", KindName(*kind), "'"));
   }
   nlohmann::json groups = nlohmann::json::parse(opt->metadata["param_groups"], nullptr, false);
-  if (groups.is_discarded() || !groups.is_array() || groups.size() != optimizer.param_groups().size()) {
-    return absl::FailedPreconditionError("checkpoint optimizer has a different number of parameter groups");
+  if (groups.is_discarded() || !groups.is_array() ||
+      groups.size() != optimizer.param_groups().size()) {
+    return absl::FailedPreconditionError(
+        "checkpoint optimizer has a different number of parameter groups");
   }
   std::vector<at::Tensor> params;
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& group = optimizer.param_groups()[g];
-    if (!groups[g].is_object() || !groups[g].contains("params") || !groups[g]["params"].is_number_unsigned() ||
+    if (!groups[g].is_object() || !groups[g].contains("params") ||
+        !groups[g]["params"].is_number_unsigned() ||
         groups[g]["params"].get<size_t>() != group.params().size()) {
-      return absl::FailedPreconditionError(absl::StrCat("optimizer group ", g, " has another parameter count"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("optimizer group ", g, " has another parameter count"));
     }
     for (const auto& p : group.params()) params.push_back(p);
   }
@@ -286,10 +296,11 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
       return absl::OkStatus();
     }
     used.insert(key);
-    if (like.defined() && (it->second.sizes() != like.sizes() || it->second.scalar_type() != like.scalar_type())) {
-      return absl::FailedPreconditionError(absl::StrCat("optimizer tensor '", key, "' has shape ",
-                                                        c10::str(it->second.sizes()), ", the parameter ",
-                                                        c10::str(like.sizes())));
+    if (like.defined() &&
+        (it->second.sizes() != like.sizes() || it->second.scalar_type() != like.scalar_type())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("optimizer tensor '", key, "' has shape ", c10::str(it->second.sizes()),
+                       ", the parameter ", c10::str(like.sizes())));
     }
     *out = it->second;
     return absl::OkStatus();
@@ -308,14 +319,16 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
       s = state_tensor(i, "step", at::Tensor(), &step);
       if (s.ok() && step.defined()) {
         if (step.numel() != 1 || step.scalar_type() != at::kLong) {
-          return absl::FailedPreconditionError(absl::StrCat("optimizer tensor 'param.", i, ".step' is not one int64"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("optimizer tensor 'param.", i, ".step' is not one int64"));
         }
         loaded[i].step = step.item<int64_t>();
         s = state_tensor(i, "exp_avg", params[i], &loaded[i].a);
         if (s.ok()) s = state_tensor(i, "exp_avg_sq", params[i], &loaded[i].b);
         if (s.ok()) s = state_tensor(i, "max_exp_avg_sq", params[i], &loaded[i].c);
         if (s.ok() && (!loaded[i].a.defined() || !loaded[i].b.defined())) {
-          return absl::FailedPreconditionError(absl::StrCat("optimizer state of parameter ", i, " is incomplete"));
+          return absl::FailedPreconditionError(
+              absl::StrCat("optimizer state of parameter ", i, " is incomplete"));
         }
       }
     }
@@ -323,7 +336,8 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
   }
   for (const auto& [name, t] : opt->tensors) {
     if (!used.count(name)) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint optimizer tensor '", name, "' matches no parameter"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint optimizer tensor '", name, "' matches no parameter"));
     }
   }
   absl::StatusOr<at::Tensor> checked_rng = CheckedGeneratorState(parsed_trainer->cpu_rng_state);
@@ -336,7 +350,8 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
   // Apply.
   {
     torch::NoGradGuard no_grad;
-    for (const auto& [name, t] : targets) const_cast<at::Tensor&>(t).copy_(weights->tensors.at(name));
+    for (const auto& [name, t] : targets)
+      const_cast<at::Tensor&>(t).copy_(weights->tensors.at(name));
   }
   optimizer.state().clear();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -419,7 +434,8 @@ void AsyncCheckpointer::Run() {
     } catch (const std::exception& e) {
       s = absl::InternalError(absl::StrCat("checkpoint writer: ", e.what()));
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     job.reset();
     lock.lock();
     last_status_ = s;

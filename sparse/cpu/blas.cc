@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
 #include <cstring>
+#include <mutex>
 
 // Without a system BLAS (TRAINSUP_SYSTEM_BLAS=0), Gemm is blas_aten.cc's.
 // With one, the products go through its CBLAS entry points, never the
@@ -74,8 +74,7 @@ void Gemm<float>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, co
 
 template <>
 void Gemm<double>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const double* a,
-                  int64_t lda, const double* b, int64_t ldb, double beta, double* c,
-                  int64_t ldc) {
+                  int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
   RowMajorGemm<double>(cblas_dgemm, trans_a, trans_b, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 #endif

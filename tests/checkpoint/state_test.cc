@@ -40,7 +40,8 @@ struct TinyNet : torch::nn::Module {
     rv = register_buffer("enc_bn_running_var", torch::ones({8}));
     w2 = register_parameter("down_weight", torch::randn({8, 8, 8}) * 0.2);
     w3 = register_parameter("up_weight", torch::randn({8, 8, 8}) * 0.2);
-    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(16, classes).bias(false)));
+    head = register_module("head",
+                           torch::nn::Linear(torch::nn::LinearOptions(16, classes).bias(false)));
   }
   at::Tensor forward(const sp::SparseTensor& x) {
     sp::SparseTensor a = sp::Relu(sp::BatchNorm(sp::Conv(x, w1, {}, {3, 1, 1}), bn_w, bn_b, rm, rv,
@@ -68,8 +69,8 @@ std::pair<sp::SparseTensor, at::Tensor> Batch(std::mt19937_64& data_rng) {
   return {sp::SparseTensor(q.features, coords), q.labels};
 }
 
-void Train(TinyNet& net, torch::optim::Optimizer& opt, TrainerState& state, std::mt19937_64& data_rng,
-           int64_t until) {
+void Train(TinyNet& net, torch::optim::Optimizer& opt, TrainerState& state,
+           std::mt19937_64& data_rng, int64_t until) {
   net.train();
   while (state.step < until) {
     auto [x, labels] = Batch(data_rng);
@@ -90,13 +91,14 @@ std::string RngString(const std::mt19937_64& rng) {
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& kind, TinyNet& net) {
   if (kind == "sgd") {
-    return std::make_unique<torch::optim::SGD>(net.parameters(),
-                                               torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
+    return std::make_unique<torch::optim::SGD>(
+        net.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
   }
   return std::make_unique<torch::optim::AdamW>(net.parameters(), torch::optim::AdamWOptions(1e-2));
 }
 
-std::vector<at::Tensor> OptimizerTensors(torch::optim::Optimizer& opt, TinyNet& net, const std::string& kind) {
+std::vector<at::Tensor> OptimizerTensors(torch::optim::Optimizer& opt, TinyNet& net,
+                                         const std::string& kind) {
   std::vector<at::Tensor> out;
   for (const auto& p : net.parameters()) {
     auto& st = opt.state().at(p.unsafeGetTensorImpl());
@@ -160,13 +162,15 @@ TEST(ExactResume, SaveAndFreshReloadEveryFewStepsEndsBitForBitEqual) {
     for (const auto& p : ba) EXPECT_TRUE(at::equal(p.value(), bb[p.key()])) << p.key();
     auto oa = OptimizerTensors(*opt_a, a, kind), ob = OptimizerTensors(*opt_b, *b, kind);
     ASSERT_EQ(oa.size(), ob.size());
-    for (size_t i = 0; i < oa.size(); ++i) EXPECT_TRUE(at::equal(oa[i], ob[i])) << "optimizer tensor " << i;
+    for (size_t i = 0; i < oa.size(); ++i)
+      EXPECT_TRUE(at::equal(oa[i], ob[i])) << "optimizer tensor " << i;
     FileSystem::Default()->DeleteTree(dir).IgnoreError();
   }
 }
 
 TEST(Safetensors, WritesTheDocumentedFormat) {
-  NamedTensors tensors = {{"b", at::arange(6, at::kFloat).view({2, 3})}, {"a", at::tensor({7, 8}, at::kLong)}};
+  NamedTensors tensors = {{"b", at::arange(6, at::kFloat).view({2, 3})},
+                          {"a", at::tensor({7, 8}, at::kLong)}};
   std::string bytes;
   ASSERT_TRUE(WriteSafetensors(tensors, {{"k", "v"}}, [&](std::string_view d) {
                 bytes.append(d);
@@ -204,9 +208,12 @@ TEST(Safetensors, WritesTheDocumentedFormat) {
   auto bad = ReadSafetensors(FileSystem::Default(), dir + "/bad.safetensors");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(std::string(bad.status().message()).find("header length"), std::string::npos);
-  ASSERT_TRUE(FileSystem::Default()->WriteSmallFile(dir + "/short.safetensors", bytes.substr(0, bytes.size() - 4)).ok());
+  ASSERT_TRUE(FileSystem::Default()
+                  ->WriteSmallFile(dir + "/short.safetensors", bytes.substr(0, bytes.size() - 4))
+                  .ok());
   auto truncated = ReadSafetensors(FileSystem::Default(), dir + "/short.safetensors");
-  EXPECT_NE(std::string(truncated.status().message()).find("'a'"), std::string::npos) << truncated.status();
+  EXPECT_NE(std::string(truncated.status().message()).find("'a'"), std::string::npos)
+      << truncated.status();
   // Hostile headers: overlapping ranges, and a shape whose size overflows.
   auto hostile = [&](const std::string& json_header) {
     std::string h = json_header;
@@ -220,8 +227,8 @@ TEST(Safetensors, WritesTheDocumentedFormat) {
   absl::Status overlap = hostile(R"({"a": {"dtype": "U8", "shape": [64], "data_offsets": [0, 64]},
                                     "b": {"dtype": "U8", "shape": [64], "data_offsets": [0, 64]}})");
   EXPECT_NE(std::string(overlap.message()).find("overlap"), std::string::npos) << overlap;
-  absl::Status overflow =
-      hostile(R"({"a": {"dtype": "U8", "shape": [4611686018427387905, 4], "data_offsets": [0, 4]}})");
+  absl::Status overflow = hostile(
+      R"({"a": {"dtype": "U8", "shape": [4611686018427387905, 4], "data_offsets": [0, 4]}})");
   EXPECT_EQ(overflow.code(), absl::StatusCode::kDataLoss) << overflow;
   FileSystem::Default()->DeleteTree(dir).IgnoreError();
 }
@@ -256,7 +263,8 @@ struct OtherNet : torch::nn::Module {
     register_buffer("enc_bn_running_var", torch::zeros({8}));
     register_parameter("down_weight", torch::zeros({8, 8, 8}));
     register_parameter("up_weight", torch::zeros({8, 8, 8}));
-    auto head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(16, head_cols).bias(false)));
+    auto head = register_module(
+        "head", torch::nn::Linear(torch::nn::LinearOptions(16, head_cols).bias(false)));
     torch::NoGradGuard no_grad;
     head->weight.zero_();
     if (extra) register_parameter("extra_weight", torch::zeros({2}));
@@ -289,7 +297,8 @@ TEST(LoadState, AMismatchNamesTheKeyAndLoadsNothing) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_NE(std::string(s.message()).find(c.key), std::string::npos) << s;
     // Nothing loaded half-way: every tensor is still zero.
-    for (const auto& p : other.named_parameters()) EXPECT_EQ(p.value().abs().sum().item<float>(), 0.0f) << p.key();
+    for (const auto& p : other.named_parameters())
+      EXPECT_EQ(p.value().abs().sum().item<float>(), 0.0f) << p.key();
     EXPECT_EQ(loaded.step, 0);
   }
   torch::optim::AdamW adamw(net.parameters());

@@ -92,8 +92,8 @@ TEST(CommandRun, ClientScriptCrashesResumesFromItsCheckpointAndEndsAsAnUninterru
   ASSERT_EQ(ref.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ref) << RankLog(ref, 1, 0);
   ASSERT_EQ(ref.attempts_size(), 1);
 
-  const std::string id = h.Submit(ScriptSpec(
-      "crashes", "train_small.py", true, common + ", CRASH_AT_STEP = \"12\"", 1, 30));
+  const std::string id = h.Submit(
+      ScriptSpec("crashes", "train_small.py", true, common + ", CRASH_AT_STEP = \"12\"", 1, 30));
   v1::Run run;
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
@@ -111,8 +111,8 @@ TEST(CommandRun, ScriptWithoutTheClientIsSupervisedByItsExitCode) {
   DaemonHarness h;
   AllowPython(h);
   ASSERT_TRUE(h.Start());
-  const std::string id = h.Submit(ScriptSpec("plain", "train_small.py", false,
-                                             "STEPS = \"12\", CRASH_AT_STEP = \"5\""));
+  const std::string id = h.Submit(
+      ScriptSpec("plain", "train_small.py", false, "STEPS = \"12\", CRASH_AT_STEP = \"5\""));
   v1::Run run;
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
@@ -129,9 +129,9 @@ TEST(CommandRun, HungScriptGetsPythonStacksInItsLogAndIsRelaunched) {
   AllowPython(h);
   h.Set("progress.fixed_timeout_s", "3");
   ASSERT_TRUE(h.Start());
-  const std::string id = h.Submit(ScriptSpec(
-      "hangs", "train_small.py", true, "USE_CLIENT = \"1\", STEPS = \"12\", HANG_AT_STEP = \"6\"",
-      1, 12));
+  const std::string id =
+      h.Submit(ScriptSpec("hangs", "train_small.py", true,
+                          "USE_CLIENT = \"1\", STEPS = \"12\", HANG_AT_STEP = \"6\"", 1, 12));
   v1::Run run;
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
@@ -180,9 +180,9 @@ TEST(CommandRun, OutOfMemoryThroughTheHelperIsExit75AndAnOomRestart) {
   DaemonHarness h;
   AllowPython(h);
   ASSERT_TRUE(h.Start());
-  const std::string id = h.Submit(ScriptSpec(
-      "oom", "train_small.py", true, "USE_CLIENT = \"1\", STEPS = \"10\", OOM_AT_STEP = \"4\"", 1,
-      10));
+  const std::string id =
+      h.Submit(ScriptSpec("oom", "train_small.py", true,
+                          "USE_CLIENT = \"1\", STEPS = \"10\", OOM_AT_STEP = \"4\"", 1, 10));
   v1::Run run;
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
