@@ -57,7 +57,7 @@ function(trainsup_fuzz_sources out)
 endfunction()
 trainsup_fuzz_sources(data_sources trainsup_worker_data:worker)
 trainsup_fuzz_sources(checkpoint_sources trainsup_checkpoint_core:checkpoint)
-trainsup_fuzz_sources(spec_sources trainsup_spec:proto)
+trainsup_fuzz_sources(spec_sources trainsup_contracts:contracts)
 
 set(fuzz_dir ${CMAKE_BINARY_DIR}/fuzz)
 # LibTorch's CMake in the fuzz build needs the same GPU list (no GPU to
@@ -77,7 +77,6 @@ ExternalProject_Add(trainsup_fuzz
     -DTRAINSUP_DATA_SOURCES=${data_sources}
     -DTRAINSUP_CHECKPOINT_SOURCES=${checkpoint_sources}
     -DTRAINSUP_SPEC_SOURCES=${spec_sources}
-    -DTRAINSUP_CONFIG_SOURCES=${PROJECT_SOURCE_DIR}/supervisor/config.cc
     -DTRAINSUP_SAFETENSORS_SOURCES=${PROJECT_SOURCE_DIR}/checkpoint/safetensors.cc
   BUILD_COMMAND ${CMAKE_COMMAND} --build ${fuzz_dir} -j ${TRAINSUP_FUZZ_BUILD_JOBS}
   BUILD_ALWAYS ON

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "fuzz/fuzz_util.h"
-#include "supervisor/config.h"
+#include "contracts/daemon_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace trainsup;

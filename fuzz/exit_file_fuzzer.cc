@@ -6,7 +6,7 @@
 
 #include "checkpoint/file_system.h"
 #include "fuzz/fuzz_util.h"
-#include "proto/exit_file.h"
+#include "contracts/exit_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace trainsup;

@@ -11,7 +11,7 @@ import struct
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "fuzz" / "corpus"
 DATA = ROOT / "tests" / "data"
-E = "\u00e9"  # in toml++ 3.3.0's undefined range (proto/toml_guard.h)
+E = "\u00e9"  # in toml++ 3.3.0's undefined range (contracts/toml_guard.h)
 
 
 def put(target, name, content):

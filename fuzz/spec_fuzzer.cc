@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "proto/spec.h"
+#include "contracts/spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)trainsup::ParseRunSpec(std::string(reinterpret_cast<const char*>(data), size));

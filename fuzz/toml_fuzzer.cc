@@ -1,4 +1,4 @@
-// The guard in front of toml++ 3.3.0 (proto/toml_guard.h): whatever it lets
+// The guard in front of toml++ 3.3.0 (contracts/toml_guard.h): whatever it lets
 // through, toml++ (compiled in, under UBSan) must parse or reject without
 // undefined behaviour. Without the guard a bare U+00E9 reaches
 // TOML_UNREACHABLE (run with TRAINSUP_FUZZ_NO_GUARD=1 to see it).
@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "proto/toml_guard.h"
+#include "contracts/toml_guard.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const bool guarded = std::getenv("TRAINSUP_FUZZ_NO_GUARD") == nullptr;

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "supervisor/config.h"
+#include "contracts/daemon_config.h"
 
 namespace spdlog {
 class logger;

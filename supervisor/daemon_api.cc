@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/file_system.h"
 #include "checkpoint/store.h"
-#include "proto/run_layout.h"
-#include "supervisor/auth.h"
+#include "contracts/run_layout.h"
+#include "supervisor/policy/auth.h"
 #include "supervisor/daemon_impl.h"
 
 namespace trainsup::supervisor::internal {

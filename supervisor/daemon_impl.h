@@ -15,18 +15,18 @@
 #include <string>
 #include <vector>
 
-#include "supervisor/api_service.h"
-#include "supervisor/auth.h"
+#include "supervisor/api/api_service.h"
+#include "supervisor/policy/auth.h"
 #include "supervisor/daemon.h"
-#include "supervisor/exit_watcher.h"
-#include "supervisor/loop_env.h"
+#include "supervisor/sys/exit_watcher.h"
+#include "supervisor/run/loop_env.h"
 #include "supervisor/metrics.h"
-#include "supervisor/run_unit.h"
-#include "supervisor/servers.h"
-#include "supervisor/slots.h"
-#include "supervisor/store_thread.h"
-#include "supervisor/watch_hub.h"
-#include "supervisor/worker_channel.h"
+#include "supervisor/run/run_unit.h"
+#include "supervisor/api/servers.h"
+#include "supervisor/sys/slots.h"
+#include "supervisor/store/store_thread.h"
+#include "supervisor/api/watch_hub.h"
+#include "supervisor/api/worker_channel.h"
 
 namespace trainsup::supervisor::internal {
 

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "supervisor/config.h"
+#include "contracts/daemon_config.h"
 #include "supervisor/daemon.h"
 
 #ifndef TRAINSUP_VERSION

@@ -15,7 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "proto/data_roots.h"
+#include "contracts/data_roots.h"
 #include "sparse/scene.h"
 #include "worker/data/readers.h"
 #include "worker/random.h"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "proto/spec.h"
+#include "contracts/spec.h"
 #include "worker/data/point_cloud.h"
 
 namespace trainsup::worker {
@@ -99,7 +99,7 @@ class Dataset {
 //   read once at open to find the largest label.
 //
 // `data_roots` set (the supervisor's TRAINSUP_DATA_ROOTS,
-// proto/data_roots.h): data.path and data.label_file must resolve inside
+// contracts/data_roots.h): data.path and data.label_file must resolve inside
 // them (PermissionDenied "data.path: ... outside the data roots"), and every
 // file and folder read, now or by Get later, is confined to them as it is
 // opened (ReadOptions::data_roots): a file inside a data directory that is

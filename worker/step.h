@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "proto/spec.h"
+#include "contracts/spec.h"
 #include "sparse/sparse_tensor.h"
 #include "worker/dataset.h"
 #include "worker/loader.h"

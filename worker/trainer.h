@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "proto/spec.h"
+#include "contracts/spec.h"
 #include "trainsup/v1/supervisor.pb.h"
 #include "worker/dataset.h"
 #include "worker/loader.h"
@@ -54,7 +54,7 @@ struct TrainerOptions {
   // > 0: replaces train.memory_budget_mb (the supervisor lowers it after an
   // out-of-memory exit: TRAINSUP_MEMORY_BUDGET_MB).
   int64_t memory_budget_mb_override = 0;
-  // The supervisor's data roots (TRAINSUP_DATA_ROOTS, proto/data_roots.h):
+  // The supervisor's data roots (TRAINSUP_DATA_ROOTS, contracts/data_roots.h):
   // every data file and folder is confined to them as it is opened. Unset:
   // no confinement.
   std::optional<std::vector<std::string>> data_roots;

@@ -16,8 +16,8 @@
 
 #include "checkpoint/store.h"
 #include "nlohmann/json.hpp"
-#include "proto/exit_codes.h"
-#include "proto/run_layout.h"
+#include "contracts/exit_codes.h"
+#include "contracts/run_layout.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
 #include "worker/dataset.h"

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 # The worker contract's exit codes and their exit-file reasons
-# (proto/exit_codes.h).
+# (contracts/exit_codes.h).
 EXIT_CODES = {0: "completed", 64: "usage", 65: "data", 74: "no_space", 75: "oom",
               76: "peer_lost", 143: "stopped"}
 _PHASES = ("loading", "training", "checkpointing", "evaluating")

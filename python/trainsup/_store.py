@@ -1,6 +1,6 @@
 """The on-disk formats trainsupd reads, written the way the C++ side writes
 them: checkpoints with MANIFEST.json (checkpoint/store.h, manifest.h) and the
-exit file (proto/exit_file.h). Pure Python plus the xxhash module (Debian's
+exit file (contracts/exit_file.h). Pure Python plus the xxhash module (Debian's
 python3-xxhash) for the manifest's XXH3-128.
 
 Commit protocol (docs/checkpoints.md): files are written into
@@ -207,7 +207,7 @@ class CheckpointStore:
 
 
 def exit_file_path(run_dir, attempt, rank):
-    """RUN_DIR/attempts/A/rank-R.exit.json (proto/run_layout.h)."""
+    """RUN_DIR/attempts/A/rank-R.exit.json (contracts/run_layout.h)."""
     return os.path.join(run_dir, "attempts", str(attempt), "rank-%d.exit.json" % rank)
 
 

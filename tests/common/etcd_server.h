@@ -27,7 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "proto/free_port.h"
+#include "contracts/free_port.h"
 #include "tests/common/temp_dir.h"
 
 namespace trainsup::testing {

@@ -5,14 +5,29 @@ Every #include "FOLDER/..." of one of our folders must follow an arrow:
 
   sparse/      -> nothing else of ours
   checkpoint/  -> nothing else of ours
-  proto/       -> the checkpoint core (its atomic write)
-  worker/      -> sparse, checkpoint, proto
-  supervisor/  -> proto and the checkpoint core only
+  proto/       -> nothing else of ours (only .proto files)
+  contracts/   -> the checkpoint core (its atomic write)
+  worker/      -> sparse, checkpoint, contracts, proto
+  supervisor/  -> contracts, proto and the checkpoint core only; inside it,
+                  each subfolder (docs/supervisor.md, "Where things are"):
+    policy/    -> contracts only (pure decisions)
+    ctl/       -> contracts only (trainctl and its output)
+    store/     -> proto
+    sys/       -> policy
+    cluster/   -> policy, the checkpoint core, and of run/ only unit_env.h
+                  (the effect interfaces it runs on)
+    run/       -> policy, sys, store, the checkpoint core, and of cluster/
+                  only cluster_protocol.h (the pure protocol)
+    api/       -> policy, and of run/ only unit_env.h
+    the top level (the daemon) and bench/ -> any of supervisor/
 
 "trainsup/..." (the generated protobuf code) counts as proto. The
 checkpoint core is the headers of trainsup_checkpoint_core's sources (the
 torch-free part), passed with --core. Benchmarks count as their folder.
 tests/ and fuzz/ may include anything.
+
+An include's target is its folder ("sparse", "supervisor/run"), or, where an
+arrow allows only one file of a folder, that file ("supervisor/run/unit_env.h").
 
 Usage: check_arrows.py ROOT --core file_system,manifest,store
        check_arrows.py --self-test
@@ -24,33 +39,65 @@ import re
 import sys
 import tempfile
 
-OURS = {"sparse", "checkpoint", "proto", "worker", "supervisor", "trainsup", "tests", "fuzz"}
+OURS = {"sparse", "checkpoint", "proto", "contracts", "worker", "supervisor", "trainsup", "tests",
+        "fuzz"}
+SUPERVISOR_SUBS = ("policy", "ctl", "store", "sys", "cluster", "run", "api")
+CONTRACTS = {"contracts", "proto", "trainsup"}
 ALLOWED = {
     "sparse": {"sparse"},
     "checkpoint": {"checkpoint"},
-    "proto": {"proto", "trainsup", "checkpoint-core"},
-    "worker": {"worker", "sparse", "checkpoint", "checkpoint-core", "proto", "trainsup"},
-    "supervisor": {"supervisor", "proto", "trainsup", "checkpoint-core"},
+    "proto": {"proto", "trainsup"},
+    "contracts": {"contracts", "checkpoint-core"},
+    "worker": {"worker", "sparse", "checkpoint", "checkpoint-core"} | CONTRACTS,
+    "supervisor": {"supervisor", "checkpoint-core"} | CONTRACTS
+    | {f"supervisor/{s}" for s in SUPERVISOR_SUBS},
+    "supervisor/policy": {"supervisor/policy"} | CONTRACTS,
+    "supervisor/ctl": {"supervisor/ctl"} | CONTRACTS,
+    "supervisor/store": {"supervisor/store", "proto", "trainsup"},
+    "supervisor/sys": {"supervisor/sys", "supervisor/policy"} | CONTRACTS,
+    "supervisor/cluster": {"supervisor/cluster", "supervisor/policy", "checkpoint-core",
+                           "supervisor/run/unit_env.h"} | CONTRACTS,
+    "supervisor/run": {"supervisor/run", "supervisor/policy", "supervisor/sys",
+                       "supervisor/store", "checkpoint-core",
+                       "supervisor/cluster/cluster_protocol.h"} | CONTRACTS,
+    "supervisor/api": {"supervisor/api", "supervisor/policy", "supervisor/run/unit_env.h"}
+    | CONTRACTS,
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_0-9]+)/([^"]+)"')
 SOURCES = (".cc", ".h", ".cu", ".cuh")
 
 
-def target_of(path, core):
-    """The folder an include names; the checkpoint core apart."""
-    folder, rest = path
+def folder_of(rel_dir):
+    """The ALLOWED entry a source directory belongs to (its longest prefix)."""
+    parts = rel_dir.split(os.sep)
+    for n in range(len(parts), 0, -1):
+        key = "/".join(parts[:n])
+        if key in ALLOWED:
+            return key
+    return None
+
+
+def targets_of(folder, rest, core):
+    """What an include names: its folder, and the file where an arrow names one."""
     if folder == "checkpoint":
         stem = os.path.splitext(os.path.basename(rest))[0]
         if "/" not in rest and stem in core:
-            return "checkpoint-core"
-    return folder
+            return ["checkpoint-core"]
+        return ["checkpoint"]
+    if folder == "supervisor":
+        sub = rest.split("/")[0]
+        if "/" in rest and sub in SUPERVISOR_SUBS:
+            return [f"supervisor/{rest}", f"supervisor/{sub}"]
+        return ["supervisor"]
+    return [folder]
 
 
 def violations(root, core):
     found = []
-    for folder, allowed in ALLOWED.items():
-        base = os.path.join(root, folder)
-        for dirpath, _, files in os.walk(base):
+    for top in sorted({k.split("/")[0] for k in ALLOWED}):
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            folder = folder_of(os.path.relpath(dirpath, root))
+            allowed = ALLOWED[folder]
             for name in sorted(files):
                 if not name.endswith(SOURCES):
                     continue
@@ -60,13 +107,13 @@ def violations(root, core):
                         m = INCLUDE.match(line)
                         if not m or m.group(1) not in OURS:
                             continue
-                        target = target_of((m.group(1), m.group(2)), core)
-                        if target not in allowed and not (
-                            target == "checkpoint-core" and "checkpoint" in allowed
-                        ):
+                        targets = targets_of(m.group(1), m.group(2), core)
+                        ok = any(t in allowed for t in targets) or (
+                            targets == ["checkpoint-core"] and "checkpoint" in allowed)
+                        if not ok:
                             rel = os.path.relpath(full, root)
                             found.append(f"{rel}:{number}: {folder}/ may not include "
-                                         f"\"{m.group(1)}/{m.group(2)}\" ({target})")
+                                         f"\"{m.group(1)}/{m.group(2)}\" ({targets[-1]})")
     return found
 
 
@@ -78,12 +125,29 @@ def self_test():
             "checkpoint/bench/b.cc": '#include "sparse/bench/bench_util.h"\n',
             "supervisor/bench/c.cc": '#include "worker/link.h"\n',
             "supervisor/d.cc": '#include "checkpoint/state.h"\n',
-            "proto/e.cc": '#include "supervisor/config.h"\n',
+            "contracts/e.cc": '#include "supervisor/policy/auth.h"\n',
+            "supervisor/policy/f.h": '#include "supervisor/sys/process.h"\n',
+            "supervisor/ctl/g.cc": '#include "supervisor/api/outbox.h"\n',
+            "supervisor/store/h.cc": '#include "supervisor/policy/auth.h"\n',
+            "supervisor/sys/i.cc": '#include "supervisor/run/run_unit.h"\n',
+            "supervisor/cluster/j.cc": '#include "supervisor/run/run_unit.h"\n',
+            "supervisor/run/k.cc": '#include "supervisor/cluster/etcd_client.h"\n',
+            "supervisor/api/l.cc": '#include "supervisor/store/state_store.h"\n',
+            "supervisor/policy/m.cc": '#include "supervisor/daemon.h"\n',
+            "worker/n.cc": '#include "supervisor/policy/auth.h"\n',
         }
         fine = {
-            "supervisor/ok.cc": '#include "checkpoint/store.h"\n#include "trainsup/v1/x.pb.h"\n',
-            "worker/ok.cc": '#include "checkpoint/state.h"\n#include "sparse/ops.h"\n',
-            "proto/ok.cc": '#include "checkpoint/file_system.h"\n',
+            "supervisor/ok.cc": '#include "checkpoint/store.h"\n#include "trainsup/v1/x.pb.h"\n'
+                                '#include "supervisor/run/run_unit.h"\n',
+            "worker/ok.cc": '#include "checkpoint/state.h"\n#include "sparse/ops.h"\n'
+                            '#include "contracts/spec.h"\n',
+            "contracts/ok.cc": '#include "checkpoint/file_system.h"\n',
+            "supervisor/policy/ok.cc": '#include "contracts/spec.h"\n'
+                                       '#include "supervisor/policy/auth.h"\n',
+            "supervisor/cluster/ok.cc": '#include "supervisor/run/unit_env.h"\n',
+            "supervisor/run/ok.cc": '#include "supervisor/cluster/cluster_protocol.h"\n'
+                                    '#include "supervisor/sys/process.h"\n',
+            "supervisor/api/ok.cc": '#include "supervisor/run/unit_env.h"\n',
         }
         for rel, text in {**cases, **fine}.items():
             os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)

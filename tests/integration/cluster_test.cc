@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "proto/run_layout.h"
+#include "contracts/run_layout.h"
 #include "tests/common/etcd_server.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/daemon_test_util.h"

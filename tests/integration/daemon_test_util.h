@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/run_layout.h"
+#include "contracts/run_layout.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace trainsup::integration {

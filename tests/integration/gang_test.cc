@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include "proto/exit_file.h"
-#include "proto/run_layout.h"
+#include "contracts/exit_file.h"
+#include "contracts/run_layout.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/daemon_test_util.h"
 

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "supervisor/state_store.h"
+#include "supervisor/store/state_store.h"
 #include "tests/common/small_fs.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/daemon_test_util.h"

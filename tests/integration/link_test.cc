@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "checkpoint/store.h"
-#include "proto/exit_file.h"
+#include "contracts/exit_file.h"
 #include "tests/common/fault_open.h"
 #include "tests/common/small_fs.h"
 

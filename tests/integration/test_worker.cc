@@ -30,10 +30,10 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/store.h"
 #include "nlohmann/json.hpp"
-#include "proto/exit_codes.h"
-#include "proto/exit_file.h"
-#include "proto/run_layout.h"
-#include "proto/spec.h"
+#include "contracts/exit_codes.h"
+#include "contracts/exit_file.h"
+#include "contracts/run_layout.h"
+#include "contracts/spec.h"
 #include "worker/link.h"
 
 namespace trainsup::worker {
@@ -148,7 +148,7 @@ class TestWorker {
   TestWorker(Args args, RunSpec spec)
       : args_(std::move(args)),
         spec_(std::move(spec)),
-        // The run's one store (proto/run_layout.h): rank 0 writes it, every
+        // The run's one store (contracts/run_layout.h): rank 0 writes it, every
         // rank resumes from the step the supervisor names (--resume STEP).
         store_(RunLayout(args_.run_dir).CheckpointRoot(args_.rank, args_.world_size),
                ckpt::FileSystem::Default(),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks that the packaged config lists every knob of supervisor/config.h.
+"""Checks that the packaged config lists every knob of contracts/daemon_config.h.
 
 Each field of a `struct <Name>Section` in config.h is a key of the TOML table
 [<name>] (DaemonSection -> [daemon]); deploy/trainsupd.toml must mention it

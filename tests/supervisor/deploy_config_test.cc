@@ -8,7 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "gtest/gtest.h"
-#include "supervisor/config.h"
+#include "contracts/daemon_config.h"
 
 namespace trainsup::supervisor {
 namespace {

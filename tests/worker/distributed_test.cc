@@ -30,7 +30,7 @@
 
 #include "absl/strings/numbers.h"
 #include "nlohmann/json.hpp"
-#include "proto/free_port.h"
+#include "contracts/free_port.h"
 #include "sparse/cpu/blas.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"

@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "proto/exit_file.h"
+#include "contracts/exit_file.h"
 #include "tests/common/fault_open.h"
 #include "tests/worker/worker_process.h"
 

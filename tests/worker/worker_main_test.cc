@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "proto/exit_file.h"
+#include "contracts/exit_file.h"
 #include "tests/common/small_fs.h"
 #include "tests/worker/worker_process.h"
 

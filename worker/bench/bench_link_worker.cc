@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "proto/spec.h"
+#include "contracts/spec.h"
 #include "worker/link.h"
 
 namespace {

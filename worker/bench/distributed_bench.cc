@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/free_port.h"
+#include "contracts/free_port.h"
 
 namespace {
 

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "proto/spec.h"
+#include "contracts/spec.h"
 #include "sparse/bench/bench_util.h"
 #include "sparse/cpu/blas.h"
 #include "sparse/determinism.h"

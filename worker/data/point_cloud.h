@@ -59,7 +59,7 @@ struct ReadOptions {
   std::string kitti_label_file;
   // Fail (InvalidArgument) when the cloud comes out without labels.
   bool require_labels = false;
-  // Confinement to the supervisor's data roots (proto/data_roots.h). Set:
+  // Confinement to the supervisor's data roots (contracts/data_roots.h). Set:
   // every file and folder a reader opens must, as opened (its real path read
   // back from /proc/self/fd, so every symlink on the way counts, and a link
   // swapped in after a check is caught), lie inside one of these

@@ -14,7 +14,7 @@
 #include <limits>
 
 #include "absl/strings/str_join.h"
-#include "proto/data_roots.h"
+#include "contracts/data_roots.h"
 
 namespace trainsup::worker::internal {
 

@@ -1,0 +1,50 @@
+// The worker exit codes of DESIGN.md's worker contract, defined once for the
+// worker, the test worker, trainsupd and trainctl. A worker that exits on
+// purpose uses one of these (and writes its exit file first); anything else,
+// or a signal, is a crash.
+#ifndef TRAINSUP_CONTRACTS_EXIT_CODES_H_
+#define TRAINSUP_CONTRACTS_EXIT_CODES_H_
+
+#include <optional>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace trainsup {
+
+enum class WorkerExit : int {
+  kCompleted = 0,  // run complete, final checkpoint written
+  kUsage = 64,     // EX_USAGE: bad spec or arguments; not restarted
+  kData = 65,      // EX_DATAERR: data unreadable; not restarted
+  // EX_IOERR, used for one case only: the run directory's file system is
+  // full (ENOSPC, EDQUOT) and the worker could not go on. The supervisor
+  // waits for space instead of counting it against the restart budget.
+  kNoSpace = 74,
+  kOom = 75,  // EX_TEMPFAIL: hard out-of-memory; restarted from a checkpoint
+  // EX_PROTOCOL: a peer rank of the gang died or stopped answering inside a
+  // collective (the exit file's message names the peer and the collective).
+  // The gang is restarted from the newest checkpoint, counted against the
+  // restart budget like a crash.
+  kPeerLost = 76,
+  kStopped = 143,  // 128 + SIGTERM: stopped on request after a checkpoint
+};
+
+// The process exit status of `code`.
+constexpr int ExitStatus(WorkerExit code) { return static_cast<int>(code); }
+
+// The contract code with exit status `status`; nullopt for any other status
+// (a crash).
+std::optional<WorkerExit> WorkerExitFromStatus(int status);
+
+// "completed", "usage", "data", "no_space", "oom", "peer_lost", "stopped": also the
+// `reason` word of an exit file written with that code.
+std::string ToString(WorkerExit code);
+// The inverse of ToString; nullopt for any other word.
+std::optional<WorkerExit> WorkerExitFromString(absl::string_view name);
+
+// What the code means, for people: "bad spec or arguments".
+std::string Describe(WorkerExit code);
+
+}  // namespace trainsup
+
+#endif  // TRAINSUP_CONTRACTS_EXIT_CODES_H_

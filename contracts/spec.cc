@@ -1,0 +1,519 @@
+#include "contracts/spec.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "contracts/data_roots.h"
+#include "contracts/toml_guard.h"
+
+namespace trainsup {
+namespace {
+
+// Reads the keys of one TOML table into a struct, checking types and bounds.
+// Every key read is remembered; Finish() rejects whatever is left, so an
+// unknown or misspelt key is an error rather than silently ignored.
+class TableReader {
+ public:
+  TableReader(const toml::table* table, std::string prefix)
+      : table_(table), prefix_(std::move(prefix)) {}
+
+  absl::Status Int(const char* key, int64_t* out, int64_t lo, int64_t hi) {
+    const toml::node* node = Find(key);
+    if (node == nullptr) return absl::OkStatus();
+    const auto* v = node->as_integer();
+    if (v == nullptr) return Error(key, "must be an integer");
+    int64_t value = v->get();
+    if (value < lo || value > hi) {
+      return Error(key, absl::StrCat("must be in [", lo, ", ", hi, "], got ", value));
+    }
+    *out = value;
+    return absl::OkStatus();
+  }
+
+  // Bounds are inclusive unless `lo_open` / `hi_open`.
+  absl::Status Double(const char* key, double* out, double lo, double hi, bool lo_open = false,
+                      bool hi_open = false) {
+    const toml::node* node = Find(key);
+    if (node == nullptr) return absl::OkStatus();
+    double value;
+    if (const auto* f = node->as_floating_point()) {
+      value = f->get();
+    } else if (const auto* i = node->as_integer()) {
+      value = static_cast<double>(i->get());
+    } else {
+      return Error(key, "must be a number");
+    }
+    bool below = lo_open ? !(value > lo) : !(value >= lo);
+    bool above = hi_open ? !(value < hi) : !(value <= hi);
+    if (!std::isfinite(value) || below || above) {
+      return Error(key, absl::StrCat("must be in ", lo_open ? "(" : "[", lo, ", ", hi,
+                                     hi_open ? ")" : "]", ", got ", value));
+    }
+    *out = value;
+    return absl::OkStatus();
+  }
+
+  absl::Status Bool(const char* key, bool* out) {
+    const toml::node* node = Find(key);
+    if (node == nullptr) return absl::OkStatus();
+    const auto* v = node->as_boolean();
+    if (v == nullptr) return Error(key, "must be true or false");
+    *out = v->get();
+    return absl::OkStatus();
+  }
+
+  // `allowed` empty: any string up to 4096 bytes.
+  absl::Status String(const char* key, std::string* out,
+                      std::initializer_list<const char*> allowed = {}) {
+    const toml::node* node = Find(key);
+    if (node == nullptr) return absl::OkStatus();
+    const auto* v = node->as_string();
+    if (v == nullptr) return Error(key, "must be a string");
+    std::string value = v->get();
+    if (value.size() > 4096) return Error(key, "longer than 4096 bytes");
+    if (allowed.size() > 0) {
+      bool ok = false;
+      for (const char* a : allowed) ok = ok || value == a;
+      if (!ok) {
+        return Error(key, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", "), "; got \"",
+                                       value, "\""));
+      }
+    }
+    *out = value;
+    return absl::OkStatus();
+  }
+
+  // An array of 1..`max_entries` non-empty strings (each up to 4096 bytes,
+  // without NUL); absent leaves `out` as it is.
+  absl::Status StringArray(const char* key, std::vector<std::string>* out, size_t max_entries) {
+    const toml::node* node = Find(key);
+    if (node == nullptr) return absl::OkStatus();
+    const auto* array = node->as_array();
+    if (array == nullptr) return Error(key, "must be an array of strings");
+    if (array->empty() || array->size() > max_entries) {
+      return Error(key,
+                   absl::StrCat("must have 1 to ", max_entries, " entries, got ", array->size()));
+    }
+    std::vector<std::string> values;
+    for (size_t i = 0; i < array->size(); ++i) {
+      const std::string entry = absl::StrCat(key, "[", i, "]");
+      const auto* v = array->get(i)->as_string();
+      if (v == nullptr) return Error(entry.c_str(), "must be a string");
+      std::string value = v->get();
+      if (absl::Status s = CheckText(entry.c_str(), value); !s.ok()) return s;
+      if (value.empty()) return Error(entry.c_str(), "must not be empty");
+      values.push_back(std::move(value));
+    }
+    *out = std::move(values);
+    return absl::OkStatus();
+  }
+
+  // A table of string values (up to 4096 bytes each, without NUL) whose
+  // keys pass `check_name` (an error message, "" when the name is fine).
+  absl::Status StringTable(const char* key, std::map<std::string, std::string>* out,
+                           const std::function<std::string(const std::string&)>& check_name) {
+    const toml::node* node = Find(key);
+    if (node == nullptr) return absl::OkStatus();
+    const auto* table = node->as_table();
+    if (table == nullptr) return Error(key, "must be a table of strings");
+    std::map<std::string, std::string> values;
+    for (const auto& [name_key, value_node] : *table) {
+      const std::string name(name_key.str());
+      const std::string entry = absl::StrCat(key, ".", name);
+      if (std::string why = check_name(name); !why.empty()) return Error(entry.c_str(), why);
+      const auto* v = value_node.as_string();
+      if (v == nullptr) return Error(entry.c_str(), "must be a string");
+      std::string value = v->get();
+      if (absl::Status s = CheckText(entry.c_str(), value); !s.ok()) return s;
+      values[name] = std::move(value);
+    }
+    *out = std::move(values);
+    return absl::OkStatus();
+  }
+
+  // A sub-table; nullptr when absent. Error when the key is not a table.
+  absl::StatusOr<const toml::table*> Table(const char* key) {
+    const toml::node* node = Find(key);
+    if (node == nullptr) return nullptr;
+    const auto* t = node->as_table();
+    if (t == nullptr) return Error(key, "must be a table");
+    return t;
+  }
+
+  absl::Status Finish() const {
+    if (table_ == nullptr) return absl::OkStatus();
+    for (const auto& [key, node] : *table_) {
+      std::string name(key.str());
+      if (seen_.count(name) == 0) return Error(name.c_str(), "unknown key");
+    }
+    return absl::OkStatus();
+  }
+
+  std::string Path(const std::string& key) const {
+    return prefix_.empty() ? key : absl::StrCat(prefix_, ".", key);
+  }
+
+ private:
+  const toml::node* Find(const char* key) {
+    seen_.insert(key);
+    if (table_ == nullptr) return nullptr;
+    return table_->get(key);
+  }
+  absl::Status Error(const char* key, const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat(Path(key), ": ", what));
+  }
+  // Strings handed to exec and the environment: C strings, bounded.
+  absl::Status CheckText(const char* key, const std::string& value) const {
+    if (value.size() > 4096) return Error(key, "longer than 4096 bytes");
+    if (value.find('\0') != std::string::npos) return Error(key, "must not contain NUL");
+    return absl::OkStatus();
+  }
+
+  const toml::table* table_;
+  std::string prefix_;
+  std::set<std::string> seen_;
+};
+
+#define TRAINSUP_RETURN_IF_ERROR(expr) \
+  do {                                 \
+    absl::Status _status = (expr);     \
+    if (!_status.ok()) return _status; \
+  } while (false)
+
+constexpr int64_t kBillion = 1000000000;
+
+absl::Status ReadModel(const toml::table* t, ModelSpec* m) {
+  TableReader r(t, "model");
+  TRAINSUP_RETURN_IF_ERROR(
+      r.String("arch", &m->arch, {"minkunet14", "minkunet18", "minkunet34", "minkunet50"}));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("in_channels", &m->in_channels, 1, 256));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("num_classes", &m->num_classes, 0, 1024));
+  if (m->num_classes == 1) {
+    return absl::InvalidArgumentError(
+        "model.num_classes: must be 0 (from the data) or in [2, 1024], got 1");
+  }
+  TRAINSUP_RETURN_IF_ERROR(r.Double("voxel_size", &m->voxel_size, 0, 10, /*lo_open=*/true));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("gradient_checkpointing", &m->gradient_checkpointing));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("height_feature", &m->height_feature));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("sync_batchnorm", &m->sync_batchnorm));
+  if (m->height_feature && m->in_channels < 2) {
+    return absl::InvalidArgumentError(
+        "model.in_channels: must count the height channel too (at least 2 with height_feature)");
+  }
+  return r.Finish();
+}
+
+absl::Status ReadData(const toml::table* t, DataSpec* d) {
+  TableReader r(t, "data");
+  TRAINSUP_RETURN_IF_ERROR(
+      r.String("format", &d->format, {"synthetic", "ply", "las", "semantickitti", "s3dis"}));
+  TRAINSUP_RETURN_IF_ERROR(r.String("path", &d->path));
+  TRAINSUP_RETURN_IF_ERROR(r.String("label_file", &d->label_file));
+  TRAINSUP_RETURN_IF_ERROR(r.String("label_property", &d->label_property));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("ignore_label", &d->ignore_label, -1, 65535));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("val_fraction", &d->val_fraction, 0, 0.9));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("augment", &d->augment));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("use_features", &d->use_features));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("tile_size", &d->tile_size, 0, 100000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("max_file_mb", &d->max_file_mb, 1, 1048576));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("scenes", &d->scenes, 1, 100000));
+  TRAINSUP_RETURN_IF_ERROR(
+      r.String("scene_size", &d->scene_size, {"small", "default", "large", "huge"}));
+  TRAINSUP_RETURN_IF_ERROR(
+      r.String("size_distribution", &d->size_distribution, {"uniform", "heavy_tailed"}));
+  TRAINSUP_RETURN_IF_ERROR(r.Finish());
+  if (d->format != "synthetic" && d->path.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.path: required for format \"", d->format, "\""));
+  }
+  if (!d->label_file.empty() && d->format != "ply") {
+    return absl::InvalidArgumentError("data.label_file: only for format \"ply\"");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadOptimizer(const toml::table* t, OptimizerSpec* o) {
+  TableReader r(t, "optimizer");
+  TRAINSUP_RETURN_IF_ERROR(r.String("kind", &o->kind, {"sgd", "adamw"}));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("lr", &o->lr, 0, 10, /*lo_open=*/true));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("momentum", &o->momentum, 0, 1, false, /*hi_open=*/true));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("weight_decay", &o->weight_decay, 0, 1));
+  TRAINSUP_RETURN_IF_ERROR(
+      r.String("schedule", &o->schedule, {"constant", "cosine", "poly", "step"}));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("warmup_steps", &o->warmup_steps, 0, kBillion));
+  return r.Finish();
+}
+
+absl::Status ReadTrain(const toml::table* t, TrainSpec* s) {
+  TableReader r(t, "train");
+  TRAINSUP_RETURN_IF_ERROR(r.Int("batch_size", &s->batch_size, 1, 4096));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("steps", &s->steps, 1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("epochs", &s->epochs, 0, 1000000));
+  TRAINSUP_RETURN_IF_ERROR(
+      r.Int("checkpoint_every_steps", &s->checkpoint_every_steps, 0, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(
+      r.Double("checkpoint_every_seconds", &s->checkpoint_every_seconds, 0, 1e6));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("keep_checkpoints", &s->keep_checkpoints, 1, 1000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("memory_budget_mb", &s->memory_budget_mb, 0, 10000000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("eval_every_steps", &s->eval_every_steps, 0, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("deterministic", &s->deterministic));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("seed", &s->seed, 0, INT64_MAX));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("threads", &s->threads, 1, 256));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("predictive_split", &s->predictive_split));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("min_piece_points", &s->min_piece_points, 1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.String("device", &s->device, {"auto", "cpu", "cuda"}));
+  TRAINSUP_RETURN_IF_ERROR(
+      r.Int("empty_cache_every_steps", &s->empty_cache_every_steps, 0, kBillion));
+  return r.Finish();
+}
+
+absl::Status ReadDistributed(const toml::table* t, DistributedSpec* s) {
+  TableReader r(t, "distributed");
+  TRAINSUP_RETURN_IF_ERROR(r.String("backend", &s->backend, {"auto", "gloo", "nccl"}));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("timeout_s", &s->timeout_s, 1, 3600));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("connect_timeout_s", &s->connect_timeout_s, 1, 3600));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("bucket_mb", &s->bucket_mb, 0.01, 1024));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("overlap_backward", &s->overlap_backward));
+  return r.Finish();
+}
+
+absl::Status ReadTesting(const toml::table* t, TestingSpec* s) {
+  s->present = t != nullptr;
+  TableReader r(t, "testing");
+  TRAINSUP_RETURN_IF_ERROR(r.Int("crash_at_step", &s->crash_at_step, -1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("exit_at_step", &s->exit_at_step, -1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("exit_code", &s->exit_code, 0, 255));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("signal_at_step", &s->signal_at_step, -1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("signal", &s->signal, 1, 64));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("hang_at_step", &s->hang_at_step, -1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("freeze_at_step", &s->freeze_at_step, -1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("oom_at_step", &s->oom_at_step, -1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("corrupt_checkpoint", &s->corrupt_checkpoint));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("ignore_sigterm", &s->ignore_sigterm));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("spawn_grandchild", &s->spawn_grandchild));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("step_ms", &s->step_ms, 0, 600000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("only_attempt", &s->only_attempt, 0, 1000000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("only_rank", &s->only_rank, -1, 63));
+  TRAINSUP_RETURN_IF_ERROR(
+      r.Int("stop_in_collective_at_step", &s->stop_in_collective_at_step, -1, kBillion));
+  return r.Finish();
+}
+
+bool IsNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-';
+}
+
+absl::Status ReadCluster(const toml::table* t, ClusterSpec* c) {
+  c->present = t != nullptr;
+  if (t == nullptr) return absl::OkStatus();
+  TableReader r(t, "cluster");
+  TRAINSUP_RETURN_IF_ERROR(r.String("job", &c->job));
+  if (c->job.empty() || c->job.size() > 64 ||
+      !std::all_of(c->job.begin(), c->job.end(), IsNameChar)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster.job: required, 1 to 64 of letters, digits, '.', '_' and '-'; got \"",
+                     c->job, "\""));
+  }
+  TRAINSUP_RETURN_IF_ERROR(r.Int("nodes", &c->nodes, 1, 64));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("ranks_per_node", &c->ranks_per_node, 1, 64));
+  TRAINSUP_RETURN_IF_ERROR(r.StringArray("etcd_endpoints", &c->etcd_endpoints, 16));
+  if (c->etcd_endpoints.empty()) {
+    return absl::InvalidArgumentError("cluster.etcd_endpoints: required (host:port of etcd)");
+  }
+  for (const std::string& e : c->etcd_endpoints) {
+    const size_t colon = e.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(e.substr(colon + 1), &port) ||
+        port < 1 || port > 65535 || e.find_first_of(",/ ") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster.etcd_endpoints: not host:port: \"", e, "\""));
+    }
+  }
+  TRAINSUP_RETURN_IF_ERROR(r.String("checkpoint_dir", &c->checkpoint_dir));
+  if (c->checkpoint_dir.empty() || c->checkpoint_dir[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster.checkpoint_dir: required, an absolute path on storage every node shares; got \"",
+        c->checkpoint_dir, "\""));
+  }
+  TRAINSUP_RETURN_IF_ERROR(r.Double("lease_ttl_s", &c->lease_ttl_s, 2, 600));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("rendezvous_timeout_s", &c->rendezvous_timeout_s, 1, 86400));
+  return r.Finish();
+}
+
+// Why `name` may not be set through command.env; "" when it may.
+std::string CheckEnvName(const std::string& name) {
+  const auto alpha = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+  };
+  bool ok = !name.empty() && alpha(name[0]);
+  for (char c : name) ok = ok && (alpha(c) || (c >= '0' && c <= '9'));
+  if (!ok) return "not a variable name (must match [A-Za-z_][A-Za-z0-9_]*)";
+  for (const char* reserved : kCommandReservedEnv) {
+    if (name == reserved) return "set by trainsupd for every rank; cannot be overridden";
+  }
+  if (name.rfind("TRAINSUP_", 0) == 0) return "TRAINSUP_* variables are set by trainsupd";
+  // The allowlist admits a program, not code injected into it.
+  if (name == "LD_PRELOAD" || name == "LD_LIBRARY_PATH" || name == "LD_AUDIT") {
+    return "not allowed: it would load other code into the allowed program";
+  }
+  return "";
+}
+
+absl::Status ReadCommand(const toml::table* t, CommandSpec* c) {
+  TableReader r(t, "command");
+  TRAINSUP_RETURN_IF_ERROR(r.StringArray("argv", &c->argv, 256));
+  if (c->argv.empty()) return absl::InvalidArgumentError("command.argv: required");
+  TRAINSUP_RETURN_IF_ERROR(r.String("cwd", &c->cwd));
+  if (!c->cwd.empty() && c->cwd[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("command.cwd: must be an absolute path, got \"", c->cwd, "\""));
+  }
+  if (c->cwd.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError("command.cwd: must not contain NUL");
+  }
+  TRAINSUP_RETURN_IF_ERROR(r.StringTable("env", &c->env, CheckEnvName));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("total_steps", &c->total_steps, 0, 1000 * kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("heartbeats", &c->heartbeats));
+  return r.Finish();
+}
+
+}  // namespace
+
+absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
+  if (toml_text.size() > (1 << 20)) {
+    return absl::InvalidArgumentError("spec: larger than 1 MiB");
+  }
+  if (absl::Status s = CheckTomlCharacters(toml_text); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: ", s.message()));
+  }
+  toml::table root;
+  try {
+    root = toml::parse(toml_text);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream where;
+    where << e.source().begin;
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec: not valid TOML at ", where.str(), ": ", std::string(e.description())));
+  }
+  RunSpec spec;
+  TableReader r(&root, "");
+  TRAINSUP_RETURN_IF_ERROR(r.String("name", &spec.name));
+  if (spec.name.empty() || spec.name.size() > 64) {
+    return absl::InvalidArgumentError("name: must be 1 to 64 characters");
+  }
+  for (char c : spec.name) {
+    if (!IsNameChar(c)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "name: may contain only letters, digits, '.', '_' and '-'; got \"", spec.name, "\""));
+    }
+  }
+  TRAINSUP_RETURN_IF_ERROR(r.Int("priority", &spec.priority, -1000, 1000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("world_size", &spec.world_size, 1, 64));
+  const bool world_size_given = root.get("world_size") != nullptr;
+  {
+    absl::StatusOr<const toml::table*> cluster = r.Table("cluster");
+    if (!cluster.ok()) return cluster.status();
+    TRAINSUP_RETURN_IF_ERROR(ReadCluster(*cluster, &spec.cluster));
+  }
+  if (spec.cluster.present) {
+    const int64_t world = spec.cluster.nodes * spec.cluster.ranks_per_node;
+    if (world > 64) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster: nodes * ranks_per_node is ", world, ", more than 64 ranks"));
+    }
+    if (world_size_given && spec.world_size != world) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("world_size: ", spec.world_size, " but the [cluster] table makes ",
+                       spec.cluster.nodes, " nodes x ", spec.cluster.ranks_per_node,
+                       " ranks = ", world, "; drop world_size or make them agree"));
+    }
+    spec.world_size = world;
+  }
+  struct Section {
+    const char* key;
+    std::function<absl::Status(const toml::table*)> read;
+  };
+  absl::StatusOr<const toml::table*> command = r.Table("command");
+  if (!command.ok()) return command.status();
+  if (*command != nullptr) {
+    spec.has_command = true;
+    for (const char* other : {"model", "data", "optimizer", "train", "distributed", "testing"}) {
+      if (root.get(other) != nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("command: a command run has no [", other,
+                         "] table (the program itself decides what it trains); remove [", other,
+                         "] or [command]"));
+      }
+    }
+    TRAINSUP_RETURN_IF_ERROR(ReadCommand(*command, &spec.command));
+    TRAINSUP_RETURN_IF_ERROR(r.Finish());
+    return spec;
+  }
+  const Section sections[] = {
+      {"model", [&](const toml::table* t) { return ReadModel(t, &spec.model); }},
+      {"data", [&](const toml::table* t) { return ReadData(t, &spec.data); }},
+      {"optimizer", [&](const toml::table* t) { return ReadOptimizer(t, &spec.optimizer); }},
+      {"train", [&](const toml::table* t) { return ReadTrain(t, &spec.train); }},
+      {"distributed", [&](const toml::table* t) { return ReadDistributed(t, &spec.distributed); }},
+      {"testing", [&](const toml::table* t) { return ReadTesting(t, &spec.testing); }},
+  };
+  for (const Section& section : sections) {
+    absl::StatusOr<const toml::table*> table = r.Table(section.key);
+    if (!table.ok()) return table.status();
+    // Absent tables still run their checks on the defaults.
+    TRAINSUP_RETURN_IF_ERROR(section.read(*table));
+  }
+  TRAINSUP_RETURN_IF_ERROR(r.Finish());
+  return spec;
+}
+
+absl::Status CheckSpecPaths(const RunSpec& spec, const std::vector<std::string>& data_roots) {
+  namespace fs = std::filesystem;
+  const std::pair<const char*, const std::string*> paths[] = {
+      {"data.path", &spec.data.path},
+      {"data.label_file", &spec.data.label_file},
+      {"command.cwd", &spec.command.cwd},
+      {"cluster.checkpoint_dir", &spec.cluster.checkpoint_dir}};
+  for (const auto& [field, path] : paths) {
+    if (path->empty()) continue;
+    fs::path p(*path);
+    if (!p.is_absolute()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": must be an absolute path, got \"", *path, "\""));
+    }
+    std::error_code ec;
+    (void)fs::weakly_canonical(p, ec);  // only whether it resolves
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": cannot resolve \"", *path, "\": ", ec.message()));
+    }
+    if (!PathInsideRoots(*path, data_roots)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": \"", *path, "\" is outside the configured data roots (",
+          data_roots.empty() ? std::string("none configured") : absl::StrJoin(data_roots, ", "),
+          ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t TotalSteps(const RunSpec& spec, int64_t steps_per_epoch) {
+  if (spec.train.epochs > 0 && steps_per_epoch > 0) return spec.train.epochs * steps_per_epoch;
+  return spec.train.steps;
+}
+
+}  // namespace trainsup

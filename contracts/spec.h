@@ -1,0 +1,215 @@
+// The run spec: what a user submits (TOML), what trainsupd validates before
+// it creates anything, and what the worker trains from. Both ends parse it
+// with ParseRunSpec so they can never disagree about what a field means.
+// docs/run-spec.md lists every field with its default and bounds.
+#ifndef TRAINSUP_CONTRACTS_SPEC_H_
+#define TRAINSUP_CONTRACTS_SPEC_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace trainsup {
+
+struct ModelSpec {
+  std::string arch = "minkunet14";  // minkunet14 | minkunet18 | minkunet34 | minkunet50
+  int64_t in_channels = 3;          // 1..256
+  int64_t num_classes = 0;          // 0: from the data; else 2..1024
+  double voxel_size = 0.05;         // metres, (0, 10]
+  bool gradient_checkpointing = false;
+  // Adds the voxel's height above its scene's lowest point (metres) as one
+  // more input channel (in_channels counts it): convolutions are blind to
+  // absolute position, and aerial scans separate ground from the rest by it.
+  bool height_feature = false;
+  // world_size > 1: BatchNorm's batch statistics are allreduced over the
+  // ranks (forward and backward), so every rank normalises with the global
+  // batch's mean and variance (PyTorch's SyncBatchNorm). false: per rank.
+  bool sync_batchnorm = false;
+};
+
+struct DataSpec {
+  // synthetic | ply | las | semantickitti | s3dis
+  std::string format = "synthetic";
+  std::string path;            // file or directory; required unless synthetic
+  std::string label_file;      // ply: labels from a side file (one per line)
+  std::string label_property;  // ply: per-vertex property name ("" = auto)
+  int64_t ignore_label = -1;   // -1..65535
+  double val_fraction = 0.2;   // [0, 0.9]
+  bool augment = true;
+  // false: ignore the files' features (colour, remission) and give the model
+  // one constant channel, e.g. when colours encode the labels.
+  bool use_features = true;
+  // One file is cut into square xy tiles of this side (metres); 0 = chosen
+  // for about 16 tiles. [0, 100000]
+  double tile_size = 0;
+  // A data file larger than this is refused (exit 65 naming it) before
+  // anything is allocated for it. [1, 1048576]
+  int64_t max_file_mb = 4096;
+  // synthetic only
+  int64_t scenes = 8;                         // 1..100000
+  std::string scene_size = "small";           // small | default | large | huge
+  std::string size_distribution = "uniform";  // uniform | heavy_tailed
+};
+
+struct OptimizerSpec {
+  std::string kind = "sgd";           // sgd | adamw
+  double lr = 0.05;                   // (0, 10]
+  double momentum = 0.9;              // [0, 1)
+  double weight_decay = 1e-4;         // [0, 1]
+  std::string schedule = "constant";  // constant | cosine | poly | step
+  int64_t warmup_steps = 0;           // 0..1e9
+};
+
+struct TrainSpec {
+  int64_t batch_size = 2;               // 1..4096
+  int64_t steps = 100;                  // 1..1e9 (when epochs = 0)
+  int64_t epochs = 0;                   // 0..1e6 (0: use steps)
+  int64_t checkpoint_every_steps = 50;  // 0..1e9 (0: off)
+  double checkpoint_every_seconds = 0;  // 0..1e6 (0: off)
+  int64_t keep_checkpoints = 3;         // 1..1000
+  int64_t memory_budget_mb = 0;         // 0 (none)..1e7
+  int64_t eval_every_steps = 0;         // 0..1e9
+  bool deterministic = true;
+  int64_t seed = 1;     // 0..2^63-1
+  int64_t threads = 2;  // 1..256
+  bool predictive_split = true;
+  int64_t min_piece_points = 500;  // 1..1e9: the splitting floor
+  // auto: cuda:0 when the worker's LibTorch has CUDA and a device is visible
+  // (CUDA_VISIBLE_DEVICES), else the CPU | cpu | cuda (an error without one).
+  std::string device = "auto";
+  int64_t empty_cache_every_steps = 0;  // 0 (off)..1e9: hand cached memory back
+};
+
+// How the ranks of a run with world_size > 1 talk (the [distributed]
+// table; docs/distributed.md).
+struct DistributedSpec {
+  // auto: NCCL when the worker trains on CUDA and its LibTorch has NCCL,
+  // else Gloo | gloo | nccl (an error where it is not built).
+  std::string backend = "auto";
+  // A collective that has not completed after this long fails the rank
+  // (exit 76 naming the peer and the collective). [1, 3600]
+  double timeout_s = 60;
+  // Rank 0 hosts the rendezvous store; the others wait this long for it,
+  // and everyone this long for the whole gang to join. [1, 3600]
+  double connect_timeout_s = 120;
+  // Gradients are allreduced in buckets of about this size, launched as
+  // the last backward pass makes them ready. [0.01, 1024]
+  double bucket_mb = 4;
+  // false: every bucket is launched after backward instead of during it
+  // (for comparison; docs/distributed.md shows what the overlap saves).
+  bool overlap_backward = true;
+};
+
+// Fault injection for tests and the demo (the [testing] table). -1: off.
+struct TestingSpec {
+  // The spec has a [testing] table. trainsupd accepts such a spec only when
+  // its configuration allows fault injection (testing.allow_fault_injection).
+  bool present = false;
+  int64_t crash_at_step = -1;       // abort()
+  int64_t exit_at_step = -1;        // exit with exit_code
+  int64_t exit_code = 1;            // 0..255
+  int64_t signal_at_step = -1;      // raise(signal)
+  int64_t signal = 9;               // 1..64
+  int64_t hang_at_step = -1;        // keep heartbeating, stop progressing
+  int64_t freeze_at_step = -1;      // stop heartbeating (and progressing)
+  int64_t oom_at_step = -1;         // allocate past the memory budget
+  bool corrupt_checkpoint = false;  // corrupt the newest checkpoint at start
+  bool ignore_sigterm = false;
+  bool spawn_grandchild = false;  // leave a process in the group
+  int64_t step_ms = 0;            // test worker: time per step, 0..600000
+  // world_size > 1: raise(SIGSTOP) inside the gradient allreduce of step N
+  // (after its first bucket is launched).
+  int64_t stop_in_collective_at_step = -1;
+  int64_t only_attempt = 0;  // 0: faults on every attempt; N: only on attempt N
+  int64_t only_rank = -1;    // -1: faults on every rank; R: only on rank R
+};
+
+// A run of the user's own program instead of our worker (the [command]
+// table; docs/run-spec.md). trainsupd checks argv[0] against its
+// [commands] allowlist at submit and again at every launch.
+struct CommandSpec {
+  // The program (a path, or a name looked up in /usr/local/bin:/usr/bin:/bin)
+  // and its arguments: 1..256 non-empty strings without NUL.
+  std::vector<std::string> argv;
+  // Absolute; "" = the run directory. Must lie inside daemon.data_roots.
+  std::string cwd;
+  // Extra variables; names [A-Za-z_][A-Za-z0-9_]*, none that trainsupd sets
+  // (kCommandReservedEnv, TRAINSUP_*) nor LD_PRELOAD / LD_LIBRARY_PATH.
+  std::map<std::string, std::string> env;
+  int64_t total_steps = 0;  // 0 (unknown)..1e12: progress total when the program reports none
+  // The program speaks to the daemon (the Python client): frozen and hung
+  // detection as for our worker. false: judged by its exit code only.
+  bool heartbeats = false;
+};
+
+// A run whose ranks span machines (the [cluster] table; docs/distributed.md):
+// the same spec is submitted to the daemon of every node, and the daemons
+// coordinate through etcd. Without the table a run is local, as always.
+struct ClusterSpec {
+  bool present = false;
+  // The job's name, shared by its nodes: its keys in etcd live under
+  // /trainsup/v1/jobs/JOB/. 1..64 of [A-Za-z0-9._-]; required.
+  std::string job;
+  int64_t nodes = 2;           // 1..64
+  int64_t ranks_per_node = 1;  // 1..64; world_size = nodes * ranks_per_node
+  // host:port of etcd's client API, 1..16; required.
+  std::vector<std::string> etcd_endpoints;
+  // Where global rank 0 writes the job's checkpoints and every node reads
+  // them: a directory on storage all nodes share, inside daemon.data_roots
+  // of every node. Absolute; required.
+  std::string checkpoint_dir;
+  // The node's etcd lease: a daemon that has not renewed it for this long
+  // is declared lost by the others. [2, 600]
+  double lease_ttl_s = 10;
+  // How long the nodes of a generation wait for every node to join before
+  // the job fails. [1, 86400]
+  double rendezvous_timeout_s = 300;
+};
+
+// The variables trainsupd sets for a command run, which a spec's
+// command.env may not set (nor any TRAINSUP_* name).
+inline constexpr const char* kCommandReservedEnv[] = {
+    "RANK",        "LOCAL_RANK",  "WORLD_SIZE",          "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"};
+
+struct RunSpec {
+  std::string name = "run";  // 1..64 of [A-Za-z0-9._-]
+  int64_t priority = 0;      // -1000..1000, higher first
+  int64_t world_size = 1;    // 1..64
+  // A [command] table: the run executes `command`; model, data, optimizer,
+  // train, distributed and testing keep their defaults and are unused.
+  bool has_command = false;
+  CommandSpec command;
+  ModelSpec model;
+  DataSpec data;
+  OptimizerSpec optimizer;
+  TrainSpec train;
+  DistributedSpec distributed;
+  TestingSpec testing;
+  ClusterSpec cluster;
+};
+
+// Parses and validates `toml_text`. Errors are InvalidArgument naming the
+// field ("train.batch_size: must be in [1, 4096], got 0"), unknown keys and
+// tables included ("model.arhc: unknown key"). A [command] table excludes
+// [model], [data], [optimizer], [train], [distributed] and [testing]. Non-ASCII characters outside
+// strings and comments are refused with their line and column before the
+// TOML parser sees them (contracts/toml_guard.h).
+absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text);
+
+// Checks that every path in the spec (data.path, data.label_file,
+// command.cwd, cluster.checkpoint_dir) resolves (after symlinks) inside one of `data_roots`.
+// InvalidArgument naming the field when not, or when a path is relative. An empty `data_roots`
+// allows no paths at all.
+absl::Status CheckSpecPaths(const RunSpec& spec, const std::vector<std::string>& data_roots);
+
+// The total number of optimizer steps the run takes (steps, or epochs times
+// steps per epoch when that is known: `steps_per_epoch` > 0).
+int64_t TotalSteps(const RunSpec& spec, int64_t steps_per_epoch);
+
+}  // namespace trainsup
+
+#endif  // TRAINSUP_CONTRACTS_SPEC_H_

@@ -1,0 +1,697 @@
+#include "supervisor/cluster/cluster.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/manifest.h"
+
+namespace trainsup::supervisor {
+namespace {
+
+namespace asio = boost::asio;
+
+constexpr double kRetryS = 1;  // after a failed call, while etcd is down
+constexpr double kPublishEveryS = 1;
+constexpr double kEchoGraceS = 1;
+
+double NowS() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double WallS() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+bool Unreachable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+bool Terminal(v1::RunState s) {
+  return s == v1::RUN_STATE_SUCCEEDED || s == v1::RUN_STATE_FAILED || s == v1::RUN_STATE_CANCELLED;
+}
+
+std::string NodeJson(const v1::ClusterNode& n) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  (void)google::protobuf::util::MessageToJsonString(n, &out, opts);
+  return out;
+}
+
+// What a connection attempt found.
+struct Snapshot {
+  absl::Status status;
+  std::string fatal;  // the node cannot take part
+  int64_t lease = 0;
+  EtcdRange range;
+};
+
+// Moves the generation record at `key` by compare-and-swap: `next` gets
+// the record as it is and returns the one to write, or nullopt when there
+// is nothing to do (someone else moved it already). A lost race re-reads.
+absl::Status SwapGeneration(
+    EtcdClient& c, const std::string& key,
+    const std::function<std::optional<GenerationRecord>(const GenerationRecord&)>& next) {
+  for (int tries = 0; tries < 8; ++tries) {
+    absl::StatusOr<std::optional<EtcdKeyValue>> kv = c.Get(key);
+    if (!kv.ok()) return kv.status();
+    if (!kv->has_value()) return absl::OkStatus();
+    absl::StatusOr<GenerationRecord> g = DecodeGeneration((*kv)->value);
+    if (!g.ok()) return g.status();
+    std::optional<GenerationRecord> n = next(*g);
+    if (!n) return absl::OkStatus();
+    absl::StatusOr<EtcdSwap> swap = c.PutIf(key, (*kv)->mod_revision, EncodeGeneration(*n));
+    if (!swap.ok()) return swap.status();
+    if (swap->succeeded) return absl::OkStatus();
+  }
+  return absl::AbortedError("the generation kept changing");
+}
+
+}  // namespace
+
+std::string SpecHash(const std::string& spec_toml) {
+  ckpt::Hasher h;
+  h.Update(spec_toml);
+  return h.HexDigest();
+}
+
+template <class Fn>
+auto ClusterMember::Guarded(Fn fn) {
+  std::weak_ptr<int> life = life_;
+  return [life, fn = std::move(fn)](auto&&... args) mutable {
+    if (life.expired()) return;
+    fn(std::forward<decltype(args)>(args)...);
+  };
+}
+
+template <class T>
+void ClusterMember::Do(std::function<T(EtcdClient&)> op, std::function<void(T)> then) {
+  std::shared_ptr<EtcdClient> client = client_;
+  auto back = Guarded(std::move(then));
+  asio::post(*ops_, [this_io = &io_, client, op = std::move(op), back]() mutable {
+    T result = op(*client);
+    asio::post(*this_io, [back, result = std::move(result)]() mutable { back(std::move(result)); });
+  });
+}
+
+void ClusterMember::After(double delay_s, std::function<void()> fn) {
+  auto timer = std::make_shared<asio::steady_timer>(io_);
+  timer->expires_after(std::chrono::microseconds(static_cast<int64_t>(delay_s * 1e6)));
+  timer->async_wait(Guarded([timer, fn = std::move(fn)](const boost::system::error_code& ec) {
+    if (!ec) fn();
+  }));
+}
+
+ClusterMember::ClusterMember(asio::io_context& io, std::shared_ptr<EtcdClient> client,
+                             Options options, ClusterEvents events)
+    : io_(io),
+      client_(std::move(client)),
+      o_(std::move(options)),
+      keys_(o_.spec.job),
+      events_(std::move(events)),
+      ops_(std::make_unique<asio::thread_pool>(1)) {
+  self_.set_node(o_.node);
+  self_.set_run_id(o_.run_id);
+  self_.set_address(o_.address);
+  self_.set_node_rank(-1);
+  Connect();
+  After(std::max(0.2, o_.spec.lease_ttl_s / 3), [this] { KeepAlive(); });
+}
+
+ClusterMember::~ClusterMember() {
+  life_.reset();
+  watch_.reset();
+  // Pending calls finish on their thread (bounded by the deadline) and are
+  // dropped; the lease is revoked on a thread of its own so that an etcd
+  // that is down does not hold the loop. A final status, when reported, is
+  // written without the lease first so that it outlives it.
+  ops_->stop();
+  std::shared_ptr<EtcdClient> client = client_;
+  const int64_t lease = lease_;
+  const std::string key = keys_.Node(o_.node);
+  const std::string final_status = self_final_ ? NodeJson(self_) : "";
+  std::thread([client, lease, key, final_status] {
+    if (!final_status.empty()) (void)client->Put(key, final_status);
+    if (lease != 0) (void)client->Revoke(lease);
+  }).detach();
+  ops_->join();
+}
+
+// --- etcd health -----------------------------------------------------------------
+
+void ClusterMember::Failed(const std::string& what, const absl::Status& status) {
+  if (!Unreachable(status)) {
+    if (events_.note) events_.note(LogLevel::kWarn, absl::StrCat(what, ": ", status.message()));
+    return;
+  }
+  etcd_error_ = std::string(status.message());
+  if (etcd_up_) {
+    etcd_up_ = false;
+    down_since_s_ = NowS();
+    if (events_.note) {
+      events_.note(LogLevel::kWarn,
+                   absl::StrCat("etcd unreachable (", client_->endpoints(), "): ", what, ": ",
+                                status.message(),
+                                "; running ranks keep training, no restart is decided until it "
+                                "answers"));
+    }
+  }
+}
+
+void ClusterMember::Answered() {
+  if (etcd_up_) return;
+  etcd_up_ = true;
+  etcd_error_.clear();
+  if (events_.note) {
+    events_.note(LogLevel::kInfo,
+                 absl::StrCat("etcd reachable again after ",
+                              static_cast<int64_t>(std::round(NowS() - down_since_s_)), " s"));
+  }
+}
+
+// --- connection, snapshot, watch ---------------------------------------------------
+
+void ClusterMember::Connect() {
+  if (connecting_ || !fatal_.empty()) return;
+  connecting_ = true;
+  const JobKeys keys = keys_;
+  const std::string node = o_.node;
+  const std::string hash = o_.spec_hash;
+  const std::string self = NodeJson(self_);
+  const int64_t ttl = static_cast<int64_t>(std::ceil(o_.spec.lease_ttl_s));
+  Do<Snapshot>(
+      [keys, node, hash, self, ttl](EtcdClient& c) {
+        Snapshot s;
+        absl::StatusOr<int64_t> lease = c.GrantLease(ttl);
+        if (!lease.ok()) {
+          s.status = lease.status();
+          return s;
+        }
+        s.lease = *lease;
+        if (auto put = c.Put(keys.Node(node), self, s.lease); !put.ok()) {
+          s.status = put.status();
+          return s;
+        }
+        absl::StatusOr<EtcdSwap> spec = c.PutIf(keys.Spec(), 0, hash);
+        if (!spec.ok()) {
+          s.status = spec.status();
+          return s;
+        }
+        if (!spec->succeeded && spec->current && spec->current->value != hash) {
+          s.fatal = absl::StrCat(
+              "this node's spec differs from the one the job's first node published in etcd "
+              "(spec hash ",
+              hash.substr(0, 12), " vs ", spec->current->value.substr(0, 12),
+              "): submit the same spec on every node");
+          (void)c.Revoke(s.lease);
+          return s;
+        }
+        GenerationRecord first;
+        first.reason = "the job's first generation";
+        absl::StatusOr<EtcdSwap> gen = c.PutIf(keys.Generation(), 0, EncodeGeneration(first));
+        if (!gen.ok()) {
+          s.status = gen.status();
+          return s;
+        }
+        absl::StatusOr<EtcdRange> range = c.GetPrefix(keys.prefix());
+        if (!range.ok()) {
+          s.status = range.status();
+          return s;
+        }
+        s.range = std::move(*range);
+        return s;
+      },
+      [this](Snapshot s) {
+        connecting_ = false;
+        if (!s.fatal.empty()) {
+          Answered();
+          fatal_ = s.fatal;
+          if (events_.note) events_.note(LogLevel::kError, fatal_);
+          Evaluate();
+          return;
+        }
+        if (!s.status.ok()) {
+          Failed("joining the job", s.status);
+          After(kRetryS, [this] { Connect(); });
+          return;
+        }
+        Answered();
+        lease_ = s.lease;
+        connected_ = true;
+        nodes_.clear();
+        joins_.clear();
+        for (const EtcdKeyValue& kv : s.range.kvs) Apply(kv, false);
+        StartWatch(s.range.revision + 1);
+        if (lost_lease_generation_ > 0) {
+          AttemptEnd end;
+          end.end_s = WallS();
+          end.cls = ExitClass::kLost;
+          end.detail = absl::StrCat("node ", o_.node, " lost its etcd lease");
+          Bump(lost_lease_generation_, end, end.detail);
+          lost_lease_generation_ = 0;
+        }
+        Evaluate();
+      });
+}
+
+void ClusterMember::Resync() {
+  const std::string prefix = keys_.prefix();
+  Do<absl::StatusOr<EtcdRange>>([prefix](EtcdClient& c) { return c.GetPrefix(prefix); },
+                                [this](absl::StatusOr<EtcdRange> range) {
+                                  if (!range.ok()) {
+                                    Failed("reading the job's keys", range.status());
+                                    After(kRetryS, [this] { Resync(); });
+                                    return;
+                                  }
+                                  Answered();
+                                  nodes_.clear();
+                                  joins_.clear();
+                                  for (const EtcdKeyValue& kv : range->kvs) Apply(kv, false);
+                                  StartWatch(range->revision + 1);
+                                  Evaluate();
+                                });
+}
+
+void ClusterMember::StartWatch(int64_t from_revision) {
+  watch_.reset();
+  auto events = Guarded([this](std::vector<EtcdEvent> batch) {
+    for (const EtcdEvent& e : batch) Apply(e.kv, e.type == EtcdEvent::Type::kDelete);
+    Evaluate();
+  });
+  auto ended = Guarded([this](absl::Status why) {
+    watch_.reset();
+    Failed("watching the job's keys", why);
+    After(kRetryS, [this] { Resync(); });
+  });
+  asio::io_context* io = &io_;
+  watch_ = client_->Watch(
+      keys_.prefix(), from_revision,
+      [io, events](const std::vector<EtcdEvent>& batch, int64_t) mutable {
+        asio::post(*io, [events, batch]() mutable { events(batch); });
+      },
+      [io, ended](const absl::Status& why) mutable {
+        asio::post(*io, [ended, why]() mutable { ended(why); });
+      });
+}
+
+void ClusterMember::Apply(const EtcdKeyValue& kv, bool deleted) {
+  const JobKeys::Parsed p = keys_.Parse(kv.key);
+  if (p.kind == "generation" && !deleted) {
+    absl::StatusOr<GenerationRecord> g = DecodeGeneration(kv.value);
+    if (g.ok()) {
+      if (!gen_ || g->generation >= gen_->generation) gen_ = *g;
+    } else if (events_.note) {
+      events_.note(LogLevel::kWarn, absl::StrCat(kv.key, ": ", g.status().message()));
+    }
+  } else if (p.kind == "node") {
+    if (deleted) {
+      nodes_.erase(p.node);
+      return;
+    }
+    v1::ClusterNode n;
+    google::protobuf::util::JsonParseOptions opts;
+    opts.ignore_unknown_fields = true;
+    if (google::protobuf::util::JsonStringToMessage(kv.value, &n, opts).ok()) {
+      n.set_lease_alive(kv.lease != 0);
+      nodes_[p.node] = n;
+    }
+  } else if (p.kind == "join") {
+    if (deleted) {
+      auto it = joins_.find(p.generation);
+      if (it != joins_.end()) it->second.erase(p.node);
+      return;
+    }
+    absl::StatusOr<JoinRecord> j = DecodeJoin(kv.value);
+    if (j.ok()) joins_[p.generation][p.node] = *j;
+  }
+}
+
+// --- decisions from the job's state ---------------------------------------------------
+
+void ClusterMember::Evaluate() {
+  if (!fatal_.empty()) {
+    if (join_) {
+      auto done = std::move(join_->done);
+      join_.reset();
+      done(absl::FailedPreconditionError(fatal_));
+    }
+    return;
+  }
+  if (!gen_) return;
+  const GenerationRecord& g = *gen_;
+  if (g.generation > moved_told_) {
+    moved_told_ = g.generation;
+    if (g.generation > 1 && events_.moved) events_.moved(g.generation, g.reason);
+  }
+  // Taken out before any is answered: an answer may ask for another.
+  std::vector<std::function<void(ClusterVerdict)>> ready;
+  for (auto it = verdicts_.begin(); it != verdicts_.end();) {
+    if (g.generation > it->first) {
+      ready.push_back(std::move(it->second));
+      it = verdicts_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!ready.empty()) {
+    ClusterVerdict v;
+    v.kind = g.action == GenerationRecord::Action::kRun      ? ClusterVerdict::Kind::kRestart
+             : g.action == GenerationRecord::Action::kCancel ? ClusterVerdict::Kind::kCancel
+                                                             : ClusterVerdict::Kind::kFail;
+    v.generation = g.generation;
+    v.restarts = g.restarts;
+    v.delay_s = g.delay_s;
+    v.reason = g.reason;
+    for (auto& done : ready) done(v);
+  }
+  EvaluateJoin(g);
+  // A node of the generation we run in whose node key is gone: its lease
+  // expired (daemon killed, machine down, partitioned). The job restarts
+  // and waits for it in the next rendezvous.
+  if (connected_ && running_ == g.generation && g.action == GenerationRecord::Action::kRun) {
+    for (const std::string& m : members_) {
+      if (m == o_.node || nodes_.count(m) != 0) continue;
+      AttemptEnd end;
+      end.end_s = WallS();
+      end.cls = ExitClass::kLost;
+      end.detail = absl::StrCat("node ", m, " lost: its etcd lease expired");
+      Bump(running_, end,
+           absl::StrCat("node ", m,
+                        " lost: its etcd lease expired (daemon killed, machine down or "
+                        "partitioned)"));
+      break;
+    }
+  }
+}
+
+// The pending join against generation `g`: its record written, or the
+// rendezvous complete (the agreement handed over), or the job over.
+void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
+  if (!join_ || !connected_) return;
+  if (g.action != GenerationRecord::Action::kRun) {
+    auto done = std::move(join_->done);
+    join_.reset();
+    done(g.action == GenerationRecord::Action::kCancel ? absl::CancelledError(g.reason)
+                                                       : absl::FailedPreconditionError(g.reason));
+    return;
+  }
+  if (join_->put_generation != g.generation) {
+    PutJoin(g.generation);
+  } else {
+    std::vector<JoinRecord> joined;
+    for (const auto& [node, r] : joins_[g.generation]) joined.push_back(r);
+    absl::StatusOr<std::optional<Agreement>> a =
+        Agree(joined, static_cast<int>(o_.spec.nodes), o_.node);
+    if (!a.ok()) {
+      if (events_.note) events_.note(LogLevel::kError, std::string(a.status().message()));
+    } else if (a->has_value()) {
+      Agreement agreed = **a;
+      agreed.generation = g.generation;
+      running_ = g.generation;
+      members_ = agreed.nodes;
+      self_.set_node_rank(agreed.node_rank);
+      self_.set_generation(g.generation);
+      auto done = std::move(join_->done);
+      join_.reset();
+      done(std::move(agreed));
+    }
+  }
+}
+
+void ClusterMember::PutJoin(int64_t generation) {
+  if (!join_ || join_->putting) return;
+  join_->putting = true;
+  JoinRecord r;
+  r.node = o_.node;
+  r.run_id = o_.run_id;
+  r.attempt = join_->attempt;
+  r.address = o_.address;
+  r.port = join_->port;
+  r.steps = join_->steps;
+  const std::string key = keys_.Join(generation, o_.node);
+  const std::string old = last_join_generation_ > 0 && last_join_generation_ != generation
+                              ? keys_.Join(last_join_generation_, o_.node)
+                              : "";
+  const std::string value = EncodeJoin(r);
+  const int64_t lease = lease_;
+  Do<absl::StatusOr<int64_t>>(
+      [key, old, value, lease](EtcdClient& c) -> absl::StatusOr<int64_t> {
+        if (!old.empty()) (void)c.Delete(old);
+        return c.Put(key, value, lease);
+      },
+      [this, generation](absl::StatusOr<int64_t> put) {
+        if (!join_) return;
+        join_->putting = false;
+        if (!put.ok()) {
+          Failed("joining the rendezvous", put.status());
+          After(kRetryS, [this] { Evaluate(); });
+          return;
+        }
+        Answered();
+        join_->put_generation = generation;
+        last_join_generation_ = generation;
+        if (events_.note) {
+          const size_t joined =
+              joins_[generation].size() + (joins_[generation].count(o_.node) ? 0 : 1);
+          events_.note(LogLevel::kInfo,
+                       absl::StrCat("joined the rendezvous of generation ", generation, " (",
+                                    joined, " of ", o_.spec.nodes, " nodes so far)"));
+        }
+        After(o_.spec.rendezvous_timeout_s,
+              [this, generation] { OnRendezvousTimeout(generation); });
+        Evaluate();
+      });
+}
+
+void ClusterMember::OnRendezvousTimeout(int64_t generation) {
+  if (!join_ || join_->put_generation != generation || !gen_ || gen_->generation != generation) {
+    return;
+  }
+  std::vector<std::string> joined;
+  for (const auto& [node, r] : joins_[generation]) joined.push_back(node);
+  const std::string reason =
+      absl::StrCat("rendezvous of generation ", generation, ": only ", joined.size(), " of ",
+                   o_.spec.nodes, " nodes joined within ", o_.spec.rendezvous_timeout_s, " s (",
+                   absl::StrJoin(joined, ", "), "); the job fails");
+  const std::string key = keys_.Generation();
+  const std::string by = o_.node;
+  Do<absl::Status>(
+      [key, generation, reason, by](EtcdClient& c) {
+        return SwapGeneration(c, key, [&](const GenerationRecord& g) {
+          std::optional<GenerationRecord> fail;
+          if (g.generation != generation) return fail;
+          fail = g;
+          fail->generation = generation + 1;
+          fail->action = GenerationRecord::Action::kFail;
+          fail->by = by;
+          fail->reason = reason;
+          return fail;
+        });
+      },
+      [this, generation](absl::Status s) {
+        if (!s.ok()) {
+          Failed("failing the job after the rendezvous timeout", s);
+          After(kRetryS, [this, generation] { OnRendezvousTimeout(generation); });
+        }
+      });
+}
+
+void ClusterMember::Bump(int64_t generation, AttemptEnd end, const std::string& reason) {
+  if (!bumping_.insert(generation).second) return;
+  const std::string key = keys_.Generation();
+  const std::string by = o_.node;
+  const RestartPolicy policy = o_.policy;
+  Do<absl::Status>(
+      [key, generation, end, reason, by, policy](EtcdClient& c) {
+        return SwapGeneration(c, key, [&](const GenerationRecord& g) {
+          std::optional<GenerationRecord> next;
+          if (g.generation == generation && g.action == GenerationRecord::Action::kRun) {
+            next = NextGeneration(g, end, policy, by, reason);
+          }
+          return next;
+        });
+      },
+      [this, generation, end, reason](absl::Status s) {
+        if (s.ok()) {
+          Answered();
+          return;
+        }
+        Failed(absl::StrCat("restarting the job from generation ", generation), s);
+        bumping_.erase(generation);
+        After(kRetryS, [this, generation, end, reason] { Bump(generation, end, reason); });
+      });
+}
+
+// --- keep-alive -----------------------------------------------------------------------
+
+void ClusterMember::KeepAlive() {
+  const double every = std::max(0.2, o_.spec.lease_ttl_s / 3);
+  if (!connected_ || lease_ == 0) {
+    After(every, [this] { KeepAlive(); });
+    return;
+  }
+  const int64_t lease = lease_;
+  Do<absl::StatusOr<int64_t>>(
+      [lease](EtcdClient& c) { return c.KeepAlive(lease); },
+      [this, lease, every](absl::StatusOr<int64_t> ttl) {
+        After(every, [this] { KeepAlive(); });
+        if (lease != lease_) return;
+        if (ttl.ok()) {
+          Answered();
+          if (self_dirty_) PublishSelf();
+          return;
+        }
+        if (ttl.status().code() == absl::StatusCode::kNotFound) {
+          Answered();
+          if (events_.note) {
+            events_.note(LogLevel::kWarn,
+                         absl::StrCat("this node's etcd lease expired (not renewed for ",
+                                      o_.spec.lease_ttl_s,
+                                      " s: the daemon was paused or cut off): the other nodes "
+                                      "count it as lost; rejoining"));
+          }
+          connected_ = false;
+          lease_ = 0;
+          if (gen_ && running_ == gen_->generation) lost_lease_generation_ = running_;
+          Connect();
+          return;
+        }
+        Failed("renewing the node's lease", ttl.status());
+      });
+}
+
+// --- UnitCluster ----------------------------------------------------------------------
+
+void ClusterMember::Join(int attempt, std::vector<int64_t> steps, int port,
+                         std::function<void(absl::StatusOr<Agreement>)> done) {
+  if (join_) {
+    auto old = std::move(join_->done);
+    join_.reset();
+    old(absl::CancelledError("superseded by another join"));
+  }
+  join_ = PendingJoin{attempt, std::move(steps), port, std::move(done), 0, false};
+  if (!connected_) Connect();
+  Evaluate();
+}
+
+void ClusterMember::Broken(int64_t generation, const AttemptEnd& end) {
+  const std::string reason = absl::StrCat("node ", o_.node, ": ", end.detail);
+  if (end.cls == ExitClass::kPeerLost || end.cls == ExitClass::kGang) {
+    // Most likely the echo of a failure on another node, whose own report
+    // names the cause: that node gets a head start to move the generation.
+    After(kEchoGraceS, [this, generation, end, reason] { Bump(generation, end, reason); });
+    return;
+  }
+  Bump(generation, end, reason);
+}
+
+void ClusterMember::Verdict(int64_t generation, const AttemptEnd& end,
+                            std::function<void(ClusterVerdict)> done) {
+  verdicts_.emplace_back(generation, std::move(done));
+  Broken(generation, end);
+  Evaluate();
+}
+
+void ClusterMember::Cancel(const std::string& reason) {
+  const std::string key = keys_.Generation();
+  const std::string why = absl::StrCat("cancelled on node ", o_.node, ": ", reason);
+  const std::string by = o_.node;
+  Do<absl::Status>(
+      [key, why, by](EtcdClient& c) {
+        return SwapGeneration(c, key, [&](const GenerationRecord& g) {
+          std::optional<GenerationRecord> next;
+          if (g.action != GenerationRecord::Action::kRun) return next;
+          next = g;
+          next->generation = g.generation + 1;
+          next->action = GenerationRecord::Action::kCancel;
+          next->by = by;
+          next->reason = why;
+          return next;
+        });
+      },
+      [this, reason](absl::Status s) {
+        if (!s.ok()) {
+          Failed("cancelling the job", s);
+          After(kRetryS, [this, reason] { Cancel(reason); });
+        }
+      });
+}
+
+void ClusterMember::Report(const v1::ClusterNode& self, bool final) {
+  const int node_rank = self_.node_rank();
+  const int64_t generation = self_.generation();
+  self_ = self;
+  self_.set_node(o_.node);
+  self_.set_run_id(o_.run_id);
+  self_.set_address(o_.address);
+  self_.set_node_rank(node_rank);
+  self_.set_generation(generation);
+  self_.set_updated_ms(static_cast<int64_t>(WallS() * 1000));
+  self_final_ = self_final_ || final || Terminal(self.state());
+  self_dirty_ = true;
+  if (NowS() - self_published_s_ >= kPublishEveryS || self_final_) PublishSelf();
+}
+
+void ClusterMember::PublishSelf() {
+  if (!connected_ || publishing_) return;
+  publishing_ = true;
+  self_dirty_ = false;
+  self_published_s_ = NowS();
+  const std::string key = keys_.Node(o_.node);
+  const std::string value = NodeJson(self_);
+  // A final status outlives the lease: the job's other nodes and describe
+  // see how this node ended, and its absence is never read as a loss.
+  const int64_t lease = self_final_ ? 0 : lease_;
+  Do<absl::StatusOr<int64_t>>(
+      [key, value, lease](EtcdClient& c) { return c.Put(key, value, lease); },
+      [this](absl::StatusOr<int64_t> put) {
+        publishing_ = false;
+        if (!put.ok()) {
+          self_dirty_ = true;
+          Failed("publishing the node's status", put.status());
+          return;
+        }
+        Answered();
+      });
+}
+
+void ClusterMember::Fill(v1::ClusterStatus* out) const {
+  out->set_job(o_.spec.job);
+  out->set_nodes_expected(static_cast<int32_t>(o_.spec.nodes));
+  out->set_ranks_per_node(static_cast<int32_t>(o_.spec.ranks_per_node));
+  out->set_etcd_reachable(etcd_up_);
+  out->set_etcd_endpoints(client_->endpoints());
+  out->set_etcd_error(etcd_up_ ? fatal_ : etcd_error_);
+  out->set_this_node(o_.node);
+  if (gen_) {
+    out->set_generation(gen_->generation);
+    out->set_restarts(static_cast<int32_t>(gen_->restarts));
+    out->set_last_reason(gen_->reason);
+  }
+  std::map<std::string, v1::ClusterNode> all = nodes_;
+  v1::ClusterNode me = self_;
+  me.set_lease_alive(connected_);
+  all[o_.node] = me;
+  // Members of the running generation whose key is gone: lost.
+  for (const std::string& m : members_) {
+    if (all.count(m) != 0) continue;
+    v1::ClusterNode lost;
+    lost.set_node(m);
+    lost.set_lease_alive(false);
+    lost.set_node_rank(-1);
+    auto j = joins_.find(running_);
+    if (j != joins_.end() && j->second.count(m)) lost.set_run_id(j->second.at(m).run_id);
+    lost.set_reason("lost: its etcd lease expired");
+    all[m] = lost;
+  }
+  for (const auto& [name, n] : all) *out->add_nodes() = n;
+}
+
+}  // namespace trainsup::supervisor

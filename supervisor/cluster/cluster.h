@@ -1,0 +1,128 @@
+// One multi-node run's coordination with its job's other nodes through etcd
+// (UnitCluster, unit_env.h), after TorchElastic's etcd rendezvous: a lease
+// per node kept alive from the loop, a generation key moved by
+// compare-and-swap, one rendezvous per generation. docs/distributed.md has
+// the protocol and its failure cases; cluster_protocol.h the records.
+//
+// Loop-thread object. Every etcd call runs on the member's own thread, one
+// at a time in the order issued, and its result comes back to the loop; the
+// watch's events too. etcd down never blocks the loop: calls fail within
+// the client's deadline, the member says so once (note, etcd_reachable()),
+// keeps retrying, and decides nothing until etcd answers again.
+#ifndef TRAINSUP_SUPERVISOR_CLUSTER_CLUSTER_H_
+#define TRAINSUP_SUPERVISOR_CLUSTER_CLUSTER_H_
+
+#include <boost/asio.hpp>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "supervisor/cluster/cluster_protocol.h"
+#include "supervisor/cluster/etcd_client.h"
+#include "supervisor/run/unit_env.h"
+
+namespace trainsup::supervisor {
+
+class ClusterMember final : public UnitCluster {
+ public:
+  struct Options {
+    ClusterSpec spec;
+    std::string node;       // this daemon's node name
+    std::string address;    // its advertise address
+    std::string run_id;     // the job's run on this node
+    std::string spec_hash;  // every node's spec must hash alike
+    RestartPolicy policy;   // this daemon's, for the restarts it decides
+  };
+  ClusterMember(boost::asio::io_context& io, std::shared_ptr<EtcdClient> client, Options options,
+                ClusterEvents events);
+  ~ClusterMember() override;
+
+  void Join(int attempt, std::vector<int64_t> steps, int port,
+            std::function<void(absl::StatusOr<Agreement>)> done) override;
+  void Broken(int64_t generation, const AttemptEnd& end) override;
+  void Verdict(int64_t generation, const AttemptEnd& end,
+               std::function<void(ClusterVerdict)> done) override;
+  void Cancel(const std::string& reason) override;
+  void Report(const v1::ClusterNode& self, bool final) override;
+  void Fill(v1::ClusterStatus* out) const override;
+
+  bool etcd_reachable() const { return etcd_up_; }
+
+ private:
+  // Runs `op` on the member's thread; `then` gets its result on the loop,
+  // unless the member is gone by then.
+  template <class T>
+  void Do(std::function<T(EtcdClient&)> op, std::function<void(T)> then);
+  void After(double delay_s, std::function<void()> fn);
+  template <class Fn>
+  auto Guarded(Fn fn);
+
+  void Connect();
+  void Resync();
+  void StartWatch(int64_t from_revision);
+  void Apply(const EtcdKeyValue& kv, bool deleted);
+  void Evaluate();
+  void EvaluateJoin(const GenerationRecord& g);
+  void KeepAlive();
+  void PutJoin(int64_t generation);
+  void OnRendezvousTimeout(int64_t generation);
+  void Bump(int64_t generation, AttemptEnd end, const std::string& reason);
+  void PublishSelf();
+  // An etcd call failed: Unavailable/DeadlineExceeded mark etcd down.
+  void Failed(const std::string& what, const absl::Status& status);
+  void Answered();
+
+  boost::asio::io_context& io_;
+  std::shared_ptr<EtcdClient> client_;
+  Options o_;
+  JobKeys keys_;
+  ClusterEvents events_;
+  std::shared_ptr<int> life_ = std::make_shared<int>(0);
+  std::unique_ptr<boost::asio::thread_pool> ops_;
+  std::unique_ptr<EtcdWatch> watch_;
+
+  bool connecting_ = false;
+  bool connected_ = false;  // a live lease and our node key
+  int64_t lease_ = 0;
+  std::string fatal_;  // this node cannot take part (spec differs): the reason
+  bool etcd_up_ = true;
+  std::string etcd_error_;
+  double down_since_s_ = 0;
+
+  std::optional<GenerationRecord> gen_;
+  std::map<std::string, v1::ClusterNode> nodes_;  // node keys present
+  std::map<int64_t, std::map<std::string, JoinRecord>> joins_;
+  int64_t moved_told_ = 0;  // the newest generation told through events_.moved
+
+  struct PendingJoin {
+    int attempt = 0;
+    std::vector<int64_t> steps;
+    int port = 0;
+    std::function<void(absl::StatusOr<Agreement>)> done;
+    int64_t put_generation = 0;  // the generation whose join record is stored
+    bool putting = false;
+  };
+  std::optional<PendingJoin> join_;
+  int64_t last_join_generation_ = 0;  // our newest join record (deleted when superseded)
+  int64_t running_ = 0;               // the generation whose rendezvous we completed
+  std::vector<std::string> members_;  // its nodes
+  std::vector<std::pair<int64_t, std::function<void(ClusterVerdict)>>> verdicts_;
+  std::set<int64_t> bumping_;  // generations we are moving on
+  int64_t lost_lease_generation_ = 0;
+
+  v1::ClusterNode self_;
+  bool self_final_ = false;
+  double self_published_s_ = -1;
+  bool self_dirty_ = false;
+  bool publishing_ = false;
+};
+
+// The XXH3-128 of a spec's text: the job's nodes must all run this one.
+std::string SpecHash(const std::string& spec_toml);
+
+}  // namespace trainsup::supervisor
+
+#endif  // TRAINSUP_SUPERVISOR_CLUSTER_CLUSTER_H_

@@ -1,0 +1,110 @@
+// The multi-node protocol's data, as pure functions (docs/distributed.md
+// has the protocol itself): the job's keys in etcd, the records stored at
+// them (JSON), and the rendezvous agreement every node computes alike from
+// the same join records. No etcd, clocks or processes: ClusterMember
+// (cluster.h) reads and writes these through EtcdClient.
+//
+//   /trainsup/v1/jobs/JOB/spec            the spec's hash, first node's
+//   /trainsup/v1/jobs/JOB/generation      GenerationRecord (CAS on mod_revision)
+//   /trainsup/v1/jobs/JOB/nodes/NODE      the node's status (its lease)
+//   /trainsup/v1/jobs/JOB/rdzv/G/NODE     JoinRecord of generation G (its lease)
+#ifndef TRAINSUP_SUPERVISOR_CLUSTER_CLUSTER_PROTOCOL_H_
+#define TRAINSUP_SUPERVISOR_CLUSTER_CLUSTER_PROTOCOL_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "supervisor/policy/restart_policy.h"
+
+namespace trainsup::supervisor {
+
+class JobKeys {
+ public:
+  explicit JobKeys(const std::string& job) : prefix_("/trainsup/v1/jobs/" + job + "/") {}
+  const std::string& prefix() const { return prefix_; }
+  std::string Spec() const { return prefix_ + "spec"; }
+  std::string Generation() const { return prefix_ + "generation"; }
+  std::string NodesPrefix() const { return prefix_ + "nodes/"; }
+  std::string Node(const std::string& node) const { return NodesPrefix() + node; }
+  std::string JoinPrefix(int64_t generation) const {
+    return prefix_ + "rdzv/" + std::to_string(generation) + "/";
+  }
+  std::string Join(int64_t generation, const std::string& node) const {
+    return JoinPrefix(generation) + node;
+  }
+  // What a key of the job names: kind "generation", "spec", "node" (with
+  // node), "join" (with generation and node), or "" for anything else.
+  struct Parsed {
+    std::string kind;
+    std::string node;
+    int64_t generation = 0;
+  };
+  Parsed Parse(const std::string& key) const;
+
+ private:
+  std::string prefix_;
+};
+
+// A node's entry in a generation's rendezvous.
+struct JoinRecord {
+  std::string node;
+  std::string run_id;   // the job's run on that node
+  int attempt = 0;      // the attempt it will start
+  std::string address;  // its advertise_addr
+  int port = 0;         // a free port there: MASTER_PORT if it becomes node 0
+  // Checkpoint steps of the shared store it verified, newest first.
+  std::vector<int64_t> steps;
+};
+std::string EncodeJoin(const JoinRecord& r);
+absl::StatusOr<JoinRecord> DecodeJoin(const std::string& json);
+
+// What the job does in a generation, written by whoever moved it there.
+struct GenerationRecord {
+  int64_t generation = 1;
+  enum class Action { kRun, kFail, kCancel };
+  Action action = Action::kRun;
+  int64_t restarts = 0;  // restarts of the whole job so far
+  double delay_s = 0;    // backoff before this generation's rendezvous
+  std::string by;        // the node that wrote it ("" for generation 1)
+  std::string reason;    // why the generation moved (or the job ended)
+  // The job's failed generations (the restart policy's history), oldest
+  // first, at most kMaxHistory.
+  std::vector<AttemptEnd> history;
+  static constexpr size_t kMaxHistory = 256;
+};
+std::string EncodeGeneration(const GenerationRecord& r);
+absl::StatusOr<GenerationRecord> DecodeGeneration(const std::string& json);
+
+// The record that follows `current` when a node of the job saw generation
+// `current.generation` fail with `end` (end.cls is not success): the
+// restart policy over the job's history decides, once, for every node.
+// Restart: generation + 1, kRun, restarts + 1, delay_s the backoff.
+// Failure: generation + 1, kFail with the policy's reason.
+GenerationRecord NextGeneration(const GenerationRecord& current, const AttemptEnd& end,
+                                const RestartPolicy& policy, const std::string& by,
+                                const std::string& reason);
+
+// The rendezvous of one generation, agreed alike by every node from the
+// same records: once `nodes` nodes have joined, node ranks follow the sorted
+// node names, MASTER_ADDR/MASTER_PORT are node 0's, and the checkpoint is
+// the newest step every node verified (-1: none, from scratch).
+struct Agreement {
+  int64_t generation = 0;          // the rendezvous's (set by the caller)
+  std::vector<std::string> nodes;  // sorted; node rank = index
+  int node_rank = -1;              // of `self`
+  std::string master_addr;
+  int master_port = 0;
+  int64_t resume_step = -1;
+};
+// nullopt while fewer than `nodes` have joined. InvalidArgument when more
+// have joined than the job has nodes (a misconfigured extra node: the error
+// names them), or `self` is not among them.
+absl::StatusOr<std::optional<Agreement>> Agree(const std::vector<JoinRecord>& joined, int nodes,
+                                               const std::string& self);
+
+}  // namespace trainsup::supervisor
+
+#endif  // TRAINSUP_SUPERVISOR_CLUSTER_CLUSTER_PROTOCOL_H_

@@ -1,0 +1,70 @@
+#include "supervisor/policy/launch_plan.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "contracts/data_roots.h"
+#include "contracts/run_layout.h"
+
+namespace trainsup::supervisor {
+
+LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
+  LaunchSpec spec;
+  spec.binary = w.binary;
+  spec.args = {"--run-dir",    w.run_dir,
+               "--rank",       std::to_string(w.rank),
+               "--world-size", std::to_string(w.world_size),
+               "--attempt",    std::to_string(w.attempt),
+               "--supervisor", w.supervisor_endpoint,
+               "--resume",     w.resume_step >= 0 ? std::to_string(w.resume_step) : "none"};
+  for (const char* name : kPassedThrough) {
+    auto it = w.daemon_env.find(name);
+    if (it != w.daemon_env.end()) spec.env[name] = it->second;
+  }
+  if (spec.env.count("PATH") == 0) spec.env["PATH"] = "/usr/local/bin:/usr/bin:/bin";
+  spec.env["TRAINSUP_TOKEN"] = w.token;
+  spec.env["TRAINSUP_RUN_ID"] = w.run_id;
+  spec.env["TRAINSUP_ATTEMPT"] = std::to_string(w.attempt);
+  spec.env["CUDA_VISIBLE_DEVICES"] = w.gpu;
+  spec.env["RANK"] = std::to_string(w.rank);
+  const int local_rank = w.local_rank >= 0 ? w.local_rank : w.rank;
+  const int local_world = w.local_world_size >= 0 ? w.local_world_size : w.world_size;
+  spec.env["LOCAL_RANK"] = std::to_string(local_rank);
+  spec.env["WORLD_SIZE"] = std::to_string(w.world_size);
+  spec.env["MASTER_ADDR"] = w.master_addr;
+  spec.env["MASTER_PORT"] = std::to_string(w.master_port);
+  // Always set: unset would mean "no confinement" to the worker; a root it
+  // cannot be told (config validation refuses those) leaves it none.
+  absl::StatusOr<std::string> roots = FormatDataRoots(w.data_roots);
+  spec.env[kDataRootsEnv] = roots.ok() ? *roots : "";
+  if (w.memory_budget_mb > 0) {
+    spec.env["TRAINSUP_MEMORY_BUDGET_MB"] = std::to_string(w.memory_budget_mb);
+  }
+  spec.working_dir = w.run_dir;
+  spec.log_path = RunLayout(w.run_dir).LogPath(w.attempt, w.rank);
+  if (w.command != nullptr) {
+    spec.binary = w.program;
+    spec.args.assign(w.command->argv.begin() + (w.command->argv.empty() ? 0 : 1),
+                     w.command->argv.end());
+    if (!w.command->cwd.empty()) spec.working_dir = w.command->cwd;
+    spec.env["LOCAL_WORLD_SIZE"] = std::to_string(local_world);
+    spec.env["TRAINSUP_RANK"] = std::to_string(w.rank);
+    spec.env["TRAINSUP_WORLD_SIZE"] = std::to_string(w.world_size);
+    spec.env["TRAINSUP_RUN_DIR"] = w.run_dir;
+    spec.env["TRAINSUP_CHECKPOINT_DIR"] = RunLayout(w.run_dir).CheckpointsDir();
+    spec.env["TRAINSUP_RESUME_FROM"] = w.resume_dir;
+    spec.env["TRAINSUP_SUPERVISOR"] = w.supervisor_endpoint;
+    spec.env["TRAINSUP_HEARTBEATS"] = w.command->heartbeats ? "1" : "0";
+    spec.env["TRAINSUP_EXIT_FILE"] = RunLayout(w.run_dir).ExitFilePath(w.attempt, w.rank);
+    for (const auto& [name, value] : w.command->env) spec.env[name] = value;
+  }
+  return spec;
+}
+
+int64_t LoweredMemoryBudgetMb(int64_t spec_budget_mb, int oom_exits, double factor) {
+  if (spec_budget_mb <= 0 || oom_exits <= 0 || factor >= 1.0) return 0;
+  const double mb = static_cast<double>(spec_budget_mb) * std::pow(factor, oom_exits);
+  return std::max<int64_t>(1, static_cast<int64_t>(mb));
+}
+
+}  // namespace trainsup::supervisor

@@ -1,0 +1,118 @@
+#include "supervisor/run/loop_env.h"
+
+#include <signal.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "contracts/exit_file.h"
+
+namespace trainsup::supervisor {
+
+namespace asio = boost::asio;
+
+LoopEnv::~LoopEnv() {
+  for (auto& [id, t] : timers_) t->cancel();
+}
+
+double LoopEnv::NowS() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int64_t LoopEnv::WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t LoopEnv::BootTicks() { return BootTicksNow(); }
+uint64_t LoopEnv::BootTicksAt(int64_t wall_ms) { return WallMsToBootTicks(wall_ms); }
+
+UnitTimers::TimerId LoopEnv::Start(double delay_s, std::function<void()> fn) {
+  const TimerId id = next_timer_++;
+  auto timer = std::make_unique<asio::steady_timer>(io_);
+  timer->expires_after(
+      std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, delay_s) * 1e6)));
+  timer->async_wait([this, id, fn = std::move(fn)](const boost::system::error_code& ec) {
+    if (ec == asio::error::operation_aborted) return;
+    timers_.erase(id);
+    fn();
+  });
+  timers_[id] = std::move(timer);
+  return id;
+}
+
+void LoopEnv::Cancel(TimerId id) {
+  auto it = timers_.find(id);
+  if (it == timers_.end()) return;
+  it->second->cancel();
+  timers_.erase(it);
+}
+
+void LoopEnv::OffLoop(std::function<std::function<void()>()> work) {
+  asio::post(pool_, [this, work = std::move(work)] {
+    std::function<void()> then = work();
+    if (then) asio::post(io_, std::move(then));
+  });
+}
+
+void LoopEnv::Write(const std::string& run_id, StoreBatch batch,
+                    std::function<void(absl::Status, StoreBatch)> done) {
+  auto shared = std::make_shared<StoreBatch>(std::move(batch));
+  store_->Write([this, run_id, shared, done = std::move(done)](StateStore& store) {
+    // The status moves to the loop: its error payload is reference-counted,
+    // and one owner at a time keeps the two threads off the count.
+    asio::post(io_, [s = ApplyBatch(store, run_id, shared.get()), shared, done]() mutable {
+      done(std::move(s), std::move(*shared));
+    });
+  });
+}
+
+absl::StatusOr<LaunchedProcess> LoopEnv::Launch(const LaunchSpec& spec) {
+  return supervisor::Launch(spec);
+}
+
+void LoopEnv::WatchExit(const std::string& run_id, int attempt, int rank, int pid,
+                        uint64_t start_ticks, bool own_child) {
+  exits_->Watch(run_id, attempt, rank, pid, start_ticks, own_child);
+}
+
+void LoopEnv::UnwatchExit(const std::string& run_id, int attempt, int rank) {
+  exits_->Unwatch(run_id, attempt, rank);
+}
+
+ReapResult LoopEnv::Reap(int pid) { return ReapIfExited(pid); }
+
+bool LoopEnv::IsSameProcess(int pid, uint64_t start_ticks) {
+  return supervisor::IsSameProcess(pid, start_ticks);
+}
+
+std::optional<ExitFile> LoopEnv::ReadExitFile(const std::string& path) {
+  absl::StatusOr<ExitFile> f = trainsup::ReadExitFile(path);
+  if (!f.ok()) return std::nullopt;
+  return *f;
+}
+
+void LoopEnv::CaptureStacks(int pid, const std::string& log_path,
+                            std::function<void(absl::StatusOr<std::string>)> done) {
+  asio::post(pool_, [this, pid, log_path, done = std::move(done)] {
+    absl::StatusOr<std::string> how = supervisor::CaptureStacks(pid, log_path, 20);
+    asio::post(io_, [how, done] { done(how); });
+  });
+}
+
+absl::Status LoopEnv::SignalGroup(const GroupIdentity& group, int sig) {
+  return SignalWorkerGroup(group, sig);
+}
+
+absl::Status LoopEnv::SignalLeader(const GroupIdentity& group, int sig) {
+  if (group.pgid <= 1 || !IsSameProcess(group.pgid, group.leader_start_ticks)) {
+    return absl::OkStatus();  // gone, or its pid reused: nothing of ours to signal
+  }
+  if (kill(group.pgid, sig) == 0 || errno == ESRCH) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("kill(", group.pgid, ", ", sig, "): ", strerror(errno)));
+}
+
+}  // namespace trainsup::supervisor

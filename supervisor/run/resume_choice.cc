@@ -1,0 +1,90 @@
+#include "supervisor/run/resume_choice.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/file_system.h"
+#include "checkpoint/store.h"
+#include "contracts/run_layout.h"
+
+namespace trainsup::supervisor {
+
+ResumeChoice ChooseResume(const std::string& run_dir) {
+  ResumeChoice c;
+  const std::string root = RunLayout(run_dir).CheckpointsDir();
+  if (!ckpt::FileSystem::Default()->IsDir(root)) return c;
+  ckpt::CheckpointStore store(root);
+  std::vector<ckpt::QuarantineReport> quarantined;
+  absl::StatusOr<ckpt::CheckpointInfo> latest = store.ChooseLatest(&quarantined);
+  for (const auto& q : quarantined) {
+    c.notes.push_back(absl::StrCat("checkpoint step ", q.step, " quarantined: ", q.reason));
+  }
+  if (latest.ok()) {
+    c.step = latest->step;
+    c.dir = latest->path;
+  } else if (latest.status().code() != absl::StatusCode::kNotFound) {
+    c.error = latest.status();
+  }
+  return c;
+}
+
+ResumeChoice ChooseResumeShared(const std::string& run_dir, const std::string& shared_dir) {
+  namespace fs = std::filesystem;
+  ResumeChoice c;
+  const fs::path link = RunLayout(run_dir).CheckpointsDir();
+  std::error_code ec;
+  fs::create_directories(shared_dir, ec);
+  if (ec) {
+    c.error = absl::FailedPreconditionError(
+        absl::StrCat("cluster.checkpoint_dir ", shared_dir, ": cannot create it: ", ec.message()));
+    return c;
+  }
+  const fs::file_status st = fs::symlink_status(link, ec);
+  if (st.type() == fs::file_type::not_found) {
+    fs::create_directory_symlink(shared_dir, link, ec);
+    if (ec) {
+      c.error = absl::FailedPreconditionError(
+          absl::StrCat("cannot link ", link.string(), " to ", shared_dir, ": ", ec.message()));
+      return c;
+    }
+  } else if (st.type() != fs::file_type::symlink || fs::read_symlink(link, ec) != shared_dir) {
+    c.error = absl::FailedPreconditionError(absl::StrCat(
+        link.string(), " exists and is not a link to cluster.checkpoint_dir ", shared_dir));
+    return c;
+  }
+  ckpt::CheckpointStore store(shared_dir);
+  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> all = store.List();
+  if (!all.ok()) {
+    if (all.status().code() != absl::StatusCode::kNotFound) c.error = all.status();
+    return c;
+  }
+  std::vector<ckpt::CheckpointInfo> newest_first = *all;
+  std::sort(
+      newest_first.begin(), newest_first.end(),
+      [](const ckpt::CheckpointInfo& a, const ckpt::CheckpointInfo& b) { return a.step > b.step; });
+  for (const ckpt::CheckpointInfo& info : newest_first) {
+    absl::Status v = store.Verify(info);
+    if (v.ok()) {
+      c.loadable.emplace_back(info.step, info.path);
+      continue;
+    }
+    if (v.code() != absl::StatusCode::kDataLoss) {
+      c.error = v;  // an I/O error is no verdict: nothing chosen
+      c.loadable.clear();
+      return c;
+    }
+    // Not quarantined here: the store is shared, and global rank 0's
+    // worker handles its own; this node only leaves it out.
+    c.notes.push_back(
+        absl::StrCat("checkpoint step ", info.step,
+                     " of the shared store does not verify on this node: ", v.message()));
+  }
+  if (!c.loadable.empty()) {
+    c.step = c.loadable.front().first;
+    c.dir = c.loadable.front().second;
+  }
+  return c;
+}
+
+}  // namespace trainsup::supervisor

@@ -1,0 +1,262 @@
+// One run's life in the daemon: its state, its attempts and their ranks, and
+// every transition (launch, exit, gang stop, restart decision, cancel,
+// graceful shutdown, hang detection, adoption after a daemon restart), with
+// all effects going through UnitEnv (unit_env.h). After systemd's units: the
+// unit decides from data (exit_classify.h, restart_policy.h, stop_stage.h,
+// launch_plan.h) and acts through thin adapters.
+//
+// Persist, then act. Every transition is written to the store as one
+// StoreBatch before its effects happen: a new attempt's processes are
+// started only once the attempt is stored, a restart is scheduled only once
+// the ending attempt is, and events reach watchers with their stored seq
+// numbers. The unit's writes are queued in order, one in flight; a write
+// that fails is reported to the host and retried with backoff, and the run
+// does not move on (Schedulable() is false) until it is stored.
+//
+// Loop-thread only. Callbacks hold a weak guard, so a unit may be destroyed
+// with timers, writes or off-loop work still pending.
+#ifndef TRAINSUP_SUPERVISOR_RUN_RUN_UNIT_H_
+#define TRAINSUP_SUPERVISOR_RUN_RUN_UNIT_H_
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "contracts/spec.h"
+#include "supervisor/policy/exit_classify.h"
+#include "supervisor/policy/group_identity.h"
+#include "supervisor/policy/progress_timeout.h"
+#include "supervisor/policy/restart_policy.h"
+#include "supervisor/run/resume_choice.h"
+#include "supervisor/policy/scheduler.h"
+#include "supervisor/policy/stop_stage.h"
+#include "supervisor/run/unit_env.h"
+
+namespace trainsup::supervisor {
+
+bool IsTerminal(v1::RunState state);
+// "PENDING", "RUNNING", ...
+std::string StateName(v1::RunState state);
+
+// One rank of the current (or last) attempt.
+struct RankState {
+  int rank = 0;
+  int slot = -1;
+  std::string gpu;  // CUDA_VISIBLE_DEVICES
+  int pid = 0;
+  GroupIdentity group;
+  std::string token;
+  bool own_child = false;  // started by this daemon: reaped with waitpid
+  bool alive = false;
+  double launched_s = 0;
+  double last_heartbeat_s = 0;
+  double last_progress_s = 0;
+  bool heard = false;       // said Hello (this attempt, or before adoption)
+  bool progressed = false;  // the training loop advanced during the attempt
+  uint64_t progress_counter = 0;
+  double steps_per_s = 0;
+  WorkerPhase phase = WorkerPhase::kLoading;
+  std::shared_ptr<WorkerLink> link;
+  std::optional<ExitClass> forced;  // why we are stopping it
+  std::string forced_reason;
+  StopStage stop_stage = StopStage::kNone;
+  UnitTimers::TimerId stop_timer = 0;
+  std::optional<ExitFile> exit_report;  // sent on the stream
+  // Found dead at adoption: it died while no daemon watched, so its group
+  // was last known alive at its last heartbeat, not when we noticed.
+  bool died_unwatched = false;
+  // RankOutcome::end_order: set when the rank's end (or our frozen or hung
+  // verdict) is seen; -1 until then.
+  int end_order = -1;
+  v1::RankStatus status;
+  double last_persist_s = 0;
+};
+
+class RunUnit {
+ public:
+  // A new run, just stored (PENDING).
+  RunUnit(v1::Run run, RunSpec spec, int64_t seq, UnitEnv env);
+  ~RunUnit();
+  RunUnit(const RunUnit&) = delete;
+  RunUnit& operator=(const RunUnit&) = delete;
+
+  // A run the store holds unfinished, after a daemon restart: its history
+  // rebuilt, an attempt that was running adopted (workers that still are the
+  // processes we started are watched again; dead ones are classified from
+  // their exit files), a RESTARTING run given its remaining backoff.
+  // `privs[i]` belongs to rank i of the newest attempt.
+  static std::unique_ptr<RunUnit> Restore(const v1::Run& stored, RunSpec spec, int64_t seq,
+                                          const std::vector<RankPrivate>& privs,
+                                          const RunLearning& learning, UnitEnv env);
+
+  const v1::Run& run() const { return run_; }
+  const RunSpec& spec() const { return spec_; }
+  const std::string& id() const { return run_.run_id(); }
+  const std::vector<RankState>& ranks() const { return ranks_; }
+  int attempt_number() const { return attempt_.number(); }
+  int64_t last_checkpoint_ms() const { return last_checkpoint_ms_; }
+  bool waiting_for_space() const { return waiting_for_space_; }
+  bool AnyAlive() const;
+  // Every write of the unit is stored.
+  bool idle() const { return !write_in_flight_ && writes_.empty(); }
+
+  // The run as the scheduler sees it, when it may be placed now: PENDING or
+  // RESTARTING, nothing in preparation or unstored, not cancelled, not
+  // waiting for disk space.
+  std::optional<QueuedRun> Queued() const;
+
+  // Placed on `slots` (rank i on slots[i], already marked busy; gpus[i] its
+  // CUDA_VISIBLE_DEVICES): chooses the checkpoint (off the loop), stores the
+  // new attempt, then launches every rank.
+  void Start(const std::vector<int>& slots, const std::vector<std::string>& gpus);
+
+  // A watched process exited (or may have: a spurious call is ignored).
+  void OnProcessExit(int attempt, int rank);
+
+  // Worker channel. OK, or Unauthenticated when the hello does not name a
+  // live rank of the current attempt with its token.
+  absl::Status OnHello(const worker::v1::Hello& hello, std::shared_ptr<WorkerLink> link);
+  void OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
+                       const worker::v1::WorkerMessage& message);
+  void OnLinkClosed(int attempt, int rank, const WorkerLink* link);
+
+  // Cancels the run: live workers are stopped gracefully (checkpoint, exit)
+  // and the run ends CANCELLED once they are gone; a run without workers
+  // ends CANCELLED at once. `done` runs when the request is taken (OK) or
+  // refused (FailedPrecondition: the run already ended).
+  void Cancel(const std::string& reason, std::function<void(absl::Status)> done);
+
+  // The daemon is stopping: live workers are asked to checkpoint and stop;
+  // the run goes back to PENDING and resumes with the next daemon.
+  void Shutdown();
+
+  // Frozen (no heartbeat) and hung (no progress) detection.
+  void CheckLiveness();
+
+  // Overlays what only the loop knows (live ranks, progress) on a stored run.
+  void FillLive(v1::Run* out) const;
+  // A multi-node run: its job as last seen (true); false for a local run.
+  bool FillCluster(v1::ClusterStatus* out) const;
+
+ private:
+  explicit RunUnit(UnitEnv env);
+  // `fn` wrapped so that it does nothing once the unit is gone.
+  template <class Fn>
+  auto Guarded(Fn fn) {
+    std::weak_ptr<int> life = life_;
+    return [life, fn = std::move(fn)](auto&&... args) mutable {
+      if (life.expired()) return;
+      fn(std::forward<decltype(args)>(args)...);
+    };
+  }
+  const DaemonConfig& cfg() const { return env_.host->config(); }
+  // The rank `rank` (global: a multi-node run's ranks on this node are
+  // rank_base_ ...) of the current attempt, or nullptr.
+  RankState* At(int rank) {
+    const int i = rank - rank_base_;
+    return i >= 0 && i < static_cast<int>(ranks_.size()) ? &ranks_[i] : nullptr;
+  }
+  // Multi-node (spec.cluster): this node runs ranks_per_node of the ranks.
+  bool Clustered() const { return spec_.cluster.present; }
+  int LocalRanks() const {
+    return Clustered() ? static_cast<int>(spec_.cluster.ranks_per_node) : run_.world_size();
+  }
+  // Creates cluster_ when missing; false (and the run failing) when the
+  // host cannot.
+  bool EnsureCluster();
+  void OnClusterMoved(int64_t generation, const std::string& reason);
+  void OnClusterNote(LogLevel level, const std::string& line);
+  void OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a);
+  void ReportToCluster(bool final = false);
+  // The end of EndAttempt once the decision is known.
+  // `restarts` >= 0: the job's count (a multi-node run), not one more.
+  void ApplyDecision(StoreBatch b, ExitClass cls, const RestartDecision& d, int64_t restarts = -1);
+  // The run's processes speak to the daemon (our worker, or a command run
+  // with heartbeats): they say Hello, and frozen and hung detection apply.
+  bool Heartbeats() const { return !spec_.has_command || spec_.command.heartbeats; }
+  void Log(LogLevel level, const std::string& line);
+  v1::RunEvent Event(v1::EventKind kind, int rank, const std::string& reason) const;
+
+  // Persistence: `batch` is stored (retried until it is), then `then` runs.
+  void Persist(StoreBatch batch, std::function<void(const StoreBatch&)> then);
+  void PumpWrites();
+  // Stores the run's new state with its STATE event (plus `extra` rows), then
+  // publishes every event of the batch and runs `then`.
+  void SetState(v1::RunState state, const std::string& reason, StoreBatch extra,
+                std::function<void()> then = nullptr);
+  void PublishAll(const StoreBatch& batch);
+  StoreBatch::Rank RankRow(RankState& r);
+
+  void Adopt(const v1::Attempt& attempt, const std::vector<RankPrivate>& privs);
+  // Cancelled or the daemon stopping while the attempt was prepared: its
+  // slots go back (and a cancel ends the run). True when so.
+  bool StoppedBeforeStart();
+  void OnPrepared(ResumeChoice choice);
+  // A multi-node run's attempt belongs to job generation `generation`.
+  void StartAttempt(ResumeChoice choice, int64_t generation = 0);
+  void LaunchRanks();
+  void EndAttempt();
+  void AfterDecision(const RestartDecision& d);
+  void WaitForSpace();
+  void ReleaseSlots();
+
+  void StopRank(RankState& r, ExitClass why, const std::string& reason, bool graceful);
+  void EnterStopStage(int rank, StopStage stage);
+  void CaptureAndKill(RankState& r, ExitClass cls, const std::string& reason);
+  // CaptureAndKill's stack capture (when configured), then SIGTERM.
+  void CaptureThenTerm(int attempt, int rank);
+  void MaybeFinished();
+
+  UnitEnv env_;
+  std::shared_ptr<int> life_ = std::make_shared<int>(0);
+  v1::Run run_;  // without attempts
+  RunSpec spec_;
+  int64_t seq_ = 0;
+  v1::Attempt attempt_;  // the current (or last) attempt, ranks not filled
+  std::vector<RankState> ranks_;
+  std::vector<int> slots_;
+  std::vector<std::string> gpus_;
+  std::vector<AttemptEnd> history_;
+  // Ends seen during the current attempt, for RankState::end_order; ranks
+  // that died while no daemon watched all get 0, before any end seen live.
+  int ends_seen_ = 0;
+  int oom_exits_ = 0;
+  ProgressLearning learning_;
+  double learning_saved_s_ = 0;
+  UnitTimers::TimerId restart_timer_ = 0;
+  double not_before_s_ = 0;
+  bool preparing_ = false;
+  bool launching_ = false;  // the attempt is being stored; ranks start after
+  int prepare_failures_ = 0;
+  bool cancel_ = false;
+  std::string cancel_reason_;
+  bool shutdown_stop_ = false;
+  bool waiting_for_space_ = false;
+  bool space_reported_ = false;
+  double space_backoff_s_ = 0;
+  double last_progress_persist_s_ = 0;
+  int64_t last_checkpoint_ms_ = 0;
+
+  // Multi-node runs (docs/distributed.md).
+  std::unique_ptr<UnitCluster> cluster_;
+  int rank_base_ = 0;        // node rank x ranks_per_node
+  std::string master_addr_;  // the generation's node 0 (empty: local)
+  int master_port_ = 0;
+  bool joining_ = false;  // in the rendezvous
+
+  struct PendingWrite {
+    StoreBatch batch;
+    std::function<void(const StoreBatch&)> then;
+  };
+  std::deque<PendingWrite> writes_;
+  bool write_in_flight_ = false;
+  int write_failures_ = 0;
+  bool finished_ = false;  // Finished() was reported
+};
+
+}  // namespace trainsup::supervisor
+
+#endif  // TRAINSUP_SUPERVISOR_RUN_RUN_UNIT_H_

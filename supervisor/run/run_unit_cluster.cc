@@ -1,0 +1,119 @@
+// The run unit's side of a multi-node job (spec.cluster): its rendezvous
+// before each attempt, stopping its ranks when the job moves on, its status
+// for the other nodes. The coordination itself is UnitCluster's
+// (cluster.h); docs/distributed.md has the protocol.
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "supervisor/run/run_unit.h"
+
+namespace trainsup::supervisor {
+
+bool RunUnit::EnsureCluster() {
+  if (cluster_) return true;
+  ClusterEvents events;
+  events.moved = Guarded([this](int64_t generation, const std::string& reason) {
+    OnClusterMoved(generation, reason);
+  });
+  events.note =
+      Guarded([this](LogLevel level, const std::string& line) { OnClusterNote(level, line); });
+  absl::StatusOr<std::unique_ptr<UnitCluster>> c =
+      env_.host->JoinCluster(run_, spec_, std::move(events));
+  if (!c.ok()) {
+    SetState(v1::RUN_STATE_FAILED,
+             absl::StrCat("cannot coordinate with the job's other nodes: ", c.status().message()),
+             {}, [this] { MaybeFinished(); });
+    return false;
+  }
+  cluster_ = std::move(*c);
+  return true;
+}
+
+void RunUnit::OnClusterNote(LogLevel level, const std::string& line) {
+  const std::string text = absl::StrCat("job ", spec_.cluster.job, ": ", line);
+  Log(level, text);
+  StoreBatch b;
+  b.what = "cluster note";
+  b.events.push_back(Event(v1::EVENT_KIND_LOG, -1, text));
+  Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
+}
+
+void RunUnit::OnClusterMoved(int64_t generation, const std::string& reason) {
+  const int64_t mine = attempt_.generation();
+  if (mine == 0 || generation <= mine) return;
+  bool stopping = false;
+  for (RankState& r : ranks_) {
+    if (!r.alive || r.stop_stage != StopStage::kNone) continue;
+    stopping = true;
+    StopRank(r, ExitClass::kGang,
+             absl::StrCat("the job moved to generation ", generation, ": ", reason),
+             /*graceful=*/false);
+  }
+  if (stopping) {
+    OnClusterNote(LogLevel::kInfo,
+                  absl::StrCat("generation ", generation, ": ", reason,
+                               "; stopping this node's ranks of generation ", mine));
+  }
+}
+
+void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a) {
+  joining_ = false;
+  if (StoppedBeforeStart()) return;
+  if (!a.ok()) {
+    ReleaseSlots();
+    if (a.status().code() == absl::StatusCode::kCancelled) {
+      SetState(v1::RUN_STATE_CANCELLED, std::string(a.status().message()), {},
+               [this] { MaybeFinished(); });
+    } else {
+      SetState(v1::RUN_STATE_FAILED, std::string(a.status().message()), {},
+               [this] { MaybeFinished(); });
+    }
+    return;
+  }
+  c.step = -1;
+  c.dir.clear();
+  for (const auto& [step, dir] : c.loadable) {
+    if (step == a->resume_step) {
+      c.step = step;
+      c.dir = dir;
+    }
+  }
+  if (a->resume_step >= 0 && c.step < 0) {
+    // Every node verified it, this one included: not listed means the
+    // store changed under us. Prepare again.
+    ReleaseSlots();
+    not_before_s_ = env_.clock->NowS() + 1;
+    restart_timer_ = env_.timers->Start(1, Guarded([this] {
+                                          restart_timer_ = 0;
+                                          env_.host->Reschedule();
+                                        }));
+    return;
+  }
+  rank_base_ = a->node_rank * static_cast<int>(spec_.cluster.ranks_per_node);
+  master_addr_ = a->master_addr;
+  master_port_ = a->master_port;
+  c.notes.push_back(absl::StrCat(
+      "job ", spec_.cluster.job, " generation ", a->generation, ": node rank ", a->node_rank,
+      " of ", a->nodes.size(), " (", absl::StrJoin(a->nodes, ", "), "), ranks ", rank_base_, "..",
+      rank_base_ + spec_.cluster.ranks_per_node - 1, ", MASTER ", master_addr_, ":", master_port_,
+      a->resume_step >= 0 ? absl::StrCat(", resuming from step ", a->resume_step)
+                          : std::string(", from scratch")));
+  StartAttempt(std::move(c), a->generation);
+}
+
+void RunUnit::ReportToCluster(bool final) {
+  if (!cluster_) return;
+  v1::ClusterNode n;
+  n.set_state(run_.state());
+  n.set_reason(run_.reason());
+  for (const RankState& r : ranks_) {
+    v1::RankStatus rs = r.status;
+    rs.set_rank(r.rank);
+    rs.set_pid(r.pid);
+    rs.set_alive(r.alive);
+    rs.clear_log_path();
+    *n.add_ranks() = rs;
+  }
+  cluster_->Report(n, final || IsTerminal(run_.state()));
+}
+
+}  // namespace trainsup::supervisor

@@ -1,0 +1,249 @@
+#include "supervisor/sys/gpu_monitor.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace trainsup::supervisor {
+namespace {
+
+// The few NVML declarations used, as in nvml.h (ABI-stable across driver
+// releases), so that no CUDA headers are needed to build.
+using nvmlReturn_t = int;
+using nvmlDevice_t = struct nvmlDevice_st*;
+constexpr nvmlReturn_t kNvmlSuccess = 0;
+constexpr nvmlReturn_t kNvmlInsufficientSize = 7;
+constexpr unsigned kNvmlNameBufferSize = 96;  // NVML_DEVICE_NAME_V2_BUFFER_SIZE
+constexpr unsigned kNvmlUuidBufferSize = 96;  // NVML_DEVICE_UUID_V2_BUFFER_SIZE
+
+struct nvmlMemory_t {
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+// For nvmlDeviceGetComputeRunningProcesses_v3 (and _v2).
+struct nvmlProcessInfo_t {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+};
+// For the unversioned nvmlDeviceGetComputeRunningProcesses of old drivers.
+struct nvmlProcessInfo_v1_t {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+};
+
+class NvmlMonitor final : public GpuMonitor {
+ public:
+  explicit NvmlMonitor(const std::string& library) {
+    handle_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle_ == nullptr) return;
+    const bool resolved = Resolve("nvmlInit_v2", &init_) && Resolve("nvmlShutdown", &shutdown_) &&
+                          Resolve("nvmlDeviceGetCount_v2", &get_count_) &&
+                          Resolve("nvmlDeviceGetHandleByIndex_v2", &get_handle_) &&
+                          Resolve("nvmlDeviceGetName", &get_name_) &&
+                          Resolve("nvmlDeviceGetUUID", &get_uuid_) &&
+                          Resolve("nvmlDeviceGetMemoryInfo", &get_memory_);
+    Resolve("nvmlErrorString", &error_string_);
+    if (!Resolve("nvmlDeviceGetComputeRunningProcesses_v3", &get_processes_v3_)) {
+      Resolve("nvmlDeviceGetComputeRunningProcesses", &get_processes_v1_);
+    }
+    initialized_ = resolved && (get_processes_v3_ != nullptr || get_processes_v1_ != nullptr) &&
+                   init_() == kNvmlSuccess;
+  }
+
+  ~NvmlMonitor() override {
+    if (initialized_) shutdown_();
+    if (handle_ != nullptr) dlclose(handle_);
+  }
+
+  bool available() const override { return initialized_; }
+
+  absl::StatusOr<std::vector<GpuInfo>> Query() override {
+    if (!initialized_) return absl::FailedPreconditionError("NVML is not available");
+    unsigned count = 0;
+    if (nvmlReturn_t r = get_count_(&count); r != kNvmlSuccess)
+      return Error("nvmlDeviceGetCount", r);
+    std::vector<GpuInfo> gpus;
+    for (unsigned i = 0; i < count; ++i) {
+      nvmlDevice_t device;
+      if (nvmlReturn_t r = get_handle_(i, &device); r != kNvmlSuccess) {
+        return Error(absl::StrCat("nvmlDeviceGetHandleByIndex(", i, ")"), r);
+      }
+      GpuInfo gpu;
+      gpu.index = static_cast<int>(i);
+      char text[std::max(kNvmlNameBufferSize, kNvmlUuidBufferSize)] = {};
+      if (nvmlReturn_t r = get_name_(device, text, kNvmlNameBufferSize); r != kNvmlSuccess) {
+        return Error("nvmlDeviceGetName", r);
+      }
+      gpu.name = text;
+      if (nvmlReturn_t r = get_uuid_(device, text, kNvmlUuidBufferSize); r != kNvmlSuccess) {
+        return Error("nvmlDeviceGetUUID", r);
+      }
+      gpu.uuid = text;
+      nvmlMemory_t memory;
+      if (nvmlReturn_t r = get_memory_(device, &memory); r != kNvmlSuccess) {
+        return Error("nvmlDeviceGetMemoryInfo", r);
+      }
+      gpu.memory_total = static_cast<int64_t>(memory.total);
+      gpu.memory_used = static_cast<int64_t>(memory.used);
+      absl::StatusOr<std::vector<int>> pids =
+          get_processes_v3_ != nullptr
+              ? ComputePids<nvmlProcessInfo_t>(get_processes_v3_, device)
+              : ComputePids<nvmlProcessInfo_v1_t>(get_processes_v1_, device);
+      if (!pids.ok()) return pids.status();
+      gpu.compute_pids = *std::move(pids);
+      gpus.push_back(std::move(gpu));
+    }
+    return gpus;
+  }
+
+ private:
+  template <typename Fn>
+  bool Resolve(const char* name, Fn** fn) {
+    *fn = reinterpret_cast<Fn*>(dlsym(handle_, name));
+    return *fn != nullptr;
+  }
+
+  absl::Status Error(const std::string& call, nvmlReturn_t r) const {
+    const char* text = error_string_ != nullptr ? error_string_(r) : nullptr;
+    return absl::UnavailableError(
+        absl::StrCat(call, " failed: ", text != nullptr ? text : "NVML error ", r));
+  }
+
+  // The list grows between the sizing call and the real one when processes
+  // start, so retry while NVML says the buffer is too small.
+  template <typename Info>
+  absl::StatusOr<std::vector<int>> ComputePids(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned*, Info*),
+                                               nvmlDevice_t device) const {
+    std::vector<Info> infos(16);
+    for (int attempt = 0; attempt < 8; ++attempt) {
+      unsigned count = static_cast<unsigned>(infos.size());
+      const nvmlReturn_t r = fn(device, &count, infos.data());
+      if (r == kNvmlInsufficientSize) {
+        infos.resize(std::max<size_t>(count, infos.size()) * 2);
+        continue;
+      }
+      if (r != kNvmlSuccess) return Error("nvmlDeviceGetComputeRunningProcesses", r);
+      std::vector<int> pids;
+      for (unsigned k = 0; k < count; ++k) pids.push_back(static_cast<int>(infos[k].pid));
+      std::sort(pids.begin(), pids.end());
+      pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
+      return pids;
+    }
+    return absl::UnavailableError("nvmlDeviceGetComputeRunningProcesses: list keeps growing");
+  }
+
+  void* handle_ = nullptr;
+  bool initialized_ = false;
+  nvmlReturn_t (*init_)() = nullptr;
+  nvmlReturn_t (*shutdown_)() = nullptr;
+  nvmlReturn_t (*get_count_)(unsigned*) = nullptr;
+  nvmlReturn_t (*get_handle_)(unsigned, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*get_name_)(nvmlDevice_t, char*, unsigned) = nullptr;
+  nvmlReturn_t (*get_uuid_)(nvmlDevice_t, char*, unsigned) = nullptr;
+  nvmlReturn_t (*get_memory_)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
+  nvmlReturn_t (*get_processes_v3_)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*) = nullptr;
+  nvmlReturn_t (*get_processes_v1_)(nvmlDevice_t, unsigned*, nvmlProcessInfo_v1_t*) = nullptr;
+  const char* (*error_string_)(nvmlReturn_t) = nullptr;
+};
+
+class FakeMonitor final : public GpuMonitor {
+ public:
+  explicit FakeMonitor(std::string path) : path_(std::move(path)) {}
+
+  bool available() const override { return true; }
+
+  absl::StatusOr<std::vector<GpuInfo>> Query() override {
+    std::ifstream in(path_);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read fake GPU file ", path_));
+    std::ostringstream text;
+    text << in.rdbuf();
+    const nlohmann::json doc =
+        nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    const auto bad = [&](const std::string& what) {
+      return absl::InvalidArgumentError(absl::StrCat(path_, ": ", what));
+    };
+    if (doc.is_discarded()) return bad("not valid JSON");
+    if (!doc.is_object() || !doc.contains("gpus") || !doc["gpus"].is_array()) {
+      return bad("expected {\"gpus\": [...]}");
+    }
+    std::vector<GpuInfo> gpus;
+    for (const nlohmann::json& entry : doc["gpus"]) {
+      GpuInfo gpu;
+      gpu.index = static_cast<int>(gpus.size());
+      const std::string where = absl::StrCat("gpus[", gpu.index, "]");
+      if (!entry.is_object()) return bad(where + ": expected an object");
+      if (!entry.contains("uuid") || !entry["uuid"].is_string()) {
+        return bad(where + ".uuid: expected a string");
+      }
+      gpu.uuid = entry["uuid"].get<std::string>();
+      gpu.name = entry.value("name", std::string("Fake GPU"));
+      for (const auto& [key, field] : {std::pair{"memory_total", &gpu.memory_total},
+                                       std::pair{"memory_used", &gpu.memory_used}}) {
+        if (!entry.contains(key)) continue;
+        if (!entry[key].is_number_integer() || entry[key].get<int64_t>() < 0) {
+          return bad(absl::StrCat(where, ".", key, ": expected a non-negative integer"));
+        }
+        *field = entry[key].get<int64_t>();
+      }
+      if (entry.contains("compute_pids")) {
+        const nlohmann::json& pids = entry["compute_pids"];
+        if (!pids.is_array()) return bad(where + ".compute_pids: expected an array");
+        for (const nlohmann::json& pid : pids) {
+          if (!pid.is_number_integer()) return bad(where + ".compute_pids: expected integers");
+          gpu.compute_pids.push_back(pid.get<int>());
+        }
+        std::sort(gpu.compute_pids.begin(), gpu.compute_pids.end());
+      }
+      gpus.push_back(std::move(gpu));
+    }
+    return gpus;
+  }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+GpuMonitor::~GpuMonitor() = default;
+
+std::unique_ptr<GpuMonitor> OpenNvmlMonitor(const std::string& library) {
+  return std::make_unique<NvmlMonitor>(library);
+}
+
+std::unique_ptr<GpuMonitor> OpenFakeMonitor(const std::string& json_path) {
+  return std::make_unique<FakeMonitor>(json_path);
+}
+
+ReleaseCheck CheckReleased(const GpuInfo& gpu, int64_t idle_bytes) {
+  ReleaseCheck check;
+  constexpr int64_t kMiB = 1 << 20;
+  if (!gpu.compute_pids.empty()) {
+    check.holders = gpu.compute_pids;
+    check.reason =
+        absl::StrCat("GPU ", gpu.index, " (", gpu.uuid, ") still has ", gpu.compute_pids.size(),
+                     " compute process(es): ", absl::StrJoin(gpu.compute_pids, ", "));
+  } else if (gpu.memory_used > idle_bytes) {
+    check.reason = absl::StrCat("GPU ", gpu.index, " (", gpu.uuid, ") has no compute process but ",
+                                gpu.memory_used / kMiB, " MiB used, above the idle level of ",
+                                idle_bytes / kMiB, " MiB");
+  } else {
+    check.released = true;
+    check.reason = absl::StrCat("GPU ", gpu.index, " (", gpu.uuid,
+                                ") released: ", gpu.memory_used / kMiB, " MiB used");
+  }
+  return check;
+}
+
+}  // namespace trainsup::supervisor

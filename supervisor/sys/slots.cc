@@ -1,0 +1,217 @@
+#include "supervisor/sys/slots.h"
+
+#include <signal.h>
+
+#include "absl/strings/str_cat.h"
+#include "supervisor/sys/process.h"
+#include "supervisor/policy/slot_release.h"
+
+namespace trainsup::supervisor {
+namespace {
+
+// The GPU cache behind GetNode is refreshed this often.
+constexpr double kGpuRefreshS = 1.0;
+
+bool Checking(SlotState s) { return s == SlotState::kReleasing || s == SlotState::kStranded; }
+
+}  // namespace
+
+std::string ToString(SlotState state) {
+  switch (state) {
+    case SlotState::kFree:
+      return "FREE";
+    case SlotState::kBusy:
+      return "BUSY";
+    case SlotState::kReleasing:
+      return "RELEASING";
+    case SlotState::kStranded:
+      return "STRANDED";
+  }
+  return "UNKNOWN";
+}
+
+v1::SlotState ToProto(SlotState s) {
+  switch (s) {
+    case SlotState::kFree:
+      return v1::SLOT_STATE_FREE;
+    case SlotState::kBusy:
+      return v1::SLOT_STATE_BUSY;
+    case SlotState::kReleasing:
+      return v1::SLOT_STATE_RELEASING;
+    case SlotState::kStranded:
+      return v1::SLOT_STATE_STRANDED;
+  }
+  return v1::SLOT_STATE_UNSPECIFIED;
+}
+
+struct SlotTable::Facts {
+  int slot = 0;
+  int pgid = 0;
+  GroupOwnership ownership = GroupOwnership::kGone;
+  std::vector<int> members;
+};
+
+SlotTable::SlotTable(std::unique_ptr<GpuMonitor> gpus, int cpu_slots, Hooks hooks)
+    : gpus_(std::move(gpus)), hooks_(std::move(hooks)) {
+  if (gpus_ && gpus_->available()) {
+    // Start-up: the one GPU query made on the loop's thread.
+    absl::StatusOr<std::vector<GpuInfo>> found = gpus_->Query();
+    if (found.ok()) {
+      for (const GpuInfo& g : *found) {
+        Slot s;
+        s.index = static_cast<int>(slots_.size());
+        s.gpu_index = g.index;
+        s.gpu_uuid = g.uuid;
+        slots_.push_back(s);
+      }
+      gpu_cache_ = *found;
+      gpu_refreshed_s_ = hooks_.now();
+    } else {
+      hooks_.log(absl::StrCat("GPU query failed, using CPU slots: ", found.status().message()));
+    }
+  }
+  if (slots_.empty()) {
+    for (int i = 0; i < cpu_slots; ++i) {
+      Slot s;
+      s.index = i;
+      slots_.push_back(s);
+    }
+  }
+}
+
+std::vector<SlotView> SlotTable::Views() const {
+  std::vector<SlotView> views;
+  for (const Slot& s : slots_) views.push_back({s.index, s.state == SlotState::kFree});
+  return views;
+}
+
+std::string SlotTable::VisibleDevices(int slot) const {
+  const Slot& s = slots_[slot];
+  if (s.gpu_index < 0) return "";
+  return s.gpu_uuid.empty() ? std::to_string(s.gpu_index) : s.gpu_uuid;
+}
+
+void SlotTable::Assign(int slot, const std::string& run_id, int rank) {
+  Slot& s = slots_[slot];
+  s.state = SlotState::kBusy;
+  s.run_id = run_id;
+  s.rank = rank;
+  s.reason.clear();
+}
+
+void SlotTable::Release(int slot, const GroupIdentity& group, double timeout_s,
+                        int64_t idle_bytes) {
+  if (slot < 0 || slot >= static_cast<int>(slots_.size())) return;
+  Slot& s = slots_[slot];
+  s.state = SlotState::kReleasing;
+  s.group = group;
+  s.release_deadline_s = hooks_.now() + timeout_s;
+  StartCheck(idle_bytes);
+}
+
+void SlotTable::Tick(int64_t idle_bytes) {
+  bool due = nvml() && hooks_.now() - gpu_refreshed_s_ >= kGpuRefreshS;
+  for (const Slot& s : slots_) due = due || Checking(s.state);
+  if (due) StartCheck(idle_bytes);
+}
+
+void SlotTable::StartCheck(int64_t idle_bytes) {
+  if (check_in_flight_) {
+    check_again_ = true;
+    return;
+  }
+  check_in_flight_ = true;
+  std::vector<std::pair<int, GroupIdentity>> targets;
+  bool need_gpu = nvml() && hooks_.now() - gpu_refreshed_s_ >= kGpuRefreshS;
+  for (const Slot& s : slots_) {
+    if (!Checking(s.state)) continue;
+    targets.emplace_back(s.index, s.group);
+    need_gpu = need_gpu || (s.gpu_index >= 0 && nvml());
+  }
+  std::shared_ptr<GpuMonitor> gpus = need_gpu ? gpus_ : nullptr;
+  hooks_.off_loop([this, targets, gpus, idle_bytes] {
+    std::vector<Facts> facts;
+    for (const auto& [slot, group] : targets) {
+      Facts f;
+      f.slot = slot;
+      f.pgid = group.pgid;
+      if (group.pgid > 1) {
+        std::vector<GroupMember> members = ReadGroupMembers(group.pgid);
+        f.ownership = JudgeGroup(group, members);
+        if (f.ownership == GroupOwnership::kOurs) {
+          for (const GroupMember& m : members) f.members.push_back(m.pid);
+        }
+      }
+      facts.push_back(std::move(f));
+    }
+    std::optional<std::vector<GpuInfo>> answer;
+    std::string error;
+    if (gpus) {
+      absl::StatusOr<std::vector<GpuInfo>> q = gpus->Query();
+      if (q.ok()) {
+        answer = std::move(*q);
+      } else {
+        error = std::string(q.status().message());
+      }
+    }
+    hooks_.post([this, facts, answer, error, idle_bytes, queried = gpus != nullptr] {
+      check_in_flight_ = false;
+      if (queried) {
+        gpu_refreshed_s_ = hooks_.now();
+        if (answer) gpu_cache_ = *answer;
+      }
+      std::optional<std::vector<GpuInfo>> seen = answer;
+      if (queried && !answer) seen = std::vector<GpuInfo>{};
+      bool freed = false;
+      for (const Facts& f : facts) {
+        Slot& s = slots_[f.slot];
+        if (!Checking(s.state) || s.group.pgid != f.pgid) continue;
+        if (f.ownership == GroupOwnership::kOurs) s.group.known_alive_ticks = BootTicksNow();
+        ReleaseFacts rf;
+        rf.our_group = f.members;
+        rf.pgid = f.pgid;
+        rf.gpu_checked = s.gpu_index >= 0 && queried;
+        rf.gpu_index = s.gpu_index;
+        rf.query_error = error;
+        rf.idle_bytes = idle_bytes;
+        rf.stranded = s.state == SlotState::kStranded;
+        rf.past_deadline = hooks_.now() > s.release_deadline_s;
+        if (seen) {
+          for (const GpuInfo& g : *seen) {
+            if (g.index == s.gpu_index) rf.gpu = g;
+          }
+        }
+        if (s.gpu_index >= 0 && nvml() && !queried) continue;  // no answer this round
+        const ReleaseDecision d = DecideRelease(rf);
+        if (d.kill_group) SignalWorkerGroup(s.group, SIGKILL).IgnoreError();
+        for (int pid : d.kill_holders) kill(pid, SIGKILL);
+        switch (d.verdict) {
+          case ReleaseDecision::kFree:
+            if (s.state == SlotState::kStranded)
+              hooks_.log(absl::StrCat("slot ", s.index, " recovered"));
+            s = Slot{s.index, s.gpu_index, s.gpu_uuid};
+            freed = true;
+            break;
+          case ReleaseDecision::kStrand:
+            if (s.state != SlotState::kStranded) {
+              s.state = SlotState::kStranded;
+              s.reason = d.reason;
+              hooks_.stranded(s);
+            } else {
+              s.reason = d.reason;
+            }
+            break;
+          case ReleaseDecision::kWait:
+            break;
+        }
+      }
+      if (freed) hooks_.freed();
+      if (check_again_) {
+        check_again_ = false;
+        StartCheck(idle_bytes);
+      }
+    });
+  });
+}
+
+}  // namespace trainsup::supervisor

@@ -1,0 +1,111 @@
+// SupervisorService on a real in-process gRPC server, with a recording
+// backend and a counting spec parser: who asks is checked before anything
+// of the request is read (issue 15, item 9). The daemon's tests
+// (Hardening.SubmitAuthorizesBeforeItReadsTheSpec) see only the answers,
+// which were already in that order on the old daemon; what was wrong there
+// (the spec parsed and its paths resolved for any caller) shows only here,
+// as parser calls.
+#include "supervisor/api/api_service.h"
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+namespace trainsup::supervisor {
+namespace {
+
+class RecordingBackend final : public ApiBackend {
+ public:
+  void Submit(const v1::SubmitRunRequest&, RunSpec spec,
+              std::function<void(absl::StatusOr<std::string>)> done) override {
+    ++submits;
+    done("run-" + spec.name);
+  }
+  void Get(const std::string&, std::function<void(absl::StatusOr<v1::Run>)> done) override {
+    done(absl::NotFoundError("no run"));
+  }
+  void List(const v1::ListRunsRequest&,
+            std::function<void(absl::StatusOr<v1::ListRunsResponse>)> done) override {
+    done(v1::ListRunsResponse());
+  }
+  void Watch(const v1::WatchRunRequest&, std::shared_ptr<EventSink> sink) override {
+    sink->Finish(absl::NotFoundError("no run"));
+  }
+  void Cancel(const v1::CancelRunRequest&,
+              std::function<void(absl::StatusOr<v1::Run>)> done) override {
+    done(absl::NotFoundError("no run"));
+  }
+  void Node(std::function<void(v1::Node)> done) override { done(v1::Node()); }
+  void CountApiCall(const std::string&, int) override {}
+
+  std::atomic<int> submits{0};
+};
+
+class ApiServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto policy = std::make_shared<ApiPolicy>();
+    policy->tokens = {{"ops", TokenRole::kOperator, "operator-secret"},
+                      {"dash", TokenRole::kViewer, "viewer-secret"}};
+    policy->total_slots = 1;
+    policy_ = policy;
+    service_ = std::make_unique<SupervisorService>(
+        &backend_, [this] { return policy_; },
+        [this](const std::string& toml) {
+          ++parses_;
+          return ParseRunSpec(toml);
+        },
+        &watchers_);
+    grpc::ServerBuilder builder;
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::Supervisor::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  grpc::Status Submit(const std::string& toml, const std::string& token) {
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    v1::SubmitRunRequest req;
+    req.set_spec_toml(toml);
+    v1::SubmitRunResponse resp;
+    return stub_->SubmitRun(&ctx, req, &resp);
+  }
+
+  RecordingBackend backend_;
+  std::shared_ptr<const ApiPolicy> policy_;
+  WatcherCounts watchers_;
+  std::atomic<int> parses_{0};
+  std::unique_ptr<SupervisorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Supervisor::Stub> stub_;
+};
+
+TEST_F(ApiServiceTest, UnauthorizedSubmitsNeverReachTheParser) {
+  const std::string spec = "name = \"ok\"\n";
+  EXPECT_EQ(Submit(spec, "").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Submit(spec, "wrong-secret").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Submit(spec, "viewer-secret").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(parses_.load(), 0);
+  EXPECT_EQ(backend_.submits.load(), 0);
+
+  grpc::Status s = Submit(spec, "operator-secret");
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(parses_.load(), 1);
+  EXPECT_EQ(backend_.submits.load(), 1);
+}
+
+TEST_F(ApiServiceTest, AnOperatorsBadSpecIsParsedOnceAndRefusedNamingTheProblem) {
+  grpc::Status s = Submit("name = \"x\"\nworld_size = 4\n", "operator-secret");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("world_size"), std::string::npos) << s.error_message();
+  EXPECT_EQ(parses_.load(), 1);
+  EXPECT_EQ(backend_.submits.load(), 0);
+}
+
+}  // namespace
+}  // namespace trainsup::supervisor

@@ -1,0 +1,140 @@
+#include "supervisor/cluster/cluster_protocol.h"
+
+#include <gtest/gtest.h>
+
+namespace trainsup::supervisor {
+namespace {
+
+JoinRecord Node(const std::string& name, int port, std::vector<int64_t> steps) {
+  JoinRecord r;
+  r.node = name;
+  r.run_id = "run-" + name;
+  r.attempt = 2;
+  r.address = name + ".example";
+  r.port = port;
+  r.steps = std::move(steps);
+  return r;
+}
+
+TEST(JobKeys, NameAndParseEveryKeyOfTheJob) {
+  const JobKeys k("scan-a");
+  EXPECT_EQ(k.Generation(), "/trainsup/v1/jobs/scan-a/generation");
+  EXPECT_EQ(k.Node("n1"), "/trainsup/v1/jobs/scan-a/nodes/n1");
+  EXPECT_EQ(k.Join(3, "n1"), "/trainsup/v1/jobs/scan-a/rdzv/3/n1");
+  EXPECT_EQ(k.Parse(k.Generation()).kind, "generation");
+  EXPECT_EQ(k.Parse(k.Spec()).kind, "spec");
+  EXPECT_EQ(k.Parse(k.Node("n1")).kind, "node");
+  EXPECT_EQ(k.Parse(k.Node("n1")).node, "n1");
+  const JobKeys::Parsed j = k.Parse(k.Join(12, "node-b"));
+  EXPECT_EQ(j.kind, "join");
+  EXPECT_EQ(j.generation, 12);
+  EXPECT_EQ(j.node, "node-b");
+  EXPECT_EQ(k.Parse("/trainsup/v1/jobs/scan-b/generation").kind, "") << "another job";
+  EXPECT_EQ(k.Parse("/trainsup/v1/jobs/scan-a/rdzv/x/n").kind, "");
+  EXPECT_EQ(k.Parse("/trainsup/v1/jobs/scan-a/other").kind, "");
+}
+
+TEST(JoinRecord, RoundTripsAndRefusesGarbage) {
+  const JoinRecord r = Node("n1", 2900, {30, 20});
+  absl::StatusOr<JoinRecord> back = DecodeJoin(EncodeJoin(r));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->node, "n1");
+  EXPECT_EQ(back->run_id, "run-n1");
+  EXPECT_EQ(back->attempt, 2);
+  EXPECT_EQ(back->port, 2900);
+  EXPECT_EQ(back->steps, (std::vector<int64_t>{30, 20}));
+  EXPECT_FALSE(DecodeJoin("not json").ok());
+  EXPECT_FALSE(DecodeJoin("[1]").ok());
+  EXPECT_FALSE(DecodeJoin("{\"node\": 3}").ok());
+}
+
+TEST(GenerationRecord, RoundTripsWithItsHistory) {
+  GenerationRecord g;
+  g.generation = 4;
+  g.action = GenerationRecord::Action::kFail;
+  g.restarts = 3;
+  g.delay_s = 2.5;
+  g.by = "n2";
+  g.reason = "because";
+  g.history.push_back(AttemptEnd{10, ExitClass::kPeerLost, true, false, "rank 1 ended"});
+  absl::StatusOr<GenerationRecord> back = DecodeGeneration(EncodeGeneration(g));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->generation, 4);
+  EXPECT_EQ(back->action, GenerationRecord::Action::kFail);
+  EXPECT_EQ(back->restarts, 3);
+  EXPECT_EQ(back->delay_s, 2.5);
+  EXPECT_EQ(back->by, "n2");
+  ASSERT_EQ(back->history.size(), 1u);
+  EXPECT_EQ(back->history[0].cls, ExitClass::kPeerLost);
+  EXPECT_TRUE(back->history[0].made_progress);
+  EXPECT_EQ(back->history[0].detail, "rank 1 ended");
+  EXPECT_FALSE(DecodeGeneration("{\"generation\": 0}").ok());
+  EXPECT_FALSE(DecodeGeneration("{\"generation\": 2, \"action\": \"explode\"}").ok());
+}
+
+TEST(NextGeneration, RestartsWithTheBackoffAndCountsOnce) {
+  RestartPolicy p;
+  p.initial_backoff_s = 2;
+  p.jitter = 0;
+  p.max_restarts = 2;
+  p.crash_loop_attempts = 0;
+  GenerationRecord g;  // generation 1
+  // Without progress: the backoff streak is not reset between them.
+  AttemptEnd crash{100, ExitClass::kCrash, false, false, "rank 1 ended: exit 3"};
+  GenerationRecord two = NextGeneration(g, crash, p, "n2", "node n2: rank 1 ended: exit 3");
+  EXPECT_EQ(two.generation, 2);
+  EXPECT_EQ(two.action, GenerationRecord::Action::kRun);
+  EXPECT_EQ(two.restarts, 1);
+  EXPECT_EQ(two.delay_s, 2);
+  EXPECT_EQ(two.by, "n2");
+  EXPECT_EQ(two.reason.rfind("node n2: rank 1 ended: exit 3; ", 0), 0u) << two.reason;
+  crash.end_s = 110;
+  GenerationRecord three = NextGeneration(two, crash, p, "n1", "again");
+  EXPECT_EQ(three.restarts, 2);
+  EXPECT_EQ(three.delay_s, 4) << "the backoff grows over the job's failures";
+  crash.end_s = 120;
+  GenerationRecord four = NextGeneration(three, crash, p, "n1", "and again");
+  EXPECT_EQ(four.action, GenerationRecord::Action::kFail) << four.reason;
+  EXPECT_NE(four.reason.find("restart budget exhausted"), std::string::npos) << four.reason;
+  EXPECT_EQ(four.restarts, 2);
+}
+
+TEST(Agree, WaitsForEveryNodeThenRanksBySortedName) {
+  std::vector<JoinRecord> joined = {Node("b", 2001, {30, 20, 10})};
+  absl::StatusOr<std::optional<Agreement>> none = Agree(joined, 2, "b");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  joined.push_back(Node("a", 2002, {20, 10}));
+  for (const std::string self : {"a", "b"}) {
+    absl::StatusOr<std::optional<Agreement>> a = Agree(joined, 2, self);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(a->has_value());
+    EXPECT_EQ((*a)->nodes, (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ((*a)->node_rank, self == "a" ? 0 : 1);
+    EXPECT_EQ((*a)->master_addr, "a.example");
+    EXPECT_EQ((*a)->master_port, 2002);
+    EXPECT_EQ((*a)->resume_step, 20) << "the newest step both verified";
+  }
+}
+
+TEST(Agree, NoCommonCheckpointStartsFromScratch) {
+  absl::StatusOr<std::optional<Agreement>> a =
+      Agree({Node("a", 1, {10}), Node("b", 2, {20})}, 2, "a");
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(a->has_value());
+  EXPECT_EQ((*a)->resume_step, -1);
+}
+
+TEST(Agree, TooManyNodesOrAStrangerIsAnError) {
+  absl::StatusOr<std::optional<Agreement>> many =
+      Agree({Node("a", 1, {}), Node("b", 2, {}), Node("c", 3, {})}, 2, "a");
+  EXPECT_EQ(many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(many.status().message().find("3 nodes joined a job of 2 (a, b, c)"), std::string::npos)
+      << many.status();
+  absl::StatusOr<std::optional<Agreement>> stranger =
+      Agree({Node("a", 1, {}), Node("b", 2, {})}, 2, "z");
+  EXPECT_EQ(stranger.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace trainsup::supervisor

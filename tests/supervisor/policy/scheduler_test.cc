@@ -1,0 +1,140 @@
+// Placing queued runs on slots: order, priorities, head-of-line blocking,
+// backoff and gangs.
+#include "supervisor/policy/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+namespace trainsup::supervisor {
+namespace {
+
+std::vector<SlotView> Slots(const std::vector<bool>& free) {
+  std::vector<SlotView> slots;
+  for (size_t i = 0; i < free.size(); ++i) slots.push_back({static_cast<int>(i), free[i]});
+  return slots;
+}
+
+QueuedRun Queued(std::string id, int priority, int64_t seq, int world_size = 1,
+                 double not_before_s = 0) {
+  return QueuedRun{std::move(id), priority, seq, world_size, not_before_s};
+}
+
+std::vector<std::string> Ids(const std::vector<Placement>& placements) {
+  std::vector<std::string> ids;
+  for (const Placement& p : placements) ids.push_back(p.run_id);
+  return ids;
+}
+
+TEST(Schedule, EmptyQueueOrNoSlots) {
+  EXPECT_TRUE(Schedule({}, Slots({true, true}), 0).empty());
+  EXPECT_TRUE(Schedule({Queued("a", 0, 1)}, Slots({false, false}), 0).empty());
+}
+
+TEST(Schedule, FifoWithinAPriorityOnLowestSlots) {
+  std::vector<Placement> p = Schedule({Queued("c", 0, 3), Queued("a", 0, 1), Queued("b", 0, 2)},
+                                      Slots({false, true, true}), 0);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].run_id, "a");
+  EXPECT_EQ(p[0].slots, std::vector<int>{1});
+  EXPECT_EQ(p[1].run_id, "b");
+  EXPECT_EQ(p[1].slots, std::vector<int>{2});
+}
+
+TEST(Schedule, HigherPriorityFirst) {
+  std::vector<Placement> p = Schedule(
+      {Queued("low", 0, 1), Queued("high", 5, 9), Queued("mid", 2, 4)}, Slots({true, true}), 0);
+  EXPECT_EQ(Ids(p), (std::vector<std::string>{"high", "mid"}));
+}
+
+TEST(Schedule, HeadOfLineBlocksLowerAndEqualPriority) {
+  // The 3-rank gang at the head does not fit on 2 free slots; the small runs
+  // behind it must wait rather than starve it.
+  std::vector<Placement> p =
+      Schedule({Queued("big", 1, 1, 3), Queued("small", 1, 2), Queued("tiny", 0, 3)},
+               Slots({true, true, false}), 0);
+  EXPECT_TRUE(p.empty());
+  // A higher-priority run ahead of the blocked one is still placed.
+  p = Schedule({Queued("big", 1, 1, 3), Queued("urgent", 2, 5)}, Slots({true, true, false}), 0);
+  EXPECT_EQ(Ids(p), (std::vector<std::string>{"urgent"}));
+}
+
+TEST(Schedule, BackoffSkipsWithoutBlocking) {
+  std::vector<Placement> p =
+      Schedule({Queued("waiting", 1, 1, 2, /*not_before_s=*/50), Queued("next", 0, 2)},
+               Slots({true, true}), /*now_s=*/10);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].run_id, "next");
+  EXPECT_EQ(p[0].slots, std::vector<int>{0});
+  // Once the backoff has passed it goes first again.
+  p = Schedule({Queued("waiting", 1, 1, 2, 50), Queued("next", 0, 2)}, Slots({true, true}), 50);
+  EXPECT_EQ(Ids(p), (std::vector<std::string>{"waiting"}));
+}
+
+TEST(Schedule, MultiSlotGangsGetDistinctLowestSlots) {
+  std::vector<Placement> p =
+      Schedule({Queued("g1", 0, 1, 2), Queued("g2", 0, 2, 3), Queued("one", 0, 3)},
+               Slots({true, false, true, true, true, true, true}), 0);
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(p[0].slots, (std::vector<int>{0, 2}));
+  EXPECT_EQ(p[1].slots, (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(p[2].slots, std::vector<int>{6});
+}
+
+// Issue 12: a gang of W gets W slots in one placement or none at all,
+// whatever number of slots is free, and while it waits it holds back runs
+// of its priority or lower but not higher ones.
+TEST(Schedule, AGangGetsAllItsSlotsAtOnceOrWaits) {
+  for (int world = 2; world <= 4; ++world) {
+    for (int free = 0; free <= 5; ++free) {
+      std::vector<bool> mask(5, false);
+      for (int i = 0; i < free; ++i) mask[i] = true;
+      std::vector<Placement> p =
+          Schedule({Queued("gang", 1, 1, world), Queued("same", 1, 2), Queued("lower", 0, 3)},
+                   Slots(mask), 0);
+      if (free < world) {
+        EXPECT_TRUE(p.empty()) << "world " << world << ", free " << free;
+        p = Schedule({Queued("gang", 1, 1, world), Queued("higher", 2, 2)}, Slots(mask), 0);
+        EXPECT_EQ(Ids(p),
+                  free > 0 ? std::vector<std::string>{"higher"} : std::vector<std::string>{})
+            << "world " << world << ", free " << free;
+        continue;
+      }
+      ASSERT_FALSE(p.empty()) << "world " << world << ", free " << free;
+      EXPECT_EQ(p[0].run_id, "gang");
+      EXPECT_EQ(p[0].slots.size(), static_cast<size_t>(world));
+    }
+  }
+}
+
+TEST(Schedule, NoSlotAssignedTwice) {
+  std::vector<QueuedRun> queue;
+  for (int i = 0; i < 20; ++i)
+    queue.push_back(Queued("r" + std::to_string(i), i % 3, i, 1 + i % 2));
+  // Slot indices need not be dense or sorted.
+  std::vector<SlotView> slots = {{7, true}, {3, true}, {5, false}, {1, true}, {9, true}, {2, true}};
+  std::vector<Placement> p = Schedule(queue, slots, 0);
+  std::set<int> used;
+  size_t total = 0;
+  for (const Placement& pl : p) {
+    for (int s : pl.slots) {
+      EXPECT_NE(s, 5) << "busy slot given out";
+      used.insert(s);
+      ++total;
+    }
+  }
+  EXPECT_EQ(used.size(), total);
+  EXPECT_EQ(total, 4u);  // 1, {2, 3}, 7; then a 2-rank gang does not fit on slot 9 and blocks
+}
+
+TEST(Schedule, RunsThatCanNeverFitDoNotBlock) {
+  std::vector<Placement> p =
+      Schedule({Queued("huge", 9, 1, 4), Queued("zero", 9, 2, 0), Queued("ok", 0, 3)},
+               Slots({true, true}), 0);
+  EXPECT_EQ(Ids(p), (std::vector<std::string>{"ok"}));
+}
+
+}  // namespace
+}  // namespace trainsup::supervisor

@@ -1,0 +1,78 @@
+// Which checkpoint an attempt resumes from, on real files: the newest of the
+// run's one store that verifies, whatever the world size.
+#include "supervisor/run/resume_choice.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/file_system.h"
+#include "checkpoint/store.h"
+#include "contracts/run_layout.h"
+#include "tests/common/temp_dir.h"
+
+namespace trainsup::supervisor {
+namespace {
+
+void Commit(ckpt::CheckpointStore& store, int64_t step) {
+  auto pending = store.Begin(step);
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  ASSERT_TRUE(
+      (*pending)->WriteFile("state.json", "{\"step\": " + std::to_string(step) + "}\n").ok());
+  ASSERT_TRUE(store.Commit(std::move(*pending)).ok());
+}
+
+TEST(ChooseResume, NoCheckpointsIsFromScratch) {
+  trainsup::testing::TempDir dir("resume_choice_test");
+  const ResumeChoice c = ChooseResume(dir.path());
+  EXPECT_EQ(c.step, -1);
+  EXPECT_TRUE(c.dir.empty());
+  EXPECT_TRUE(c.notes.empty());
+  EXPECT_TRUE(c.error.ok()) << c.error;
+}
+
+// The per-rank stores of the layout before issue 12 are not read.
+TEST(ChooseResume, AnOldPerRankStoreIsIgnored) {
+  trainsup::testing::TempDir dir("resume_choice_test");
+  ckpt::CheckpointStore old(RunLayout(dir.path()).CheckpointsDir() + "/rank-0");
+  Commit(old, 20);
+  const ResumeChoice c = ChooseResume(dir.path());
+  EXPECT_TRUE(c.error.ok()) << c.error;
+  EXPECT_EQ(c.step, -1);
+  EXPECT_TRUE(c.notes.empty());
+}
+
+// The store rank 0 wrote is the one every rank resumes from; a corrupt
+// newest checkpoint is quarantined, reported, and the one before chosen.
+TEST(ChooseResume, TheNewestVerifiedCheckpointOfTheOneStoreQuarantiningCorruptOnes) {
+  trainsup::testing::TempDir dir("resume_choice_test");
+  const std::string root = RunLayout(dir.path()).CheckpointRoot(0, 2);
+  ASSERT_EQ(root, RunLayout(dir.path()).CheckpointsDir());
+  ckpt::CheckpointStore store(root, ckpt::FileSystem::Default(), ckpt::StoreOptions{5});
+  Commit(store, 5);
+  Commit(store, 10);
+  ResumeChoice c = ChooseResume(dir.path());
+  EXPECT_EQ(c.step, 10);
+  EXPECT_EQ(c.dir, root + "/step-10");
+  EXPECT_TRUE(c.notes.empty());
+
+  {
+    std::fstream f(root + "/step-10/state.json", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f.put('[');
+  }
+  c = ChooseResume(dir.path());
+  EXPECT_TRUE(c.error.ok()) << c.error;
+  EXPECT_EQ(c.step, 5);
+  EXPECT_EQ(c.dir, root + "/step-5");
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_NE(c.notes[0].find("checkpoint step 10 quarantined"), std::string::npos) << c.notes[0];
+  auto left = store.List();
+  ASSERT_TRUE(left.ok());
+  ASSERT_EQ(left->size(), 1u);
+  EXPECT_EQ(left->front().step, 5);
+}
+
+}  // namespace
+}  // namespace trainsup::supervisor

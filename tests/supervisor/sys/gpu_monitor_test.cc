@@ -1,0 +1,143 @@
+#include "supervisor/sys/gpu_monitor.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/common/temp_dir.h"
+
+namespace trainsup::supervisor {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kMiB = 1 << 20;
+
+class TempDir : public ::trainsup::testing::TempDir {
+ public:
+  TempDir() : ::trainsup::testing::TempDir("gpu_monitor_test") {}
+};
+
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+TEST(NvmlMonitor, MissingLibraryIsUnavailableNotFatal) {
+  std::unique_ptr<GpuMonitor> monitor = OpenNvmlMonitor("libtrainsup-no-such-nvml.so.1");
+  ASSERT_NE(monitor, nullptr);
+  EXPECT_FALSE(monitor->available());
+  EXPECT_EQ(monitor->Query().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(NvmlMonitor, LibraryWithoutNvmlSymbolsIsUnavailable) {
+  std::unique_ptr<GpuMonitor> monitor = OpenNvmlMonitor("libc.so.6");
+  EXPECT_FALSE(monitor->available());
+}
+
+// The real library: on machines without a driver this is the "absent" case;
+// with GPUs it must report each one consistently.
+TEST(NvmlMonitor, DefaultLibraryEitherWorksOrIsUnavailable) {
+  std::unique_ptr<GpuMonitor> monitor = OpenNvmlMonitor();
+  ASSERT_NE(monitor, nullptr);
+  if (!monitor->available()) {
+    EXPECT_FALSE(monitor->Query().ok());
+    return;
+  }
+  absl::StatusOr<std::vector<GpuInfo>> gpus = monitor->Query();
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
+  for (size_t i = 0; i < gpus->size(); ++i) {
+    const GpuInfo& gpu = (*gpus)[i];
+    EXPECT_EQ(gpu.index, static_cast<int>(i));
+    EXPECT_EQ(gpu.uuid.rfind("GPU-", 0), 0u) << gpu.uuid;
+    EXPECT_FALSE(gpu.name.empty());
+    EXPECT_GT(gpu.memory_total, 0);
+    EXPECT_LE(gpu.memory_used, gpu.memory_total);
+  }
+}
+
+TEST(FakeMonitor, ReadsTheFileOnEveryQuery) {
+  TempDir dir;
+  const std::string path = dir.path() + "/gpus.json";
+  std::unique_ptr<GpuMonitor> monitor = OpenFakeMonitor(path);
+  EXPECT_TRUE(monitor->available());
+  EXPECT_EQ(monitor->Query().status().code(), absl::StatusCode::kNotFound);
+
+  WriteFile(path, R"({"gpus": [
+      {"uuid": "GPU-a", "name": "Fake A", "memory_total": 8589934592, "memory_used": 2147483648,
+       "compute_pids": [42, 7]},
+      {"uuid": "GPU-b"}]})");
+  absl::StatusOr<std::vector<GpuInfo>> gpus = monitor->Query();
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
+  ASSERT_EQ(gpus->size(), 2u);
+  EXPECT_EQ((*gpus)[0].index, 0);
+  EXPECT_EQ((*gpus)[0].uuid, "GPU-a");
+  EXPECT_EQ((*gpus)[0].name, "Fake A");
+  EXPECT_EQ((*gpus)[0].memory_total, int64_t{8} << 30);
+  EXPECT_EQ((*gpus)[0].memory_used, int64_t{2} << 30);
+  EXPECT_EQ((*gpus)[0].compute_pids, (std::vector<int>{7, 42}));
+  EXPECT_EQ((*gpus)[1].index, 1);
+  EXPECT_EQ((*gpus)[1].uuid, "GPU-b");
+  EXPECT_EQ((*gpus)[1].memory_used, 0);
+  EXPECT_TRUE((*gpus)[1].compute_pids.empty());
+
+  // The worker died: the test clears its pid and memory.
+  WriteFile(path, R"({"gpus": [{"uuid": "GPU-a", "memory_total": 8589934592, "memory_used": 0}]})");
+  gpus = monitor->Query();
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
+  ASSERT_EQ(gpus->size(), 1u);
+  EXPECT_TRUE((*gpus)[0].compute_pids.empty());
+  EXPECT_EQ((*gpus)[0].memory_used, 0);
+}
+
+TEST(FakeMonitor, MalformedFilesAreInvalidArgument) {
+  TempDir dir;
+  const std::string path = dir.path() + "/gpus.json";
+  std::unique_ptr<GpuMonitor> monitor = OpenFakeMonitor(path);
+  for (const char* text : {"{", "[]", R"({"gpus": {}})", R"({"gpus": [{"name": "x"}]})",
+                           R"({"gpus": [{"uuid": "u", "memory_used": -1}]})",
+                           R"({"gpus": [{"uuid": "u", "compute_pids": ["1"]}]})"}) {
+    WriteFile(path, text);
+    EXPECT_EQ(monitor->Query().status().code(), absl::StatusCode::kInvalidArgument) << text;
+  }
+}
+
+GpuInfo Gpu(int64_t used, std::vector<int> pids) {
+  GpuInfo gpu;
+  gpu.index = 3;
+  gpu.uuid = "GPU-x";
+  gpu.memory_total = 80 * 1024 * kMiB;
+  gpu.memory_used = used;
+  gpu.compute_pids = std::move(pids);
+  return gpu;
+}
+
+TEST(CheckReleased, IdleGpuIsReleased) {
+  const ReleaseCheck check = CheckReleased(Gpu(500 * kMiB, {}), 1024 * kMiB);
+  EXPECT_TRUE(check.released);
+  EXPECT_TRUE(check.holders.empty());
+  EXPECT_NE(check.reason.find("released"), std::string::npos);
+}
+
+TEST(CheckReleased, MemoryAtTheIdleLevelCountsAsReleased) {
+  EXPECT_TRUE(CheckReleased(Gpu(1024 * kMiB, {}), 1024 * kMiB).released);
+  EXPECT_FALSE(CheckReleased(Gpu(1024 * kMiB + 1, {}), 1024 * kMiB).released);
+}
+
+TEST(CheckReleased, RemainingComputeProcessesAreHolders) {
+  const ReleaseCheck check = CheckReleased(Gpu(0, {1234, 5678}), 1024 * kMiB);
+  EXPECT_FALSE(check.released);
+  EXPECT_EQ(check.holders, (std::vector<int>{1234, 5678}));
+  EXPECT_NE(check.reason.find("1234, 5678"), std::string::npos) << check.reason;
+  EXPECT_NE(check.reason.find("GPU-x"), std::string::npos) << check.reason;
+}
+
+TEST(CheckReleased, MemoryHeldWithoutAProcessIsNotReleased) {
+  const ReleaseCheck check = CheckReleased(Gpu(30 * 1024 * kMiB, {}), 1024 * kMiB);
+  EXPECT_FALSE(check.released);
+  EXPECT_TRUE(check.holders.empty());
+  EXPECT_NE(check.reason.find("30720 MiB"), std::string::npos) << check.reason;
+}
+
+}  // namespace
+}  // namespace trainsup::supervisor
