@@ -674,17 +674,4 @@ absl::StatusOr<std::vector<Token>> LoadTokens(const DaemonConfig& config, ckpt::
   return tokens;
 }
 
-RestartPolicy RestartPolicyFrom(const RestartSection& r) {
-  RestartPolicy p;
-  p.initial_backoff_s = r.initial_backoff_s;
-  p.max_backoff_s = r.max_backoff_s;
-  p.multiplier = r.multiplier;
-  p.jitter = r.jitter;
-  p.max_restarts = static_cast<int>(r.max_restarts);
-  p.restart_window_s = r.restart_window_s;
-  p.max_oom_restarts = static_cast<int>(r.max_oom_restarts);
-  p.crash_loop_attempts = static_cast<int>(r.crash_loop_attempts);
-  return p;
-}
-
 }  // namespace trainsup::supervisor

@@ -18,7 +18,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "supervisor/policy/restart_policy.h"
 
 namespace trainsup::ckpt {
 class FileSystem;
@@ -163,10 +162,6 @@ struct DaemonConfig {
 // The defaults, exactly as documented above: paths unresolved and derived
 // paths empty. ParseConfig("", dir) gives the same, resolved against dir.
 DaemonConfig DefaultConfig();
-
-// The restart policy (restart_policy.h) of a [restart] section: the one
-// conversion, for the run units' decisions and a multi-node job's.
-RestartPolicy RestartPolicyFrom(const RestartSection& restart);
 
 // Parses and validates `toml_text`; relative paths are resolved against
 // `base_dir` (made absolute against the working directory if relative).

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "contracts/spec.h"
-#include "supervisor/sys/process.h"
+#include "supervisor/policy/launch_spec.h"
 
 namespace trainsup::supervisor {
 

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "contracts/daemon_config.h"
 
 namespace trainsup::supervisor {
 
@@ -138,6 +139,11 @@ struct RestartDecision {
 //     (so an attempt that made progress restarts the exponent at 0).
 RestartDecision DecideRestart(const RestartPolicy& policy, const std::vector<AttemptEnd>& history,
                               double jitter_unit);
+
+// The restart policy of the daemon config's [restart] section
+// (contracts/daemon_config.h): the one conversion, for the run units'
+// decisions and a multi-node job's.
+RestartPolicy RestartPolicyFrom(const RestartSection& restart);
 
 }  // namespace trainsup::supervisor
 

@@ -10,9 +10,34 @@
 #include <string>
 #include <vector>
 
-#include "supervisor/sys/gpu_monitor.h"
 
 namespace trainsup::supervisor {
+
+// One GPU as the GPU monitor (supervisor/sys/gpu_monitor.h) reports it.
+struct GpuInfo {
+  int index = 0;             // NVML index: PCI bus order (CUDA's only with
+                             // CUDA_DEVICE_ORDER=PCI_BUS_ID; the uuid is safer)
+  std::string uuid;          // "GPU-…": stable across reboots, unlike the index
+  std::string name;          // "NVIDIA H100 80GB HBM3"
+  int64_t memory_total = 0;  // bytes
+  int64_t memory_used = 0;   // bytes
+  // Pids of processes with a compute context on this GPU, ascending. Pids
+  // are as NVML sees them: in a container they may be the host's.
+  std::vector<int> compute_pids;
+};
+
+struct ReleaseCheck {
+  bool released = false;
+  std::vector<int> holders;  // compute pids still on the GPU
+  std::string reason;        // for events and logs
+};
+
+// Whether a GPU is free again after its worker died: no compute process
+// left and memory_used <= idle_bytes. Otherwise `holders` lists the pids
+// still holding it, so the daemon can kill those of the worker's process
+// group and declare the GPU stranded if others remain or memory stays up.
+ReleaseCheck CheckReleased(const GpuInfo& gpu, int64_t idle_bytes);
+
 
 struct ReleaseFacts {
   // Live members of the worker's own group (GroupOwnership::kOurs); empty

@@ -226,24 +226,5 @@ std::unique_ptr<GpuMonitor> OpenFakeMonitor(const std::string& json_path) {
   return std::make_unique<FakeMonitor>(json_path);
 }
 
-ReleaseCheck CheckReleased(const GpuInfo& gpu, int64_t idle_bytes) {
-  ReleaseCheck check;
-  constexpr int64_t kMiB = 1 << 20;
-  if (!gpu.compute_pids.empty()) {
-    check.holders = gpu.compute_pids;
-    check.reason =
-        absl::StrCat("GPU ", gpu.index, " (", gpu.uuid, ") still has ", gpu.compute_pids.size(),
-                     " compute process(es): ", absl::StrJoin(gpu.compute_pids, ", "));
-  } else if (gpu.memory_used > idle_bytes) {
-    check.reason = absl::StrCat("GPU ", gpu.index, " (", gpu.uuid, ") has no compute process but ",
-                                gpu.memory_used / kMiB, " MiB used, above the idle level of ",
-                                idle_bytes / kMiB, " MiB");
-  } else {
-    check.released = true;
-    check.reason = absl::StrCat("GPU ", gpu.index, " (", gpu.uuid,
-                                ") released: ", gpu.memory_used / kMiB, " MiB used");
-  }
-  return check;
-}
 
 }  // namespace trainsup::supervisor

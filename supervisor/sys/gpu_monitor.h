@@ -1,8 +1,8 @@
 // The GPUs of this node, behind an interface: NVML loaded at run time
 // (dlopen of libnvidia-ml.so.1, never linked, so the daemon starts on
 // machines without a driver), or a JSON file for tests and demos on
-// machines without a GPU. Plus the pure check the daemon runs before it
-// reuses a GPU after a worker died.
+// machines without a GPU. What it reports (GpuInfo) and the pure check
+// of a GPU's release are in supervisor/policy/slot_release.h.
 #ifndef TRAINSUP_SUPERVISOR_SYS_GPU_MONITOR_H_
 #define TRAINSUP_SUPERVISOR_SYS_GPU_MONITOR_H_
 
@@ -12,20 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "supervisor/policy/slot_release.h"
 
 namespace trainsup::supervisor {
-
-struct GpuInfo {
-  int index = 0;             // NVML index: PCI bus order (CUDA's only with
-                             // CUDA_DEVICE_ORDER=PCI_BUS_ID; the uuid is safer)
-  std::string uuid;          // "GPU-…": stable across reboots, unlike the index
-  std::string name;          // "NVIDIA H100 80GB HBM3"
-  int64_t memory_total = 0;  // bytes
-  int64_t memory_used = 0;   // bytes
-  // Pids of processes with a compute context on this GPU, ascending. Pids
-  // are as NVML sees them: in a container they may be the host's.
-  std::vector<int> compute_pids;
-};
 
 // Thread-compatible: callers serialize Query().
 class GpuMonitor {
@@ -52,18 +41,6 @@ std::unique_ptr<GpuMonitor> OpenNvmlMonitor(const std::string& library = "libnvi
 // Always available(); Query is NotFound for a missing file and
 // InvalidArgument for malformed content.
 std::unique_ptr<GpuMonitor> OpenFakeMonitor(const std::string& json_path);
-
-struct ReleaseCheck {
-  bool released = false;
-  std::vector<int> holders;  // compute pids still on the GPU
-  std::string reason;        // for events and logs
-};
-
-// Whether a GPU is free again after its worker died: no compute process
-// left and memory_used <= idle_bytes. Otherwise `holders` lists the pids
-// still holding it, so the daemon can kill those of the worker's process
-// group and declare the GPU stranded if others remain or memory stays up.
-ReleaseCheck CheckReleased(const GpuInfo& gpu, int64_t idle_bytes);
 
 }  // namespace trainsup::supervisor
 

@@ -14,23 +14,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "supervisor/policy/group_identity.h"
+#include "supervisor/policy/launch_spec.h"
 
 namespace trainsup::supervisor {
 
-struct LaunchSpec {
-  // A path, or a bare name looked up in the daemon's PATH.
-  std::string binary;
-  std::vector<std::string> args;  // without argv[0]
-  // The child's full environment: nothing is inherited from the daemon.
-  std::map<std::string, std::string> env;
-  // "" = the daemon's. Checked before the launch; should chdir still fail
-  // in the child, it exits with 127.
-  std::string working_dir;
-  // stdout and stderr are appended here (O_APPEND, created 0640, parent
-  // directories created), so a daemon restart never cuts a worker's output.
-  // "" = /dev/null.
-  std::string log_path;
-};
 
 struct LaunchedProcess {
   int pid = 0;
