@@ -22,122 +22,65 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/file_system.h"
 #include "contracts/run_layout.h"
-#include "contracts/toml_guard.h"
+#include "contracts/toml_reader.h"
 
 namespace trainsup::supervisor {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Reads the keys of one TOML table into fields. The first error is kept in
-// *status and later calls do nothing, so parsing code reads as a flat list
-// of fields. Every key read is remembered; Finish() reports the others.
+// The one field reader of the spec and the config (toml_reader.h), with the
+// first error kept in *status and later calls doing nothing, so parsing
+// code reads as a flat list of fields (the same list TableWriter writes).
 class TableReader {
  public:
   TableReader(const toml::table* table, std::string prefix, absl::Status* status)
-      : table_(table), prefix_(std::move(prefix)), status_(status) {}
+      : fields_(table, std::move(prefix)), status_(status) {}
 
-  std::string Name(const std::string& key) const {
-    return prefix_.empty() ? key : absl::StrCat(prefix_, ".", key);
-  }
-
-  void Fail(const std::string& key, const std::string& what) {
-    if (status_->ok()) *status_ = absl::InvalidArgumentError(absl::StrCat(Name(key), ": ", what));
-  }
+  void Fail(const std::string& key, const std::string& what) { Keep(fields_.Error(key, what)); }
 
   // The node at `key`, or null when absent or after an error.
   const toml::node* Get(const std::string& key) {
-    seen_.insert(key);
-    if (!status_->ok() || table_ == nullptr) return nullptr;
-    return table_->get(key);
+    const toml::node* node = fields_.Get(key);
+    return status_->ok() ? node : nullptr;
   }
 
   void Int(const std::string& key, int64_t* out, int64_t lo, int64_t hi) {
-    const toml::node* node = Get(key);
-    if (node == nullptr) return;
-    if (!node->is_integer()) return Fail(key, "expected an integer");
-    const int64_t value = node->as_integer()->get();
-    if (value < lo || value > hi) {
-      return Fail(key, absl::StrCat(value, " is out of range [", lo, ", ", hi, "]"));
-    }
-    *out = value;
+    if (status_->ok()) Keep(fields_.Int(key, out, lo, hi));
   }
-
   // [lo, hi], or (lo, hi] when `open_low`.
   void Double(const std::string& key, double* out, double lo, double hi, bool open_low = false) {
-    const toml::node* node = Get(key);
-    if (node == nullptr) return;
-    double value;
-    if (node->is_integer()) {
-      value = static_cast<double>(node->as_integer()->get());
-    } else if (node->is_floating_point()) {
-      value = node->as_floating_point()->get();
-    } else {
-      return Fail(key, "expected a number");
-    }
-    const bool low_ok = open_low ? value > lo : value >= lo;
-    if (!(low_ok && value <= hi)) {  // also rejects NaN
-      return Fail(
-          key, absl::StrCat(value, " is out of range ", open_low ? "(" : "[", lo, ", ", hi, "]"));
-    }
-    *out = value;
+    if (status_->ok()) Keep(fields_.Double(key, out, lo, hi, open_low));
   }
-
   void Bool(const std::string& key, bool* out) {
-    const toml::node* node = Get(key);
-    if (node == nullptr) return;
-    if (!node->is_boolean()) return Fail(key, "expected true or false");
-    *out = node->as_boolean()->get();
+    if (status_->ok()) Keep(fields_.Bool(key, out));
   }
-
   void String(const std::string& key, std::string* out) {
-    const toml::node* node = Get(key);
-    if (node == nullptr) return;
-    if (!node->is_string()) return Fail(key, "expected a string");
-    *out = node->as_string()->get();
+    if (status_->ok()) Keep(fields_.String(key, out));
   }
-
   void StringList(const std::string& key, std::vector<std::string>* out) {
-    const toml::node* node = Get(key);
-    if (node == nullptr) return;
-    const toml::array* array = node->as_array();
-    if (array == nullptr) return Fail(key, "expected an array of strings");
-    std::vector<std::string> values;
-    for (const toml::node& element : *array) {
-      if (!element.is_string()) return Fail(key, "expected an array of strings");
-      values.push_back(element.as_string()->get());
-    }
-    *out = std::move(values);
+    if (status_->ok()) Keep(fields_.StringList(key, out));
   }
 
-  // The sub-table at `key` (null when absent); a non-table is an error.
+  // The sub-table at `key` (null when absent or after an error).
   const toml::table* Table(const std::string& key) {
-    const toml::node* node = Get(key);
-    if (node == nullptr) return nullptr;
-    if (!node->is_table()) {
-      Fail(key, "expected a table");
-      return nullptr;
-    }
-    return node->as_table();
+    absl::StatusOr<const toml::table*> table = fields_.Table(key);
+    if (!table.ok()) Keep(table.status());
+    return status_->ok() ? *table : nullptr;
   }
 
   // Reports the first key of the table that was never read.
   void Finish() {
-    if (!status_->ok() || table_ == nullptr) return;
-    for (const auto& [key, value] : *table_) {
-      const std::string name(key.str());
-      if (seen_.count(name) == 0) {
-        *status_ = absl::InvalidArgumentError(absl::StrCat("unknown key '", Name(name), "'"));
-        return;
-      }
-    }
+    if (status_->ok()) Keep(fields_.Finish());
   }
 
  private:
-  const toml::table* table_;
-  std::string prefix_;
+  void Keep(absl::Status s) {
+    if (status_->ok() && !s.ok()) *status_ = std::move(s);
+  }
+
+  TomlFieldReader fields_;
   absl::Status* status_;
-  std::set<std::string> seen_;
 };
 
 // `path` made absolute against `base` and normalized, without a trailing
@@ -318,13 +261,13 @@ void ReadAuth(TableReader& r, AuthSection& a, absl::Status* status) {
   r.Finish();
   if (tokens == nullptr || !status->ok()) return;
   const toml::array* array = tokens->as_array();
-  if (array == nullptr) return r.Fail("tokens", "expected an array of tables ([[auth.tokens]])");
+  if (array == nullptr) return r.Fail("tokens", "must be an array of tables ([[auth.tokens]])");
   std::set<std::string> names;
   for (size_t i = 0; i < array->size() && status->ok(); ++i) {
     const std::string prefix = absl::StrCat("auth.tokens[", i, "]");
     const toml::table* table = array->get(i)->as_table();
     if (table == nullptr) {
-      *status = absl::InvalidArgumentError(absl::StrCat(prefix, ": expected a table"));
+      *status = absl::InvalidArgumentError(absl::StrCat(prefix, ": must be a table"));
       return;
     }
     TableReader t(table, prefix, status);
@@ -543,15 +486,9 @@ DaemonConfig DefaultConfig() { return DaemonConfig(); }
 
 absl::StatusOr<DaemonConfig> ParseConfig(const std::string& toml_text,
                                          const std::string& base_dir) {
-  if (absl::Status s = CheckTomlCharacters(toml_text); !s.ok()) return s;
-  toml::table root;
-  try {
-    root = toml::parse(toml_text);
-  } catch (const toml::parse_error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TOML syntax error at line ", e.source().begin.line, " column ",
-                     e.source().begin.column, ": ", std::string(e.description())));
-  }
+  absl::StatusOr<toml::table> parsed = ParseTomlText(toml_text);
+  if (!parsed.ok()) return parsed.status();
+  const toml::table& root = *parsed;
   DaemonConfig c;
   absl::Status status;
   TableReader top(&root, "", &status);

@@ -17,175 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "contracts/data_roots.h"
-#include "contracts/toml_guard.h"
+#include "contracts/toml_reader.h"
 
 namespace trainsup {
 namespace {
 
-// Reads the keys of one TOML table into a struct, checking types and bounds.
-// Every key read is remembered; Finish() rejects whatever is left, so an
-// unknown or misspelt key is an error rather than silently ignored.
-class TableReader {
- public:
-  TableReader(const toml::table* table, std::string prefix)
-      : table_(table), prefix_(std::move(prefix)) {}
-
-  absl::Status Int(const char* key, int64_t* out, int64_t lo, int64_t hi) {
-    const toml::node* node = Find(key);
-    if (node == nullptr) return absl::OkStatus();
-    const auto* v = node->as_integer();
-    if (v == nullptr) return Error(key, "must be an integer");
-    int64_t value = v->get();
-    if (value < lo || value > hi) {
-      return Error(key, absl::StrCat("must be in [", lo, ", ", hi, "], got ", value));
-    }
-    *out = value;
-    return absl::OkStatus();
-  }
-
-  // Bounds are inclusive unless `lo_open` / `hi_open`.
-  absl::Status Double(const char* key, double* out, double lo, double hi, bool lo_open = false,
-                      bool hi_open = false) {
-    const toml::node* node = Find(key);
-    if (node == nullptr) return absl::OkStatus();
-    double value;
-    if (const auto* f = node->as_floating_point()) {
-      value = f->get();
-    } else if (const auto* i = node->as_integer()) {
-      value = static_cast<double>(i->get());
-    } else {
-      return Error(key, "must be a number");
-    }
-    bool below = lo_open ? !(value > lo) : !(value >= lo);
-    bool above = hi_open ? !(value < hi) : !(value <= hi);
-    if (!std::isfinite(value) || below || above) {
-      return Error(key, absl::StrCat("must be in ", lo_open ? "(" : "[", lo, ", ", hi,
-                                     hi_open ? ")" : "]", ", got ", value));
-    }
-    *out = value;
-    return absl::OkStatus();
-  }
-
-  absl::Status Bool(const char* key, bool* out) {
-    const toml::node* node = Find(key);
-    if (node == nullptr) return absl::OkStatus();
-    const auto* v = node->as_boolean();
-    if (v == nullptr) return Error(key, "must be true or false");
-    *out = v->get();
-    return absl::OkStatus();
-  }
-
-  // `allowed` empty: any string up to 4096 bytes.
-  absl::Status String(const char* key, std::string* out,
-                      std::initializer_list<const char*> allowed = {}) {
-    const toml::node* node = Find(key);
-    if (node == nullptr) return absl::OkStatus();
-    const auto* v = node->as_string();
-    if (v == nullptr) return Error(key, "must be a string");
-    std::string value = v->get();
-    if (value.size() > 4096) return Error(key, "longer than 4096 bytes");
-    if (allowed.size() > 0) {
-      bool ok = false;
-      for (const char* a : allowed) ok = ok || value == a;
-      if (!ok) {
-        return Error(key, absl::StrCat("must be one of ", absl::StrJoin(allowed, ", "), "; got \"",
-                                       value, "\""));
-      }
-    }
-    *out = value;
-    return absl::OkStatus();
-  }
-
-  // An array of 1..`max_entries` non-empty strings (each up to 4096 bytes,
-  // without NUL); absent leaves `out` as it is.
-  absl::Status StringArray(const char* key, std::vector<std::string>* out, size_t max_entries) {
-    const toml::node* node = Find(key);
-    if (node == nullptr) return absl::OkStatus();
-    const auto* array = node->as_array();
-    if (array == nullptr) return Error(key, "must be an array of strings");
-    if (array->empty() || array->size() > max_entries) {
-      return Error(key,
-                   absl::StrCat("must have 1 to ", max_entries, " entries, got ", array->size()));
-    }
-    std::vector<std::string> values;
-    for (size_t i = 0; i < array->size(); ++i) {
-      const std::string entry = absl::StrCat(key, "[", i, "]");
-      const auto* v = array->get(i)->as_string();
-      if (v == nullptr) return Error(entry.c_str(), "must be a string");
-      std::string value = v->get();
-      if (absl::Status s = CheckText(entry.c_str(), value); !s.ok()) return s;
-      if (value.empty()) return Error(entry.c_str(), "must not be empty");
-      values.push_back(std::move(value));
-    }
-    *out = std::move(values);
-    return absl::OkStatus();
-  }
-
-  // A table of string values (up to 4096 bytes each, without NUL) whose
-  // keys pass `check_name` (an error message, "" when the name is fine).
-  absl::Status StringTable(const char* key, std::map<std::string, std::string>* out,
-                           const std::function<std::string(const std::string&)>& check_name) {
-    const toml::node* node = Find(key);
-    if (node == nullptr) return absl::OkStatus();
-    const auto* table = node->as_table();
-    if (table == nullptr) return Error(key, "must be a table of strings");
-    std::map<std::string, std::string> values;
-    for (const auto& [name_key, value_node] : *table) {
-      const std::string name(name_key.str());
-      const std::string entry = absl::StrCat(key, ".", name);
-      if (std::string why = check_name(name); !why.empty()) return Error(entry.c_str(), why);
-      const auto* v = value_node.as_string();
-      if (v == nullptr) return Error(entry.c_str(), "must be a string");
-      std::string value = v->get();
-      if (absl::Status s = CheckText(entry.c_str(), value); !s.ok()) return s;
-      values[name] = std::move(value);
-    }
-    *out = std::move(values);
-    return absl::OkStatus();
-  }
-
-  // A sub-table; nullptr when absent. Error when the key is not a table.
-  absl::StatusOr<const toml::table*> Table(const char* key) {
-    const toml::node* node = Find(key);
-    if (node == nullptr) return nullptr;
-    const auto* t = node->as_table();
-    if (t == nullptr) return Error(key, "must be a table");
-    return t;
-  }
-
-  absl::Status Finish() const {
-    if (table_ == nullptr) return absl::OkStatus();
-    for (const auto& [key, node] : *table_) {
-      std::string name(key.str());
-      if (seen_.count(name) == 0) return Error(name.c_str(), "unknown key");
-    }
-    return absl::OkStatus();
-  }
-
-  std::string Path(const std::string& key) const {
-    return prefix_.empty() ? key : absl::StrCat(prefix_, ".", key);
-  }
-
- private:
-  const toml::node* Find(const char* key) {
-    seen_.insert(key);
-    if (table_ == nullptr) return nullptr;
-    return table_->get(key);
-  }
-  absl::Status Error(const char* key, const std::string& what) const {
-    return absl::InvalidArgumentError(absl::StrCat(Path(key), ": ", what));
-  }
-  // Strings handed to exec and the environment: C strings, bounded.
-  absl::Status CheckText(const char* key, const std::string& value) const {
-    if (value.size() > 4096) return Error(key, "longer than 4096 bytes");
-    if (value.find('\0') != std::string::npos) return Error(key, "must not contain NUL");
-    return absl::OkStatus();
-  }
-
-  const toml::table* table_;
-  std::string prefix_;
-  std::set<std::string> seen_;
-};
+// The one field reader of the spec and the daemon config.
+using TableReader = TomlFieldReader;
 
 #define TRAINSUP_RETURN_IF_ERROR(expr) \
   do {                                 \
@@ -397,18 +235,11 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
   if (toml_text.size() > (1 << 20)) {
     return absl::InvalidArgumentError("spec: larger than 1 MiB");
   }
-  if (absl::Status s = CheckTomlCharacters(toml_text); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("spec: ", s.message()));
+  absl::StatusOr<toml::table> parsed = ParseTomlText(toml_text);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: ", parsed.status().message()));
   }
-  toml::table root;
-  try {
-    root = toml::parse(toml_text);
-  } catch (const toml::parse_error& e) {
-    std::ostringstream where;
-    where << e.source().begin;
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec: not valid TOML at ", where.str(), ": ", std::string(e.description())));
-  }
+  const toml::table& root = *parsed;
   RunSpec spec;
   TableReader r(&root, "");
   TRAINSUP_RETURN_IF_ERROR(r.String("name", &spec.name));

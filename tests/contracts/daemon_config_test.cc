@@ -262,11 +262,11 @@ TEST(Config, LoadConfigResolvesAgainstTheFilesDirectory) {
 }
 
 TEST(Config, UnknownKeysAreNamed) {
-  EXPECT_NE(ParseError("[slots]\ncpu_slot = 2\n").find("'slots.cpu_slot'"), std::string::npos);
-  EXPECT_NE(ParseError("[slot]\ncpu_slots = 2\n").find("'slot'"), std::string::npos);
-  EXPECT_NE(ParseError("verbose = true\n").find("'verbose'"), std::string::npos);
+  EXPECT_NE(ParseError("[slots]\ncpu_slot = 2\n").find("slots.cpu_slot: unknown key"), std::string::npos);
+  EXPECT_NE(ParseError("[slot]\ncpu_slots = 2\n").find("slot: unknown key"), std::string::npos);
+  EXPECT_NE(ParseError("verbose = true\n").find("verbose: unknown key"), std::string::npos);
   EXPECT_NE(ParseError("[[auth.tokens]]\nname = \"a\"\ntoken_file = \"f\"\nsecret = \"x\"\n")
-                .find("'auth.tokens[0].secret'"),
+                .find("auth.tokens[0].secret: unknown key"),
             std::string::npos);
 }
 
@@ -286,19 +286,19 @@ TEST(Config, OutOfBoundNumbersNameTheField) {
   for (const auto& [text, field] : cases) {
     const std::string message = ParseError(text);
     EXPECT_NE(message.find(field), std::string::npos) << message;
-    EXPECT_NE(message.find("out of range"), std::string::npos) << message;
+    EXPECT_NE(message.find(": must be in "), std::string::npos) << message;
   }
 }
 
 TEST(Config, WrongTypesNameTheField) {
   EXPECT_NE(
-      ParseError("[slots]\ncpu_slots = \"two\"\n").find("slots.cpu_slots: expected an integer"),
+      ParseError("[slots]\ncpu_slots = \"two\"\n").find("slots.cpu_slots: must be an integer"),
       std::string::npos);
   EXPECT_NE(ParseError("[slots]\ncpu_slots = 1.5\n").find("slots.cpu_slots"), std::string::npos);
   EXPECT_NE(ParseError("[slots]\nuse_gpus = 1\n").find("slots.use_gpus"), std::string::npos);
   EXPECT_NE(ParseError("[daemon]\ndata_roots = \"/data\"\n").find("daemon.data_roots"),
             std::string::npos);
-  EXPECT_NE(ParseError("daemon = 3\n").find("daemon: expected a table"), std::string::npos);
+  EXPECT_NE(ParseError("daemon = 3\n").find("daemon: must be a table"), std::string::npos);
 }
 
 TEST(Config, InconsistentCombinationsNameTheField) {
