@@ -58,166 +58,217 @@ size_t Run(absl::string_view text, size_t at, char quote) {
 enum class Mode { kBare, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral };
 enum class Open { kHeader, kArray, kInlineTable };
 
-}  // namespace
+constexpr absl::string_view kOutside =
+    "outside a string or comment (TOML allows non-ASCII characters only in quoted strings and "
+    "comments)";
 
-absl::Status CheckTomlCharacters(absl::string_view text) {
-  constexpr absl::string_view kOutside =
-      "outside a string or comment (TOML allows non-ASCII characters only in quoted strings and "
-      "comments)";
-  size_t i = absl::StartsWith(text, "\xEF\xBB\xBF") ? 3 : 0;
-  Mode mode = Mode::kBare;
-  std::vector<Open> open;
-  // Whether a key segment or a value may begin at the next non-blank
-  // character (there a quote starts a string), and whether that is a key.
-  bool token_start = true;
-  bool in_key = true;
-  const auto line_break = [&] {
-    if (open.empty() || open.back() == Open::kHeader) {
-      open.clear();
-      token_start = true;
-      in_key = true;
+// One pass over the text, in the mode toml++ would be in at each character.
+class Scanner {
+ public:
+  explicit Scanner(absl::string_view text)
+      : text_(text), i_(absl::StartsWith(text, "\xEF\xBB\xBF") ? 3 : 0) {}
+
+  absl::Status Scan() {
+    while (i_ < text_.size()) {
+      if (absl::Status s = Step(); !s.ok()) return s;
     }
-  };
-  while (i < text.size()) {
-    const char c = text[i];
-    const unsigned char u = static_cast<unsigned char>(c);
-    switch (mode) {
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Step() {
+    switch (mode_) {
       case Mode::kComment:
-        if (c == '\n') {
-          mode = Mode::kBare;
-          line_break();
-        }
-        ++i;
-        continue;
+        Comment();
+        return absl::OkStatus();
       case Mode::kBasic:
-      case Mode::kLiteral: {
-        const char quote = mode == Mode::kBasic ? '"' : '\'';
-        if (mode == Mode::kBasic && c == '\\' && i + 1 < text.size() && text[i + 1] != '\n') {
-          i += 2;
-          continue;
-        }
-        if (c == quote || c == '\n') {  // a line break ends it too (toml++ stops there)
-          mode = Mode::kBare;
-          token_start = false;
-          if (c == '\n') line_break();
-        }
-        ++i;
-        continue;
-      }
+      case Mode::kLiteral:
+        SingleLineString();
+        return absl::OkStatus();
       case Mode::kMultiBasic:
-      case Mode::kMultiLiteral: {
-        const char quote = mode == Mode::kMultiBasic ? '"' : '\'';
-        if (mode == Mode::kMultiBasic && c == '\\') {
-          size_t j = i + 1;
-          if (j < text.size() && !IsAscii(static_cast<unsigned char>(text[j]))) {
-            return Refuse(text, j, "after a backslash");
-          }
-          if (j < text.size() && IsBlankOrBreak(text[j])) {
-            while (j < text.size() && IsBlankOrBreak(text[j])) ++j;
-            if (j < text.size() && !IsAscii(static_cast<unsigned char>(text[j]))) {
-              return Refuse(text, j,
-                            "after a line-ending backslash (begin the continued line with an "
-                            "escape such as \\u00E9 instead)");
-            }
-            i = j;
-          } else {
-            i = j + 1;
-          }
-          continue;
-        }
-        if (c == quote) {
-          const size_t run = Run(text, i, quote);
-          if (run >= 3) {  // the end; up to two more quotes are content
-            i += std::min<size_t>(run, 5);
-            mode = Mode::kBare;
-            token_start = false;
-          } else {
-            i += run;
-          }
-          continue;
-        }
-        ++i;
-        continue;
-      }
+      case Mode::kMultiLiteral:
+        return MultiLineString();
       case Mode::kBare:
         break;
     }
-    if (!IsAscii(u)) return Refuse(text, i, kOutside);
-    ++i;
+    const char c = text_[i_];
+    if (!IsAscii(static_cast<unsigned char>(c))) return Refuse(text_, i_, kOutside);
+    ++i_;
+    Bare(c);
+    return absl::OkStatus();
+  }
+
+  void LineBreak() {
+    if (open_.empty() || open_.back() == Open::kHeader) {
+      open_.clear();
+      token_start_ = true;
+      in_key_ = true;
+    }
+  }
+
+  void Comment() {
+    if (text_[i_] == '\n') {
+      mode_ = Mode::kBare;
+      LineBreak();
+    }
+    ++i_;
+  }
+
+  void SingleLineString() {
+    const char c = text_[i_];
+    const char quote = mode_ == Mode::kBasic ? '"' : '\'';
+    if (mode_ == Mode::kBasic && c == '\\' && i_ + 1 < text_.size() && text_[i_ + 1] != '\n') {
+      i_ += 2;
+      return;
+    }
+    if (c == quote || c == '\n') {  // a line break ends it too (toml++ stops there)
+      mode_ = Mode::kBare;
+      token_start_ = false;
+      if (c == '\n') LineBreak();
+    }
+    ++i_;
+  }
+
+  absl::Status MultiLineString() {
+    const char c = text_[i_];
+    const char quote = mode_ == Mode::kMultiBasic ? '"' : '\'';
+    if (mode_ == Mode::kMultiBasic && c == '\\') return AfterBackslash();
+    if (c == quote) {
+      const size_t run = Run(text_, i_, quote);
+      if (run >= 3) {  // the end; up to two more quotes are content
+        i_ += std::min<size_t>(run, 5);
+        mode_ = Mode::kBare;
+        token_start_ = false;
+      } else {
+        i_ += run;
+      }
+      return absl::OkStatus();
+    }
+    ++i_;
+    return absl::OkStatus();
+  }
+
+  // A backslash in a multi-line basic string: toml++ tests the next
+  // character, and after a line-ending backslash the first one past the
+  // blanks and breaks, for whitespace.
+  absl::Status AfterBackslash() {
+    size_t j = i_ + 1;
+    if (j < text_.size() && !IsAscii(static_cast<unsigned char>(text_[j]))) {
+      return Refuse(text_, j, "after a backslash");
+    }
+    if (j < text_.size() && IsBlankOrBreak(text_[j])) {
+      while (j < text_.size() && IsBlankOrBreak(text_[j])) ++j;
+      if (j < text_.size() && !IsAscii(static_cast<unsigned char>(text_[j]))) {
+        return Refuse(text_, j,
+                      "after a line-ending backslash (begin the continued line with an "
+                      "escape such as \\u00E9 instead)");
+      }
+      i_ = j;
+    } else {
+      i_ = j + 1;
+    }
+    return absl::OkStatus();
+  }
+
+  // An ASCII character outside strings and comments, already consumed.
+  void Bare(char c) {
     switch (c) {
       case ' ':
       case '\t':
       case '\r':
         break;
       case '\n':
-        line_break();
+        LineBreak();
         break;
       case '#':
-        mode = Mode::kComment;
+        mode_ = Mode::kComment;
         break;
       case '"':
-      case '\'': {
-        if (!token_start) break;  // toml++ fails here or reads on: not a string
-        const size_t run = 1 + Run(text, i, c);
-        if (run >= 3) {
-          mode = c == '"' ? Mode::kMultiBasic : Mode::kMultiLiteral;
-          i += 2;
-        } else if (run == 2) {  // an empty string
-          i += 1;
-          token_start = false;
-        } else {
-          mode = c == '"' ? Mode::kBasic : Mode::kLiteral;
-        }
+      case '\'':
+        Quote(c);
         break;
-      }
       case '[':
-        if (open.empty() && in_key && token_start) {  // [table] or [[array of tables]]
-          open.push_back(Open::kHeader);
-          if (i < text.size() && text[i] == '[') ++i;
-        } else if (token_start && !in_key) {
-          open.push_back(Open::kArray);
-        } else {
-          token_start = false;
-        }
+        OpenBracket();
         break;
       case ']':
-        if (!open.empty() && open.back() != Open::kInlineTable) {
-          if (open.back() == Open::kHeader && i < text.size() && text[i] == ']') ++i;
-          in_key = open.back() == Open::kHeader ? false : in_key;
-          open.pop_back();
-        }
-        token_start = false;
+        CloseBracket();
         break;
       case '{':
-        if (token_start && !in_key) {
-          open.push_back(Open::kInlineTable);
-          in_key = true;
+        if (token_start_ && !in_key_) {
+          open_.push_back(Open::kInlineTable);
+          in_key_ = true;
         } else {
-          token_start = false;
+          token_start_ = false;
         }
         break;
       case '}':
-        if (!open.empty() && open.back() == Open::kInlineTable) open.pop_back();
-        token_start = false;
-        in_key = false;
+        if (!open_.empty() && open_.back() == Open::kInlineTable) open_.pop_back();
+        token_start_ = false;
+        in_key_ = false;
         break;
       case ',':
-        token_start = !open.empty() && open.back() != Open::kHeader;
-        in_key = token_start && open.back() == Open::kInlineTable;
+        token_start_ = !open_.empty() && open_.back() != Open::kHeader;
+        in_key_ = token_start_ && open_.back() == Open::kInlineTable;
         break;
       case '=':
-        token_start = in_key && (open.empty() || open.back() == Open::kInlineTable);
-        if (token_start) in_key = false;
+        token_start_ = in_key_ && (open_.empty() || open_.back() == Open::kInlineTable);
+        if (token_start_) in_key_ = false;
         break;
       case '.':
-        token_start = in_key;  // in a value it is part of a number or a time
+        token_start_ = in_key_;  // in a value it is part of a number or a time
         break;
       default:
-        token_start = false;
+        token_start_ = false;
         break;
     }
   }
-  return absl::OkStatus();
-}
+
+  void Quote(char c) {
+    if (!token_start_) return;  // toml++ fails here or reads on: not a string
+    const size_t run = 1 + Run(text_, i_, c);
+    if (run >= 3) {
+      mode_ = c == '"' ? Mode::kMultiBasic : Mode::kMultiLiteral;
+      i_ += 2;
+    } else if (run == 2) {  // an empty string
+      i_ += 1;
+      token_start_ = false;
+    } else {
+      mode_ = c == '"' ? Mode::kBasic : Mode::kLiteral;
+    }
+  }
+
+  void OpenBracket() {
+    if (open_.empty() && in_key_ && token_start_) {  // [table] or [[array of tables]]
+      open_.push_back(Open::kHeader);
+      if (i_ < text_.size() && text_[i_] == '[') ++i_;
+    } else if (token_start_ && !in_key_) {
+      open_.push_back(Open::kArray);
+    } else {
+      token_start_ = false;
+    }
+  }
+
+  void CloseBracket() {
+    if (!open_.empty() && open_.back() != Open::kInlineTable) {
+      if (open_.back() == Open::kHeader && i_ < text_.size() && text_[i_] == ']') ++i_;
+      in_key_ = open_.back() == Open::kHeader ? false : in_key_;
+      open_.pop_back();
+    }
+    token_start_ = false;
+  }
+
+  absl::string_view text_;
+  size_t i_;
+  Mode mode_ = Mode::kBare;
+  std::vector<Open> open_;
+  // Whether a key segment or a value may begin at the next non-blank
+  // character (there a quote starts a string), and whether that is a key.
+  bool token_start_ = true;
+  bool in_key_ = true;
+};
+
+}  // namespace
+
+absl::Status CheckTomlCharacters(absl::string_view text) { return Scanner(text).Scan(); }
 
 }  // namespace trainsup

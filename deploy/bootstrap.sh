@@ -33,6 +33,8 @@ packages=(
   libspdlog-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
   # tests and benchmarks; clang's libFuzzer and sanitizers for fuzz/
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
+  # the style test (tests/style): the sources as clang-format 14 formats them
+  clang-format-14
   # trainsupd's stack capture of hung workers; deploy checks (systemd-analyze,
   # the dashboard and config checkers)
   gdb systemd python3

@@ -240,8 +240,10 @@ std::string ShellQuoted(const std::string& arg) {
 
 }  // namespace
 
-std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
-  const v1::Progress& p = run.progress();
+namespace {
+
+// describe's first block: who, when, where, and a command run's command.
+std::string DescribeRun(const v1::Run& run, int64_t now_ms) {
   std::string out = Field("Run", run.run_id());
   absl::StrAppend(&out, Field("Name", run.name()), Field("State", ToString(run.state())));
   if (!run.reason().empty()) absl::StrAppend(&out, Field("Reason", run.reason()));
@@ -263,7 +265,13 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
                                                        : "no (judged by exit code)"));
     }
   }
+  return out;
+}
 
+// Progress, validation, memory, splits, restarts and the last heartbeat.
+std::string DescribeProgress(const v1::Run& run, int64_t now_ms) {
+  const v1::Progress& p = run.progress();
+  std::string out;
   const int64_t step = ReachedStep(run);
   std::string progress = absl::StrCat("step ", StepOfTotal(step, p));
   if (p.total_steps() > 0) absl::StrAppend(&progress, " (", step * 100 / p.total_steps(), "%)");
@@ -307,7 +315,12 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
       last_heartbeat = std::max(last_heartbeat, r.last_heartbeat_ms());
   }
   absl::StrAppend(&out, Field("Last heartbeat", Ago(last_heartbeat, now_ms)));
+  return out;
+}
 
+// Every attempt with its ranks.
+std::string DescribeAttempts(const v1::Run& run, int64_t now_ms) {
+  std::string out;
   if (run.attempts_size() > 0) absl::StrAppend(&out, "\nAttempts:\n");
   for (const v1::Attempt& a : run.attempts()) {
     const std::string ended = a.ended_ms() > 0 ? FormatTimestamp(a.ended_ms()) : "running";
@@ -340,7 +353,12 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
     }
     absl::StrAppend(&out, FormatTable(rows, "      "), reasons);
   }
+  return out;
+}
 
+// A multi-node job's nodes (nothing for a single-node run).
+std::string DescribeCluster(const v1::Run& run) {
+  std::string out;
   if (run.has_cluster() && !run.cluster().job().empty()) {
     const v1::ClusterStatus& c = run.cluster();
     absl::StrAppend(&out, "\nJob ", c.job(), " (", c.nodes_expected(), " nodes x ",
@@ -366,7 +384,12 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
     }
     absl::StrAppend(&out, FormatTable(rows, "  "));
   }
+  return out;
+}
 
+// The run's checkpoints.
+std::string DescribeCheckpoints(const v1::Run& run) {
+  std::string out;
   if (run.checkpoints_size() > 0) {
     absl::StrAppend(&out, "\nCheckpoints:\n");
     std::vector<std::vector<std::string>> rows = {{"STEP", "CREATED", "SIZE", "PATH"}};
@@ -376,7 +399,16 @@ std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
     }
     absl::StrAppend(&out, FormatTable(rows, "  "));
   }
+
   return out;
+}
+
+}  // namespace
+
+std::string FormatRunDescription(const v1::Run& run, int64_t now_ms) {
+  return absl::StrCat(DescribeRun(run, now_ms), DescribeProgress(run, now_ms),
+                      DescribeAttempts(run, now_ms), DescribeCluster(run),
+                      DescribeCheckpoints(run));
 }
 
 int64_t ReachedStep(const v1::Run& run) {
