@@ -18,8 +18,8 @@ struct DtypeName {
   const char* name;
 };
 constexpr DtypeName kDtypes[] = {
-    {at::kDouble, "F64"}, {at::kFloat, "F32"},  {at::kHalf, "F16"}, {at::kBFloat16, "BF16"},
-    {at::kLong, "I64"},   {at::kInt, "I32"},    {at::kShort, "I16"}, {at::kChar, "I8"},
+    {at::kDouble, "F64"}, {at::kFloat, "F32"}, {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
+    {at::kLong, "I64"},   {at::kInt, "I32"},   {at::kShort, "I16"}, {at::kChar, "I8"},
     {at::kByte, "U8"},    {at::kBool, "BOOL"},
 };
 
@@ -52,10 +52,12 @@ absl::Status WriteSafetensors(const NamedTensors& tensors,
   std::set<std::string> names;
   for (const auto& [name, tensor] : tensors) {
     if (!names.insert(name).second || name == "__metadata__") {
-      return absl::InvalidArgumentError(absl::StrCat("tensor name '", name, "' is repeated or reserved"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor name '", name, "' is repeated or reserved"));
     }
     if (!tensor.defined() || !tensor.device().is_cpu()) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' is undefined or not on the CPU"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "' is undefined or not on the CPU"));
     }
     const char* dtype = DtypeToName(tensor.scalar_type());
     if (dtype == nullptr) {
@@ -64,7 +66,8 @@ absl::Status WriteSafetensors(const NamedTensors& tensors,
     }
     at::Tensor t = tensor.contiguous();
     const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-    header[name] = {{"dtype", dtype}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {
+        {"dtype", dtype}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
     data.push_back(t);
   }
@@ -88,7 +91,9 @@ absl::Status WriteSafetensors(const NamedTensors& tensors,
 }
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(FileSystem* fs, const std::string& path) {
-  auto fail = [&](const std::string& what) { return absl::DataLossError(absl::StrCat(path, ": ", what)); };
+  auto fail = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(path, ": ", what));
+  };
   // Read failures follow Verify's contract: a missing or short file is
   // DataLoss, any other failure an I/O error (Unavailable).
   auto io = [&](const absl::Status& s) {
@@ -138,7 +143,8 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(FileSystem* fs, const std::strin
     Entry entry;
     entry.name = it.key();
     if (!NameToDtype(e["dtype"].get<std::string>(), &entry.dtype)) {
-      return fail(absl::StrCat("tensor '", it.key(), "' has unsupported dtype ", e["dtype"].get<std::string>()));
+      return fail(absl::StrCat("tensor '", it.key(), "' has unsupported dtype ",
+                               e["dtype"].get<std::string>()));
     }
     uint64_t bytes = c10::elementSize(entry.dtype);
     for (const auto& d : e["shape"]) {
@@ -154,8 +160,9 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(FileSystem* fs, const std::strin
     entry.begin = e["data_offsets"][0].get<uint64_t>();
     entry.end = e["data_offsets"][1].get<uint64_t>();
     if (entry.begin > entry.end || entry.end > data_size || entry.end - entry.begin != bytes) {
-      return fail(absl::StrCat("tensor '", it.key(), "' has data_offsets [", entry.begin, ", ", entry.end,
-                               "] that do not fit its ", bytes, " bytes in ", data_size, " bytes of data"));
+      return fail(absl::StrCat("tensor '", it.key(), "' has data_offsets [", entry.begin, ", ",
+                               entry.end, "] that do not fit its ", bytes, " bytes in ", data_size,
+                               " bytes of data"));
     }
     entries.push_back(std::move(entry));
   }
@@ -173,8 +180,8 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(FileSystem* fs, const std::strin
     try {
       t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
     } catch (const c10::Error& err) {
-      return absl::ResourceExhaustedError(absl::StrCat(path, ": cannot allocate tensor '", e.name, "': ",
-                                                       err.what_without_backtrace()));
+      return absl::ResourceExhaustedError(absl::StrCat(path, ": cannot allocate tensor '", e.name,
+                                                       "': ", err.what_without_backtrace()));
     }
     if (e.end > e.begin) {
       s = fs->ReadAt(path, data_start + e.begin, e.end - e.begin, static_cast<char*>(t.data_ptr()));

@@ -48,8 +48,8 @@ absl::Status CheckpointReadError(const absl::Status& s, const std::string& conte
   return absl::UnavailableError(absl::StrCat("I/O error (not a content error): ", s.message()));
 }
 
-absl::Status PendingCheckpoint::WriteFile(const std::string& name,
-                                          const std::function<absl::Status(const ByteSink&)>& producer) {
+absl::Status PendingCheckpoint::WriteFile(
+    const std::string& name, const std::function<absl::Status(const ByteSink&)>& producer) {
   if (name.empty() || name.find('/') != std::string::npos || name == kManifestName) {
     failed_ = true;
     return absl::InvalidArgumentError(absl::StrCat("invalid checkpoint file name '", name, "'"));
@@ -210,7 +210,8 @@ absl::Status CheckpointStore::Verify(const CheckpointInfo& checkpoint) {
   if (!names.ok())
     return CheckpointReadError(names.status(), std::string(names.status().message()));
   for (const auto& n : *names) {
-    if (!listed.count(n)) return absl::DataLossError(absl::StrCat("extra file '", n, "' not in the manifest"));
+    if (!listed.count(n))
+      return absl::DataLossError(absl::StrCat("extra file '", n, "' not in the manifest"));
   }
   for (const auto& f : m->files) {
     const std::string path = JoinPath(checkpoint.path, f.name);
@@ -218,8 +219,8 @@ absl::Status CheckpointStore::Verify(const CheckpointInfo& checkpoint) {
     if (!size.ok())
       return CheckpointReadError(size.status(), absl::StrCat("missing file '", f.name, "'"));
     if (*size != f.size) {
-      return absl::DataLossError(absl::StrCat("file '", f.name, "' has ", *size,
-                                              " bytes; the manifest says ", f.size));
+      return absl::DataLossError(
+          absl::StrCat("file '", f.name, "' has ", *size, " bytes; the manifest says ", f.size));
     }
     Hasher h;
     absl::Status s = fs_->ReadFile(path, [&](std::string_view piece) {
@@ -231,14 +232,16 @@ absl::Status CheckpointStore::Verify(const CheckpointInfo& checkpoint) {
                                  absl::StrCat("missing file '", f.name, "' (", s.message(), ")"));
     }
     if (h.HexDigest() != f.xxh3_128) {
-      return absl::DataLossError(absl::StrCat("file '", f.name, "' does not match its hash (xxh3-128 ",
-                                              h.HexDigest(), ", manifest ", f.xxh3_128, ")"));
+      return absl::DataLossError(absl::StrCat("file '", f.name,
+                                              "' does not match its hash (xxh3-128 ", h.HexDigest(),
+                                              ", manifest ", f.xxh3_128, ")"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<CheckpointInfo> CheckpointStore::ChooseLatest(std::vector<QuarantineReport>* quarantined) {
+absl::StatusOr<CheckpointInfo> CheckpointStore::ChooseLatest(
+    std::vector<QuarantineReport>* quarantined) {
   // Every failure but "none verifies" is an I/O error here: Unavailable.
   absl::Status restored = RestoreInterruptedReplacements();
   if (!restored.ok()) {
@@ -272,9 +275,11 @@ absl::StatusOr<QuarantineReport> CheckpointStore::Quarantine(const CheckpointInf
   const std::string qdir = JoinPath(root_, kQuarantineDir);
   absl::Status s = fs_->CreateDirs(qdir);
   if (!s.ok()) return s;
-  std::string dest = JoinPath(qdir, absl::StrCat(StepDirName(checkpoint.step), ".", std::time(nullptr)));
+  std::string dest =
+      JoinPath(qdir, absl::StrCat(StepDirName(checkpoint.step), ".", std::time(nullptr)));
   for (int i = 1; fs_->Exists(dest); ++i) {
-    dest = JoinPath(qdir, absl::StrCat(StepDirName(checkpoint.step), ".", std::time(nullptr), ".", i));
+    dest =
+        JoinPath(qdir, absl::StrCat(StepDirName(checkpoint.step), ".", std::time(nullptr), ".", i));
   }
   s = fs_->Rename(checkpoint.path, dest);
   if (!s.ok()) return s;
@@ -321,7 +326,8 @@ absl::Status CheckpointStore::RestoreInterruptedReplacements() {
   if (!names.ok()) return names.status();
   for (const auto& name : *names) {
     const size_t r = name.size() - std::min(name.size(), sizeof(kReplacedSuffix) - 1);
-    if (name.rfind("step-", 0) != 0 || name.compare(r, std::string::npos, kReplacedSuffix) != 0) continue;
+    if (name.rfind("step-", 0) != 0 || name.compare(r, std::string::npos, kReplacedSuffix) != 0)
+      continue;
     // A re-save of this step stopped between its two renames: the old copy
     // is the checkpoint.
     const std::string original = JoinPath(root_, name.substr(0, r));

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/file_system.h"
-#include "nlohmann/json.hpp"
 #include "contracts/run_layout.h"
+#include "nlohmann/json.hpp"
 
 namespace trainsup {
 namespace {

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <string>
 
-#include "fuzz/fuzz_util.h"
 #include "contracts/daemon_config.h"
+#include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace trainsup;

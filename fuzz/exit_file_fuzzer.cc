@@ -5,8 +5,8 @@
 #include <string>
 
 #include "checkpoint/file_system.h"
-#include "fuzz/fuzz_util.h"
 #include "contracts/exit_file.h"
+#include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace trainsup;

@@ -181,8 +181,8 @@ void CheckWeight(const at::Tensor& features, const at::Tensor& weight, const at:
               weight.defined() ? weight.sizes() : at::IntArrayRef{});
   TORCH_CHECK(weight.size(0) == volume, what, ": weight has ", weight.size(0),
               " kernel offsets but the kernel has ", volume);
-  TORCH_CHECK(weight.size(1) == features.size(1), what, ": weight expects C_in = ",
-              weight.size(1), " but the features have ", features.size(1), " channels");
+  TORCH_CHECK(weight.size(1) == features.size(1), what, ": weight expects C_in = ", weight.size(1),
+              " but the features have ", features.size(1), " channels");
   TORCH_CHECK(weight.scalar_type() == features.scalar_type(), what, ": weight dtype ",
               weight.scalar_type(), " differs from the features' ", features.scalar_type());
   TORCH_CHECK(weight.device() == features.device(), what, ": weight is on ", weight.device(),
@@ -204,8 +204,8 @@ SparseTensor AddBias(const SparseTensor& y, const at::Tensor& bias) {
 
 }  // namespace
 
-at::Tensor KernelMapConv(const at::Tensor& features, const at::Tensor& weight,
-                         const KernelMap& map, bool transposed) {
+at::Tensor KernelMapConv(const at::Tensor& features, const at::Tensor& weight, const KernelMap& map,
+                         bool transposed) {
   TORCH_CHECK(features.dim() == 2 && features.size(0) == (transposed ? map.num_out : map.num_in),
               "KernelMapConv: features have shape ", features.sizes(), " but the map expects ",
               transposed ? map.num_out : map.num_in, " rows");
@@ -231,9 +231,8 @@ SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Ten
   return AddBias(y, bias);
 }
 
-SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight,
-                           const at::Tensor& bias, const ConvOptions& options,
-                           const SparseTensor* target) {
+SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                           const ConvOptions& options, const SparseTensor* target) {
   CheckOptions(options, "ConvTranspose");
   CheckFeatures(x, "ConvTranspose");
   const int64_t volume =
@@ -247,7 +246,8 @@ SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight,
     fine = target->set_id();
   } else if (options.stride > 1) {
     fine = manager->Set(x.set_id()).parent;
-    TORCH_CHECK(fine >= 0, "ConvTranspose: no target given and the input's coordinates were "
+    TORCH_CHECK(fine >= 0,
+                "ConvTranspose: no target given and the input's coordinates were "
                 "not made by downsampling; pass the target coordinates");
   }
   const int32_t fine_stride = manager->Set(fine).stride;

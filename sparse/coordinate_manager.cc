@@ -39,8 +39,7 @@ std::vector<std::array<int32_t, 3>> KernelOffsets(int kernel_size) {
   return offsets;
 }
 
-CoordinateSetId CoordinateManager::AddCoordinates(const at::Tensor& coordinates,
-                                                  int32_t stride) {
+CoordinateSetId CoordinateManager::AddCoordinates(const at::Tensor& coordinates, int32_t stride) {
   TORCH_CHECK(coordinates.defined(), "coordinates: undefined tensor");
   TORCH_CHECK(coordinates.device().is_cpu(), "coordinates must be on the CPU, got ",
               coordinates.device());
@@ -60,10 +59,9 @@ CoordinateSetId CoordinateManager::AddCoordinates(const at::Tensor& coordinates,
         int64_t row = bad.nonzero().select(1, 0)[0].item<int64_t>();
         auto r = c[row];
         TORCH_CHECK(false, "coordinate out of the representable range at row ", row, ": (",
-                    r[0].item<int64_t>(), ", ", r[1].item<int64_t>(), ", ",
-                    r[2].item<int64_t>(), ", ", r[3].item<int64_t>(),
-                    "); spatial values must be in [", kMinCoordinate, ", ", kMaxCoordinate,
-                    "], batch indices in [0, ", kMaxBatchIndex, "]");
+                    r[0].item<int64_t>(), ", ", r[1].item<int64_t>(), ", ", r[2].item<int64_t>(),
+                    ", ", r[3].item<int64_t>(), "); spatial values must be in [", kMinCoordinate,
+                    ", ", kMaxCoordinate, "], batch indices in [0, ", kMaxBatchIndex, "]");
       }
     }
     c = c.to(at::kInt);
@@ -88,9 +86,9 @@ CoordinateSetId CoordinateManager::AddValidated(at::Tensor coords, int32_t strid
       TORCH_CHECK(BatchInRange(r[0]), "batch index out of range at row ", i, ": ",
                   CoordinateString(r), "; batch indices must be in [0, ", kMaxBatchIndex, "]");
       for (int a = 1; a < 4; ++a) {
-        TORCH_CHECK(InRange(r[a]), "coordinate out of the representable range at row ", i,
-                    ": ", CoordinateString(r), "; spatial values must be in [",
-                    kMinCoordinate, ", ", kMaxCoordinate, "]");
+        TORCH_CHECK(InRange(r[a]), "coordinate out of the representable range at row ", i, ": ",
+                    CoordinateString(r), "; spatial values must be in [", kMinCoordinate, ", ",
+                    kMaxCoordinate, "]");
         TORCH_CHECK(r[a] % stride == 0, "coordinate at row ", i, " ", CoordinateString(r),
                     " is not a multiple of the tensor stride ", stride);
       }
@@ -125,8 +123,8 @@ CoordinateSetId CoordinateManager::AddValidated(at::Tensor coords, int32_t strid
     for (int64_t p = 0; p < n; ++p) ordered[p] = keys[rows[p]];
     for (int64_t p = 1; p < n; ++p) {
       TORCH_CHECK(ordered[p] != ordered[p - 1], "duplicate coordinate ",
-                  CoordinateString(c + 4 * static_cast<int64_t>(rows[p])), " at rows ",
-                  rows[p - 1], " and ", rows[p], " (quantize the points first)");
+                  CoordinateString(c + 4 * static_cast<int64_t>(rows[p])), " at rows ", rows[p - 1],
+                  " and ", rows[p], " (quantize the points first)");
     }
     keys.swap(ordered);
     set->order = at::tensor(at::ArrayRef<int32_t>(rows), at::kInt).to(at::kLong);
@@ -143,8 +141,8 @@ CoordinateSetId CoordinateManager::AddValidated(at::Tensor coords, int32_t strid
 
 const CoordinateSet& CoordinateManager::Set(CoordinateSetId id) const {
   std::lock_guard<std::mutex> lock(mu_);
-  TORCH_CHECK(id >= 0 && id < static_cast<CoordinateSetId>(sets_.size()),
-              "unknown coordinate set ", id, " (this manager holds ", sets_.size(), ")");
+  TORCH_CHECK(id >= 0 && id < static_cast<CoordinateSetId>(sets_.size()), "unknown coordinate set ",
+              id, " (this manager holds ", sets_.size(), ")");
   return *sets_[id];
 }
 

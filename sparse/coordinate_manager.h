@@ -44,8 +44,8 @@ struct CoordinateSet {
   at::Tensor order, rank;
   int32_t min[3] = {0, 0, 0};  // Bounding box of the spatial coordinates.
   int32_t max[3] = {0, 0, 0};
-  int32_t batch_size = 0;  // Largest batch index + 1 (0 when empty).
-  bool sorted = false;     // Rows are in key order already.
+  int32_t batch_size = 0;       // Largest batch index + 1 (0 when empty).
+  bool sorted = false;          // Rows are in key order already.
   CoordinateSetId parent = -1;  // The set this one was downsampled from.
   int64_t size() const { return coordinates.size(0); }
   int32_t RowAt(int64_t p) const { return sorted ? static_cast<int32_t>(p) : sorted_rows[p]; }

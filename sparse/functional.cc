@@ -53,16 +53,16 @@ SparseTensor Cat(const std::vector<SparseTensor>& xs) {
   features.reserve(xs.size());
   for (const auto& x : xs) {
     CheckSameCoordinates(xs[0], x, "Cat");
-    TORCH_CHECK(x.F().scalar_type() == xs[0].F().scalar_type(), "Cat: dtype ",
-                x.F().scalar_type(), " differs from ", xs[0].F().scalar_type());
+    TORCH_CHECK(x.F().scalar_type() == xs[0].F().scalar_type(), "Cat: dtype ", x.F().scalar_type(),
+                " differs from ", xs[0].F().scalar_type());
     features.push_back(x.F());
   }
   return xs[0].WithFeatures(at::cat(features, 1));
 }
 
 SparseTensor BatchNorm(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                       const at::Tensor& running_mean, const at::Tensor& running_var,
-                       bool training, double momentum, double eps, bool relu) {
+                       const at::Tensor& running_mean, const at::Tensor& running_var, bool training,
+                       double momentum, double eps, bool relu) {
   TORCH_CHECK(x.defined(), "BatchNorm: undefined SparseTensor");
   RECORD_USER_SCOPE("batch norm");
   const int64_t c = x.F().size(1);
@@ -74,8 +74,7 @@ SparseTensor BatchNorm(const SparseTensor& x, const at::Tensor& weight, const at
   }
   TORCH_CHECK(running_mean.defined() == running_var.defined(),
               "BatchNorm: give both running_mean and running_var, or neither");
-  TORCH_CHECK(training || running_mean.defined(),
-              "BatchNorm: evaluation needs running statistics");
+  TORCH_CHECK(training || running_mean.defined(), "BatchNorm: evaluation needs running statistics");
   TORCH_CHECK(!training || x.size() > 1 || !running_mean.defined() || x.size() == 0,
               "BatchNorm: training needs more than one row per channel, got ", x.size());
   if (x.size() == 0) return x;

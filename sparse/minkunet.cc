@@ -36,7 +36,8 @@ int64_t Expansion(BlockType t) {
 }
 }  // namespace
 
-torch::nn::ModuleList MinkUNetImpl::MakeLayer(const std::string& name, int64_t planes, int64_t blocks) {
+torch::nn::ModuleList MinkUNetImpl::MakeLayer(const std::string& name, int64_t planes,
+                                              int64_t blocks) {
   torch::nn::ModuleList layer;
   for (int64_t i = 0; i < blocks; ++i) {
     if (config_.block == BlockType::kBasic) {
@@ -49,13 +50,15 @@ torch::nn::ModuleList MinkUNetImpl::MakeLayer(const std::string& name, int64_t p
   return register_module(name, layer);
 }
 
-SparseTensor MinkUNetImpl::RunLayer(torch::nn::ModuleList& layer, SparseTensor x, bool final_layer) {
+SparseTensor MinkUNetImpl::RunLayer(torch::nn::ModuleList& layer, SparseTensor x,
+                                    bool final_layer) {
   for (size_t i = 0; i < layer->size(); ++i) {
     auto* block = layer[i]->as<CheckpointableBlock>();
     // The network's last block runs right before the loss: its activations
     // are needed at the start of backward, so recomputing them would cost a
     // forward of the largest block and lower no peak. It always keeps them.
-    x = (final_layer && i + 1 == layer->size()) ? block->ForwardImpl(x, nullptr) : block->forward(x);
+    x = (final_layer && i + 1 == layer->size()) ? block->ForwardImpl(x, nullptr)
+                                                : block->forward(x);
   }
   return x;
 }
@@ -69,7 +72,8 @@ MinkUNetImpl::MinkUNetImpl(const MinkUNetConfig& config) : config_(config) {
   bn0 = register_module("bn0", BatchNormLayer(inplanes_, 1e-5, m));
   for (int i = 0; i < 4; ++i) {
     const std::string n = std::to_string(i + 1);
-    down_conv[i] = register_module("conv" + n, ConvLayer(inplanes_, inplanes_, ConvOptions{2, 2, 1}));
+    down_conv[i] =
+        register_module("conv" + n, ConvLayer(inplanes_, inplanes_, ConvOptions{2, 2, 1}));
     down_bn[i] = register_module("bn" + n, BatchNormLayer(inplanes_, 1e-5, m));
     blocks[i] = MakeLayer("block" + n, p[i], config.layers[i]);
   }
@@ -80,7 +84,8 @@ MinkUNetImpl::MinkUNetImpl(const MinkUNetConfig& config) : config_(config) {
     inplanes_ = p[4 + i] + skip_channels[i];
     blocks[4 + i] = MakeLayer("block" + std::to_string(i + 5), p[4 + i], config.layers[4 + i]);
   }
-  final = register_module("final", ConvLayer(p[7] * e, config.out_channels, ConvOptions{1, 1, 1}, /*bias=*/true));
+  final = register_module(
+      "final", ConvLayer(p[7] * e, config.out_channels, ConvOptions{1, 1, 1}, /*bias=*/true));
 }
 
 SparseTensor MinkUNetImpl::forward(const SparseTensor& x) {

@@ -101,7 +101,8 @@ class BlockCheckpointFunction : public torch::autograd::Function<BlockCheckpoint
     try {
       state->owner = block->shared_from_this();
     } catch (const std::bad_weak_ptr&) {
-      TORCH_CHECK(false, block->name(), ": a checkpointed block must be held by a shared_ptr "
+      TORCH_CHECK(false, block->name(),
+                  ": a checkpointed block must be held by a shared_ptr "
                   "(a module holder or std::make_shared)");
     }
     state->block = block;
@@ -159,11 +160,11 @@ class BlockCheckpointFunction : public torch::autograd::Function<BlockCheckpoint
 
 }  // namespace
 
-ConvLayerImpl::ConvLayerImpl(int64_t in_channels, int64_t out_channels, ConvOptions options, bool bias,
-                   bool transposed)
+ConvLayerImpl::ConvLayerImpl(int64_t in_channels, int64_t out_channels, ConvOptions options,
+                             bool bias, bool transposed)
     : options_(options), transposed_(transposed) {
-  const int64_t volume = static_cast<int64_t>(options.kernel_size) * options.kernel_size *
-                         options.kernel_size;
+  const int64_t volume =
+      static_cast<int64_t>(options.kernel_size) * options.kernel_size * options.kernel_size;
   weight = register_parameter("weight", KaimingFanOut(volume, in_channels, out_channels));
   if (bias) this->bias = register_parameter("bias", torch::zeros({out_channels}));
 }
@@ -174,7 +175,7 @@ SparseTensor ConvLayerImpl::forward(const SparseTensor& x, const SparseTensor* t
 }
 
 BatchNormLayerImpl::BatchNormLayerImpl(int64_t channels, double eps, std::optional<double> momentum,
-                             bool track_running_stats)
+                                       bool track_running_stats)
     : eps_(eps), momentum_(momentum) {
   weight = register_parameter("weight", torch::ones({channels}));
   bias = register_parameter("bias", torch::zeros({channels}));
@@ -193,7 +194,8 @@ SparseTensor BatchNormLayerImpl::forward(const SparseTensor& x, bool relu) {
       at::NoGradGuard no_grad;
       num_batches_tracked.add_(1);
     }
-    factor = momentum_ ? *momentum_ : 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
+    factor =
+        momentum_ ? *momentum_ : 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
   }
   at::Tensor w = weight, b = bias;
   if (x.F().scalar_type() != w.scalar_type()) {
@@ -216,9 +218,8 @@ namespace {
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, at::Tensor running_mean,
-                            at::Tensor running_var, double momentum, double eps,
-                            int64_t allreduce_address) {
+                            const at::Tensor& bias, at::Tensor running_mean, at::Tensor running_var,
+                            double momentum, double eps, int64_t allreduce_address) {
     const auto* allreduce = reinterpret_cast<const StatsAllreduce*>(allreduce_address);
     const int64_t c = x.size(1);
     at::Tensor packed = at::cat({x.sum(0, false, at::kDouble), (x.to(at::kDouble) * x).sum(0),
@@ -266,9 +267,10 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     at::Tensor scale = weight.defined() ? weight.to(at::kDouble) * invstd : invstd;
     at::Tensor dx = scale / std::max(n, 1.0) * (n * dy - sum_dy - xhat * sum_dy_xhat);
     at::Tensor dw = weight.defined() ? local_dy_xhat.to(weight.scalar_type()) : at::Tensor();
-    at::Tensor db = ctx->saved_data["has_bias"].toBool() ? local_dy.to(x.scalar_type()) : at::Tensor();
-    return {dx.to(x.scalar_type()), dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    at::Tensor db =
+        ctx->saved_data["has_bias"].toBool() ? local_dy.to(x.scalar_type()) : at::Tensor();
+    return {dx.to(x.scalar_type()), dw,           db,           at::Tensor(),
+            at::Tensor(),           at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -279,9 +281,9 @@ at::Tensor SyncBatchNormTraining(const at::Tensor& features, const at::Tensor& w
                                  const at::Tensor& running_var, double momentum, double eps,
                                  bool relu, const StatsAllreduce* allreduce) {
   TORCH_CHECK(allreduce != nullptr && *allreduce, "SyncBatchNormTraining: no allreduce");
-  at::Tensor y = SyncBatchNormFunction::apply(
-      features, weight, bias, running_mean, running_var, momentum, eps,
-      static_cast<int64_t>(reinterpret_cast<intptr_t>(allreduce)));
+  at::Tensor y =
+      SyncBatchNormFunction::apply(features, weight, bias, running_mean, running_var, momentum, eps,
+                                   static_cast<int64_t>(reinterpret_cast<intptr_t>(allreduce)));
   return relu ? at::relu(y) : y;
 }
 
@@ -301,19 +303,21 @@ SparseTensor CheckpointableBlock::forward(const SparseTensor& x, const SparseTen
   std::vector<SparseTensor> meta = {x};
   std::vector<at::Tensor> features = {x.F()};
   if (skip != nullptr) {
-    TORCH_CHECK(skip->manager() == x.manager(), name(), ": the skip belongs to another coordinate manager");
+    TORCH_CHECK(skip->manager() == x.manager(), name(),
+                ": the skip belongs to another coordinate manager");
     meta.push_back(*skip);
     features.push_back(skip->F());
   }
   std::vector<at::Tensor> params = parameters();
   CoordinateSetId out_set = -1;
-  at::Tensor out = BlockCheckpointFunction::apply(at::TensorList(features), at::TensorList(params), this,
-                                                  &meta, &out_set);
+  at::Tensor out = BlockCheckpointFunction::apply(at::TensorList(features), at::TensorList(params),
+                                                  this, &meta, &out_set);
   return SparseTensor(out, out_set, x.manager());
 }
 
 UpStageImpl::UpStageImpl(int64_t in_channels, int64_t out_channels, double bn_momentum) {
-  conv = register_module("conv", ConvLayer(in_channels, out_channels, ConvOptions{2, 2, 1}, false, true));
+  conv = register_module("conv",
+                         ConvLayer(in_channels, out_channels, ConvOptions{2, 2, 1}, false, true));
   norm = register_module("norm", BatchNormLayer(out_channels, 1e-5, bn_momentum));
 }
 
@@ -326,9 +330,10 @@ SparseTensor UpStageImpl::ForwardImpl(const SparseTensor& x, const SparseTensor*
 void ResidualBlock::InitProjection(int64_t in_channels, int64_t out_channels, int32_t stride,
                                    double bn_momentum) {
   if (stride == 1 && in_channels == out_channels) return;
-  downsample_conv = register_module("downsample_conv",
-                                    ConvLayer(in_channels, out_channels, ConvOptions{1, stride, 1}));
-  downsample_norm = register_module("downsample_norm", BatchNormLayer(out_channels, 1e-5, bn_momentum));
+  downsample_conv = register_module(
+      "downsample_conv", ConvLayer(in_channels, out_channels, ConvOptions{1, stride, 1}));
+  downsample_norm =
+      register_module("downsample_norm", BatchNormLayer(out_channels, 1e-5, bn_momentum));
 }
 
 SparseTensor ResidualBlock::AddResidual(const SparseTensor& body, const SparseTensor& x) {
@@ -340,7 +345,8 @@ SparseTensor ResidualBlock::AddResidual(const SparseTensor& body, const SparseTe
 
 BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t planes, int32_t stride,
                                int32_t dilation, double bn_momentum) {
-  conv1 = register_module("conv1", ConvLayer(in_channels, planes, ConvOptions{3, stride, dilation}));
+  conv1 =
+      register_module("conv1", ConvLayer(in_channels, planes, ConvOptions{3, stride, dilation}));
   norm1 = register_module("norm1", BatchNormLayer(planes, 1e-5, bn_momentum));
   conv2 = register_module("conv2", ConvLayer(planes, planes, ConvOptions{3, 1, dilation}));
   norm2 = register_module("norm2", BatchNormLayer(planes, 1e-5, bn_momentum));
@@ -401,12 +407,15 @@ int64_t EnableGradientCheckpointing(torch::nn::Module& model, bool strict) {
   return n;
 }
 
-int64_t DisableGradientCheckpointing(torch::nn::Module& model) { return SwitchCheckpointing(model, false); }
+int64_t DisableGradientCheckpointing(torch::nn::Module& model) {
+  return SwitchCheckpointing(model, false);
+}
 
 bool IsGradientCheckpointing(const torch::nn::Module& model) {
   bool on = false;
   ForEachModule(model, [&](torch::nn::Module* m) {
-    if (auto* block = dynamic_cast<CheckpointableBlock*>(m)) on = on || block->gradient_checkpointing();
+    if (auto* block = dynamic_cast<CheckpointableBlock*>(m))
+      on = on || block->gradient_checkpointing();
   });
   return on;
 }

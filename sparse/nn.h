@@ -19,7 +19,7 @@ namespace trainsup::sparse {
 class ConvLayerImpl : public torch::nn::Module {
  public:
   ConvLayerImpl(int64_t in_channels, int64_t out_channels, ConvOptions options, bool bias = false,
-           bool transposed = false);
+                bool transposed = false);
   // Transposed convolutions go onto `target` (default: the set x was
   // downsampled from).
   SparseTensor forward(const SparseTensor& x, const SparseTensor* target = nullptr);
@@ -46,7 +46,8 @@ using StatsAllreduce = std::function<void(at::Tensor&)>;
 class BatchNormLayerImpl : public torch::nn::Module {
  public:
   explicit BatchNormLayerImpl(int64_t channels, double eps = 1e-5,
-                         std::optional<double> momentum = 0.1, bool track_running_stats = true);
+                              std::optional<double> momentum = 0.1,
+                              bool track_running_stats = true);
   // relu: ReLU on the result, fused with the normalisation (ops.h).
   SparseTensor forward(const SparseTensor& x, bool relu = false);
 
@@ -114,7 +115,8 @@ class ResidualBlock : public CheckpointableBlock {
 
  protected:
   // Registers the projection if in_channels != out_channels or stride != 1.
-  void InitProjection(int64_t in_channels, int64_t out_channels, int32_t stride, double bn_momentum);
+  void InitProjection(int64_t in_channels, int64_t out_channels, int32_t stride,
+                      double bn_momentum);
   // ReLU(body + projected x), in place on the fresh sum.
   SparseTensor AddResidual(const SparseTensor& body, const SparseTensor& x);
 };

@@ -36,9 +36,8 @@ SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Ten
 // manager at stride x.stride() / options.stride (typically the skip
 // connection's). Without a target, the set `x` was downsampled from is used.
 // weight: [K^3, C_in, C_out].
-SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight,
-                           const at::Tensor& bias, const ConvOptions& options,
-                           const SparseTensor* target = nullptr);
+SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                           const ConvOptions& options, const SparseTensor* target = nullptr);
 
 enum class PoolMode { kMax, kAverage, kSum };
 std::string ToString(PoolMode mode);
@@ -62,8 +61,8 @@ SparseTensor Cat(const std::vector<SparseTensor>& xs);
 // training mode (one pass, and backward recomputes the ReLU's mask from
 // the input instead of keeping its output).
 SparseTensor BatchNorm(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                       const at::Tensor& running_mean, const at::Tensor& running_var,
-                       bool training, double momentum, double eps, bool relu = false);
+                       const at::Tensor& running_mean, const at::Tensor& running_var, bool training,
+                       double momentum, double eps, bool relu = false);
 
 SparseTensor Relu(const SparseTensor& x);
 // ReLU overwriting x's features (they must not be needed elsewhere, e.g. the
@@ -78,8 +77,8 @@ SparseTensor Tanh(const SparseTensor& x);
 // differentiable in features and weight. Without `transposed`, rows of
 // `features` are the map's input rows and the result has map.num_out rows;
 // with it, the roles swap.
-at::Tensor KernelMapConv(const at::Tensor& features, const at::Tensor& weight,
-                         const KernelMap& map, bool transposed);
+at::Tensor KernelMapConv(const at::Tensor& features, const at::Tensor& weight, const KernelMap& map,
+                         bool transposed);
 
 }  // namespace trainsup::sparse
 

@@ -81,8 +81,8 @@ Quantized Quantize(const at::Tensor& points, double voxel_size, const at::Tensor
   }
 }
 
-Collated Collate(const std::vector<at::Tensor>& coordinates, const std::vector<at::Tensor>& features,
-                 const std::vector<at::Tensor>& labels) {
+Collated Collate(const std::vector<at::Tensor>& coordinates,
+                 const std::vector<at::Tensor>& features, const std::vector<at::Tensor>& labels) {
   const size_t b = coordinates.size();
   TORCH_CHECK(features.empty() || features.size() == b, "Collate: ", features.size(),
               " feature tensors for ", b, " scenes");
@@ -98,9 +98,8 @@ Collated Collate(const std::vector<at::Tensor>& coordinates, const std::vector<a
     TORCH_CHECK(c.dim() == 2 && c.size(1) == 3 && !c.is_floating_point(), "Collate: scene ", i,
                 " coordinates must be V x 3 integers, got shape ", c.sizes(), " ", c.scalar_type());
     if (!features.empty()) {
-      TORCH_CHECK(features[i].dim() == 2 && features[i].size(0) == c.size(0), "Collate: scene ",
-                  i, " has ", c.size(0), " coordinates but features of shape ",
-                  features[i].sizes());
+      TORCH_CHECK(features[i].dim() == 2 && features[i].size(0) == c.size(0), "Collate: scene ", i,
+                  " has ", c.size(0), " coordinates but features of shape ", features[i].sizes());
     }
     if (!labels.empty()) {
       TORCH_CHECK(labels[i].dim() == 1 && labels[i].size(0) == c.size(0), "Collate: scene ", i,

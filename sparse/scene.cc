@@ -100,7 +100,8 @@ Scene GenerateScene(const SceneOptions& opt) {
                                  {{0, Y, 0}, {X, 0, 0}, {0, 0, H}},
                                  {{0, 0, 0}, {0, Y, 0}, {0, 0, H}},
                                  {{X, 0, 0}, {0, Y, 0}, {0, 0, H}}};
-  for (const auto& w : walls) surfaces.push_back(Rect(w[0], w[1], w[2], SceneClass::kWall, wall_color));
+  for (const auto& w : walls)
+    surfaces.push_back(Rect(w[0], w[1], w[2], SceneClass::kWall, wall_color));
   for (int i = 0; i < opt.boxes; ++i) {
     const double sx = 0.3 + 1.2 * u01(rng), sy = 0.3 + 1.2 * u01(rng), sz = 0.3 + 1.5 * u01(rng);
     const double x0 = u01(rng) * std::max(0.0, X - sx), y0 = u01(rng) * std::max(0.0, Y - sy);
@@ -144,7 +145,8 @@ Scene GenerateScene(const SceneOptions& opt) {
     counts[i] = static_cast<int64_t>(std::floor(opt.num_points * surfaces[i].area / total));
     assigned += counts[i];
   }
-  for (size_t i = 0; assigned < opt.num_points; i = (i + 1) % surfaces.size(), ++assigned) ++counts[i];
+  for (size_t i = 0; assigned < opt.num_points; i = (i + 1) % surfaces.size(), ++assigned)
+    ++counts[i];
   for (size_t si = 0; si < surfaces.size(); ++si) {
     const Surface& s = surfaces[si];
     const int64_t count = counts[si];

@@ -35,8 +35,8 @@ struct SceneOptions {
 SceneOptions ScenePreset(const std::string& name, uint64_t seed = 0);
 
 struct Scene {
-  std::vector<float> points;  // N x 3, metres, x/y on the floor, z up
-  std::vector<float> colors;  // N x 3 in [0, 1]
+  std::vector<float> points;    // N x 3, metres, x/y on the floor, z up
+  std::vector<float> colors;    // N x 3 in [0, 1]
   std::vector<int32_t> labels;  // N, SceneClass values
   int64_t size() const { return static_cast<int64_t>(labels.size()); }
 };

@@ -13,8 +13,8 @@ void CheckFeatures(const at::Tensor& features, int64_t rows) {
               "features must be float32 or float64, got ", features.scalar_type());
   TORCH_CHECK(features.device().is_cpu() || features.device().is_cuda(),
               "features must be on the CPU or a CUDA device, got ", features.device());
-  TORCH_CHECK(features.size(0) == rows, "features have ", features.size(0),
-              " rows but there are ", rows, " coordinates");
+  TORCH_CHECK(features.size(0) == rows, "features have ", features.size(0), " rows but there are ",
+              rows, " coordinates");
 }
 
 }  // namespace
@@ -27,12 +27,10 @@ SparseTensor::SparseTensor(const at::Tensor& features, const at::Tensor& coordin
                            int32_t stride, std::shared_ptr<CoordinateManager> manager)
     : features_(features), manager_(std::move(manager)) {
   TORCH_CHECK(manager_ != nullptr, "SparseTensor: null coordinate manager");
-  TORCH_CHECK(features.defined() && features.dim() == 2,
-              "features must be N x C, got shape ",
+  TORCH_CHECK(features.defined() && features.dim() == 2, "features must be N x C, got shape ",
               features.defined() ? features.sizes() : at::IntArrayRef{});
-  TORCH_CHECK(coordinates.dim() == 2 && coordinates.size(0) == features.size(0),
-              "features have ", features.size(0), " rows but coordinates have shape ",
-              coordinates.sizes());
+  TORCH_CHECK(coordinates.dim() == 2 && coordinates.size(0) == features.size(0), "features have ",
+              features.size(0), " rows but coordinates have shape ", coordinates.sizes());
   CheckFeatures(features, coordinates.size(0));
   set_ = manager_->AddCoordinates(coordinates, stride);
 }

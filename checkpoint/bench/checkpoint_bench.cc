@@ -106,8 +106,9 @@ int main(int argc, char** argv) {
       std::stringstream ss(argv[++i]);
       for (std::string x; std::getline(ss, x, ',');) sizes_mb.push_back(std::atoll(x.c_str()));
     } else {
-      std::fprintf(stderr,
-                   "usage: checkpoint_bench [--repeats N] [--json] [--dir DIR] [--sizes-mb 50,500]\n");
+      std::fprintf(
+          stderr,
+          "usage: checkpoint_bench [--repeats N] [--json] [--dir DIR] [--sizes-mb 50,500]\n");
       return 64;
     }
   }
@@ -120,7 +121,8 @@ int main(int argc, char** argv) {
   const std::string dir = tmpl;
   std::ostringstream js;
   js << "{\"dir\": \"" << dir << "\", \"repeats\": " << repeats << ", \"threads\": 2";
-  if (!json) std::printf("checkpoint_bench: %s, medians of %d runs, 2 threads\n", dir.c_str(), repeats);
+  if (!json)
+    std::printf("checkpoint_bench: %s, medians of %d runs, 2 threads\n", dir.c_str(), repeats);
   for (int64_t mb : sizes_mb) {
     // Half parameters, half momentum buffers.
     Net net(mb * (1 << 20) / 8);
@@ -130,8 +132,8 @@ int main(int argc, char** argv) {
     std::vector<at::Tensor> raw_data;
     for (auto& p : net.parameters()) raw_data.push_back(p.detach());
     for (auto& p : net.parameters()) raw_data.push_back(p.detach().clone());
-    ck::CheckpointStore store(dir + "/run" + std::to_string(mb) + "/checkpoints", ck::FileSystem::Default(),
-                              {/*keep_last=*/2, 0});
+    ck::CheckpointStore store(dir + "/run" + std::to_string(mb) + "/checkpoints",
+                              ck::FileSystem::Default(), {/*keep_last=*/2, 0});
     std::vector<double> raw, save, blocked, async_total, load;
     uint64_t bytes = 0;
     int64_t step = 0;
@@ -178,18 +180,21 @@ int main(int argc, char** argv) {
       load.push_back(Now() - t0);
     }
     const double mib = bytes / double(1 << 20);
-    const double raw_rate = mib / Median(raw), save_rate = mib / Median(save), load_rate = mib / Median(load);
+    const double raw_rate = mib / Median(raw), save_rate = mib / Median(save),
+                 load_rate = mib / Median(load);
     const std::string k = "state_" + std::to_string(mb) + "mb";
-    js << ", \"" << k << "_bytes\": " << bytes << ", \"" << k << "_raw_write_fsync_mib_s\": " << raw_rate
-       << ", \"" << k << "_save_mib_s\": " << save_rate << ", \"" << k << "_save_vs_raw\": " << save_rate / raw_rate
-       << ", \"" << k << "_load_mib_s\": " << load_rate << ", \"" << k << "_async_blocked_s\": " << Median(blocked)
+    js << ", \"" << k << "_bytes\": " << bytes << ", \"" << k
+       << "_raw_write_fsync_mib_s\": " << raw_rate << ", \"" << k << "_save_mib_s\": " << save_rate
+       << ", \"" << k << "_save_vs_raw\": " << save_rate / raw_rate << ", \"" << k
+       << "_load_mib_s\": " << load_rate << ", \"" << k << "_async_blocked_s\": " << Median(blocked)
        << ", \"" << k << "_async_total_s\": " << Median(async_total);
     if (!json) {
       std::printf(
-          "state %4lld MB (%.1f MiB written): raw write+fsync %7.1f MiB/s | save %7.1f MiB/s = %.2fx raw | "
+          "state %4lld MB (%.1f MiB written): raw write+fsync %7.1f MiB/s | save %7.1f MiB/s = "
+          "%.2fx raw | "
           "load (verify+read) %7.1f MiB/s | async save: training thread blocked %.3f s of %.3f s\n",
-          static_cast<long long>(mb), mib, raw_rate, save_rate, save_rate / raw_rate, load_rate, Median(blocked),
-          Median(async_total));
+          static_cast<long long>(mb), mib, raw_rate, save_rate, save_rate / raw_rate, load_rate,
+          Median(blocked), Median(async_total));
     }
   }
   js << "}";

@@ -3,9 +3,9 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "supervisor/api/outbox.h"
 #include "supervisor/policy/auth.h"
 #include "supervisor/policy/command_policy.h"
-#include "supervisor/api/outbox.h"
 
 namespace trainsup::supervisor {
 

@@ -17,8 +17,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "contracts/spec.h"
 #include "contracts/daemon_config.h"
+#include "contracts/spec.h"
 #include "supervisor/api/watch_hub.h"
 #include "trainsup/v1/supervisor.grpc.pb.h"
 

@@ -5,6 +5,7 @@
 //   2. frozen workers: silence -> declared frozen (heartbeat_timeout 2 s);
 //   3. 8 idle workers heartbeating every second: daemon CPU and RSS.
 // Usage: supervisor_bench [--crashes N] [--freezes N] [--idle-seconds S]
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -23,8 +24,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "trainsup/v1/supervisor.grpc.pb.h"
 
@@ -68,9 +67,10 @@ class Daemon {
     dir_ = fs::temp_directory_path() / ("trainsup-bench-" + name + "-" + std::to_string(getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    std::ofstream(dir_ / "trainsupd.toml") << "[daemon]\nstate_dir = \"" << (dir_ / "state").string()
-                                           << "\"\nworker_binary = \"" << worker << "\"\n"
-                                           << extra_config;
+    std::ofstream(dir_ / "trainsupd.toml")
+        << "[daemon]\nstate_dir = \"" << (dir_ / "state").string() << "\"\nworker_binary = \""
+        << worker << "\"\n"
+        << extra_config;
     pid_ = fork();
     if (pid_ == 0) {
       freopen((dir_ / "daemon.log").c_str(), "w", stderr);
@@ -86,7 +86,8 @@ class Daemon {
     }
     token_ = Read((dir_ / "state/auth/operator.token").string());
     while (!token_.empty() && isspace(token_.back())) token_.pop_back();
-    stub_ = v1::Supervisor::NewStub(grpc::CreateChannel(socket, grpc::InsecureChannelCredentials()));
+    stub_ =
+        v1::Supervisor::NewStub(grpc::CreateChannel(socket, grpc::InsecureChannelCredentials()));
   }
   ~Daemon() {
     kill(pid_, SIGTERM);
@@ -162,7 +163,8 @@ void CrashBench(int crashes) {
   while (lines >> what >> attempt >> us) (what == "start" ? start : exit_at)[attempt] = us;
   std::regex ended(R"((\S+) info run=\S+ attempt=(\d+) rank=0 pid \d+ ended)");
   std::string log = d.Log();
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), ended); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), ended); it != std::sregex_iterator();
+       ++it) {
     noticed[std::stoi((*it)[2])] = ParseLogTime((*it)[1]);
   }
   std::vector<double> notice_ms, replace_ms;
@@ -170,27 +172,34 @@ void CrashBench(int crashes) {
     if (noticed.count(a)) notice_ms.push_back((noticed[a] - t) / 1000.0);
     if (start.count(a + 1)) replace_ms.push_back((start[a + 1] - t) / 1000.0);
   }
-  printf("crash -> noticed      : median %.2f ms, p90 %.2f ms over %zu crashes (target: median <= 5 ms)\n",
-         Median(notice_ms), Percentile(notice_ms, 0.9), notice_ms.size());
-  printf("crash -> replacement  : median %.2f ms, p90 %.2f ms over %zu crashes, backoff 0 (target: median <= 20 ms)\n",
-         Median(replace_ms), Percentile(replace_ms, 0.9), replace_ms.size());
-  printf("  reference, quoted by the issue (not measured here): torchrun 1.13 notices after 2300 ms\n"
-         "  (median, 5 s polling); with 0.1 s polling it starts the replacement after 113 ms.\n");
+  printf(
+      "crash -> noticed      : median %.2f ms, p90 %.2f ms over %zu crashes (target: median <= 5 "
+      "ms)\n",
+      Median(notice_ms), Percentile(notice_ms, 0.9), notice_ms.size());
+  printf(
+      "crash -> replacement  : median %.2f ms, p90 %.2f ms over %zu crashes, backoff 0 (target: "
+      "median <= 20 ms)\n",
+      Median(replace_ms), Percentile(replace_ms, 0.9), replace_ms.size());
+  printf(
+      "  reference, quoted by the issue (not measured here): torchrun 1.13 notices after 2300 ms\n"
+      "  (median, 5 s polling); with 0.1 s polling it starts the replacement after 113 ms.\n");
 }
 
 void FreezeBench(int freezes) {
-  Daemon d("freeze",
-           "[workers]\nheartbeat_interval_s = 0.5\nheartbeat_timeout_s = 2\nterm_grace_s = 0.5\n"
-           "capture_stacks = false\n[restart]\ninitial_backoff_s = 0\nmax_backoff_s = 0\njitter = 0\n"
-           "max_restarts = 1000\ncrash_loop_attempts = 1000\n",
-           BENCH_LINK_WORKER);
+  Daemon d(
+      "freeze",
+      "[workers]\nheartbeat_interval_s = 0.5\nheartbeat_timeout_s = 2\nterm_grace_s = 0.5\n"
+      "capture_stacks = false\n[restart]\ninitial_backoff_s = 0\nmax_backoff_s = 0\njitter = 0\n"
+      "max_restarts = 1000\ncrash_loop_attempts = 1000\n",
+      BENCH_LINK_WORKER);
   std::string id = d.Submit("name = \"freeze\"\n");
   std::regex frozen(R"(no heartbeat for ([0-9.]+) s)");
   std::vector<double> silent_s;
   for (int i = 0; i < 1500; ++i) {
     std::string log = d.Log();
     silent_s.clear();
-    for (auto it = std::sregex_iterator(log.begin(), log.end(), frozen); it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), frozen);
+         it != std::sregex_iterator(); ++it) {
       silent_s.push_back(std::stod((*it)[1]));
     }
     if (static_cast<int>(silent_s.size()) >= freezes * 2) break;  // each is logged twice
@@ -199,9 +208,11 @@ void FreezeBench(int freezes) {
   d.Cancel(id);
   std::vector<double> unique;
   for (size_t i = 0; i < silent_s.size(); i += 2) unique.push_back(silent_s[i]);
-  printf("frozen declared after : median %.2f s, max %.2f s of silence over %zu freezes\n"
-         "                        (heartbeat_timeout 2 s; target: <= timeout + 1 s)\n",
-         Median(unique), unique.empty() ? 0 : *std::max_element(unique.begin(), unique.end()), unique.size());
+  printf(
+      "frozen declared after : median %.2f s, max %.2f s of silence over %zu freezes\n"
+      "                        (heartbeat_timeout 2 s; target: <= timeout + 1 s)\n",
+      Median(unique), unique.empty() ? 0 : *std::max_element(unique.begin(), unique.end()),
+      unique.size());
 }
 
 long long CpuTicks(int pid) {
@@ -220,7 +231,8 @@ long long CpuTicks(int pid) {
 void IdleBench(int seconds) {
   Daemon d("idle", "[slots]\ncpu_slots = 8\n" + std::string(kCommon), BENCH_LINK_WORKER);
   std::vector<std::string> ids;
-  for (int i = 0; i < 8; ++i) ids.push_back(d.Submit("name = \"idle-" + std::to_string(i) + "\"\n"));
+  for (int i = 0; i < 8; ++i)
+    ids.push_back(d.Submit("name = \"idle-" + std::to_string(i) + "\"\n"));
   for (int i = 0; i < 400; ++i) {
     int running = 0;
     for (const auto& id : ids) running += d.Get(id).state() == v1::RUN_STATE_RUNNING;
@@ -238,9 +250,11 @@ void IdleBench(int seconds) {
   std::smatch m;
   long rss_kb = 0;
   if (std::regex_search(status, m, std::regex(R"(VmRSS:\s+(\d+))"))) rss_kb = std::stol(m[1]);
-  printf("idle daemon, 8 workers: %.3f%% of one core over %.0f s, RSS %.1f MiB\n"
-         "                        (targets: < 0.5%%, < 30 MiB; torchrun's idle agent: 229 MiB, quoted)\n",
-         cpu_pct, wall, rss_kb / 1024.0);
+  printf(
+      "idle daemon, 8 workers: %.3f%% of one core over %.0f s, RSS %.1f MiB\n"
+      "                        (targets: < 0.5%%, < 30 MiB; torchrun's idle agent: 229 MiB, "
+      "quoted)\n",
+      cpu_pct, wall, rss_kb / 1024.0);
   for (const auto& id : ids) d.Cancel(id);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
 }
@@ -255,7 +269,8 @@ int main(int argc, char** argv) {
     if (k == "--freezes") freezes = std::atoi(argv[i + 1]);
     if (k == "--idle-seconds") idle_seconds = std::atoi(argv[i + 1]);
   }
-  printf("supervisor_bench: trainsupd %s, %ld CPUs\n", TRAINSUPD_BIN, sysconf(_SC_NPROCESSORS_ONLN));
+  printf("supervisor_bench: trainsupd %s, %ld CPUs\n", TRAINSUPD_BIN,
+         sysconf(_SC_NPROCESSORS_ONLN));
   CrashBench(crashes);
   FreezeBench(freezes);
   IdleBench(idle_seconds);

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-
 namespace trainsup::supervisor {
 
 // One GPU as the GPU monitor (supervisor/sys/gpu_monitor.h) reports it.
@@ -37,7 +36,6 @@ struct ReleaseCheck {
 // still holding it, so the daemon can kill those of the worker's process
 // group and declare the GPU stranded if others remain or memory stays up.
 ReleaseCheck CheckReleased(const GpuInfo& gpu, int64_t idle_bytes);
-
 
 struct ReleaseFacts {
   // Live members of the worker's own group (GroupOwnership::kOurs); empty

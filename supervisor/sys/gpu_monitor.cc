@@ -226,5 +226,4 @@ std::unique_ptr<GpuMonitor> OpenFakeMonitor(const std::string& json_path) {
   return std::make_unique<FakeMonitor>(json_path);
 }
 
-
 }  // namespace trainsup::supervisor

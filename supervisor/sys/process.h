@@ -18,7 +18,6 @@
 
 namespace trainsup::supervisor {
 
-
 struct LaunchedProcess {
   int pid = 0;
   int pgid = 0;              // == pid: the child leads a new process group

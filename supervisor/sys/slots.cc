@@ -3,8 +3,8 @@
 #include <signal.h>
 
 #include "absl/strings/str_cat.h"
-#include "supervisor/sys/process.h"
 #include "supervisor/policy/slot_release.h"
+#include "supervisor/sys/process.h"
 
 namespace trainsup::supervisor {
 namespace {

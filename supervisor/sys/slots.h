@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "supervisor/sys/gpu_monitor.h"
 #include "supervisor/policy/group_identity.h"
 #include "supervisor/policy/scheduler.h"
+#include "supervisor/sys/gpu_monitor.h"
 #include "trainsup/v1/supervisor.pb.h"
 
 namespace trainsup::supervisor {

@@ -87,7 +87,8 @@ class FaultInjectionFileSystem final : public FileSystem {
     return base_->SyncFile(path);
   }
   absl::Status SyncDir(const std::string& path) override {
-    if (fail_sync_at > 0 && ++syncs >= fail_sync_at) return absl::InternalError("injected fsync failure");
+    if (fail_sync_at > 0 && ++syncs >= fail_sync_at)
+      return absl::InternalError("injected fsync failure");
     return base_->SyncDir(path);
   }
 

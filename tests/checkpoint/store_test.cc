@@ -29,7 +29,8 @@ class StoreTest : public ::testing::Test {
   absl::Status Save(CheckpointStore& store, int64_t step) {
     auto p = store.Begin(step);
     if (!p.ok()) return p.status();
-    absl::Status s = (*p)->WriteFile("weights.bin", std::string(1000 + step, static_cast<char>('a' + step % 26)));
+    absl::Status s = (*p)->WriteFile("weights.bin",
+                                     std::string(1000 + step, static_cast<char>('a' + step % 26)));
     if (s.ok()) s = (*p)->WriteFile("trainer.json", "{\"step\": " + std::to_string(step) + "}");
     if (!s.ok()) {
       store.Abort(std::move(*p));
@@ -98,7 +99,8 @@ struct Damage {
 
 TEST_F(StoreTest, DamagedCheckpointsAreQuarantinedAndThePreviousOneChosen) {
   const Damage damages[] = {
-      {"truncated file", [](StoreTest*, const std::string& d) { truncate((d + "/weights.bin").c_str(), 10); },
+      {"truncated file",
+       [](StoreTest*, const std::string& d) { truncate((d + "/weights.bin").c_str(), 10); },
        "has 10 bytes"},
       {"flipped byte",
        [](StoreTest*, const std::string& d) {
@@ -107,7 +109,8 @@ TEST_F(StoreTest, DamagedCheckpointsAreQuarantinedAndThePreviousOneChosen) {
          f.put('#');
        },
        "does not match its hash"},
-      {"missing file", [](StoreTest*, const std::string& d) { unlink((d + "/trainer.json").c_str()); },
+      {"missing file",
+       [](StoreTest*, const std::string& d) { unlink((d + "/trainer.json").c_str()); },
        "missing file 'trainer.json'"},
       {"extra file", [](StoreTest*, const std::string& d) { Overwrite(d + "/stray.bin", "x"); },
        "extra file 'stray.bin'"},
@@ -127,7 +130,8 @@ TEST_F(StoreTest, DamagedCheckpointsAreQuarantinedAndThePreviousOneChosen) {
          Overwrite(d + "/MANIFEST.json", t);
        },
        "the manifest says 1013"},
-      {"garbage manifest", [](StoreTest*, const std::string& d) { Overwrite(d + "/MANIFEST.json", "{oops"); },
+      {"garbage manifest",
+       [](StoreTest*, const std::string& d) { Overwrite(d + "/MANIFEST.json", "{oops"); },
        "not a JSON object"},
   };
   for (const Damage& damage : damages) {
@@ -144,7 +148,8 @@ TEST_F(StoreTest, DamagedCheckpointsAreQuarantinedAndThePreviousOneChosen) {
     EXPECT_NE(q[0].reason.find(damage.reason), std::string::npos) << q[0].reason;
     // Moved aside with the reason, not deleted, and no longer listed.
     EXPECT_TRUE(FileSystem::Default()->Exists(q[0].moved_to + "/QUARANTINE.txt"));
-    EXPECT_TRUE(FileSystem::Default()->Exists(q[0].moved_to + "/weights.bin") || std::string(damage.name) == "missing file");
+    EXPECT_TRUE(FileSystem::Default()->Exists(q[0].moved_to + "/weights.bin") ||
+                std::string(damage.name) == "missing file");
     EXPECT_FALSE(FileSystem::Default()->Exists(Path(12)));
     EXPECT_EQ(store.List()->size(), 1u);
   }
@@ -383,7 +388,8 @@ TEST(Manifest, RoundTripsAndRejectsMalformedJson) {
   EXPECT_EQ(back->step, 9);
   EXPECT_EQ(back->files[0].name, "a.bin");
   EXPECT_FALSE(Manifest::FromJson("[]").ok());
-  EXPECT_FALSE(Manifest::FromJson(R"({"format": "trainsup-checkpoint", "format_version": 1})").ok());
+  EXPECT_FALSE(
+      Manifest::FromJson(R"({"format": "trainsup-checkpoint", "format_version": 1})").ok());
   std::string bad = m.ToJson();
   bad.replace(bad.find("a.bin"), 5, "../..");
   EXPECT_FALSE(Manifest::FromJson(bad).ok());

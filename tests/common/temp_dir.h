@@ -14,8 +14,7 @@ class TempDir {
  public:
   // `prefix` names the directory (prefix.XXXXXX) so a leftover says whose.
   explicit TempDir(const std::string& prefix = "trainsup_test") {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / (prefix + ".XXXXXX")).string();
+    std::string pattern = (std::filesystem::temp_directory_path() / (prefix + ".XXXXXX")).string();
     path_ = mkdtemp(pattern.data());
   }
   ~TempDir() {

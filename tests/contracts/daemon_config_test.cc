@@ -262,7 +262,8 @@ TEST(Config, LoadConfigResolvesAgainstTheFilesDirectory) {
 }
 
 TEST(Config, UnknownKeysAreNamed) {
-  EXPECT_NE(ParseError("[slots]\ncpu_slot = 2\n").find("slots.cpu_slot: unknown key"), std::string::npos);
+  EXPECT_NE(ParseError("[slots]\ncpu_slot = 2\n").find("slots.cpu_slot: unknown key"),
+            std::string::npos);
   EXPECT_NE(ParseError("[slot]\ncpu_slots = 2\n").find("slot: unknown key"), std::string::npos);
   EXPECT_NE(ParseError("verbose = true\n").find("verbose: unknown key"), std::string::npos);
   EXPECT_NE(ParseError("[[auth.tokens]]\nname = \"a\"\ntoken_file = \"f\"\nsecret = \"x\"\n")

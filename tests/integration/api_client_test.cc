@@ -25,9 +25,13 @@ TEST(ApiClient, ThePythonDashboardExampleReadsNodeRunsAndEvents) {
   ASSERT_TRUE(h.WaitForState(id, v1::RUN_STATE_SUCCEEDED, kRunLimit));
 
   auto client = [&](const std::vector<std::string>& args, const std::string& token_file) {
-    std::vector<std::string> argv = {"/usr/bin/env", "PYTHONPATH=" TRAINSUP_PYTHON_STUBS,
-                                     TRAINSUP_SYSTEM_PYTHON, TRAINSUP_DASHBOARD_CLIENT,
-                                     "--target", "unix:" + h.socket_path(), "--token-file",
+    std::vector<std::string> argv = {"/usr/bin/env",
+                                     "PYTHONPATH=" TRAINSUP_PYTHON_STUBS,
+                                     TRAINSUP_SYSTEM_PYTHON,
+                                     TRAINSUP_DASHBOARD_CLIENT,
+                                     "--target",
+                                     "unix:" + h.socket_path(),
+                                     "--token-file",
                                      token_file};
     argv.insert(argv.end(), args.begin(), args.end());
     return RunCommand(argv, Seconds(30), h.dir() + "/client-" + args[0]);

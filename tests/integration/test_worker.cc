@@ -29,11 +29,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/store.h"
-#include "nlohmann/json.hpp"
 #include "contracts/exit_codes.h"
 #include "contracts/exit_file.h"
 #include "contracts/run_layout.h"
 #include "contracts/spec.h"
+#include "nlohmann/json.hpp"
 #include "worker/link.h"
 
 namespace trainsup::worker {

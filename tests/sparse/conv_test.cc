@@ -32,10 +32,9 @@ std::string Describe(const ConvCase& c) {
 }
 
 const ConvCase kConvCases[] = {
-    {3, 1, 1, 3, 5, 1, 0},  {3, 1, 1, 8, 4, 2, -8}, {1, 1, 1, 4, 6, 2, 0},
-    {5, 1, 1, 2, 3, 1, -4}, {3, 1, 2, 4, 4, 2, 0},  {2, 1, 1, 3, 2, 1, 0},
-    {3, 2, 1, 4, 5, 2, -8}, {2, 2, 1, 6, 3, 2, 0},  {3, 2, 2, 3, 3, 1, -4},
-    {5, 2, 1, 2, 4, 1, 0},  {1, 2, 1, 3, 3, 2, -2},
+    {3, 1, 1, 3, 5, 1, 0},  {3, 1, 1, 8, 4, 2, -8}, {1, 1, 1, 4, 6, 2, 0},  {5, 1, 1, 2, 3, 1, -4},
+    {3, 1, 2, 4, 4, 2, 0},  {2, 1, 1, 3, 2, 1, 0},  {3, 2, 1, 4, 5, 2, -8}, {2, 2, 1, 6, 3, 2, 0},
+    {3, 2, 2, 3, 3, 1, -4}, {5, 2, 1, 2, 4, 1, 0},  {1, 2, 1, 3, 3, 2, -2},
 };
 
 void ExpectClose(const at::Tensor& got, const at::Tensor& want, double tol, const char* what) {
@@ -47,41 +46,42 @@ void ExpectClose(const at::Tensor& got, const at::Tensor& want, double tol, cons
 // Sorted inputs take the row-range kernels, shuffled ones the per-offset
 // kernels: both against the dense reference.
 TEST(Conv, MatchesDenseConv3dForwardAndGradients) {
-  for (const ConvCase& c : kConvCases) for (bool shuffle : {true, false}) {
-    SCOPED_TRACE(Describe(c) + (shuffle ? " shuffled rows" : " sorted rows"));
-    const int64_t grid = 8;
-    auto in = MakeRandomInput(c.batch, grid, 0.3, c.cin, at::kDouble, 7 + c.kernel * 3 + c.stride,
-                              c.origin, shuffle);
-    const int64_t volume = c.kernel * c.kernel * c.kernel;
-    at::Tensor w = at::randn({volume, c.cin, c.cout}, at::kDouble).requires_grad_(true);
-    at::Tensor b = at::randn({c.cout}, at::kDouble).requires_grad_(true);
-    at::Tensor f = in.features.clone().requires_grad_(true);
-    SparseTensor x(f, in.coordinates);
-    ConvOptions opt{static_cast<int32_t>(c.kernel), static_cast<int32_t>(c.stride),
-                    static_cast<int32_t>(c.dilation)};
-    SparseTensor y = Conv(x, w, b, opt);
-    ASSERT_EQ(y.stride(), c.stride);
+  for (const ConvCase& c : kConvCases)
+    for (bool shuffle : {true, false}) {
+      SCOPED_TRACE(Describe(c) + (shuffle ? " shuffled rows" : " sorted rows"));
+      const int64_t grid = 8;
+      auto in = MakeRandomInput(c.batch, grid, 0.3, c.cin, at::kDouble, 7 + c.kernel * 3 + c.stride,
+                                c.origin, shuffle);
+      const int64_t volume = c.kernel * c.kernel * c.kernel;
+      at::Tensor w = at::randn({volume, c.cin, c.cout}, at::kDouble).requires_grad_(true);
+      at::Tensor b = at::randn({c.cout}, at::kDouble).requires_grad_(true);
+      at::Tensor f = in.features.clone().requires_grad_(true);
+      SparseTensor x(f, in.coordinates);
+      ConvOptions opt{static_cast<int32_t>(c.kernel), static_cast<int32_t>(c.stride),
+                      static_cast<int32_t>(c.dilation)};
+      SparseTensor y = Conv(x, w, b, opt);
+      ASSERT_EQ(y.stride(), c.stride);
 
-    at::Tensor fd = in.features.clone().requires_grad_(true);
-    at::Tensor wd = w.detach().clone().requires_grad_(true);
-    at::Tensor bd = b.detach().clone().requires_grad_(true);
-    auto [lo, hi] = KernelExtent(c.kernel);
-    at::Tensor dense = Densify(in.coordinates, fd, c.batch, in.origin, grid);
-    dense = at::constant_pad_nd(dense, {lo * c.dilation, hi * c.dilation, lo * c.dilation,
-                                        hi * c.dilation, lo * c.dilation, hi * c.dilation});
-    at::Tensor dense_out = at::conv3d(dense, DenseConvWeight(wd, c.kernel), bd,
-                                      at::IntArrayRef{c.stride}, at::IntArrayRef{0},
-                                      at::IntArrayRef{c.dilation});
-    at::Tensor want = Extract(dense_out, y.C(), in.origin, c.stride);
-    ExpectClose(y.F(), want, 1e-9, "forward");
+      at::Tensor fd = in.features.clone().requires_grad_(true);
+      at::Tensor wd = w.detach().clone().requires_grad_(true);
+      at::Tensor bd = b.detach().clone().requires_grad_(true);
+      auto [lo, hi] = KernelExtent(c.kernel);
+      at::Tensor dense = Densify(in.coordinates, fd, c.batch, in.origin, grid);
+      dense = at::constant_pad_nd(dense, {lo * c.dilation, hi * c.dilation, lo * c.dilation,
+                                          hi * c.dilation, lo * c.dilation, hi * c.dilation});
+      at::Tensor dense_out =
+          at::conv3d(dense, DenseConvWeight(wd, c.kernel), bd, at::IntArrayRef{c.stride},
+                     at::IntArrayRef{0}, at::IntArrayRef{c.dilation});
+      at::Tensor want = Extract(dense_out, y.C(), in.origin, c.stride);
+      ExpectClose(y.F(), want, 1e-9, "forward");
 
-    at::Tensor r = at::randn(want.sizes(), at::kDouble);
-    (y.F() * r).sum().backward();
-    (want * r).sum().backward();
-    ExpectClose(f.grad(), fd.grad(), 1e-9, "grad features");
-    ExpectClose(w.grad(), wd.grad(), 1e-9, "grad weight");
-    ExpectClose(b.grad(), bd.grad(), 1e-9, "grad bias");
-  }
+      at::Tensor r = at::randn(want.sizes(), at::kDouble);
+      (y.F() * r).sum().backward();
+      (want * r).sum().backward();
+      ExpectClose(f.grad(), fd.grad(), 1e-9, "grad features");
+      ExpectClose(w.grad(), wd.grad(), 1e-9, "grad weight");
+      ExpectClose(b.grad(), bd.grad(), 1e-9, "grad bias");
+    }
 }
 
 TEST(Conv, Float32MatchesDense) {
@@ -89,49 +89,53 @@ TEST(Conv, Float32MatchesDense) {
   at::Tensor w = at::randn({27, 16, 32}) / 10;
   SparseTensor y = Conv(SparseTensor(in.features, in.coordinates), w, at::Tensor(), {3, 1, 1});
   at::Tensor dense = Densify(in.coordinates, in.features, 2, in.origin, 10);
-  at::Tensor want = Extract(at::conv3d(dense, DenseConvWeight(w, 3), {}, at::IntArrayRef{1}, at::IntArrayRef{1}), y.C(), in.origin);
+  at::Tensor want =
+      Extract(at::conv3d(dense, DenseConvWeight(w, 3), {}, at::IntArrayRef{1}, at::IntArrayRef{1}),
+              y.C(), in.origin);
   ExpectClose(y.F(), want, 1e-4, "float32 forward");
 }
 
 TEST(ConvTranspose, MatchesDenseConvTranspose3dForwardAndGradients) {
-  const ConvCase cases[] = {{3, 2, 1, 4, 3, 2, -8}, {2, 2, 1, 3, 5, 1, 0},
-                            {3, 2, 2, 2, 2, 2, 0},  {1, 2, 1, 3, 3, 1, -4},
-                            {3, 1, 1, 3, 4, 1, 0},  {5, 2, 1, 2, 3, 1, 0}};
-  for (const ConvCase& c : cases) for (bool shuffle : {true, false}) {
-    SCOPED_TRACE(Describe(c) + (shuffle ? " shuffled rows" : " sorted rows"));
-    const int64_t grid = 8;
-    auto in = MakeRandomInput(c.batch, grid, 0.3, 1, at::kDouble, 11 + c.kernel, c.origin, shuffle);
-    auto manager = std::make_shared<CoordinateManager>();
-    SparseTensor fine(in.features, in.coordinates, 1, manager);
-    const CoordinateSetId coarse_id = manager->Downsample(fine.set_id(), c.stride);
-    const int64_t nc = manager->Set(coarse_id).size();
-    at::Tensor f = at::randn({nc, c.cin}, at::kDouble).requires_grad_(true);
-    SparseTensor coarse(f, coarse_id, manager);
-    const int64_t volume = c.kernel * c.kernel * c.kernel;
-    at::Tensor w = at::randn({volume, c.cin, c.cout}, at::kDouble).requires_grad_(true);
-    SparseTensor y = ConvTranspose(coarse, w, at::Tensor(),
-                                   {static_cast<int32_t>(c.kernel), static_cast<int32_t>(c.stride),
-                                    static_cast<int32_t>(c.dilation)},
-                                   &fine);
-    ASSERT_EQ(y.set_id(), fine.set_id());
+  const ConvCase cases[] = {{3, 2, 1, 4, 3, 2, -8}, {2, 2, 1, 3, 5, 1, 0}, {3, 2, 2, 2, 2, 2, 0},
+                            {1, 2, 1, 3, 3, 1, -4}, {3, 1, 1, 3, 4, 1, 0}, {5, 2, 1, 2, 3, 1, 0}};
+  for (const ConvCase& c : cases)
+    for (bool shuffle : {true, false}) {
+      SCOPED_TRACE(Describe(c) + (shuffle ? " shuffled rows" : " sorted rows"));
+      const int64_t grid = 8;
+      auto in =
+          MakeRandomInput(c.batch, grid, 0.3, 1, at::kDouble, 11 + c.kernel, c.origin, shuffle);
+      auto manager = std::make_shared<CoordinateManager>();
+      SparseTensor fine(in.features, in.coordinates, 1, manager);
+      const CoordinateSetId coarse_id = manager->Downsample(fine.set_id(), c.stride);
+      const int64_t nc = manager->Set(coarse_id).size();
+      at::Tensor f = at::randn({nc, c.cin}, at::kDouble).requires_grad_(true);
+      SparseTensor coarse(f, coarse_id, manager);
+      const int64_t volume = c.kernel * c.kernel * c.kernel;
+      at::Tensor w = at::randn({volume, c.cin, c.cout}, at::kDouble).requires_grad_(true);
+      SparseTensor y =
+          ConvTranspose(coarse, w, at::Tensor(),
+                        {static_cast<int32_t>(c.kernel), static_cast<int32_t>(c.stride),
+                         static_cast<int32_t>(c.dilation)},
+                        &fine);
+      ASSERT_EQ(y.set_id(), fine.set_id());
 
-    at::Tensor fd = f.detach().clone().requires_grad_(true);
-    at::Tensor wd = w.detach().clone().requires_grad_(true);
-    const int64_t coarse_grid = grid / c.stride;
-    at::Tensor dense = Densify(coarse.C(), fd, c.batch, in.origin, coarse_grid, c.stride);
-    dense = at::constant_pad_nd(dense, {0, 2, 0, 2, 0, 2});
-    at::Tensor dense_out = at::conv_transpose3d(dense, DenseConvTransposeWeight(wd, c.kernel), {},
-                                                {c.stride}, {0}, {0}, 1, {c.dilation});
-    auto [lo, hi] = KernelExtent(c.kernel);
-    (void)hi;
-    at::Tensor want = Extract(dense_out, fine.C(), in.origin, 1, lo * c.dilation);
-    ExpectClose(y.F(), want, 1e-9, "forward");
-    at::Tensor r = at::randn(want.sizes(), at::kDouble);
-    (y.F() * r).sum().backward();
-    (want * r).sum().backward();
-    ExpectClose(f.grad(), fd.grad(), 1e-9, "grad features");
-    ExpectClose(w.grad(), wd.grad(), 1e-9, "grad weight");
-  }
+      at::Tensor fd = f.detach().clone().requires_grad_(true);
+      at::Tensor wd = w.detach().clone().requires_grad_(true);
+      const int64_t coarse_grid = grid / c.stride;
+      at::Tensor dense = Densify(coarse.C(), fd, c.batch, in.origin, coarse_grid, c.stride);
+      dense = at::constant_pad_nd(dense, {0, 2, 0, 2, 0, 2});
+      at::Tensor dense_out = at::conv_transpose3d(dense, DenseConvTransposeWeight(wd, c.kernel), {},
+                                                  {c.stride}, {0}, {0}, 1, {c.dilation});
+      auto [lo, hi] = KernelExtent(c.kernel);
+      (void)hi;
+      at::Tensor want = Extract(dense_out, fine.C(), in.origin, 1, lo * c.dilation);
+      ExpectClose(y.F(), want, 1e-9, "forward");
+      at::Tensor r = at::randn(want.sizes(), at::kDouble);
+      (y.F() * r).sum().backward();
+      (want * r).sum().backward();
+      ExpectClose(f.grad(), fd.grad(), 1e-9, "grad features");
+      ExpectClose(w.grad(), wd.grad(), 1e-9, "grad weight");
+    }
 }
 
 TEST(ConvTranspose, DefaultsToTheSetItWasDownsampledFrom) {
@@ -144,8 +148,8 @@ TEST(ConvTranspose, DefaultsToTheSetItWasDownsampledFrom) {
 }
 
 TEST(Pool, MatchesDenseMaxAndAveragePooling) {
-  const ConvCase cases[] = {{2, 2, 1, 3, 3, 2, 0}, {3, 2, 1, 4, 4, 1, -8}, {3, 1, 1, 2, 2, 2, 0},
-                            {3, 2, 2, 2, 2, 1, 0}};
+  const ConvCase cases[] = {
+      {2, 2, 1, 3, 3, 2, 0}, {3, 2, 1, 4, 4, 1, -8}, {3, 1, 1, 2, 2, 2, 0}, {3, 2, 2, 2, 2, 1, 0}};
   for (const ConvCase& c : cases) {
     for (PoolMode mode : {PoolMode::kMax, PoolMode::kAverage, PoolMode::kSum}) {
       SCOPED_TRACE(Describe(c) + " " + ToString(mode));
@@ -170,7 +174,8 @@ TEST(Pool, MatchesDenseMaxAndAveragePooling) {
       } else {
         // Window sums (empty sites are zeros); the average divides by the
         // number of existing sites in the window.
-        at::Tensor dense = at::constant_pad_nd(Densify(in.coordinates, fd, c.batch, in.origin, grid), pad);
+        at::Tensor dense =
+            at::constant_pad_nd(Densify(in.coordinates, fd, c.batch, in.origin, grid), pad);
         // avg_pool3d has no dilation: dilated windows sum through a ones
         // kernel per channel instead.
         at::Tensor ones = at::ones({c.cin, 1, c.kernel, c.kernel, c.kernel}, at::kDouble);
@@ -182,8 +187,8 @@ TEST(Pool, MatchesDenseMaxAndAveragePooling) {
         want = Extract(sums, y.C(), in.origin, c.stride);
         if (mode == PoolMode::kAverage) {
           at::Tensor mask = at::constant_pad_nd(
-              Densify(in.coordinates, at::ones({in.coordinates.size(0), 1}, at::kDouble),
-                      c.batch, in.origin, grid),
+              Densify(in.coordinates, at::ones({in.coordinates.size(0), 1}, at::kDouble), c.batch,
+                      in.origin, grid),
               pad);
           at::Tensor counts = at::conv3d(mask, ones.slice(0, 0, 1), {}, at::IntArrayRef{c.stride},
                                          at::IntArrayRef{0}, at::IntArrayRef{c.dilation});
@@ -201,35 +206,36 @@ TEST(Pool, MatchesDenseMaxAndAveragePooling) {
 
 TEST(GradCheck, ConvolutionFamilyInFloat64) {
   for (bool shuffle : {true, false}) {
-  SCOPED_TRACE(shuffle ? "shuffled rows" : "sorted rows");
-  auto in = MakeRandomInput(2, 5, 0.25, 2, at::kDouble, 99, -2, shuffle);
-  auto manager = std::make_shared<CoordinateManager>();
-  SparseTensor x(in.features, in.coordinates, 1, manager);
-  auto conv = [&](const std::vector<at::Tensor>& t) {
-    return Conv(x.WithFeatures(t[0]), t[1], t[2], {3, 1, 1}).F();
-  };
-  EXPECT_LT(GradCheck(conv, {in.features, at::randn({27, 2, 2}, at::kDouble),
-                             at::randn({2}, at::kDouble)}),
-            1e-6);
-  auto strided = [&](const std::vector<at::Tensor>& t) {
-    return Conv(x.WithFeatures(t[0]), t[1], {}, {3, 2, 1}).F();
-  };
-  EXPECT_LT(GradCheck(strided, {in.features, at::randn({27, 2, 3}, at::kDouble)}), 1e-6);
-  const CoordinateSetId coarse = manager->Downsample(x.set_id(), 2);
-  const int64_t nc = manager->Set(coarse).size();
-  auto transposed = [&](const std::vector<at::Tensor>& t) {
-    return ConvTranspose(SparseTensor(t[0], coarse, manager), t[1], t[2], {2, 2, 1}, &x).F();
-  };
-  EXPECT_LT(GradCheck(transposed, {at::randn({nc, 2}, at::kDouble),
-                                   at::randn({8, 2, 2}, at::kDouble), at::randn({2}, at::kDouble)}),
-            1e-6);
-  for (PoolMode mode : {PoolMode::kMax, PoolMode::kAverage, PoolMode::kSum}) {
-    SCOPED_TRACE(ToString(mode));
-    auto pool = [&](const std::vector<at::Tensor>& t) {
-      return Pool(x.WithFeatures(t[0]), mode, {3, 2, 1}).F();
+    SCOPED_TRACE(shuffle ? "shuffled rows" : "sorted rows");
+    auto in = MakeRandomInput(2, 5, 0.25, 2, at::kDouble, 99, -2, shuffle);
+    auto manager = std::make_shared<CoordinateManager>();
+    SparseTensor x(in.features, in.coordinates, 1, manager);
+    auto conv = [&](const std::vector<at::Tensor>& t) {
+      return Conv(x.WithFeatures(t[0]), t[1], t[2], {3, 1, 1}).F();
     };
-    EXPECT_LT(GradCheck(pool, {in.features}), 1e-6);
-  }
+    EXPECT_LT(GradCheck(conv, {in.features, at::randn({27, 2, 2}, at::kDouble),
+                               at::randn({2}, at::kDouble)}),
+              1e-6);
+    auto strided = [&](const std::vector<at::Tensor>& t) {
+      return Conv(x.WithFeatures(t[0]), t[1], {}, {3, 2, 1}).F();
+    };
+    EXPECT_LT(GradCheck(strided, {in.features, at::randn({27, 2, 3}, at::kDouble)}), 1e-6);
+    const CoordinateSetId coarse = manager->Downsample(x.set_id(), 2);
+    const int64_t nc = manager->Set(coarse).size();
+    auto transposed = [&](const std::vector<at::Tensor>& t) {
+      return ConvTranspose(SparseTensor(t[0], coarse, manager), t[1], t[2], {2, 2, 1}, &x).F();
+    };
+    EXPECT_LT(
+        GradCheck(transposed, {at::randn({nc, 2}, at::kDouble), at::randn({8, 2, 2}, at::kDouble),
+                               at::randn({2}, at::kDouble)}),
+        1e-6);
+    for (PoolMode mode : {PoolMode::kMax, PoolMode::kAverage, PoolMode::kSum}) {
+      SCOPED_TRACE(ToString(mode));
+      auto pool = [&](const std::vector<at::Tensor>& t) {
+        return Pool(x.WithFeatures(t[0]), mode, {3, 2, 1}).F();
+      };
+      EXPECT_LT(GradCheck(pool, {in.features}), 1e-6);
+    }
   }
 }
 
@@ -289,41 +295,55 @@ TEST(Conv, BadInputGetsAClearError) {
   auto in = MakeRandomInput(1, 6, 0.3, 4, at::kFloat, 1);
   SparseTensor x(in.features, in.coordinates);
   const auto message = testing::ErrorMessage;
-  EXPECT_NE(message([&] { Conv(x, at::randn({26, 4, 4}), {}, {3, 1, 1}); }).find("27"),
+  EXPECT_NE(message([&] {
+              Conv(x, at::randn({26, 4, 4}), {}, {3, 1, 1});
+            }).find("27"),
             std::string::npos);
-  EXPECT_NE(message([&] { Conv(x, at::randn({27, 5, 4}), {}, {3, 1, 1}); }).find("C_in"),
+  EXPECT_NE(message([&] {
+              Conv(x, at::randn({27, 5, 4}), {}, {3, 1, 1});
+            }).find("C_in"),
             std::string::npos);
-  EXPECT_NE(message([&] { Conv(x, at::randn({27, 4, 4}, at::kDouble), {}, {3, 1, 1}); })
-                .find("dtype"),
+  EXPECT_NE(message([&] {
+              Conv(x, at::randn({27, 4, 4}, at::kDouble), {}, {3, 1, 1});
+            }).find("dtype"),
             std::string::npos);
-  EXPECT_NE(message([&] { Conv(x, at::randn({27, 4, 4}), at::randn({5}), {3, 1, 1}); })
-                .find("bias"),
+  EXPECT_NE(message([&] {
+              Conv(x, at::randn({27, 4, 4}), at::randn({5}), {3, 1, 1});
+            }).find("bias"),
             std::string::npos);
-  EXPECT_NE(message([&] { Conv(x, at::randn({27, 4, 4}), {}, {3, 0, 1}); }).find("stride"),
+  EXPECT_NE(message([&] {
+              Conv(x, at::randn({27, 4, 4}), {}, {3, 0, 1});
+            }).find("stride"),
             std::string::npos);
-  EXPECT_NE(message([&] { ConvTranspose(x, at::randn({8, 4, 4}), {}, {2, 2, 1}); })
-                .find("not made by downsampling"),
+  EXPECT_NE(message([&] {
+              ConvTranspose(x, at::randn({8, 4, 4}), {}, {2, 2, 1});
+            }).find("not made by downsampling"),
             std::string::npos);
   SparseTensor other(in.features, in.coordinates);
   SparseTensor down = Conv(x, at::randn({8, 4, 4}), {}, {2, 2, 1});
-  EXPECT_NE(message([&] { ConvTranspose(down, at::randn({8, 4, 4}), {}, {2, 2, 1}, &other); })
-                .find("another coordinate manager"),
+  EXPECT_NE(message([&] {
+              ConvTranspose(down, at::randn({8, 4, 4}), {}, {2, 2, 1}, &other);
+            }).find("another coordinate manager"),
             std::string::npos);
-  EXPECT_NE(message([&] { SparseTensor(at::zeros({2, 3}), at::zeros({3, 4}, at::kInt)); })
-                .find("rows"),
+  EXPECT_NE(message([&] {
+              SparseTensor(at::zeros({2, 3}), at::zeros({3, 4}, at::kInt));
+            }).find("rows"),
             std::string::npos);
-  EXPECT_NE(message([&] { SparseTensor(at::zeros({1, 3}, at::kInt), at::zeros({1, 4}, at::kInt)); })
-                .find("float32 or float64"),
+  EXPECT_NE(message([&] {
+              SparseTensor(at::zeros({1, 3}, at::kInt), at::zeros({1, 4}, at::kInt));
+            }).find("float32 or float64"),
             std::string::npos);
   EXPECT_NE(message([&] {
               SparseTensor(at::zeros({1, 3}), at::tensor({0, 1, 2, 3}, at::kInt).view({1, 4}), 2);
             }).find("not a multiple of the tensor stride 2"),
             std::string::npos);
-  EXPECT_NE(message([&] {
-              SparseTensor(at::zeros({1, 3}),
-                           at::tensor(std::vector<int64_t>{0, int64_t{1} << 20, 0, 0}, at::kLong).view({1, 4}));
-            }).find("out of the representable range"),
-            std::string::npos);
+  EXPECT_NE(
+      message([&] {
+        SparseTensor(
+            at::zeros({1, 3}),
+            at::tensor(std::vector<int64_t>{0, int64_t{1} << 20, 0, 0}, at::kLong).view({1, 4}));
+      }).find("out of the representable range"),
+      std::string::npos);
   EXPECT_NE(message([&] {
               SparseTensor(at::zeros({1, 3}), at::tensor({-1, 0, 0, 0}, at::kInt).view({1, 4}));
             }).find("batch index"),

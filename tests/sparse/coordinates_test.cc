@@ -1,5 +1,7 @@
 // Packed keys, the hash map, downsampling and kernel maps against brute
 // force.
+#include "sparse/coordinates.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -7,7 +9,6 @@
 #include <tuple>
 
 #include "sparse/coordinate_manager.h"
-#include "sparse/coordinates.h"
 #include "sparse/determinism.h"
 #include "tests/sparse/test_util.h"
 
@@ -73,16 +74,17 @@ TEST(CoordinateManager, DownsampleFloorsToTheCoarserGrid) {
     std::set<std::tuple<int, int, int, int>> want;
     auto a = in.coordinates.accessor<int32_t, 2>();
     for (int64_t i = 0; i < in.coordinates.size(0); ++i) {
-      want.insert({a[i][0], FloorDiv(a[i][1], s) * s, FloorDiv(a[i][2], s) * s,
-                   FloorDiv(a[i][3], s) * s});
+      want.insert(
+          {a[i][0], FloorDiv(a[i][1], s) * s, FloorDiv(a[i][2], s) * s, FloorDiv(a[i][3], s) * s});
     }
     EXPECT_EQ(Rows(m.Set(s == 2 ? d2 : d4).coordinates), want) << "stride " << s;
   }
 }
 
 // Every (kernel offset, input row, output row) triple, by brute force.
-std::set<std::tuple<int64_t, int32_t, int32_t>> BruteForce(const at::Tensor& in, const at::Tensor& out,
-                                                            int kernel, int step) {
+std::set<std::tuple<int64_t, int32_t, int32_t>> BruteForce(const at::Tensor& in,
+                                                           const at::Tensor& out, int kernel,
+                                                           int step) {
   std::map<std::tuple<int, int, int, int>, int32_t> rows;
   auto a = in.accessor<int32_t, 2>();
   for (int64_t i = 0; i < in.size(0); ++i) rows[{a[i][0], a[i][1], a[i][2], a[i][3]}] = i;
@@ -93,7 +95,8 @@ std::set<std::tuple<int64_t, int32_t, int32_t>> BruteForce(const at::Tensor& in,
     for (size_t k = 0; k < offsets.size(); ++k) {
       auto it = rows.find({o[j][0], o[j][1] + offsets[k][0] * step, o[j][2] + offsets[k][1] * step,
                            o[j][3] + offsets[k][2] * step});
-      if (it != rows.end()) pairs.insert({static_cast<int64_t>(k), it->second, static_cast<int32_t>(j)});
+      if (it != rows.end())
+        pairs.insert({static_cast<int64_t>(k), it->second, static_cast<int32_t>(j)});
     }
   }
   return pairs;
@@ -120,14 +123,16 @@ TEST(CoordinateManager, KernelMapsMatchBruteForce) {
     for (int kernel : {1, 2, 3, 5}) {
       for (int dilation : {1, 2}) {
         for (int stride : {1, 2}) {
-          SCOPED_TRACE("kernel " + std::to_string(kernel) + " dilation " + std::to_string(dilation) +
-                       " stride " + std::to_string(stride) + (deterministic ? " deterministic" : ""));
+          SCOPED_TRACE("kernel " + std::to_string(kernel) + " dilation " +
+                       std::to_string(dilation) + " stride " + std::to_string(stride) +
+                       (deterministic ? " deterministic" : ""));
           auto in = MakeRandomInput(2, 10, 0.25, 1, at::kFloat, kernel * 10 + dilation, -5);
           CoordinateManager m;
           const CoordinateSetId id = m.AddCoordinates(in.coordinates, 1);
           const CoordinateSetId out = m.Downsample(id, stride);
           auto map = m.GetKernelMap(id, out, kernel, dilation);
-          EXPECT_EQ(Pairs(*map), BruteForce(in.coordinates, m.Set(out).coordinates, kernel, dilation));
+          EXPECT_EQ(Pairs(*map),
+                    BruteForce(in.coordinates, m.Set(out).coordinates, kernel, dilation));
           EXPECT_EQ(map->num_in, in.coordinates.size(0));
           EXPECT_EQ(map->num_out, m.Set(out).size());
         }
@@ -142,10 +147,12 @@ TEST(CoordinateManager, KernelMapNearTheRangeLimitsMatchesBruteForce) {
   std::vector<int32_t> c;
   for (int32_t x : {kMinCoordinate, kMinCoordinate + 1, 0, kMaxCoordinate - 1, kMaxCoordinate}) {
     for (int32_t y : {kMinCoordinate, kMaxCoordinate}) {
-      for (int32_t z : {kMaxCoordinate - 1, kMaxCoordinate, kMinCoordinate}) c.insert(c.end(), {0, x, y, z});
+      for (int32_t z : {kMaxCoordinate - 1, kMaxCoordinate, kMinCoordinate})
+        c.insert(c.end(), {0, x, y, z});
     }
   }
-  at::Tensor coords = at::from_blob(c.data(), {static_cast<int64_t>(c.size() / 4), 4}, at::kInt).clone();
+  at::Tensor coords =
+      at::from_blob(c.data(), {static_cast<int64_t>(c.size() / 4), 4}, at::kInt).clone();
   CoordinateManager m;
   const CoordinateSetId id = m.AddCoordinates(coords, 1);
   auto map = m.GetKernelMap(id, id, 3, 1);

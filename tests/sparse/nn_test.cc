@@ -1,12 +1,13 @@
 // Modules, ResNet blocks, and the gradient-checkpointing checklist: every
 // boundary must pass these.
+#include "sparse/nn.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "sparse/determinism.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
-#include "sparse/nn.h"
 #include "tests/sparse/test_util.h"
 
 namespace trainsup::sparse {
@@ -55,7 +56,7 @@ struct StepResult {
 
 // One training step's forward and backward of a fresh, seeded Net.
 StepResult Step(bool checkpointing, std::optional<double> momentum, bool track, double dropout,
-         const SparseTensor& x, int backwards = 1, int* calls = nullptr) {
+                const SparseTensor& x, int backwards = 1, int* calls = nullptr) {
   torch::manual_seed(3);
   Net net(momentum, track, dropout);
   net.to(torch::kDouble);
@@ -148,8 +149,8 @@ TEST(GradientCheckpointing, RecomputesOnceInBackward) {
 
 TEST(GradientCheckpointing, BatchNormStatisticsAreUpdatedOnce) {
   SparseTensor x = Input();
-  for (std::optional<double> momentum : {std::optional<double>(0.1), std::optional<double>(1.0),
-                                         std::optional<double>()}) {
+  for (std::optional<double> momentum :
+       {std::optional<double>(0.1), std::optional<double>(1.0), std::optional<double>()}) {
     SCOPED_TRACE(momentum ? std::to_string(*momentum) : "cumulative");
     StepResult a = Step(false, momentum, true, 0.0, x), b = Step(true, momentum, true, 0.0, x);
     ExpectSame(a, b);

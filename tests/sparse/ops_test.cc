@@ -1,5 +1,7 @@
 // Feature ops (BatchNorm, global pooling, concatenation, activations) and
 // deterministic mode across a small U-Net-shaped network.
+#include "sparse/ops.h"
+
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
@@ -7,7 +9,6 @@
 #include <vector>
 
 #include "sparse/determinism.h"
-#include "sparse/ops.h"
 #include "tests/sparse/test_util.h"
 
 namespace trainsup::sparse {
@@ -29,7 +30,8 @@ TEST(BatchNorm, MatchesLibTorchAndUpdatesRunningStatistics) {
   EXPECT_TRUE(at::allclose(rv, rv2));
   EXPECT_FALSE(at::allclose(rm, at::zeros({5}, at::kDouble)));
   SparseTensor e = BatchNorm(x, w, b, rm, rv, false, 0.1, 1e-5);
-  EXPECT_TRUE(at::allclose(e.F(), at::batch_norm(in.features, w, b, rm, rv, false, 0.1, 1e-5, false)));
+  EXPECT_TRUE(
+      at::allclose(e.F(), at::batch_norm(in.features, w, b, rm, rv, false, 0.1, 1e-5, false)));
   auto bn = [&](const std::vector<at::Tensor>& t) {
     return BatchNorm(x.WithFeatures(t[0]), t[1], t[2], {}, {}, true, 0.1, 1e-5).F();
   };
@@ -43,41 +45,45 @@ TEST(BatchNorm, MatchesLibTorchAndUpdatesRunningStatistics) {
 TEST(BatchNorm, TrainingMatchesLibTorchWithAndWithoutFusedRelu) {
   auto in = MakeRandomInput(2, 9, 0.4, 7, at::kDouble, 21);
   const int64_t c = 7;
-  for (bool relu : {false, true}) for (double momentum : {0.1, 1.0}) for (bool stats : {true, false})
-  for (bool affine : {true, false}) {
-    SCOPED_TRACE(std::string(relu ? "relu" : "no relu") + " momentum " + std::to_string(momentum) +
-                 (stats ? " running stats" : " no running stats") + (affine ? " affine" : " no affine"));
-    at::Tensor f = (in.features * 3 + 1).requires_grad_(true);
-    at::Tensor fd = f.detach().clone().requires_grad_(true);
-    at::Tensor w, b, wd, bd;
-    if (affine) {
-      w = at::randn({c}, at::kDouble).requires_grad_(true);
-      b = at::randn({c}, at::kDouble).requires_grad_(true);
-      wd = w.detach().clone().requires_grad_(true);
-      bd = b.detach().clone().requires_grad_(true);
-    }
-    at::Tensor rm, rv, rm2, rv2;
-    if (stats) {
-      rm = at::randn({c}, at::kDouble), rv = at::rand({c}, at::kDouble) + 0.5;
-      rm2 = rm.clone(), rv2 = rv.clone();
-    }
-    SparseTensor y = BatchNorm(SparseTensor(f, in.coordinates), w, b, rm, rv, true, momentum, 1e-5, relu);
-    at::Tensor want = at::batch_norm(fd, wd, bd, rm2, rv2, true, momentum, 1e-5, false);
-    if (relu) want = at::relu(want);
-    EXPECT_TRUE(at::allclose(y.F(), want, 1e-9, 1e-9));
-    if (stats) {
-      EXPECT_TRUE(at::allclose(rm, rm2, 1e-9, 1e-9));
-      EXPECT_TRUE(at::allclose(rv, rv2, 1e-9, 1e-9));
-    }
-    at::Tensor r = at::randn(want.sizes(), at::kDouble);
-    (y.F() * r).sum().backward();
-    (want * r).sum().backward();
-    EXPECT_TRUE(at::allclose(f.grad(), fd.grad(), 1e-9, 1e-9));
-    if (affine) {
-      EXPECT_TRUE(at::allclose(w.grad(), wd.grad(), 1e-9, 1e-9));
-      EXPECT_TRUE(at::allclose(b.grad(), bd.grad(), 1e-9, 1e-9));
-    }
-  }
+  for (bool relu : {false, true})
+    for (double momentum : {0.1, 1.0})
+      for (bool stats : {true, false})
+        for (bool affine : {true, false}) {
+          SCOPED_TRACE(std::string(relu ? "relu" : "no relu") + " momentum " +
+                       std::to_string(momentum) + (stats ? " running stats" : " no running stats") +
+                       (affine ? " affine" : " no affine"));
+          at::Tensor f = (in.features * 3 + 1).requires_grad_(true);
+          at::Tensor fd = f.detach().clone().requires_grad_(true);
+          at::Tensor w, b, wd, bd;
+          if (affine) {
+            w = at::randn({c}, at::kDouble).requires_grad_(true);
+            b = at::randn({c}, at::kDouble).requires_grad_(true);
+            wd = w.detach().clone().requires_grad_(true);
+            bd = b.detach().clone().requires_grad_(true);
+          }
+          at::Tensor rm, rv, rm2, rv2;
+          if (stats) {
+            rm = at::randn({c}, at::kDouble), rv = at::rand({c}, at::kDouble) + 0.5;
+            rm2 = rm.clone(), rv2 = rv.clone();
+          }
+          SparseTensor y =
+              BatchNorm(SparseTensor(f, in.coordinates), w, b, rm, rv, true, momentum, 1e-5, relu);
+          at::Tensor want = at::batch_norm(fd, wd, bd, rm2, rv2, true, momentum, 1e-5, false);
+          if (relu) want = at::relu(want);
+          EXPECT_TRUE(at::allclose(y.F(), want, 1e-9, 1e-9));
+          if (stats) {
+            EXPECT_TRUE(at::allclose(rm, rm2, 1e-9, 1e-9));
+            EXPECT_TRUE(at::allclose(rv, rv2, 1e-9, 1e-9));
+          }
+          at::Tensor r = at::randn(want.sizes(), at::kDouble);
+          (y.F() * r).sum().backward();
+          (want * r).sum().backward();
+          EXPECT_TRUE(at::allclose(f.grad(), fd.grad(), 1e-9, 1e-9));
+          if (affine) {
+            EXPECT_TRUE(at::allclose(w.grad(), wd.grad(), 1e-9, 1e-9));
+            EXPECT_TRUE(at::allclose(b.grad(), bd.grad(), 1e-9, 1e-9));
+          }
+        }
 }
 
 // Float sums over fixed blocks of rows: the same bits at any thread count.
@@ -99,7 +105,8 @@ TEST(BatchNorm, TrainingResultsDoNotDependOnTheThreadCountBitForBit) {
       first = got;
       continue;
     }
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], first[i])) << n << " threads, result " << i;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_TRUE(at::equal(got[i], first[i])) << n << " threads, result " << i;
   }
   at::set_num_threads(threads);
 }
@@ -125,7 +132,9 @@ TEST(GlobalPool, PoolsEachBatchItem) {
                                                      : rows.sum(0);
       EXPECT_TRUE(at::allclose(got[b], want)) << ToString(mode) << " batch " << b;
     }
-    auto pool = [&](const std::vector<at::Tensor>& t) { return GlobalPool(x.WithFeatures(t[0]), mode); };
+    auto pool = [&](const std::vector<at::Tensor>& t) {
+      return GlobalPool(x.WithFeatures(t[0]), mode);
+    };
     EXPECT_LT(GradCheck(pool, {in.features}), 1e-6) << ToString(mode);
   }
 }
@@ -170,7 +179,8 @@ struct NetOutput {
 };
 
 NetOutput RunNet(const SparseTensor& x, const std::vector<at::Tensor>& p) {
-  SparseTensor a = Relu(BatchNorm(Conv(x, p[0], p[1], {3, 1, 1}), p[2], p[3], {}, {}, true, 0.1, 1e-5));
+  SparseTensor a =
+      Relu(BatchNorm(Conv(x, p[0], p[1], {3, 1, 1}), p[2], p[3], {}, {}, true, 0.1, 1e-5));
   SparseTensor d = Conv(a, p[4], {}, {2, 2, 1});
   SparseTensor m = Pool(d, PoolMode::kMax, {3, 1, 1});
   SparseTensor u = ConvTranspose(m, p[5], p[6], {2, 2, 1}, &a);
@@ -184,10 +194,14 @@ TEST(Deterministic, ResultsDoNotDependOnRowOrderBitForBit) {
   auto in = MakeRandomInput(2, 12, 0.3, 8, at::kFloat, 17, -6);
   const int64_t n = in.coordinates.size(0);
   at::Tensor perm = at::randperm(n, at::TensorOptions().dtype(at::kLong));
-  std::vector<at::Tensor> params = {at::randn({27, 8, 16}) / 10, at::randn({16}),
-                                    at::rand({16}) + 0.5,         at::randn({16}),
-                                    at::randn({8, 16, 16}) / 10,  at::randn({8, 16, 16}) / 10,
-                                    at::randn({16}),              at::randn({27, 32, 4}) / 10};
+  std::vector<at::Tensor> params = {at::randn({27, 8, 16}) / 10,
+                                    at::randn({16}),
+                                    at::rand({16}) + 0.5,
+                                    at::randn({16}),
+                                    at::randn({8, 16, 16}) / 10,
+                                    at::randn({8, 16, 16}) / 10,
+                                    at::randn({16}),
+                                    at::randn({27, 32, 4}) / 10};
   auto run = [&](const at::Tensor& coords, const at::Tensor& feats) {
     std::vector<at::Tensor> p;
     for (auto& t : params) p.push_back(t.clone().requires_grad_(true));
@@ -199,7 +213,8 @@ TEST(Deterministic, ResultsDoNotDependOnRowOrderBitForBit) {
     return std::make_tuple(out, f.grad(), grads);
   };
   auto [out_a, gf_a, gp_a] = run(in.coordinates, in.features);
-  auto [out_b, gf_b, gp_b] = run(in.coordinates.index_select(0, perm), in.features.index_select(0, perm));
+  auto [out_b, gf_b, gp_b] =
+      run(in.coordinates.index_select(0, perm), in.features.index_select(0, perm));
   EXPECT_TRUE(at::equal(out_a.features.index_select(0, perm), out_b.features));
   EXPECT_TRUE(at::equal(out_a.pooled, out_b.pooled));
   EXPECT_TRUE(at::equal(gf_a.index_select(0, perm), gf_b));

@@ -1,9 +1,10 @@
 // Quantization, collation and the synthetic scene generator.
+#include "sparse/quantize.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "sparse/quantize.h"
 #include "sparse/scene.h"
 #include "tests/sparse/test_util.h"
 
@@ -11,20 +12,22 @@ namespace trainsup::sparse {
 namespace {
 
 TEST(Quantize, MergesPointsIntoSortedVoxels) {
-  at::Tensor p = at::tensor({0.05, 0.05, 0.05,   // voxel (0,0,0)
-                             0.09, 0.01, 0.02,   // voxel (0,0,0)
-                             -0.01, 0.0, 0.0,    // voxel (-1,0,0)
-                             0.25, 0.31, -0.29}, // voxel (2,3,-3)
+  at::Tensor p = at::tensor({0.05, 0.05, 0.05,    // voxel (0,0,0)
+                             0.09, 0.01, 0.02,    // voxel (0,0,0)
+                             -0.01, 0.0, 0.0,     // voxel (-1,0,0)
+                             0.25, 0.31, -0.29},  // voxel (2,3,-3)
                             at::kDouble)
                      .view({4, 3});
   at::Tensor f = at::tensor({1.0, 3.0, 10.0, 20.0}, at::kDouble).view({4, 1});
   at::Tensor l = at::tensor(std::vector<int64_t>{2, 2, 1, kDefaultIgnoreLabel}, at::kLong);
   Quantized q = Quantize(p, 0.1, f, l);
   ASSERT_EQ(q.coordinates.size(0), 3);
-  EXPECT_TRUE(at::equal(q.coordinates, at::tensor({-1, 0, 0, 0, 0, 0, 2, 3, -3}, at::kInt).view({3, 3})));
+  EXPECT_TRUE(
+      at::equal(q.coordinates, at::tensor({-1, 0, 0, 0, 0, 0, 2, 3, -3}, at::kInt).view({3, 3})));
   EXPECT_TRUE(at::equal(q.inverse, at::tensor({1, 1, 0, 2}, at::kLong)));
   EXPECT_TRUE(at::allclose(q.features, at::tensor({10.0, 2.0, 20.0}, at::kDouble).view({3, 1})));
-  EXPECT_TRUE(at::equal(q.labels, at::tensor(std::vector<int64_t>{1, 2, kDefaultIgnoreLabel}, at::kLong)));
+  EXPECT_TRUE(
+      at::equal(q.labels, at::tensor(std::vector<int64_t>{1, 2, kDefaultIgnoreLabel}, at::kLong)));
   EXPECT_TRUE(at::equal(q.counts, at::tensor({1, 2, 1}, at::kLong)));
 }
 
@@ -41,17 +44,26 @@ TEST(Quantize, RejectsBadInputNamingTheProblem) {
   at::Tensor p = at::zeros({3, 3});
   p[1][2] = std::nan("");
   EXPECT_NE(message([&] { Quantize(p, 0.1); }).find("point 1 is not finite"), std::string::npos);
-  EXPECT_NE(message([&] { Quantize(at::zeros({3, 3}), 0.0); }).find("voxel_size"), std::string::npos);
+  EXPECT_NE(message([&] {
+              Quantize(at::zeros({3, 3}), 0.0);
+            }).find("voxel_size"),
+            std::string::npos);
   EXPECT_NE(message([&] { Quantize(at::zeros({3, 2}), 0.1); }).find("N x 3"), std::string::npos);
-  EXPECT_NE(message([&] { Quantize(at::full({1, 3}, 1e6), 0.01); }).find("outside the representable"),
+  EXPECT_NE(message([&] {
+              Quantize(at::full({1, 3}, 1e6), 0.01);
+            }).find("outside the representable"),
             std::string::npos);
-  EXPECT_NE(message([&] { Quantize(at::zeros({3, 3}), 0.1, at::zeros({2, 1})); }).find("features"),
+  EXPECT_NE(message([&] {
+              Quantize(at::zeros({3, 3}), 0.1, at::zeros({2, 1}));
+            }).find("features"),
             std::string::npos);
-  EXPECT_NE(message([&] { Quantize(at::zeros({3, 3}), 0.1, {}, at::zeros({2}, at::kLong)); })
-                .find("2 labels for 3 points"),
+  EXPECT_NE(message([&] {
+              Quantize(at::zeros({3, 3}), 0.1, {}, at::zeros({2}, at::kLong));
+            }).find("2 labels for 3 points"),
             std::string::npos);
-  EXPECT_NE(message([&] { Quantize(at::zeros({2, 3}), 0.1, {}, at::tensor({0, -7}, at::kLong)); })
-                .find("label -7 of point 1"),
+  EXPECT_NE(message([&] {
+              Quantize(at::zeros({2, 3}), 0.1, {}, at::tensor({0, -7}, at::kLong));
+            }).find("label -7 of point 1"),
             std::string::npos);
 }
 

@@ -51,7 +51,7 @@ inline RandomInput MakeRandomInput(int64_t batch, int64_t grid, double density, 
   // Shuffle rows so nothing relies on sorted input.
   at::Generator gen = at::detail::createCPUGenerator(seed);
   at::Tensor perm = shuffle ? at::randperm(n, gen, at::TensorOptions().dtype(at::kLong))
-                           : at::arange(n, at::kLong);
+                            : at::arange(n, at::kLong);
   in.coordinates = in.coordinates.index_select(0, perm).contiguous();
   in.features = at::randn({n, channels}, gen, at::TensorOptions().dtype(dtype));
   in.batch = batch;
@@ -62,11 +62,11 @@ inline RandomInput MakeRandomInput(int64_t batch, int64_t grid, double density, 
 
 // Dense tensor B x C x G x G x G (differentiable in `features`); empty sites
 // hold `fill`. Coordinates are divided by `stride` after removing origin.
-inline at::Tensor Densify(const at::Tensor& coordinates, const at::Tensor& features,
-                          int64_t batch, int64_t origin, int64_t grid, int64_t stride = 1,
-                          double fill = 0.0) {
+inline at::Tensor Densify(const at::Tensor& coordinates, const at::Tensor& features, int64_t batch,
+                          int64_t origin, int64_t grid, int64_t stride = 1, double fill = 0.0) {
   at::Tensor c = coordinates.to(at::kLong);
-  at::Tensor dense = at::full({batch, grid, grid, grid, features.size(1)}, fill, features.options());
+  at::Tensor dense =
+      at::full({batch, grid, grid, grid, features.size(1)}, fill, features.options());
   std::vector<at::Tensor> idx = {c.select(1, 0), (c.select(1, 1) - origin).div(stride, "floor"),
                                  (c.select(1, 2) - origin).div(stride, "floor"),
                                  (c.select(1, 3) - origin).div(stride, "floor")};

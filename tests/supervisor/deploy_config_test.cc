@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/strings/numbers.h"
-#include "gtest/gtest.h"
 #include "contracts/daemon_config.h"
+#include "gtest/gtest.h"
 
 namespace trainsup::supervisor {
 namespace {
