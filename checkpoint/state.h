@@ -34,9 +34,9 @@ inline constexpr char kTrainerFile[] = "trainer.json";
 struct TrainerState {
   int64_t step = 0;
   int64_t epoch = 0;
-  int64_t cursor = 0;            // position in the epoch's data order
-  std::string cpu_rng_state;     // LibTorch's default CPU generator (bytes)
-  std::string data_rng_state;    // the data pipeline's RNG, opaque bytes
+  int64_t cursor = 0;             // position in the epoch's data order
+  std::string cpu_rng_state;      // LibTorch's default CPU generator (bytes)
+  std::string data_rng_state;     // the data pipeline's RNG, opaque bytes
   std::string extra_json = "{}";  // anything else the trainer keeps (a JSON object)
 };
 

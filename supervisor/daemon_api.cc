@@ -6,8 +6,8 @@
 #include "checkpoint/file_system.h"
 #include "checkpoint/store.h"
 #include "contracts/run_layout.h"
-#include "supervisor/policy/auth.h"
 #include "supervisor/daemon_impl.h"
+#include "supervisor/policy/auth.h"
 
 namespace trainsup::supervisor::internal {
 

@@ -16,17 +16,17 @@
 #include <vector>
 
 #include "supervisor/api/api_service.h"
-#include "supervisor/policy/auth.h"
-#include "supervisor/daemon.h"
-#include "supervisor/sys/exit_watcher.h"
-#include "supervisor/run/loop_env.h"
-#include "supervisor/metrics.h"
-#include "supervisor/run/run_unit.h"
 #include "supervisor/api/servers.h"
-#include "supervisor/sys/slots.h"
-#include "supervisor/store/store_thread.h"
 #include "supervisor/api/watch_hub.h"
 #include "supervisor/api/worker_channel.h"
+#include "supervisor/daemon.h"
+#include "supervisor/metrics.h"
+#include "supervisor/policy/auth.h"
+#include "supervisor/run/loop_env.h"
+#include "supervisor/run/run_unit.h"
+#include "supervisor/store/store_thread.h"
+#include "supervisor/sys/exit_watcher.h"
+#include "supervisor/sys/slots.h"
 
 namespace trainsup::supervisor::internal {
 

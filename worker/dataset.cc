@@ -577,8 +577,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenFiles(
   std::string name = absl::StrCat(format_name, " directory ", data.path, ": ", Plural(n, "scene"),
                                   ", ", ToString(split), ": ", Plural(members.size(), "scene"));
   return std::unique_ptr<Dataset>(new FileDataset(std::move(members), *format, options,
-                                                  data.ignore_label, data.use_features,
-                                                  channels, *num_classes, std::move(name)));
+                                                  data.ignore_label, data.use_features, channels,
+                                                  *num_classes, std::move(name)));
 }
 
 }  // namespace

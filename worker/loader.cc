@@ -119,11 +119,9 @@ Loader::Loader(const Dataset* dataset, LoaderOptions options, int64_t epoch, int
   } else if (options_.prefetch < 1) {
     error_ = absl::InvalidArgumentError(
         absl::StrCat("Loader: prefetch must be at least 1, got ", options_.prefetch));
-  } else if (options_.world_size < 1 || options_.rank < 0 ||
-             options_.rank >= options_.world_size) {
-    error_ = absl::InvalidArgumentError(absl::StrCat("Loader: rank ", options_.rank,
-                                                     " is outside a world of ",
-                                                     options_.world_size));
+  } else if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size) {
+    error_ = absl::InvalidArgumentError(absl::StrCat(
+        "Loader: rank ", options_.rank, " is outside a world of ", options_.world_size));
   } else if (dataset_->size() == 0) {
     error_ = absl::FailedPreconditionError(
         absl::StrCat("Loader: dataset ", dataset_->name(), " has no scenes"));

@@ -11,10 +11,9 @@
 // lost inside a collective (the message names the collective and the
 // peer), 143 stopped on request after a checkpoint; any other exception
 // propagates (a crash, with its message in the log). With world_size > 1
-// the ranks train data-parallel (worker/distributed.h, docs/distributed.md). A periodic checkpoint that fails ends
-// nothing: it is reported (checkpoint_failed, the heartbeat's
-// checkpoint_failures and last_checkpoint_error) and tried again at the
-// next interval.
+// the ranks train data-parallel (worker/distributed.h, docs/distributed.md). A periodic checkpoint
+// that fails ends nothing: it is reported (checkpoint_failed, the heartbeat's checkpoint_failures
+// and last_checkpoint_error) and tried again at the next interval.
 #ifndef TRAINSUP_WORKER_TRAINER_H_
 #define TRAINSUP_WORKER_TRAINER_H_
 

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "checkpoint/store.h"
-#include "nlohmann/json.hpp"
 #include "contracts/exit_codes.h"
 #include "contracts/run_layout.h"
+#include "nlohmann/json.hpp"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
 #include "worker/dataset.h"

@@ -47,9 +47,7 @@ int64_t UnixMillis() {
       .count();
 }
 
-void Line(const std::string& text) {
-  std::cout << text << std::endl;
-}
+void Line(const std::string& text) { std::cout << text << std::endl; }
 
 // Writes the exit file and exits; `link` (if any) gets the report first.
 [[noreturn]] void Exit(const std::string& run_dir, int attempt, int rank,
@@ -179,17 +177,20 @@ int main(int argc, char** argv) {
   std::stringstream text;
   text << in.rdbuf();
   absl::StatusOr<trainsup::RunSpec> spec = trainsup::ParseRunSpec(text.str());
-  if (!spec.ok()) Exit(options.run_dir, attempt, rank, nullptr, Usage(std::string(spec.status().message())));
+  if (!spec.ok())
+    Exit(options.run_dir, attempt, rank, nullptr, Usage(std::string(spec.status().message())));
   if (spec->world_size != world) {
     Exit(options.run_dir, attempt, rank, nullptr,
-         Usage(absl::StrCat("--world-size ", world, " but the spec says world_size = ", spec->world_size)));
+         Usage(absl::StrCat("--world-size ", world,
+                            " but the spec says world_size = ", spec->world_size)));
   }
   at::set_num_threads(static_cast<int>(spec->train.threads));
 
   // Signals: a sigwait thread turns SIGTERM/SIGINT into a stop request (no
   // work in a signal handler). ignore_sigterm (fault injection) drops them.
   const trainsup::TestingSpec& t = spec->testing;
-  bool faults = (t.only_attempt == 0 || t.only_attempt == attempt) && (t.only_rank < 0 || t.only_rank == rank);
+  bool faults = (t.only_attempt == 0 || t.only_attempt == attempt) &&
+                (t.only_rank < 0 || t.only_rank == rank);
   signal(SIGPIPE, SIG_IGN);
   sigset_t set;
   sigemptyset(&set);

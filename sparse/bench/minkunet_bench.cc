@@ -283,7 +283,8 @@ int main(int argc, char** argv) {
       Sync(device);
       if (r > 0) fwd.push_back(Now() - t0);
     }
-    js << ", \"" << k << "_params\": " << net->NumParameters() << ", \"" << k << "_forward_s\": " << Median(fwd);
+    js << ", \"" << k << "_params\": " << net->NumParameters() << ", \"" << k
+       << "_forward_s\": " << Median(fwd);
     if (!json) {
       std::printf("MinkUNet%d (%lld parameters): forward without gradients %.2f s\n", depth,
                   static_cast<long long>(net->NumParameters()), Median(fwd));
@@ -293,7 +294,8 @@ int main(int argc, char** argv) {
     // peak; they are not activations, and the same with or without
     // checkpointing.
     double grad_bytes = 0;
-    for (const auto& t : net->parameters()) grad_bytes += static_cast<double>(t.numel() * t.element_size());
+    for (const auto& t : net->parameters())
+      grad_bytes += static_cast<double>(t.numel() * t.element_size());
     double base_time = 0, base_peak = 0;
     for (bool checkpointing : {false, true}) {
       if (checkpointing) {
@@ -325,24 +327,28 @@ int main(int argc, char** argv) {
       }
       const double t = Median(times), total = Median(peaks), peak = total - grad_bytes;
       const std::string c = k + (checkpointing ? "_checkpointed" : "_plain");
-      js << ", \"" << c << "_step_s\": " << t << ", \"" << c << "_first_step_s\": " << first_step << ", \""
-         << c << "_peak_mib\": " << total / (1 << 20) << ", \"" << c << "_peak_activations_mib\": " << peak / (1 << 20);
+      js << ", \"" << c << "_step_s\": " << t << ", \"" << c << "_first_step_s\": " << first_step
+         << ", \"" << c << "_peak_mib\": " << total / (1 << 20) << ", \"" << c
+         << "_peak_activations_mib\": " << peak / (1 << 20);
       if (!checkpointing) {
         base_time = t;
         base_peak = peak;
       } else {
-        js << ", \"" << k << "_checkpointing_peak_reduction\": " << 1.0 - peak / base_peak << ", \"" << k
-           << "_checkpointing_time_increase\": " << t / base_time - 1.0;
+        js << ", \"" << k << "_checkpointing_peak_reduction\": " << 1.0 - peak / base_peak << ", \""
+           << k << "_checkpointing_time_increase\": " << t / base_time - 1.0;
       }
       if (!json) {
-        std::printf("  training step (forward + backward), checkpointing %-3s: %.2f s (first, with kernel maps: "
-                    "%.2f s), peak %.0f MiB = %.0f MiB activations + %.0f MiB parameter gradients%s\n",
-                    checkpointing ? "on" : "off", t, first_step, total / (1 << 20), peak / (1 << 20),
-                    grad_bytes / (1 << 20),
-                    checkpointing ? ("  => peak -" + std::to_string(static_cast<int>(100 * (1 - peak / base_peak))) +
-                                     "%, time +" + std::to_string(static_cast<int>(100 * (t / base_time - 1))) + "%")
-                                        .c_str()
-                                  : "");
+        std::printf(
+            "  training step (forward + backward), checkpointing %-3s: %.2f s (first, with kernel "
+            "maps: "
+            "%.2f s), peak %.0f MiB = %.0f MiB activations + %.0f MiB parameter gradients%s\n",
+            checkpointing ? "on" : "off", t, first_step, total / (1 << 20), peak / (1 << 20),
+            grad_bytes / (1 << 20),
+            checkpointing
+                ? ("  => peak -" + std::to_string(static_cast<int>(100 * (1 - peak / base_peak))) +
+                   "%, time +" + std::to_string(static_cast<int>(100 * (t / base_time - 1))) + "%")
+                      .c_str()
+                : "");
       }
     }
   }

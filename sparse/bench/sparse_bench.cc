@@ -163,7 +163,8 @@ int main(int argc, char** argv) {
   at::Tensor points = at::from_blob(scene.points.data(), {scene.size(), 3}, at::kFloat).clone();
   at::Tensor colors = at::from_blob(scene.colors.data(), {scene.size(), 3}, at::kFloat).clone();
   ts::Quantized q;
-  const double t_quant = Median(args.repeats, [&] { q = ts::Quantize(points, args.voxel, colors); });
+  const double t_quant =
+      Median(args.repeats, [&] { q = ts::Quantize(points, args.voxel, colors); });
   const int64_t n = q.coordinates.size(0);
   at::Tensor coords = at::cat({at::zeros({n, 1}, at::kInt), q.coordinates}, 1);
   r.AddString("scene", args.scene);
@@ -213,15 +214,15 @@ int main(int argc, char** argv) {
                             {"conv2_s2_c64", 64, 64, 2, 2}};
   for (const ConvCase& c : cases) {
     at::Tensor f = at::randn({n, c.cin});
-    at::Tensor w = at::randn({static_cast<int64_t>(c.kernel) * c.kernel * c.kernel, c.cin, c.cout}) /
-                   std::sqrt(static_cast<double>(c.cin * c.kernel * c.kernel * c.kernel));
+    at::Tensor w =
+        at::randn({static_cast<int64_t>(c.kernel) * c.kernel * c.kernel, c.cin, c.cout}) /
+        std::sqrt(static_cast<double>(c.cin * c.kernel * c.kernel * c.kernel));
     ts::ConvOptions opt;
     opt.kernel_size = c.kernel;
     opt.stride = c.stride;
     ts::SparseTensor x = base.WithFeatures(f);
     const ts::CoordinateSetId out_set = manager->Downsample(base.set_id(), c.stride);
-    const int64_t case_pairs =
-        manager->GetKernelMap(base.set_id(), out_set, c.kernel, 1)->pairs();
+    const int64_t case_pairs = manager->GetKernelMap(base.set_id(), out_set, c.kernel, 1)->pairs();
     const double flops = 2.0 * case_pairs * c.cin * c.cout;
     const auto [t_fwd, t_fwd_blas] =
         MedianAB(args.repeats, kernels, ts::cpu::KernelSet::kBlas, [&] {

@@ -9,9 +9,9 @@
 #include <map>
 #include <memory>
 
-#include "supervisor/sys/exit_watcher.h"
-#include "supervisor/store/store_thread.h"
 #include "supervisor/run/unit_env.h"
+#include "supervisor/store/store_thread.h"
+#include "supervisor/sys/exit_watcher.h"
 
 namespace trainsup::supervisor {
 

@@ -30,9 +30,9 @@
 #include "supervisor/policy/group_identity.h"
 #include "supervisor/policy/progress_timeout.h"
 #include "supervisor/policy/restart_policy.h"
-#include "supervisor/run/resume_choice.h"
 #include "supervisor/policy/scheduler.h"
 #include "supervisor/policy/stop_stage.h"
+#include "supervisor/run/resume_choice.h"
 #include "supervisor/run/unit_env.h"
 
 namespace trainsup::supervisor {

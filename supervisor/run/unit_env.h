@@ -17,14 +17,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "contracts/daemon_config.h"
 #include "contracts/exit_file.h"
 #include "contracts/spec.h"
 #include "supervisor/cluster/cluster_protocol.h"
-#include "contracts/daemon_config.h"
 #include "supervisor/policy/group_identity.h"
-#include "supervisor/sys/process.h"
 #include "supervisor/policy/restart_policy.h"
 #include "supervisor/store/store_thread.h"
+#include "supervisor/sys/process.h"
 #include "trainsup/v1/supervisor.pb.h"
 #include "trainsup/v1/worker.pb.h"
 

@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "nlohmann/json.hpp"
 #include "contracts/free_port.h"
+#include "nlohmann/json.hpp"
 #include "sparse/cpu/blas.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"

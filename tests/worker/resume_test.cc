@@ -40,8 +40,8 @@ using testing::WaitStatus;
 constexpr int kSteps = 30;
 
 std::string MakeRunDir(const std::string& name, int steps = kSteps) {
-  fs::path dir = fs::path(::testing::TempDir()) /
-                 ("resume_test_" + name + "_" + std::to_string(::getpid()));
+  fs::path dir =
+      fs::path(::testing::TempDir()) / ("resume_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::ofstream(dir / "spec.toml") << "name = \"resume\"\n"
@@ -88,8 +88,8 @@ TEST(Resume, SigkilledThreeTimesEndsBitIdenticalToAnUninterruptedRun) {
 
   // A: uninterrupted.
   int status = WaitStatus(Launch(a, 1));
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << "status " << status << ":\n" << ReadFile(LogPath(a, 1));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << ":\n"
+                                                             << ReadFile(LogPath(a, 1));
   absl::StatusOr<ExitFile> a_exit = ReadExitFile(ExitFilePath(a, 1, 0));
   ASSERT_TRUE(a_exit.ok()) << a_exit.status();
   EXPECT_EQ(a_exit->code, 0);
@@ -104,13 +104,15 @@ TEST(Resume, SigkilledThreeTimesEndsBitIdenticalToAnUninterruptedRun) {
     const int64_t seen = NewestCheckpoint(b);
     pid_t pid = Launch(b, attempt);
     bool exited = false;
-    const int64_t wait_for = std::max<int64_t>(seen, 0) + 3 * std::uniform_int_distribution<int>(1, 2)(rng);
+    const int64_t wait_for =
+        std::max<int64_t>(seen, 0) + 3 * std::uniform_int_distribution<int>(1, 2)(rng);
     while (NewestCheckpoint(b) < wait_for) {
       int st = 0;
       if (waitpid(pid, &st, WNOHANG) == pid) {
         exited = true;
         ADD_FAILURE() << "attempt " << attempt << " exited (status " << st
-                      << ") before it could be killed:\n" << ReadFile(LogPath(b, attempt));
+                      << ") before it could be killed:\n"
+                      << ReadFile(LogPath(b, attempt));
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -122,18 +124,20 @@ TEST(Resume, SigkilledThreeTimesEndsBitIdenticalToAnUninterruptedRun) {
     ASSERT_EQ(kill(pid, SIGKILL), 0);
     status = WaitStatus(pid);
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
-        << "attempt " << attempt << " status " << status << ":\n" << ReadFile(LogPath(b, attempt));
+        << "attempt " << attempt << " status " << status << ":\n"
+        << ReadFile(LogPath(b, attempt));
     resumed_from.push_back(NewestCheckpoint(b));
-    std::printf("attempt %d: SIGKILL %d ms after checkpoint step-%lld appeared; newest then "
-                "step-%lld\n",
-                attempt, delay_ms, static_cast<long long>(appeared),
-                static_cast<long long>(resumed_from.back()));
+    std::printf(
+        "attempt %d: SIGKILL %d ms after checkpoint step-%lld appeared; newest then "
+        "step-%lld\n",
+        attempt, delay_ms, static_cast<long long>(appeared),
+        static_cast<long long>(resumed_from.back()));
     // Killed, so it wrote no exit file.
     EXPECT_FALSE(fs::exists(ExitFilePath(b, attempt, 0))) << "attempt " << attempt;
   }
   status = WaitStatus(Launch(b, attempt));
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << "status " << status << ":\n" << ReadFile(LogPath(b, attempt));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << ":\n"
+                                                             << ReadFile(LogPath(b, attempt));
   absl::StatusOr<ExitFile> b_exit = ReadExitFile(ExitFilePath(b, attempt, 0));
   ASSERT_TRUE(b_exit.ok()) << b_exit.status();
   EXPECT_EQ(b_exit->code, 0);
@@ -143,7 +147,8 @@ TEST(Resume, SigkilledThreeTimesEndsBitIdenticalToAnUninterruptedRun) {
   // Every resumed attempt started from the newest checkpoint its
   // predecessor left, and went on with the next step; at least one resumed
   // inside an epoch.
-  static const std::regex kResumed("resumed from step ([0-9]+) \\(epoch ([0-9]+), cursor ([0-9]+)\\)");
+  static const std::regex kResumed(
+      "resumed from step ([0-9]+) \\(epoch ([0-9]+), cursor ([0-9]+)\\)");
   int mid_epoch = 0;
   for (int k = 2; k <= attempt; ++k) {
     const int64_t from = resumed_from[k - 2];
@@ -152,13 +157,15 @@ TEST(Resume, SigkilledThreeTimesEndsBitIdenticalToAnUninterruptedRun) {
     ASSERT_TRUE(std::regex_search(log, m, kResumed)) << "attempt " << k << ":\n" << log;
     EXPECT_EQ(std::stoll(m[1]), from) << "attempt " << k << ":\n" << log;
     mid_epoch += std::stoll(m[3]) != 0;
-    std::printf("attempt %d resumed from step %s (epoch %s, cursor %s)\n", k,
-                m[1].str().c_str(), m[2].str().c_str(), m[3].str().c_str());
+    std::printf("attempt %d resumed from step %s (epoch %s, cursor %s)\n", k, m[1].str().c_str(),
+                m[2].str().c_str(), m[3].str().c_str());
     EXPECT_NE(log.find("\nstep " + std::to_string(from + 1) + "/" + std::to_string(kSteps) + " "),
               std::string::npos)
-        << "attempt " << k << ":\n" << log;
+        << "attempt " << k << ":\n"
+        << log;
     EXPECT_EQ(log.find("\nstep " + std::to_string(from) + "/"), std::string::npos)
-        << "attempt " << k << " redid step " << from << ":\n" << log;
+        << "attempt " << k << " redid step " << from << ":\n"
+        << log;
   }
   EXPECT_GT(mid_epoch, 0) << "every resume point was an epoch boundary";
   ASSERT_GT(resumed_from.back(), resumed_from.front()) << "the kills did not advance the run";
@@ -238,8 +245,9 @@ TEST(Resume, SigtermStopsAfterACheckpointAndExits143) {
       << ReadFile(LogPath(dir, 1));
   ASSERT_EQ(kill(pid, SIGTERM), 0);
   const int status = WaitStatus(pid);
-  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0)
-                                 << ":\n" << ReadFile(LogPath(dir, 1));
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ":\n"
+                                 << ReadFile(LogPath(dir, 1));
   EXPECT_EQ(WEXITSTATUS(status), 143);
   absl::StatusOr<ExitFile> exit = ReadExitFile(ExitFilePath(dir, 1, 0));
   ASSERT_TRUE(exit.ok()) << exit.status();

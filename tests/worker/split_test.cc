@@ -559,7 +559,8 @@ TEST(RunSplitting, ReportsTheSmallestSplittableFailure) {
   // With the failure remembered, the next batch wastes no forward pass.
   MemoryModel model;
   model.ObserveFailure(stats->smallest_failed_voxels);
-  absl::StatusOr<SplitStats> next = RunSplitting(Views(scenes), options, run, nullptr, &model, 1 << 30);
+  absl::StatusOr<SplitStats> next =
+      RunSplitting(Views(scenes), options, run, nullptr, &model, 1 << 30);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->wasted_forwards, 0);
   EXPECT_EQ(next->oom_events, 0);
