@@ -24,9 +24,7 @@
 #include <sstream>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "contracts/data_roots.h"
 #include "contracts/exit_codes.h"
 #include "contracts/exit_file.h"
 #include "contracts/run_layout.h"
@@ -34,6 +32,7 @@
 #include "sparse/cpu/blas.h"
 #include "worker/link.h"
 #include "worker/trainer.h"
+#include "worker/worker_args.h"
 
 namespace {
 
@@ -84,113 +83,94 @@ TrainerResult Usage(const std::string& message) {
   return r;
 }
 
-}  // namespace
+// SIGTERM and SIGINT are taken by one sigwait thread (WatchStopSignals), so
+// every other thread must have them blocked, or the kernel may deliver them
+// to one that dies of them. OpenBLAS starts its thread pool when the library
+// loads, before main(): so block them and start again, the new image's
+// threads inheriting the mask (execv keeps it). OpenMP threads that spin
+// while waiting make a worker ten times slower when it shares its cores
+// (measured: 3.3 s instead of 0.3 s per step on two busy cores); libgomp
+// reads the policy when it loads, so it is set before the same restart.
+// An explicit OMP_WAIT_POLICY is respected.
+void RestartWithStopSignalsBlocked(char** argv) {
+  sigset_t term, before;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  sigaddset(&term, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &term, &before);
+  const bool blocked_from_start =
+      sigismember(&before, SIGTERM) == 1 && sigismember(&before, SIGINT) == 1;
+  const bool set_wait_policy = std::getenv("OMP_WAIT_POLICY") == nullptr;
+  if (set_wait_policy) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  if (set_wait_policy || !blocked_from_start) execv("/proc/self/exe", argv);
+}
 
-int main(int argc, char** argv) {
-  // SIGTERM and SIGINT are taken by one sigwait thread (below), so every
-  // other thread must have them blocked, or the kernel may deliver them to
-  // one that dies of them. OpenBLAS starts its thread pool when the library
-  // loads, before main(): so block them and start again, the new image's
-  // threads inheriting the mask (execv keeps it). OpenMP threads that spin
-  // while waiting make a worker ten times slower when it shares its cores
-  // (measured: 3.3 s instead of 0.3 s per step on two busy cores); libgomp
-  // reads the policy when it loads, so it is set before the same restart.
-  // An explicit OMP_WAIT_POLICY is respected.
-  {
-    sigset_t term, before;
-    sigemptyset(&term);
-    sigaddset(&term, SIGTERM);
-    sigaddset(&term, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &term, &before);
-    const bool blocked_from_start =
-        sigismember(&before, SIGTERM) == 1 && sigismember(&before, SIGINT) == 1;
-    const bool set_wait_policy = std::getenv("OMP_WAIT_POLICY") == nullptr;
-    if (set_wait_policy) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    if (set_wait_policy || !blocked_from_start) execv("/proc/self/exe", argv);
-  }
-  trainsup::sparse::EnsureFastBlasKernels(argc, argv);
-  std::map<std::string, std::string> args;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) != 0) Exit("", 0, -1, nullptr, Usage("unexpected argument " + a));
-    size_t eq = a.find('=');
-    if (eq != std::string::npos) {
-      args[a.substr(2, eq - 2)] = a.substr(eq + 1);
-    } else if (i + 1 < argc) {
-      args[a.substr(2)] = argv[++i];
-    } else {
-      Exit("", 0, -1, nullptr, Usage("missing value for " + a));
-    }
-  }
-  for (const auto& [k, v] : args) {
-    if (k != "run-dir" && k != "rank" && k != "world-size" && k != "attempt" && k != "supervisor" &&
-        k != "resume") {
-      Exit("", 0, -1, nullptr, Usage("unknown option --" + k));
-    }
-  }
+// What the arguments and the launch environment say: the trainer's options
+// and the supervisor link's endpoint and identity.
+struct Launch {
   trainsup::worker::TrainerOptions options;
-  options.run_dir = args["run-dir"];
-  int rank = -1, world = 1, attempt = 1;
-  if (options.run_dir.empty()) Exit("", 0, -1, nullptr, Usage("--run-dir is required"));
-  if (!absl::SimpleAtoi(args.count("rank") ? args["rank"] : "0", &rank) || rank < 0) {
-    Exit("", 0, -1, nullptr, Usage("--rank: not a rank: " + args["rank"]));
-  }
-  if (args.count("world-size") && (!absl::SimpleAtoi(args["world-size"], &world) || world < 1)) {
-    Exit("", 0, -1, nullptr, Usage("--world-size: not a size: " + args["world-size"]));
-  }
-  if (args.count("attempt") && (!absl::SimpleAtoi(args["attempt"], &attempt) || attempt < 1)) {
-    Exit("", 0, -1, nullptr, Usage("--attempt: not an attempt number: " + args["attempt"]));
-  }
-  options.rank = rank;
-  options.world_size = world;
-  options.attempt = attempt;
-  options.resume = args.count("resume") ? args["resume"] : "latest";
-  int64_t resume_step = 0;
-  if (options.resume != "latest" && options.resume != "none" &&
-      (!absl::SimpleAtoi(options.resume, &resume_step) || resume_step < 0)) {
-    Exit(options.run_dir, attempt, rank, nullptr,
-         Usage("--resume: latest, none or a step number, got " + options.resume));
-  }
-  // The launch contract's rendezvous (DESIGN.md): rank 0 hosts the store.
-  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') {
-    options.master_addr = addr;
-  }
-  if (const char* port = std::getenv("MASTER_PORT"); port != nullptr && *port != '\0') {
-    if (!absl::SimpleAtoi(port, &options.master_port) || options.master_port < 1 ||
-        options.master_port > 65535) {
-      Exit(options.run_dir, attempt, rank, nullptr,
-           Usage(std::string("MASTER_PORT: not a port: ") + port));
-    }
-  }
-  if (const char* b = std::getenv("TRAINSUP_MEMORY_BUDGET_MB")) {
-    absl::SimpleAtoi(b, &options.memory_budget_mb_override);
-  }
-  absl::StatusOr<std::optional<std::vector<std::string>>> roots =
-      trainsup::ParseDataRoots(std::getenv(trainsup::kDataRootsEnv));
-  if (!roots.ok())
-    Exit(options.run_dir, attempt, rank, nullptr, Usage(std::string(roots.status().message())));
-  options.data_roots = *roots;
+  std::string supervisor;  // "" = no link
+  std::string run_id;
+  std::string token;
+};
 
-  const std::string spec_path = trainsup::RunLayout(options.run_dir).SpecPath();
+// The launch, or the usage exit (with the exit file once the run directory
+// is known).
+Launch LaunchOrExit(int argc, char** argv) {
+  absl::StatusOr<trainsup::worker::WorkerArgs> args =
+      trainsup::worker::ParseWorkerArgs(std::vector<std::string>(argv + 1, argv + argc));
+  if (!args.ok()) Exit("", 0, -1, nullptr, Usage(std::string(args.status().message())));
+  Launch launch;
+  trainsup::worker::TrainerOptions& options = launch.options;
+  options.run_dir = args->run_dir;
+  options.rank = args->rank;
+  options.world_size = args->world_size;
+  options.attempt = args->attempt;
+  options.resume = args->resume;
+  const auto usage_exit = [&](const absl::Status& s) {
+    Exit(options.run_dir, options.attempt, options.rank, nullptr, Usage(std::string(s.message())));
+  };
+  if (absl::Status s = trainsup::worker::CheckResume(args->resume); !s.ok()) usage_exit(s);
+  std::map<std::string, std::string> env_values;
+  for (const char* name : trainsup::worker::kWorkerEnvNames) {
+    if (const char* value = std::getenv(name)) env_values[name] = value;
+  }
+  absl::StatusOr<trainsup::worker::WorkerEnv> env = trainsup::worker::ParseWorkerEnv(env_values);
+  if (!env.ok()) usage_exit(env.status());
+  options.master_addr = env->master_addr;
+  options.master_port = env->master_port;
+  options.memory_budget_mb_override = env->memory_budget_mb;
+  options.data_roots = env->data_roots;
+  launch.supervisor = args->supervisor;
+  launch.run_id = env->run_id.value_or(std::filesystem::path(options.run_dir).filename().string());
+  launch.token = env->token;
+  return launch;
+}
+
+trainsup::RunSpec SpecOrExit(const trainsup::worker::TrainerOptions& o) {
+  const auto usage_exit = [&](const std::string& message) {
+    Exit(o.run_dir, o.attempt, o.rank, nullptr, Usage(message));
+  };
+  const std::string spec_path = trainsup::RunLayout(o.run_dir).SpecPath();
   std::ifstream in(spec_path);
-  if (!in) Exit(options.run_dir, attempt, rank, nullptr, Usage("cannot read " + spec_path));
+  if (!in) usage_exit("cannot read " + spec_path);
   std::stringstream text;
   text << in.rdbuf();
   absl::StatusOr<trainsup::RunSpec> spec = trainsup::ParseRunSpec(text.str());
-  if (!spec.ok())
-    Exit(options.run_dir, attempt, rank, nullptr, Usage(std::string(spec.status().message())));
-  if (spec->world_size != world) {
-    Exit(options.run_dir, attempt, rank, nullptr,
-         Usage(absl::StrCat("--world-size ", world,
-                            " but the spec says world_size = ", spec->world_size)));
+  if (!spec.ok()) usage_exit(std::string(spec.status().message()));
+  if (spec->world_size != o.world_size) {
+    usage_exit(absl::StrCat("--world-size ", o.world_size,
+                            " but the spec says world_size = ", spec->world_size));
   }
-  at::set_num_threads(static_cast<int>(spec->train.threads));
+  return *spec;
+}
 
-  // Signals: a sigwait thread turns SIGTERM/SIGINT into a stop request (no
-  // work in a signal handler). ignore_sigterm (fault injection) drops them.
-  const trainsup::TestingSpec& t = spec->testing;
-  bool faults = (t.only_attempt == 0 || t.only_attempt == attempt) &&
-                (t.only_rank < 0 || t.only_rank == rank);
+// Signals: a sigwait thread turns SIGTERM/SIGINT into a stop request (no
+// work in a signal handler). ignore_sigterm (fault injection) drops them.
+void WatchStopSignals(const trainsup::RunSpec& spec, const trainsup::worker::TrainerOptions& o) {
+  const trainsup::TestingSpec& t = spec.testing;
+  const bool faults = (t.only_attempt == 0 || t.only_attempt == o.attempt) &&
+                      (t.only_rank < 0 || t.only_rank == o.rank);
   signal(SIGPIPE, SIG_IGN);
   sigset_t set;
   sigemptyset(&set);
@@ -214,23 +194,25 @@ int main(int argc, char** argv) {
     }
     Line(absl::StrCat("grandchild pid ", child));
   }
+}
 
-  std::unique_ptr<trainsup::worker::SupervisorLink> link;
-  const std::string endpoint = args["supervisor"];
-  if (!endpoint.empty()) {
-    trainsup::worker::LinkOptions lo;
-    lo.endpoint = endpoint;
-    const char* id = std::getenv("TRAINSUP_RUN_ID");
-    lo.run_id = id ? id : std::filesystem::path(options.run_dir).filename().string();
-    lo.rank = rank;
-    lo.attempt = attempt;
-    lo.world_size = world;
-    const char* token = std::getenv("TRAINSUP_TOKEN");
-    lo.token = token ? token : "";
-    link = std::make_unique<trainsup::worker::SupervisorLink>(lo);
-    link->Start();
-  }
-  trainsup::worker::SupervisorLink* l = link.get();
+std::unique_ptr<trainsup::worker::SupervisorLink> StartLink(const Launch& launch) {
+  if (launch.supervisor.empty()) return nullptr;
+  const trainsup::worker::TrainerOptions& o = launch.options;
+  trainsup::worker::LinkOptions lo;
+  lo.endpoint = launch.supervisor;
+  lo.run_id = launch.run_id;
+  lo.rank = o.rank;
+  lo.attempt = o.attempt;
+  lo.world_size = o.world_size;
+  lo.token = launch.token;
+  auto link = std::make_unique<trainsup::worker::SupervisorLink>(lo);
+  link->Start();
+  return link;
+}
+
+// The trainer's hooks over the link (null: no supervisor).
+trainsup::worker::TrainerHooks HooksOver(trainsup::worker::SupervisorLink* l) {
   trainsup::worker::TrainerHooks hooks;
   if (l != nullptr) {
     hooks.progress = [l](const trainsup::v1::Progress& p) {
@@ -262,15 +244,29 @@ int main(int argc, char** argv) {
   }
   hooks.stop_requested = [l] { return g_stop.load() || (l != nullptr && l->stop_requested()); };
   hooks.log = [](const std::string& line) { Line(line); };
+  return hooks;
+}
 
+}  // namespace
+
+int main(int argc, char** argv) {
+  RestartWithStopSignalsBlocked(argv);
+  trainsup::sparse::EnsureFastBlasKernels(argc, argv);
+  const Launch launch = LaunchOrExit(argc, argv);
+  const trainsup::worker::TrainerOptions& options = launch.options;
+  const trainsup::RunSpec spec = SpecOrExit(options);
+  at::set_num_threads(static_cast<int>(spec.train.threads));
+  WatchStopSignals(spec, options);
+  std::unique_ptr<trainsup::worker::SupervisorLink> link = StartLink(launch);
+  const trainsup::worker::TrainerHooks hooks = HooksOver(link.get());
   TrainerResult result;
   try {
-    result = trainsup::worker::Train(*spec, options, hooks);
+    result = trainsup::worker::Train(spec, options, hooks);
   } catch (const std::exception& e) {
     // Not an out-of-memory error, not bad input: a real failure. Say what
     // it was, then crash like any other crash.
     std::cerr << "trainsup-worker: " << e.what() << std::endl;
     throw;
   }
-  Exit(options.run_dir, attempt, rank, l, result);
+  Exit(options.run_dir, options.attempt, options.rank, link.get(), result);
 }
