@@ -190,7 +190,7 @@ TrainerResult Trainer::Run() {
     // A peer died, stopped, or never came: this rank cannot go on alone.
     // The supervisor restarts the gang from the newest checkpoint.
     Log(absl::StrCat("peer lost: ", e.what()));
-    return Fail(kExitPeerLost, "peer_lost", e.what());
+    return Fail(WorkerExit::kPeerLost, e.what());
   }
 }
 
@@ -198,52 +198,86 @@ TrainerResult Trainer::RunLoop() {
   // Everything LibTorch allocates from here on counts against the budget.
   sparse::InstallCountingAllocator();
   Report(v1::PHASE_LOADING);
-  const TestingSpec& faults = spec_.testing;
-  const bool inject = Active(faults, options_);
-  if (inject && faults.corrupt_checkpoint && options_.rank == 0) CorruptNewest(store_.root());
+  if (std::optional<TrainerResult> failed = SetUp()) return *failed;
+  Report(v1::PHASE_TRAINING);
+  TrainerResult result;
+  last_checkpoint_time_ = Clock::now();
+  while (step_ < total_steps_) {
+    if (std::optional<TrainerResult> ended = InjectFaults(step_ + 1)) return *ended;
+    if (std::optional<TrainerResult> ended = TrainOneStep(&result)) return *ended;
+  }
+  if (std::optional<TrainerResult> failed = CheckpointOrExit("at the end of the run")) {
+    return *failed;
+  }
+  Evaluate(&result);
+  return Completed(std::move(result));
+}
 
-  uint64_t seed = static_cast<uint64_t>(spec_.train.seed);
-  // A spec field that does not fit the data is a usage error (64); a file
-  // that cannot be read is a data error (65).
-  auto data_failure = [this](const absl::Status& s) {
-    std::string m(s.message());
-    bool field = m.rfind("data.", 0) == 0 || m.rfind("model.", 0) == 0;
-    return field ? Fail(kExitUsage, "usage", DataMessage(s))
-                 : Fail(kExitData, "data", DataMessage(s));
-  };
+std::optional<TrainerResult> Trainer::SetUp() {
+  const TestingSpec& faults = spec_.testing;
+  inject_ = Active(faults, options_);
+  if (inject_ && faults.corrupt_checkpoint && options_.rank == 0) CorruptNewest(store_.root());
+  if (std::optional<TrainerResult> failed = OpenData()) return failed;
+  if (std::optional<TrainerResult> failed = JoinGang()) return failed;
+  BuildModel();
+  std::string memory_settings;
+  if (std::optional<TrainerResult> failed = ApplyBudget(&memory_settings)) return failed;
+  if (std::optional<TrainerResult> failed = ResumeOrFail()) return failed;
+  if (std::optional<TrainerResult> failed = PrepareLoader()) return failed;
+  Log(absl::StrCat(
+      "training ", spec_.model.arch, " (", model_->NumParameters(), " parameters, ", num_classes_,
+      " classes, ", channels_, " input channels) on ", train_->size(), " training and ",
+      val_ ? val_->size() : 0, " validation scenes, ", total_steps_, " steps, ", memory_settings,
+      ", ", at::get_num_threads(), " threads, on ", device_.str(),
+      options_.world_size > 1 ? absl::StrCat(", rank ", options_.rank, " of ", options_.world_size,
+                                             " (", shard_size_, " scenes per rank and epoch, ",
+                                             reducer_->num_buckets(), " gradient buckets)")
+                              : std::string()));
+  return std::nullopt;
+}
+
+// A spec field that does not fit the data is a usage error (64); a file
+// that cannot be read is a data error (65).
+TrainerResult Trainer::DataFailure(const absl::Status& s) {
+  const std::string m(s.message());
+  const bool field = m.rfind("data.", 0) == 0 || m.rfind("model.", 0) == 0;
+  return Fail(field ? WorkerExit::kUsage : WorkerExit::kData, DataMessage(s));
+}
+
+std::optional<TrainerResult> Trainer::OpenData() {
   absl::StatusOr<std::unique_ptr<Dataset>> train =
       OpenDataset(spec_, Split::kTrain, options_.data_roots);
-  if (!train.ok()) return data_failure(train.status());
+  if (!train.ok()) return DataFailure(train.status());
   train_ = std::move(*train);
   if (spec_.data.val_fraction > 0) {
     absl::StatusOr<std::unique_ptr<Dataset>> val =
         OpenDataset(spec_, Split::kVal, options_.data_roots);
-    if (!val.ok()) return data_failure(val.status());
+    if (!val.ok()) return DataFailure(val.status());
     val_ = std::move(*val);
   }
-  if (train_->size() == 0) return Fail(kExitData, "data", "the training split is empty");
+  if (train_->size() == 0) return Fail(WorkerExit::kData, "the training split is empty");
   num_classes_ = spec_.model.num_classes > 0 ? static_cast<int>(spec_.model.num_classes)
                                              : train_->num_classes();
   if (num_classes_ < 2) {
-    return Fail(kExitData, "data",
-                absl::StrCat("the data has ", num_classes_,
-                             " labelled classes; training needs at least 2"));
+    return Fail(WorkerExit::kData, absl::StrCat("the data has ", num_classes_,
+                                                " labelled classes; training needs at least 2"));
   }
   channels_ = std::max(1, train_->feature_channels()) + (spec_.model.height_feature ? 1 : 0);
   height_ = spec_.model.height_feature ? spec_.model.voxel_size : 0;
   if (spec_.model.in_channels != channels_) {
-    return Fail(
-        kExitUsage, "usage",
-        absl::StrCat("model.in_channels: ", spec_.model.in_channels, ", but the data gives ",
-                     channels_, " input channel", channels_ == 1 ? "" : "s"));
+    return Fail(WorkerExit::kUsage, absl::StrCat("model.in_channels: ", spec_.model.in_channels,
+                                                 ", but the data gives ", channels_,
+                                                 " input channel", channels_ == 1 ? "" : "s"));
   }
   class_counts_.assign(num_classes_, 0);
+  return std::nullopt;
+}
 
+std::optional<TrainerResult> Trainer::JoinGang() {
   absl::StatusOr<c10::Device> device =
       TrainingDevice(spec_.train.device, sparse::CudaDeviceAvailable());
-  if (!device.ok()) return Fail(kExitUsage, "usage", std::string(device.status().message()));
+  if (!device.ok()) return Fail(WorkerExit::kUsage, std::string(device.status().message()));
   device_ = *device;
-
   GangOptions gang_options;
   gang_options.rank = options_.rank;
   gang_options.world_size = options_.world_size;
@@ -255,10 +289,8 @@ TrainerResult Trainer::RunLoop() {
   gang_options.device = device_;
   absl::StatusOr<std::unique_ptr<Gang>> gang = Gang::Join(gang_options);
   if (!gang.ok()) {
-    if (absl::IsInvalidArgument(gang.status())) {
-      return Fail(kExitUsage, "usage", std::string(gang.status().message()));
-    }
-    return Fail(kExitPeerLost, "peer_lost", std::string(gang.status().message()));
+    return Fail(absl::IsInvalidArgument(gang.status()) ? WorkerExit::kUsage : WorkerExit::kPeerLost,
+                std::string(gang.status().message()));
   }
   gang_ = std::move(*gang);
   if (options_.world_size > 1) {
@@ -267,9 +299,12 @@ TrainerResult Trainer::RunLoop() {
                      options_.master_port, ", collective timeout ", spec_.distributed.timeout_s,
                      " s)"));
   }
+  return std::nullopt;
+}
 
+void Trainer::BuildModel() {
   sparse::SetDeterministic(spec_.train.deterministic);
-  torch::manual_seed(seed);
+  torch::manual_seed(static_cast<uint64_t>(spec_.train.seed));
   model_ =
       sparse::MinkUNet(sparse::MinkUNetPlan(DepthOf(spec_.model.arch), channels_, num_classes_));
   model_->to(device_);
@@ -293,68 +328,74 @@ TrainerResult Trainer::RunLoop() {
                      .momentum(spec_.optimizer.momentum)
                      .weight_decay(spec_.optimizer.weight_decay));
   }
-  int64_t budget_mb = options_.memory_budget_mb_override > 0 ? options_.memory_budget_mb_override
-                                                             : spec_.train.memory_budget_mb;
+}
+
+std::optional<TrainerResult> Trainer::ApplyBudget(std::string* memory_settings) {
+  const int64_t budget_mb = options_.memory_budget_mb_override > 0
+                                ? options_.memory_budget_mb_override
+                                : spec_.train.memory_budget_mb;
   budget_ = budget_mb << 20;
   // On the CPU, the allocator settings minkunet_bench measures: the block
   // cache sized against the budget and counted in it (sparse/memory.h). On
   // a GPU the budget becomes the caching allocator's memory fraction.
-  std::string memory_settings;
   if (device_.is_cpu()) {
     const sparse::AllocatorSettings allocator = sparse::TrainingAllocatorSettings(budget_);
     sparse::ApplyAllocatorSettings(allocator);
-    memory_settings = sparse::ToString(allocator);
+    *memory_settings = sparse::ToString(allocator);
   } else {
     sparse::SetMemoryBudget(device_, budget_);
-    memory_settings =
+    *memory_settings =
         budget_ > 0 ? absl::StrCat("budget ", budget_mb, " MiB (the caching allocator's fraction)")
                     : std::string("no budget");
   }
   if (budget_ > 0 && sparse::GetMemoryStats(device_).current_bytes > budget_) {
-    return Fail(kExitOom, "oom",
-                absl::StrCat("the model and optimizer alone need ",
-                             sparse::GetMemoryStats(device_).current_bytes,
-                             " bytes, more than the budget of ", budget_));
+    return Fail(WorkerExit::kOom, absl::StrCat("the model and optimizer alone need ",
+                                               sparse::GetMemoryStats(device_).current_bytes,
+                                               " bytes, more than the budget of ", budget_));
   }
+  return std::nullopt;
+}
 
+std::optional<TrainerResult> Trainer::ResumeOrFail() {
   absl::Status resumed = Resume();
-  if (!resumed.ok()) {
-    if (resumed.code() == absl::StatusCode::kInvalidArgument) {
-      return Fail(kExitUsage, "usage", std::string(resumed.message()));
-    }
-    // An I/O error says nothing about the checkpoint: nothing was
-    // quarantined, and starting from scratch or from an older step would
-    // throw work away. The attempt fails (a crash exit) and is retried.
-    if (absl::IsUnavailable(resumed)) {
-      return Fail(kExitCheckpointIo, "checkpoint_io",
-                  absl::StrCat("cannot resume (nothing quarantined; the attempt is retried): ",
-                               resumed.message()));
-    }
-    return Fail(1, "checkpoint_corrupt", std::string(resumed.message()));
+  if (resumed.ok()) return std::nullopt;
+  if (resumed.code() == absl::StatusCode::kInvalidArgument) {
+    return Fail(WorkerExit::kUsage, std::string(resumed.message()));
   }
-  int64_t batch_size = spec_.train.batch_size;
+  // An I/O error says nothing about the checkpoint: nothing was
+  // quarantined, and starting from scratch or from an older step would
+  // throw work away. The attempt fails (a crash exit) and is retried.
+  if (absl::IsUnavailable(resumed)) {
+    return Crash("checkpoint_io",
+                 absl::StrCat("cannot resume (nothing quarantined; the attempt is retried): ",
+                              resumed.message()));
+  }
+  return Crash("checkpoint_corrupt", std::string(resumed.message()));
+}
+
+std::optional<TrainerResult> Trainer::PrepareLoader() {
   shard_size_ = ShardSize(train_->size(), options_.world_size);
   if (shard_size_ == 0) {
-    return Fail(kExitData, "data",
+    return Fail(WorkerExit::kData,
                 absl::StrCat("the training split has ", train_->size(), " scenes, fewer than the ",
                              options_.world_size, " ranks"));
   }
-  int64_t steps_per_epoch = BatchesPerEpoch(shard_size_, batch_size);
-  total_steps_ = TotalSteps(spec_, steps_per_epoch);
+  const int64_t batch_size = spec_.train.batch_size;
+  total_steps_ = TotalSteps(spec_, BatchesPerEpoch(shard_size_, batch_size));
   if (cursor_ >= shard_size_) {
     epoch_++;
     cursor_ = 0;
   }
   LoaderOptions lo;
   lo.batch_size = batch_size;
-  lo.seed = seed;
+  lo.seed = static_cast<uint64_t>(spec_.train.seed);
   lo.voxel_size = spec_.model.voxel_size;
   lo.augment = spec_.data.augment;
   lo.rank = options_.rank;
   lo.world_size = options_.world_size;
   loader_ = std::make_unique<Loader>(train_.get(), lo, epoch_, cursor_);
   absl::Status calibrated = Calibrate(lo);
-  if (!calibrated.ok()) return data_failure(calibrated);
+  if (!calibrated.ok()) return DataFailure(calibrated);
   // After the calibration, whose probes differ from rank to rank and so
   // must not be collectives.
   if (spec_.model.sync_batchnorm && options_.world_size > 1) {
@@ -368,171 +409,174 @@ TrainerResult Trainer::RunLoop() {
                      " BatchNorm layers are allreduced over ", options_.world_size,
                      " ranks; every rank's batch trains unsplit"));
   }
-  if (inject && faults.stop_in_collective_at_step > 0) {
-    reducer_->StopInCollectiveAt(faults.stop_in_collective_at_step);
+  if (inject_ && spec_.testing.stop_in_collective_at_step > 0) {
+    reducer_->StopInCollectiveAt(spec_.testing.stop_in_collective_at_step);
   }
-  Log(absl::StrCat(
-      "training ", spec_.model.arch, " (", model_->NumParameters(), " parameters, ", num_classes_,
-      " classes, ", channels_, " input channels) on ", train_->size(), " training and ",
-      val_ ? val_->size() : 0, " validation scenes, ", total_steps_, " steps, ", memory_settings,
-      ", ", at::get_num_threads(), " threads, on ", device_.str(),
-      options_.world_size > 1 ? absl::StrCat(", rank ", options_.rank, " of ", options_.world_size,
-                                             " (", shard_size_, " scenes per rank and epoch, ",
-                                             reducer_->num_buckets(), " gradient buckets)")
-                              : std::string()));
-  Report(v1::PHASE_TRAINING);
+  return std::nullopt;
+}
 
-  TrainerResult result;
-  auto last_checkpoint_time = Clock::now();
-  while (step_ < total_steps_) {
-    const int64_t next = step_ + 1;  // faults fire just before step `next` runs
-    if (inject) {
-      if (faults.crash_at_step == next) {
-        Log(absl::StrCat("injected crash (abort) at step ", next));
-        std::abort();
-      }
-      if (faults.exit_at_step == next) {
-        return Fail(static_cast<int>(faults.exit_code), "injected",
-                    absl::StrCat("injected exit ", faults.exit_code, " at step ", next));
-      }
-      if (faults.signal_at_step == next) {
-        Log(absl::StrCat("injected signal ", faults.signal, " at step ", next));
-        raise(static_cast<int>(faults.signal));
-      }
-      if (faults.hang_at_step == next) {
-        Log(absl::StrCat("injected hang at step ", next, " (heartbeats go on)"));
-        SleepForever();
-      }
-      if (faults.freeze_at_step == next) {
-        Log(absl::StrCat("injected freeze at step ", next, " (heartbeats stop)"));
-        if (hooks_.pause_heartbeats) hooks_.pause_heartbeats(true);
-        SleepForever();
-      }
-      if (faults.oom_at_step == next) {
-        // Outside the splittable region, as an optimizer step would.
-        Log(absl::StrCat("injected allocation past the memory budget at step ", next));
-        if (budget_ == 0) {
-          sparse::SetMemoryBudget(device_,
-                                  sparse::GetMemoryStats(device_).current_bytes + (1 << 20));
-        }
-        try {
-          at::Tensor big =
-              at::empty({int64_t{1} << 28}, at::TensorOptions(at::kFloat).device(device_));
-        } catch (const c10::OutOfMemoryError& e) {
-          return Fail(kExitOom, "oom",
-                      absl::StrCat("hard out-of-memory outside the splittable region: ", e.what()));
-        }
-      }
+// Faults fire just before step `next` runs.
+std::optional<TrainerResult> Trainer::InjectFaults(int64_t next) {
+  if (!inject_) return std::nullopt;
+  const TestingSpec& faults = spec_.testing;
+  if (faults.crash_at_step == next) {
+    Log(absl::StrCat("injected crash (abort) at step ", next));
+    std::abort();
+  }
+  if (faults.exit_at_step == next) {
+    return End(static_cast<int>(faults.exit_code), "injected",
+               absl::StrCat("injected exit ", faults.exit_code, " at step ", next));
+  }
+  if (faults.signal_at_step == next) {
+    Log(absl::StrCat("injected signal ", faults.signal, " at step ", next));
+    raise(static_cast<int>(faults.signal));
+  }
+  if (faults.hang_at_step == next) {
+    Log(absl::StrCat("injected hang at step ", next, " (heartbeats go on)"));
+    SleepForever();
+  }
+  if (faults.freeze_at_step == next) {
+    Log(absl::StrCat("injected freeze at step ", next, " (heartbeats stop)"));
+    if (hooks_.pause_heartbeats) hooks_.pause_heartbeats(true);
+    SleepForever();
+  }
+  if (faults.oom_at_step == next) {
+    // Outside the splittable region, as an optimizer step would.
+    Log(absl::StrCat("injected allocation past the memory budget at step ", next));
+    if (budget_ == 0) {
+      sparse::SetMemoryBudget(device_, sparse::GetMemoryStats(device_).current_bytes + (1 << 20));
     }
-    const auto iteration_start = Clock::now();
-    absl::StatusOr<Batch> batch = loader_->Next();
-    if (!batch.ok()) return Fail(kExitData, "data", DataMessage(batch.status()));
-    // What the ranks agree on before the step (one collective; with one
-    // rank, the local values): the global batch's labelled voxels, and
-    // whether any rank was asked to stop or to checkpoint (rank 0's clock
-    // decides checkpoint_every_seconds), so all take the same decisions.
-    const int64_t local_labelled = BatchLabelled(*batch);
-    const bool stop = hooks_.stop_requested && hooks_.stop_requested();
-    const bool timed = options_.rank == 0 && spec_.train.checkpoint_every_seconds > 0 &&
-                       std::chrono::duration<double>(Clock::now() - last_checkpoint_time).count() >=
-                           spec_.train.checkpoint_every_seconds;
-    const bool requested = hooks_.checkpoint_requested && hooks_.checkpoint_requested();
-    at::Tensor control = at::tensor({local_labelled, int64_t{stop}, int64_t{timed || requested}});
-    gang_->AllreduceSum(control, absl::StrCat("control of step ", next));
-    if (control[1].item<int64_t>() > 0) {
-      absl::Status c = Checkpoint();
-      if (!c.ok()) return CheckpointFailed(c, "before stopping on request");
-      return Fail(kExitStopped, "stopped",
-                  absl::StrCat("stopped on request after checkpoint step-", step_));
-    }
-    if (control[2].item<int64_t>() > 0 && step_ > last_checkpoint_) {
-      try {
-        Checkpoint().IgnoreError();  // reported; training goes on
-      } catch (const c10::OutOfMemoryError& e) {
-        return Fail(kExitOom, "oom",
-                    absl::StrCat("hard out-of-memory while checkpointing: ", e.what()));
-      }
-      last_checkpoint_time = Clock::now();
-    }
-    auto t0 = Clock::now();
-    absl::Status s = Step(*batch, control[0].item<int64_t>());
-    if (!s.ok()) {
-      if (s.code() == absl::StatusCode::kResourceExhausted) {
-        return Fail(kExitOom, "oom",
-                    absl::StrCat("hard out-of-memory at step ", next, ": ", s.message()));
-      }
-      return Fail(1, "error", std::string(s.message()));
-    }
-    for (const VoxelScene& scene : batch->scenes) {
-      for (int32_t l : scene.labels) {
-        if (l >= 0 && l < num_classes_) class_counts_[l]++;
-      }
-    }
-    double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    samples_per_sec_ = dt > 0 ? static_cast<double>(batch->scenes.size()) / dt : 0;
-    step_ = next;
-    epoch_ = batch->epoch;
-    cursor_ = batch->cursor_end;
-    if (cursor_ >= shard_size_) {
-      epoch_++;
-      cursor_ = 0;
-    }
-    if (hooks_.advance) hooks_.advance();
-    if (spec_.train.empty_cache_every_steps > 0 &&
-        step_ % spec_.train.empty_cache_every_steps == 0) {
-      const int64_t cached = sparse::GetMemoryStats(device_).cached_bytes;
-      sparse::ReleaseCachedMemory(device_);
-      Log(absl::StrCat("step ", step_, ": handed ", cached, " cached bytes back to the system"));
-    }
-    Report(v1::PHASE_TRAINING);
-    // The iteration (data, agreement, step) and, in a gang, this rank's
-    // time blocked in collectives: what distributed_bench reads.
-    std::string collectives = absl::StrFormat(
-        "; iteration %.1f ms",
-        1e3 * std::chrono::duration<double>(Clock::now() - iteration_start).count());
-    if (gang_->world_size() > 1) {
-      const CollectiveStats c = gang_->TakeStats();
-      absl::StrAppendFormat(
-          &collectives,
-          ", collectives %.1f ms blocked, %lld/%lld buckets launched during backward, %.1f ms in "
-          "flight",
-          1e3 * c.blocked_s, static_cast<long long>(c.buckets_in_backward),
-          static_cast<long long>(c.buckets_in_backward + c.buckets_after_backward),
-          1e3 * c.bucket_flight_s);
-    }
-    Log(absl::StrCat("step ", step_, "/", total_steps_, " epoch ", epoch_, " loss ", last_loss_,
-                     " acc ", last_accuracy_, " ", samples_per_sec_, " scenes/s peak ",
-                     run_peak_ >> 20, " MiB", collectives));
-    // The same on every rank (the steps are); the timed and requested ones
-    // were agreed on before the step.
-    const bool due =
-        spec_.train.checkpoint_every_steps > 0 && step_ % spec_.train.checkpoint_every_steps == 0;
-    if (due && step_ < total_steps_) {
-      try {
-        // A failed save has been reported; training goes on, and the next
-        // save comes a whole interval later.
-        Checkpoint().IgnoreError();
-      } catch (const c10::OutOfMemoryError& e) {
-        return Fail(kExitOom, "oom",
-                    absl::StrCat("hard out-of-memory while checkpointing: ", e.what()));
-      }
-      last_checkpoint_time = Clock::now();
-    }
-    if (spec_.train.eval_every_steps > 0 && step_ % spec_.train.eval_every_steps == 0 &&
-        step_ < total_steps_) {
-      Evaluate(&result);
+    try {
+      at::Tensor big = at::empty({int64_t{1} << 28}, at::TensorOptions(at::kFloat).device(device_));
+    } catch (const c10::OutOfMemoryError& e) {
+      return Fail(WorkerExit::kOom,
+                  absl::StrCat("hard out-of-memory outside the splittable region: ", e.what()));
     }
   }
+  return std::nullopt;
+}
+
+// The one place a checkpoint is written from the loop. `must` names when a
+// checkpoint that has to be written is (its failure ends the attempt,
+// CheckpointFailed); nullptr: a periodic one, whose failure has been
+// reported and training goes on. A hard out-of-memory while saving ends
+// the attempt either way.
+std::optional<TrainerResult> Trainer::CheckpointOrExit(const char* must) {
   try {
     absl::Status c = Checkpoint();
-    if (!c.ok()) return CheckpointFailed(c, "at the end of the run");
+    if (!c.ok() && must != nullptr) return CheckpointFailed(c, must);
   } catch (const c10::OutOfMemoryError& e) {
-    return Fail(kExitOom, "oom",
+    return Fail(WorkerExit::kOom,
                 absl::StrCat("hard out-of-memory while checkpointing: ", e.what()));
   }
-  Evaluate(&result);
-  result.exit_code = kExitOk;
-  result.reason = "completed";
+  if (must == nullptr) last_checkpoint_time_ = Clock::now();
+  return std::nullopt;
+}
+
+std::optional<TrainerResult> Trainer::TrainOneStep(TrainerResult* result) {
+  const int64_t next = step_ + 1;
+  const auto iteration_start = Clock::now();
+  absl::StatusOr<Batch> batch = loader_->Next();
+  if (!batch.ok()) return Fail(WorkerExit::kData, DataMessage(batch.status()));
+  // What the ranks agree on before the step (one collective; with one
+  // rank, the local values): the global batch's labelled voxels, and
+  // whether any rank was asked to stop or to checkpoint (rank 0's clock
+  // decides checkpoint_every_seconds), so all take the same decisions.
+  const int64_t local_labelled = BatchLabelled(*batch);
+  const bool stop = hooks_.stop_requested && hooks_.stop_requested();
+  const bool timed = options_.rank == 0 && spec_.train.checkpoint_every_seconds > 0 &&
+                     std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >=
+                         spec_.train.checkpoint_every_seconds;
+  const bool requested = hooks_.checkpoint_requested && hooks_.checkpoint_requested();
+  at::Tensor control = at::tensor({local_labelled, int64_t{stop}, int64_t{timed || requested}});
+  gang_->AllreduceSum(control, absl::StrCat("control of step ", next));
+  if (control[1].item<int64_t>() > 0) {
+    if (std::optional<TrainerResult> failed = CheckpointOrExit("before stopping on request")) {
+      return failed;
+    }
+    return Fail(WorkerExit::kStopped,
+                absl::StrCat("stopped on request after checkpoint step-", step_));
+  }
+  if (control[2].item<int64_t>() > 0 && step_ > last_checkpoint_) {
+    if (std::optional<TrainerResult> failed = CheckpointOrExit(nullptr)) return failed;
+  }
+  const auto t0 = Clock::now();
+  absl::Status s = Step(*batch, control[0].item<int64_t>());
+  if (!s.ok()) {
+    if (s.code() == absl::StatusCode::kResourceExhausted) {
+      return Fail(WorkerExit::kOom,
+                  absl::StrCat("hard out-of-memory at step ", next, ": ", s.message()));
+    }
+    return Crash("error", std::string(s.message()));
+  }
+  AfterStep(*batch, std::chrono::duration<double>(Clock::now() - t0).count(), next);
+  LogStep(iteration_start);
+  // The same on every rank (the steps are); the timed and requested ones
+  // were agreed on before the step.
+  const bool due =
+      spec_.train.checkpoint_every_steps > 0 && step_ % spec_.train.checkpoint_every_steps == 0;
+  if (due && step_ < total_steps_) {
+    // A failed save has been reported; training goes on, and the next
+    // save comes a whole interval later.
+    if (std::optional<TrainerResult> failed = CheckpointOrExit(nullptr)) return failed;
+  }
+  if (spec_.train.eval_every_steps > 0 && step_ % spec_.train.eval_every_steps == 0 &&
+      step_ < total_steps_) {
+    Evaluate(result);
+  }
+  return std::nullopt;
+}
+
+// The bookkeeping of a step that ran: class counts, speed, the position in
+// the data, the heartbeat's counter, the cache release.
+void Trainer::AfterStep(const Batch& batch, double step_seconds, int64_t next) {
+  for (const VoxelScene& scene : batch.scenes) {
+    for (int32_t l : scene.labels) {
+      if (l >= 0 && l < num_classes_) class_counts_[l]++;
+    }
+  }
+  samples_per_sec_ = step_seconds > 0 ? static_cast<double>(batch.scenes.size()) / step_seconds : 0;
+  step_ = next;
+  epoch_ = batch.epoch;
+  cursor_ = batch.cursor_end;
+  if (cursor_ >= shard_size_) {
+    epoch_++;
+    cursor_ = 0;
+  }
+  if (hooks_.advance) hooks_.advance();
+  if (spec_.train.empty_cache_every_steps > 0 && step_ % spec_.train.empty_cache_every_steps == 0) {
+    const int64_t cached = sparse::GetMemoryStats(device_).cached_bytes;
+    sparse::ReleaseCachedMemory(device_);
+    Log(absl::StrCat("step ", step_, ": handed ", cached, " cached bytes back to the system"));
+  }
+  Report(v1::PHASE_TRAINING);
+}
+
+// The step's log line: the iteration (data, agreement, step) and, in a
+// gang, this rank's time blocked in collectives: what distributed_bench
+// reads.
+void Trainer::LogStep(Clock::time_point iteration_start) {
+  std::string collectives =
+      absl::StrFormat("; iteration %.1f ms",
+                      1e3 * std::chrono::duration<double>(Clock::now() - iteration_start).count());
+  if (gang_->world_size() > 1) {
+    const CollectiveStats c = gang_->TakeStats();
+    absl::StrAppendFormat(
+        &collectives,
+        ", collectives %.1f ms blocked, %lld/%lld buckets launched during backward, %.1f ms in "
+        "flight",
+        1e3 * c.blocked_s, static_cast<long long>(c.buckets_in_backward),
+        static_cast<long long>(c.buckets_in_backward + c.buckets_after_backward),
+        1e3 * c.bucket_flight_s);
+  }
+  Log(absl::StrCat("step ", step_, "/", total_steps_, " epoch ", epoch_, " loss ", last_loss_,
+                   " acc ", last_accuracy_, " ", samples_per_sec_, " scenes/s peak ",
+                   run_peak_ >> 20, " MiB", collectives));
+}
+
+TrainerResult Trainer::Completed(TrainerResult result) {
+  result.exit_code = ExitStatus(WorkerExit::kCompleted);
+  result.reason = ToString(WorkerExit::kCompleted);
   result.last_step = step_;
   result.message = absl::StrCat("completed ", step_, " steps; splits ", counters_.splits, " (",
                                 counters_.predicted_splits, " predicted), out-of-memory retries ",

@@ -5,11 +5,9 @@
 // and the memory calibration are worker/step.h. The process around it
 // (arguments, signals, the supervisor link, exit files) is worker_main.cc.
 //
-// Exit codes follow DESIGN.md: 0 done, 64 bad spec, 65 data unreadable,
-// 74 no space for a checkpoint that had to be written (the last one, or
-// the one before a requested stop), 75 hard out-of-memory, 76 a peer rank
-// lost inside a collective (the message names the collective and the
-// peer), 143 stopped on request after a checkpoint; any other exception
+// The attempt ends with one of the worker contract's exit codes
+// (contracts/exit_codes.h, the one list: why each is used is written there)
+// in TrainerResult; any other exception
 // propagates (a crash, with its message in the log). With world_size > 1
 // the ranks train data-parallel (worker/distributed.h, docs/distributed.md). A periodic checkpoint
 // that fails ends nothing: it is reported (checkpoint_failed, the heartbeat's checkpoint_failures

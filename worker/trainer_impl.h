@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,15 +30,6 @@
 namespace trainsup::worker::internal {
 
 using Clock = std::chrono::steady_clock;
-
-constexpr int kExitOk = ExitStatus(WorkerExit::kCompleted);
-constexpr int kExitUsage = ExitStatus(WorkerExit::kUsage);
-constexpr int kExitData = ExitStatus(WorkerExit::kData);
-constexpr int kExitOom = ExitStatus(WorkerExit::kOom);
-constexpr int kExitStopped = ExitStatus(WorkerExit::kStopped);
-constexpr int kExitPeerLost = ExitStatus(WorkerExit::kPeerLost);
-// Not a contract code: the supervisor restarts the attempt like a crash.
-constexpr int kExitCheckpointIo = 1;
 
 // Counters kept across the whole run (checkpointed with the trainer state).
 struct Counters {
@@ -95,7 +87,23 @@ class Trainer {
   TrainerResult Run();
 
  private:
+  // Set-up, then one training step at a time, then the final checkpoint.
   TrainerResult RunLoop();
+  // Each returns the attempt's end when it ends there, else nullopt.
+  std::optional<TrainerResult> SetUp();
+  std::optional<TrainerResult> OpenData();
+  std::optional<TrainerResult> JoinGang();
+  void BuildModel();
+  std::optional<TrainerResult> ApplyBudget(std::string* memory_settings);
+  std::optional<TrainerResult> ResumeOrFail();
+  std::optional<TrainerResult> PrepareLoader();
+  std::optional<TrainerResult> InjectFaults(int64_t next);
+  std::optional<TrainerResult> CheckpointOrExit(const char* must);
+  std::optional<TrainerResult> TrainOneStep(TrainerResult* result);
+  void AfterStep(const Batch& batch, double step_seconds, int64_t next);
+  void LogStep(Clock::time_point iteration_start);
+  TrainerResult Completed(TrainerResult result);
+  TrainerResult DataFailure(const absl::Status& s);
   void Log(const std::string& line) {
     if (hooks_.log) hooks_.log(line);
   }
@@ -135,9 +143,19 @@ class Trainer {
     if (viewer != s.message()) Log(absl::StrCat("data error: ", s.message()));
     return viewer;
   }
-  TrainerResult Fail(int code, const std::string& reason, const std::string& message) {
+  // The attempt ends with a contract code (contracts/exit_codes.h); the
+  // exit file's reason is the code's name.
+  TrainerResult Fail(WorkerExit code, const std::string& message) {
+    return End(ExitStatus(code), ToString(code), message);
+  }
+  // The attempt ends as a crash: exit 1, not a contract code (the
+  // supervisor restarts it like any crash); `reason` says which.
+  TrainerResult Crash(const std::string& reason, const std::string& message) {
+    return End(1, reason, message);
+  }
+  TrainerResult End(int status, const std::string& reason, const std::string& message) {
     TrainerResult r;
-    r.exit_code = code;
+    r.exit_code = status;
     r.reason = reason;
     r.message = message;
     r.last_step = step_;
@@ -194,6 +212,8 @@ class Trainer {
   int64_t epoch_ = 0;
   int64_t cursor_ = 0;
   int64_t total_steps_ = 0;
+  bool inject_ = false;  // the spec's fault injection applies to this attempt and rank
+  Clock::time_point last_checkpoint_time_;  // of the last periodic checkpoint
   int64_t last_checkpoint_ = -1;
   int64_t checkpoint_failures_ = 0;    // failed saves in this attempt
   std::string last_checkpoint_error_;  // the newest save's error; "" once one succeeds

@@ -113,10 +113,10 @@ absl::Status Trainer::Checkpoint() {
 
 TrainerResult Trainer::CheckpointFailed(const absl::Status& s, const std::string& when) {
   if (!absl::IsResourceExhausted(s)) {
-    return Fail(1, "checkpoint_failed", std::string(s.message()));
+    return Crash("checkpoint_failed", std::string(s.message()));
   }
   return Fail(
-      ExitStatus(WorkerExit::kNoSpace), ToString(WorkerExit::kNoSpace),
+      WorkerExit::kNoSpace,
       absl::StrCat("no space left in ", store_.root(), " for checkpoint step-", step_, " ", when,
                    ": ", s.message(), "; the newest checkpoint kept is ",
                    last_checkpoint_ >= 0 ? absl::StrCat("step-", last_checkpoint_) : "none"));
