@@ -221,6 +221,163 @@ absl::Status WriteSnapshot(CheckpointStore& store, const StateSnapshot& snapshot
   return store.Commit(std::move(*pending));
 }
 
+namespace {
+
+// Every tensor the model needs is in the checkpoint with its shape and
+// type, and the checkpoint has no other.
+absl::Status CheckModelTensors(const NamedTensors& targets, const SafetensorsFile& weights) {
+  std::set<std::string> expected;
+  for (const auto& [name, t] : targets) {
+    expected.insert(name);
+    auto it = weights.tensors.find(name);
+    if (it == weights.tensors.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint has no tensor '", name, "' that the model needs"));
+    }
+    if (it->second.sizes() != t.sizes() || it->second.scalar_type() != t.scalar_type()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor '", name, "': checkpoint has ",
+                       c10::toString(it->second.scalar_type()), " ", c10::str(it->second.sizes()),
+                       ", the model ", c10::toString(t.scalar_type()), " ", c10::str(t.sizes())));
+    }
+  }
+  for (const auto& [name, t] : weights.tensors) {
+    if (!expected.count(name)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint tensor '", name, "' is not in the model"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The checkpoint's optimizer is the trainer's, with the same groups of the
+// same sizes: its groups' metadata, and the parameters in order.
+absl::Status MatchOptimizer(SafetensorsFile& opt, OptimizerKind kind,
+                            torch::optim::Optimizer& optimizer, nlohmann::json* groups,
+                            std::vector<at::Tensor>* params) {
+  auto kind_it = opt.metadata.find("optimizer");
+  if (kind_it == opt.metadata.end() || kind_it->second != KindName(kind)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint optimizer is '", kind_it == opt.metadata.end() ? "unknown" : kind_it->second,
+        "', the trainer's is '", KindName(kind), "'"));
+  }
+  *groups = nlohmann::json::parse(opt.metadata["param_groups"], nullptr, false);
+  if (groups->is_discarded() || !groups->is_array() ||
+      groups->size() != optimizer.param_groups().size()) {
+    return absl::FailedPreconditionError(
+        "checkpoint optimizer has a different number of parameter groups");
+  }
+  for (size_t g = 0; g < groups->size(); ++g) {
+    const auto& group = optimizer.param_groups()[g];
+    const nlohmann::json& saved = (*groups)[g];
+    if (!saved.is_object() || !saved.contains("params") || !saved["params"].is_number_unsigned() ||
+        saved["params"].get<size_t>() != group.params().size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("optimizer group ", g, " has another parameter count"));
+    }
+    for (const auto& p : group.params()) params->push_back(p);
+  }
+  return absl::OkStatus();
+}
+
+// One parameter's optimizer state as read (SGD: a = momentum; AdamW: step,
+// a = exp_avg, b = exp_avg_sq, c = max_exp_avg_sq).
+struct LoadedState {
+  at::Tensor a, b, c;
+  int64_t step = -1;
+};
+
+// Each parameter's optimizer state from the checkpoint, checked against the
+// parameter; a tensor that matches no parameter is an error.
+absl::Status ReadOptimizerState(const SafetensorsFile& opt, OptimizerKind kind,
+                                const std::vector<at::Tensor>& params,
+                                std::vector<LoadedState>* loaded) {
+  std::set<std::string> used;
+  auto state_tensor = [&](int64_t i, const char* field, const at::Tensor& like,
+                          at::Tensor* out) -> absl::Status {
+    const std::string key = absl::StrCat("param.", i, ".", field);
+    auto it = opt.tensors.find(key);
+    if (it == opt.tensors.end()) {
+      *out = at::Tensor();
+      return absl::OkStatus();
+    }
+    used.insert(key);
+    if (like.defined() &&
+        (it->second.sizes() != like.sizes() || it->second.scalar_type() != like.scalar_type())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("optimizer tensor '", key, "' has shape ", c10::str(it->second.sizes()),
+                       ", the parameter ", c10::str(like.sizes())));
+    }
+    *out = it->second;
+    return absl::OkStatus();
+  };
+  loaded->assign(params.size(), LoadedState());
+  for (size_t i = 0; i < params.size(); ++i) {
+    LoadedState& l = (*loaded)[i];
+    absl::Status s;
+    if (kind == OptimizerKind::kSgd) {
+      s = state_tensor(i, "momentum_buffer", params[i], &l.a);
+    } else {
+      at::Tensor step;
+      s = state_tensor(i, "step", at::Tensor(), &step);
+      if (s.ok() && step.defined()) {
+        if (step.numel() != 1 || step.scalar_type() != at::kLong) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("optimizer tensor 'param.", i, ".step' is not one int64"));
+        }
+        l.step = step.item<int64_t>();
+        s = state_tensor(i, "exp_avg", params[i], &l.a);
+        if (s.ok()) s = state_tensor(i, "exp_avg_sq", params[i], &l.b);
+        if (s.ok()) s = state_tensor(i, "max_exp_avg_sq", params[i], &l.c);
+        if (s.ok() && (!l.a.defined() || !l.b.defined())) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("optimizer state of parameter ", i, " is incomplete"));
+        }
+      }
+    }
+    if (!s.ok()) return s;
+  }
+  for (const auto& [name, t] : opt.tensors) {
+    if (!used.count(name)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint optimizer tensor '", name, "' matches no parameter"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The checked optimizer state into the optimizer, and the groups' learning
+// rates.
+void ApplyOptimizerState(OptimizerKind kind, const std::vector<at::Tensor>& params,
+                         const std::vector<LoadedState>& loaded, const nlohmann::json& groups,
+                         torch::optim::Optimizer& optimizer) {
+  optimizer.state().clear();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    if (kind == OptimizerKind::kSgd) {
+      if (!loaded[i].a.defined()) continue;
+      auto st = std::make_unique<torch::optim::SGDParamState>();
+      st->momentum_buffer(loaded[i].a.to(p.device()));
+      optimizer.state()[StateKey(p)] = std::move(st);
+    } else {
+      if (loaded[i].step < 0) continue;
+      auto st = std::make_unique<torch::optim::AdamWParamState>();
+      st->step(loaded[i].step);
+      st->exp_avg(loaded[i].a.to(p.device()));
+      st->exp_avg_sq(loaded[i].b.to(p.device()));
+      if (loaded[i].c.defined()) st->max_exp_avg_sq(loaded[i].c.to(p.device()));
+      optimizer.state()[StateKey(p)] = std::move(st);
+    }
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].contains("lr") && groups[g]["lr"].is_number()) {
+      optimizer.param_groups()[g].options().set_lr(groups[g]["lr"].get<double>());
+    }
+  }
+}
+
+}  // namespace
+
 absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
                        torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                        TrainerState* trainer) {
@@ -242,104 +399,12 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
 
   // Check everything before changing anything.
   const NamedTensors targets = ModelTensors(model);
-  std::set<std::string> expected;
-  for (const auto& [name, t] : targets) {
-    expected.insert(name);
-    auto it = weights->tensors.find(name);
-    if (it == weights->tensors.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint has no tensor '", name, "' that the model needs"));
-    }
-    if (it->second.sizes() != t.sizes() || it->second.scalar_type() != t.scalar_type()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("tensor '", name, "': checkpoint has ",
-                       c10::toString(it->second.scalar_type()), " ", c10::str(it->second.sizes()),
-                       ", the model ", c10::toString(t.scalar_type()), " ", c10::str(t.sizes())));
-    }
-  }
-  for (const auto& [name, t] : weights->tensors) {
-    if (!expected.count(name)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint tensor '", name, "' is not in the model"));
-    }
-  }
-  auto kind_it = opt->metadata.find("optimizer");
-  if (kind_it == opt->metadata.end() || kind_it->second != KindName(*kind)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint optimizer is '", kind_it == opt->metadata.end() ? "unknown" : kind_it->second,
-        "', the trainer's is '", KindName(*kind), "'"));
-  }
-  nlohmann::json groups = nlohmann::json::parse(opt->metadata["param_groups"], nullptr, false);
-  if (groups.is_discarded() || !groups.is_array() ||
-      groups.size() != optimizer.param_groups().size()) {
-    return absl::FailedPreconditionError(
-        "checkpoint optimizer has a different number of parameter groups");
-  }
+  if (absl::Status s = CheckModelTensors(targets, *weights); !s.ok()) return s;
+  nlohmann::json groups;
   std::vector<at::Tensor> params;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const auto& group = optimizer.param_groups()[g];
-    if (!groups[g].is_object() || !groups[g].contains("params") ||
-        !groups[g]["params"].is_number_unsigned() ||
-        groups[g]["params"].get<size_t>() != group.params().size()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("optimizer group ", g, " has another parameter count"));
-    }
-    for (const auto& p : group.params()) params.push_back(p);
-  }
-  std::set<std::string> used;
-  auto state_tensor = [&](int64_t i, const char* field, const at::Tensor& like,
-                          at::Tensor* out) -> absl::Status {
-    const std::string key = absl::StrCat("param.", i, ".", field);
-    auto it = opt->tensors.find(key);
-    if (it == opt->tensors.end()) {
-      *out = at::Tensor();
-      return absl::OkStatus();
-    }
-    used.insert(key);
-    if (like.defined() &&
-        (it->second.sizes() != like.sizes() || it->second.scalar_type() != like.scalar_type())) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("optimizer tensor '", key, "' has shape ", c10::str(it->second.sizes()),
-                       ", the parameter ", c10::str(like.sizes())));
-    }
-    *out = it->second;
-    return absl::OkStatus();
-  };
-  struct Loaded {
-    at::Tensor a, b, c;
-    int64_t step = -1;
-  };
-  std::vector<Loaded> loaded(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    absl::Status s;
-    if (*kind == OptimizerKind::kSgd) {
-      s = state_tensor(i, "momentum_buffer", params[i], &loaded[i].a);
-    } else {
-      at::Tensor step;
-      s = state_tensor(i, "step", at::Tensor(), &step);
-      if (s.ok() && step.defined()) {
-        if (step.numel() != 1 || step.scalar_type() != at::kLong) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("optimizer tensor 'param.", i, ".step' is not one int64"));
-        }
-        loaded[i].step = step.item<int64_t>();
-        s = state_tensor(i, "exp_avg", params[i], &loaded[i].a);
-        if (s.ok()) s = state_tensor(i, "exp_avg_sq", params[i], &loaded[i].b);
-        if (s.ok()) s = state_tensor(i, "max_exp_avg_sq", params[i], &loaded[i].c);
-        if (s.ok() && (!loaded[i].a.defined() || !loaded[i].b.defined())) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("optimizer state of parameter ", i, " is incomplete"));
-        }
-      }
-    }
-    if (!s.ok()) return s;
-  }
-  for (const auto& [name, t] : opt->tensors) {
-    if (!used.count(name)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoint optimizer tensor '", name, "' matches no parameter"));
-    }
-  }
+  if (absl::Status s = MatchOptimizer(*opt, *kind, optimizer, &groups, &params); !s.ok()) return s;
+  std::vector<LoadedState> loaded;
+  if (absl::Status s = ReadOptimizerState(*opt, *kind, params, &loaded); !s.ok()) return s;
   absl::StatusOr<at::Tensor> checked_rng = CheckedGeneratorState(parsed_trainer->cpu_rng_state);
   if (!checked_rng.ok()) {
     return absl::FailedPreconditionError(
@@ -353,29 +418,7 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
     for (const auto& [name, t] : targets)
       const_cast<at::Tensor&>(t).copy_(weights->tensors.at(name));
   }
-  optimizer.state().clear();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& p = params[i];
-    if (*kind == OptimizerKind::kSgd) {
-      if (!loaded[i].a.defined()) continue;
-      auto st = std::make_unique<torch::optim::SGDParamState>();
-      st->momentum_buffer(loaded[i].a.to(p.device()));
-      optimizer.state()[StateKey(p)] = std::move(st);
-    } else {
-      if (loaded[i].step < 0) continue;
-      auto st = std::make_unique<torch::optim::AdamWParamState>();
-      st->step(loaded[i].step);
-      st->exp_avg(loaded[i].a.to(p.device()));
-      st->exp_avg_sq(loaded[i].b.to(p.device()));
-      if (loaded[i].c.defined()) st->max_exp_avg_sq(loaded[i].c.to(p.device()));
-      optimizer.state()[StateKey(p)] = std::move(st);
-    }
-  }
-  for (size_t g = 0; g < groups.size(); ++g) {
-    if (groups[g].contains("lr") && groups[g]["lr"].is_number()) {
-      optimizer.param_groups()[g].options().set_lr(groups[g]["lr"].get<double>());
-    }
-  }
+  ApplyOptimizerState(*kind, params, loaded, groups, optimizer);
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
