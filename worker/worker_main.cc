@@ -29,7 +29,7 @@
 #include "contracts/exit_file.h"
 #include "contracts/run_layout.h"
 #include "contracts/spec.h"
-#include "sparse/cpu/blas.h"
+#include "sparse/runtime.h"
 #include "worker/link.h"
 #include "worker/trainer.h"
 #include "worker/worker_args.h"

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "sparse/runtime.h"  // EnsureFastBlasKernels, BlasCoreName
+
 namespace trainsup::sparse {
 
 // Row-major C[m x n] = op(A) * op(B) + beta * C, single call into BLAS.
@@ -16,9 +18,6 @@ template <typename T>
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
           const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
-// OpenBLAS's kernel set ("SkylakeX", "Haswell", "Prescott", ...), or
-// "unknown" when the BLAS is not OpenBLAS.
-std::string BlasCoreName();
 // The shared object that provides cblas_sgemm (the one Gemm calls).
 std::string BlasLibraryPath();
 // OpenBLAS's thread count (-1 if not OpenBLAS).
@@ -35,15 +34,6 @@ class BlasSingleThreadGuard {
   BlasSingleThreadGuard(const BlasSingleThreadGuard&) = delete;
   BlasSingleThreadGuard& operator=(const BlasSingleThreadGuard&) = delete;
 };
-
-// OpenBLAS 0.3.21 does not recognise recent Xeons and falls back to its
-// "Prescott" kernels, about 3x slower. OPENBLAS_CORETYPE is read only when
-// the library loads, so a program calls this first thing in main(): when
-// OpenBLAS fell back and the CPU supports AVX-512 (or AVX2+FMA), it sets
-// OPENBLAS_CORETYPE to SkylakeX (or Haswell) and re-executes the program.
-// Does nothing when OPENBLAS_CORETYPE is set already or
-// TRAINSUP_KEEP_BLAS_CORETYPE=1. Returns only if no re-exec happened.
-void EnsureFastBlasKernels(int argc, char** argv);
 
 }  // namespace trainsup::sparse
 

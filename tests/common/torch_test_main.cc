@@ -6,7 +6,7 @@
 
 #include <cstdlib>
 
-#include "sparse/cpu/blas.h"
+#include "sparse/runtime.h"
 
 int main(int argc, char** argv) {
   trainsup::sparse::EnsureFastBlasKernels(argc, argv);

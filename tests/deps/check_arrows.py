@@ -3,7 +3,9 @@
 
 Every #include "FOLDER/..." of one of our folders must follow an arrow:
 
-  sparse/      -> nothing else of ours
+  sparse/      -> nothing else of ours; outside sparse/, no one includes a
+                  backend's headers (sparse/cpu/, sparse/generic/,
+                  sparse/cuda/): the engine's public headers serve
   checkpoint/  -> nothing else of ours
   proto/       -> nothing else of ours (only .proto files)
   contracts/   -> the checkpoint core (its atomic write)
@@ -42,9 +44,10 @@ import tempfile
 OURS = {"sparse", "checkpoint", "proto", "contracts", "worker", "supervisor", "trainsup", "tests",
         "fuzz"}
 SUPERVISOR_SUBS = ("policy", "ctl", "store", "sys", "cluster", "run", "api")
+SPARSE_BACKENDS = ("cpu", "generic", "cuda")
 CONTRACTS = {"contracts", "proto", "trainsup"}
 ALLOWED = {
-    "sparse": {"sparse"},
+    "sparse": {"sparse"} | {f"sparse/{b}" for b in SPARSE_BACKENDS},
     "checkpoint": {"checkpoint"},
     "proto": {"proto", "trainsup"},
     "contracts": {"contracts", "checkpoint-core"},
@@ -84,6 +87,8 @@ def targets_of(folder, rest, core):
         if "/" not in rest and stem in core:
             return ["checkpoint-core"]
         return ["checkpoint"]
+    if folder == "sparse" and rest.split("/")[0] in SPARSE_BACKENDS and "/" in rest:
+        return [f"sparse/{rest.split('/')[0]}"]
     if folder == "supervisor":
         sub = rest.split("/")[0]
         if "/" in rest and sub in SUPERVISOR_SUBS:
@@ -135,6 +140,7 @@ def self_test():
             "supervisor/api/l.cc": '#include "supervisor/store/state_store.h"\n',
             "supervisor/policy/m.cc": '#include "supervisor/daemon.h"\n',
             "worker/n.cc": '#include "supervisor/policy/auth.h"\n',
+            "worker/bench/o.cc": '#include "sparse/cpu/blas.h"\n',
         }
         fine = {
             "supervisor/ok.cc": '#include "checkpoint/store.h"\n#include "trainsup/v1/x.pb.h"\n'
@@ -142,6 +148,7 @@ def self_test():
             "worker/ok.cc": '#include "checkpoint/state.h"\n#include "sparse/ops.h"\n'
                             '#include "contracts/spec.h"\n',
             "contracts/ok.cc": '#include "checkpoint/file_system.h"\n',
+            "sparse/ok.cc": '#include "sparse/cpu/blas.h"\n#include "sparse/runtime.h"\n',
             "supervisor/policy/ok.cc": '#include "contracts/spec.h"\n'
                                        '#include "supervisor/policy/auth.h"\n',
             "supervisor/cluster/ok.cc": '#include "supervisor/run/unit_env.h"\n',
