@@ -136,29 +136,28 @@ class Report {
   std::vector<std::pair<std::string, std::string>> items_;
 };
 
-}  // namespace
+// printf when the output is text, nothing under --json.
+template <typename... V>
+void Say(const Args& args, const char* fmt, V... v) {
+  if (!args.json) std::printf(fmt, v...);
+}
 
-int main(int argc, char** argv) {
-  ts::EnsureFastBlasKernels(argc, argv);
-  const Args args = Parse(argc, argv);
-  at::set_num_threads(args.threads);
-  at::manual_seed(args.seed);
-  Report r;
-  auto say = [&](const char* fmt, auto... v) {
-    if (!args.json) std::printf(fmt, v...);
-  };
+// The threads, BLAS and kernel set this run uses.
+void ReportSetup(const Args& args, ts::cpu::KernelSet kernels, Report& r) {
   r.Add("threads", args.threads, "%.0f");
   r.AddString("blas_core", ts::BlasCoreName());
   r.AddString("blas_library", ts::BlasLibraryPath());
   r.Add("blas_threads", ts::BlasThreads(), "%.0f");
-  const ts::cpu::KernelSet kernels = ts::cpu::ActiveKernelSet();
   r.AddString("kernel_set", ts::cpu::ToString(kernels));
-  say("trainsup sparse_bench: %d threads (at::set_num_threads), convolution kernels %s, BLAS %s "
+  Say(args,
+      "trainsup sparse_bench: %d threads (at::set_num_threads), convolution kernels %s, BLAS %s "
       "kernels (%s, %d threads)\n",
       args.threads, ts::cpu::ToString(kernels).c_str(), ts::BlasCoreName().c_str(),
       ts::BlasLibraryPath().c_str(), ts::BlasThreads());
+}
 
-  // Scene and quantization.
+// Scene and quantization; returns the voxels' coordinates (batch column first).
+at::Tensor BenchQuantize(const Args& args, Report& r) {
   ts::Scene scene = ts::GenerateScene(ts::ScenePreset(args.scene, args.seed));
   at::Tensor points = at::from_blob(scene.points.data(), {scene.size(), 3}, at::kFloat).clone();
   at::Tensor colors = at::from_blob(scene.colors.data(), {scene.size(), 3}, at::kFloat).clone();
@@ -172,10 +171,15 @@ int main(int argc, char** argv) {
   r.Add("voxel_size_m", args.voxel);
   r.Add("voxels", static_cast<double>(n), "%.0f");
   r.Add("quantize_ms", t_quant * 1e3);
-  say("scene %s: %lld points -> %lld voxels at %.3g m (quantize %.1f ms)\n", args.scene.c_str(),
-      static_cast<long long>(scene.size()), static_cast<long long>(n), args.voxel, t_quant * 1e3);
+  Say(args, "scene %s: %lld points -> %lld voxels at %.3g m (quantize %.1f ms)\n",
+      args.scene.c_str(), static_cast<long long>(scene.size()), static_cast<long long>(n),
+      args.voxel, t_quant * 1e3);
+  return coords;
+}
 
-  // Kernel map: coordinate hash build, then the 3x3x3 map, each on a fresh manager.
+// Kernel map: coordinate hash build, then the 3x3x3 map, each on a fresh manager.
+void BenchKernelMap(const Args& args, const at::Tensor& coords, Report& r) {
+  const int64_t n = coords.size(0);
   std::vector<double> t_hash, t_map;
   int64_t pairs = 0;
   for (int i = 0; i <= args.repeats; ++i) {
@@ -196,90 +200,112 @@ int main(int argc, char** argv) {
   r.Add("kernel_map_mvoxels_per_s", n / map_s / 1e6);
   r.Add("kernel_map_with_hash_mvoxels_per_s", n / (map_s + hash_s) / 1e6);
   r.Add("pairs_3x3x3", static_cast<double>(pairs), "%.0f");
-  say("kernel map 3x3x3: %.2f ms = %.2f M voxels/s (hash build %.2f ms; both: %.2f M voxels/s), "
+  Say(args,
+      "kernel map 3x3x3: %.2f ms = %.2f M voxels/s (hash build %.2f ms; both: %.2f M voxels/s), "
       "%lld pairs (%.2f per voxel)\n",
       map_s * 1e3, n / map_s / 1e6, hash_s * 1e3, n / (map_s + hash_s) / 1e6,
       static_cast<long long>(pairs), static_cast<double>(pairs) / n);
+}
 
+struct ConvCase {
+  const char* name;
+  int64_t cin, cout;
+  int kernel, stride;
+};
+
+// One convolution: forward and forward+backward with `kernels` against the
+// BLAS path, and two matrix-product baselines of the same shape.
+void BenchConv(const Args& args, const ConvCase& c, const ts::SparseTensor& base,
+               ts::CoordinateManager& manager, ts::cpu::KernelSet kernels, Report& r) {
+  const int64_t n = base.C().size(0);
+  at::Tensor f = at::randn({n, c.cin});
+  at::Tensor w = at::randn({static_cast<int64_t>(c.kernel) * c.kernel * c.kernel, c.cin, c.cout}) /
+                 std::sqrt(static_cast<double>(c.cin * c.kernel * c.kernel * c.kernel));
+  ts::ConvOptions opt;
+  opt.kernel_size = c.kernel;
+  opt.stride = c.stride;
+  ts::SparseTensor x = base.WithFeatures(f);
+  const ts::CoordinateSetId out_set = manager.Downsample(base.set_id(), c.stride);
+  const int64_t case_pairs = manager.GetKernelMap(base.set_id(), out_set, c.kernel, 1)->pairs();
+  const double flops = 2.0 * case_pairs * c.cin * c.cout;
+  const auto [t_fwd, t_fwd_blas] = MedianAB(args.repeats, kernels, ts::cpu::KernelSet::kBlas, [&] {
+    at::NoGradGuard no_grad;
+    ts::Conv(x, w, at::Tensor(), opt);
+  });
+  at::Tensor fg = f.clone().requires_grad_(true);
+  at::Tensor wg = w.clone().requires_grad_(true);
+  ts::SparseTensor xg = base.WithFeatures(fg);
+  at::Tensor grad_out = at::randn({manager.Set(out_set).size(), c.cout});
+  const auto [t_fb, t_fb_blas] = MedianAB(args.repeats, kernels, ts::cpu::KernelSet::kBlas, [&] {
+    fg.mutable_grad() = at::Tensor();
+    wg.mutable_grad() = at::Tensor();
+    ts::Conv(xg, wg, at::Tensor(), opt).F().backward(grad_out);
+  });
+  // Baseline: one LibTorch matrix product of the same total shape.
+  at::Tensor a = at::randn({case_pairs, c.cin});
+  at::Tensor b = at::randn({c.cin, c.cout});
+  at::Tensor out = at::empty({case_pairs, c.cout});
+  const double t_mm = Median(args.repeats, [&] { at::mm_out(out, a, b); });
+  const double mm_gflops = flops / t_mm / 1e9;
+  // Second baseline: the BLAS rate at the engine's chunk shape (1024 rows,
+  // cache-resident): the best the per-offset GEMMs could reach.
+  at::Tensor ca = at::randn({1024, c.cin}), cc = at::empty({1024, c.cout});
+  const double t_chunk = Median(args.repeats, [&] {
+    for (int i = 0; i < 200; ++i) at::mm_out(cc, ca, b);
+  });
+  const double chunk_gflops = 200 * 2.0 * 1024 * c.cin * c.cout / t_chunk / 1e9;
+  const std::string k = c.name;
+  r.Add(k + "_pairs", static_cast<double>(case_pairs), "%.0f");
+  r.Add(k + "_gflop", flops / 1e9);
+  r.Add(k + "_fwd_ms", t_fwd * 1e3);
+  r.Add(k + "_fwd_gflops", flops / t_fwd / 1e9);
+  r.Add(k + "_fwdbwd_ms", t_fb * 1e3);
+  r.Add(k + "_fwdbwd_gflops", 3 * flops / t_fb / 1e9);
+  r.Add(k + "_matmul_gflops", mm_gflops);
+  r.Add(k + "_fwd_vs_matmul", flops / t_fwd / 1e9 / mm_gflops);
+  r.Add(k + "_fwdbwd_vs_matmul", 3 * flops / t_fb / 1e9 / mm_gflops);
+  r.Add(k + "_chunk_matmul_gflops", chunk_gflops);
+  r.Add(k + "_fwdbwd_vs_chunk_matmul", 3 * flops / t_fb / 1e9 / chunk_gflops);
+  r.Add(k + "_blas_fwd_ms", t_fwd_blas * 1e3);
+  r.Add(k + "_blas_fwdbwd_ms", t_fb_blas * 1e3);
+  r.Add(k + "_fwd_speedup_vs_blas", t_fwd_blas / t_fwd);
+  r.Add(k + "_fwdbwd_speedup_vs_blas", t_fb_blas / t_fb);
+  Say(args,
+      "%-13s %9lld pairs %6.2f GFLOP | fwd %7.1f ms %6.1f GFLOP/s | fwd+bwd %7.1f ms %6.1f "
+      "GFLOP/s | matmul [%lld x %lld]x[%lld x %lld] %6.1f GFLOP/s | fwd %.2fx, fwd+bwd %.2fx "
+      "of matmul | fwd+bwd %.2fx of the %.1f GFLOP/s chunk-shape matmul\n",
+      c.name, static_cast<long long>(case_pairs), flops / 1e9, t_fwd * 1e3, flops / t_fwd / 1e9,
+      t_fb * 1e3, 3 * flops / t_fb / 1e9, static_cast<long long>(case_pairs),
+      static_cast<long long>(c.cin), static_cast<long long>(c.cin), static_cast<long long>(c.cout),
+      mm_gflops, flops / t_fwd / 1e9 / mm_gflops, 3 * flops / t_fb / 1e9 / mm_gflops,
+      3 * flops / t_fb / 1e9 / chunk_gflops, chunk_gflops);
+  Say(args,
+      "%-13s BLAS path in the same run: fwd %7.1f ms, fwd+bwd %7.1f ms => %s %.2fx, %.2fx "
+      "faster\n",
+      "", t_fwd_blas * 1e3, t_fb_blas * 1e3, ts::cpu::ToString(kernels).c_str(), t_fwd_blas / t_fwd,
+      t_fb_blas / t_fb);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ts::EnsureFastBlasKernels(argc, argv);
+  const Args args = Parse(argc, argv);
+  at::set_num_threads(args.threads);
+  at::manual_seed(args.seed);
+  Report r;
+  const ts::cpu::KernelSet kernels = ts::cpu::ActiveKernelSet();
+  ReportSetup(args, kernels, r);
+  const at::Tensor coords = BenchQuantize(args, r);
+  BenchKernelMap(args, coords, r);
+
+  const int64_t n = coords.size(0);
   auto manager = std::make_shared<ts::CoordinateManager>();
   ts::SparseTensor base(at::zeros({n, 1}), coords, 1, manager);
-
-  struct ConvCase {
-    const char* name;
-    int64_t cin, cout;
-    int kernel, stride;
-  };
   const ConvCase cases[] = {{"conv3_s1_c32", 32, 32, 3, 1},
                             {"conv3_s1_c64", 64, 64, 3, 1},
                             {"conv2_s2_c64", 64, 64, 2, 2}};
-  for (const ConvCase& c : cases) {
-    at::Tensor f = at::randn({n, c.cin});
-    at::Tensor w =
-        at::randn({static_cast<int64_t>(c.kernel) * c.kernel * c.kernel, c.cin, c.cout}) /
-        std::sqrt(static_cast<double>(c.cin * c.kernel * c.kernel * c.kernel));
-    ts::ConvOptions opt;
-    opt.kernel_size = c.kernel;
-    opt.stride = c.stride;
-    ts::SparseTensor x = base.WithFeatures(f);
-    const ts::CoordinateSetId out_set = manager->Downsample(base.set_id(), c.stride);
-    const int64_t case_pairs = manager->GetKernelMap(base.set_id(), out_set, c.kernel, 1)->pairs();
-    const double flops = 2.0 * case_pairs * c.cin * c.cout;
-    const auto [t_fwd, t_fwd_blas] =
-        MedianAB(args.repeats, kernels, ts::cpu::KernelSet::kBlas, [&] {
-          at::NoGradGuard no_grad;
-          ts::Conv(x, w, at::Tensor(), opt);
-        });
-    at::Tensor fg = f.clone().requires_grad_(true);
-    at::Tensor wg = w.clone().requires_grad_(true);
-    ts::SparseTensor xg = base.WithFeatures(fg);
-    at::Tensor grad_out = at::randn({manager->Set(out_set).size(), c.cout});
-    const auto [t_fb, t_fb_blas] = MedianAB(args.repeats, kernels, ts::cpu::KernelSet::kBlas, [&] {
-      fg.mutable_grad() = at::Tensor();
-      wg.mutable_grad() = at::Tensor();
-      ts::Conv(xg, wg, at::Tensor(), opt).F().backward(grad_out);
-    });
-    // Baseline: one LibTorch matrix product of the same total shape.
-    at::Tensor a = at::randn({case_pairs, c.cin});
-    at::Tensor b = at::randn({c.cin, c.cout});
-    at::Tensor out = at::empty({case_pairs, c.cout});
-    const double t_mm = Median(args.repeats, [&] { at::mm_out(out, a, b); });
-    const double mm_gflops = flops / t_mm / 1e9;
-    // Second baseline: the BLAS rate at the engine's chunk shape (1024 rows,
-    // cache-resident): the best the per-offset GEMMs could reach.
-    at::Tensor ca = at::randn({1024, c.cin}), cc = at::empty({1024, c.cout});
-    const double t_chunk = Median(args.repeats, [&] {
-      for (int i = 0; i < 200; ++i) at::mm_out(cc, ca, b);
-    });
-    const double chunk_gflops = 200 * 2.0 * 1024 * c.cin * c.cout / t_chunk / 1e9;
-    const std::string k = c.name;
-    r.Add(k + "_pairs", static_cast<double>(case_pairs), "%.0f");
-    r.Add(k + "_gflop", flops / 1e9);
-    r.Add(k + "_fwd_ms", t_fwd * 1e3);
-    r.Add(k + "_fwd_gflops", flops / t_fwd / 1e9);
-    r.Add(k + "_fwdbwd_ms", t_fb * 1e3);
-    r.Add(k + "_fwdbwd_gflops", 3 * flops / t_fb / 1e9);
-    r.Add(k + "_matmul_gflops", mm_gflops);
-    r.Add(k + "_fwd_vs_matmul", flops / t_fwd / 1e9 / mm_gflops);
-    r.Add(k + "_fwdbwd_vs_matmul", 3 * flops / t_fb / 1e9 / mm_gflops);
-    r.Add(k + "_chunk_matmul_gflops", chunk_gflops);
-    r.Add(k + "_fwdbwd_vs_chunk_matmul", 3 * flops / t_fb / 1e9 / chunk_gflops);
-    r.Add(k + "_blas_fwd_ms", t_fwd_blas * 1e3);
-    r.Add(k + "_blas_fwdbwd_ms", t_fb_blas * 1e3);
-    r.Add(k + "_fwd_speedup_vs_blas", t_fwd_blas / t_fwd);
-    r.Add(k + "_fwdbwd_speedup_vs_blas", t_fb_blas / t_fb);
-    say("%-13s %9lld pairs %6.2f GFLOP | fwd %7.1f ms %6.1f GFLOP/s | fwd+bwd %7.1f ms %6.1f "
-        "GFLOP/s | matmul [%lld x %lld]x[%lld x %lld] %6.1f GFLOP/s | fwd %.2fx, fwd+bwd %.2fx "
-        "of matmul | fwd+bwd %.2fx of the %.1f GFLOP/s chunk-shape matmul\n",
-        c.name, static_cast<long long>(case_pairs), flops / 1e9, t_fwd * 1e3, flops / t_fwd / 1e9,
-        t_fb * 1e3, 3 * flops / t_fb / 1e9, static_cast<long long>(case_pairs),
-        static_cast<long long>(c.cin), static_cast<long long>(c.cin),
-        static_cast<long long>(c.cout), mm_gflops, flops / t_fwd / 1e9 / mm_gflops,
-        3 * flops / t_fb / 1e9 / mm_gflops, 3 * flops / t_fb / 1e9 / chunk_gflops, chunk_gflops);
-    say("%-13s BLAS path in the same run: fwd %7.1f ms, fwd+bwd %7.1f ms => %s %.2fx, %.2fx "
-        "faster\n",
-        "", t_fwd_blas * 1e3, t_fb_blas * 1e3, ts::cpu::ToString(kernels).c_str(),
-        t_fwd_blas / t_fwd, t_fb_blas / t_fb);
-  }
+  for (const ConvCase& c : cases) BenchConv(args, c, base, *manager, kernels, r);
   if (args.json) std::printf("%s\n", r.Json().c_str());
   return 0;
 }
