@@ -113,10 +113,7 @@ void PrintBreakdown(const char* what, const Breakdown& b, std::ostringstream& js
   js << "}";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  ts::EnsureFastBlasKernels(argc, argv);
+struct Options {
   int repeats = 3;
   int threads = 2;
   bool json = false;
@@ -125,71 +122,260 @@ int main(int argc, char** argv) {
   std::string scene_name = "default";
   int64_t cache_mib = -1;  // -1: the worker's settings (TrainingAllocatorSettings)
   int64_t budget_mib = 0;
-  c10::Device device(c10::DeviceType::CPU);
+  c10::Device device{c10::DeviceType::CPU};
   std::optional<ts::BackendKind> backend;
+};
+
+// The command line; false (after the usage line) when it is not understood.
+bool ParseArgs(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json") {
-      json = true;
+      o->json = true;
     } else if (a == "--profile") {
-      profile = true;
+      o->profile = true;
     } else if (a == "--repeats" && i + 1 < argc) {
-      repeats = std::max(1, std::atoi(argv[++i]));
+      o->repeats = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--threads" && i + 1 < argc) {
-      threads = std::max(1, std::atoi(argv[++i]));
+      o->threads = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--block-cache-mib" && i + 1 < argc) {
-      cache_mib = std::atoll(argv[++i]);
+      o->cache_mib = std::atoll(argv[++i]);
     } else if (a == "--budget-mib" && i + 1 < argc) {
-      budget_mib = std::atoll(argv[++i]);
+      o->budget_mib = std::atoll(argv[++i]);
     } else if (a == "--scene" && i + 1 < argc) {
-      scene_name = argv[++i];
+      o->scene_name = argv[++i];
     } else if (a == "--device" && i + 1 < argc) {
       const std::string d = argv[++i];
-      device =
+      o->device =
           d == "cuda" ? c10::Device(c10::DeviceType::CUDA, 0) : c10::Device(c10::DeviceType::CPU);
     } else if (a == "--backend" && i + 1 < argc) {
-      backend = ts::BackendKindFromString(argv[++i]);
+      o->backend = ts::BackendKindFromString(argv[++i]);
     } else if (a == "--depths" && i + 1 < argc) {
-      depths.clear();
+      o->depths.clear();
       std::stringstream ss(argv[++i]);
-      for (std::string x; std::getline(ss, x, ',');) depths.push_back(std::atoi(x.c_str()));
+      for (std::string x; std::getline(ss, x, ',');) o->depths.push_back(std::atoi(x.c_str()));
     } else {
       std::fprintf(stderr,
                    "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
                    "[--scene small|default|large|huge] [--budget-mib N] [--block-cache-mib N] "
                    "[--device cpu|cuda] [--backend cpu|generic|cuda] [--profile]\n");
-      return 64;
+      return false;
     }
   }
-  at::set_num_threads(threads);
-  if (backend) ts::SetBackendOverride(backend);
-  // The allocator as the worker sets it up for a budget of --budget-mib (0:
-  // none): on the CPU the counting allocator with its block cache
-  // (--block-cache-mib overrides the cache for A/B runs), on CUDA the
-  // caching allocator's fraction.
-  ts::AllocatorSettings allocator = ts::TrainingAllocatorSettings(budget_mib << 20);
-  if (cache_mib >= 0) allocator.block_cache_bytes = cache_mib << 20;
-  std::string allocator_text;
-  if (device.is_cpu()) {
-    ts::ApplyAllocatorSettings(allocator);
-    allocator_text = ts::ToString(allocator);
-  } else {
-    ts::SetMemoryBudget(device, budget_mib << 20);
-    allocator_text = "CUDA caching allocator, " +
-                     (budget_mib > 0 ? "budget " + std::to_string(budget_mib) + " MiB"
-                                     : std::string("no budget"));
-  }
-  torch::manual_seed(0);
+  return true;
+}
 
-  ts::Scene scene = ts::GenerateScene(ts::ScenePreset(scene_name, 1));
+// The allocator as the worker sets it up for a budget of --budget-mib (0:
+// none): on the CPU the counting allocator with its block cache
+// (--block-cache-mib overrides the cache for A/B runs), on CUDA the
+// caching allocator's fraction. Returns its description.
+std::string SetUpAllocator(const Options& o, ts::AllocatorSettings* allocator) {
+  *allocator = ts::TrainingAllocatorSettings(o.budget_mib << 20);
+  if (o.cache_mib >= 0) allocator->block_cache_bytes = o.cache_mib << 20;
+  if (o.device.is_cpu()) {
+    ts::ApplyAllocatorSettings(*allocator);
+    return ts::ToString(*allocator);
+  }
+  ts::SetMemoryBudget(o.device, o.budget_mib << 20);
+  return "CUDA caching allocator, " + (o.budget_mib > 0
+                                           ? "budget " + std::to_string(o.budget_mib) + " MiB"
+                                           : std::string("no budget"));
+}
+
+// The scene quantized at 2 cm, features and labels on the device; *coords
+// gets the voxels' coordinates (batch column first).
+ts::Quantized Voxelise(const Options& o, at::Tensor* coords) {
+  ts::Scene scene = ts::GenerateScene(ts::ScenePreset(o.scene_name, 1));
   at::Tensor points = at::from_blob(scene.points.data(), {scene.size(), 3}, at::kFloat).clone();
   at::Tensor colors = at::from_blob(scene.colors.data(), {scene.size(), 3}, at::kFloat).clone();
   at::Tensor labels = at::from_blob(scene.labels.data(), {scene.size()}, at::kInt).to(at::kLong);
   ts::Quantized q = ts::Quantize(points, 0.02, colors, labels);
-  q.features = q.features.to(device);
-  q.labels = q.labels.to(device);
+  q.features = q.features.to(o.device);
+  q.labels = q.labels.to(o.device);
   const int64_t n = q.coordinates.size(0);
-  at::Tensor coords = at::cat({at::zeros({n, 1}, at::kInt), q.coordinates}, 1);
+  *coords = at::cat({at::zeros({n, 1}, at::kInt), q.coordinates}, 1);
+  return q;
+}
+
+// --profile: the forward without gradients (a fresh coordinate manager per
+// run, kernel maps included), then the training step on one manager after
+// a first step that built the maps, as timed below; per op kind.
+void ProfileDepth(ts::MinkUNet& net, int depth, const ts::Quantized& q, const at::Tensor& coords,
+                  const Options& o, std::ostringstream& js) {
+  const c10::Device device = o.device;
+  const std::string k = "minkunet" + std::to_string(depth);
+  std::vector<std::map<std::string, double>> fwd_ops, step_ops;
+  std::map<std::string, double> fwd_flops, step_flops;
+  std::vector<double> fwd_t, step_t, step_fwd_t;
+  net->eval();
+  for (int r = 0; r <= o.repeats; ++r) {
+    torch::NoGradGuard no_grad;
+    ts::SparseTensor x(q.features, coords);
+    trainsup::bench::OpProfile ops;
+    const double t0 = Now();
+    net->forward(x);
+    Sync(device);
+    const double t = Now() - t0;
+    if (r > 0) {
+      fwd_t.push_back(t);
+      fwd_ops.push_back(ops.Take());
+      fwd_flops = ops.TakeFlops();
+    }
+  }
+  net->train();
+  ts::DisableGradientCheckpointing(*net);
+  ts::SparseTensor x(q.features, coords);
+  for (int r = 0; r <= o.repeats; ++r) {
+    for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
+    if (r == 1) TRAINSUP_CALLGRIND_TOGGLE();
+    trainsup::bench::OpProfile ops;
+    const double t0 = Now();
+    at::Tensor logits = net->forward(x).F();
+    at::Tensor loss = at::cross_entropy_loss(logits, q.labels);
+    Sync(device);
+    const double t1 = Now();
+    loss.backward();
+    Sync(device);
+    const double t = Now() - t0;
+    if (r == 1) TRAINSUP_CALLGRIND_TOGGLE();
+    if (r > 0) {
+      step_t.push_back(t);
+      step_fwd_t.push_back(t1 - t0);
+      step_ops.push_back(ops.Take());
+      step_flops = ops.TakeFlops();
+    }
+  }
+  PrintBreakdown(("MinkUNet" + std::to_string(depth) + " forward without gradients").c_str(),
+                 Summarise(fwd_ops, fwd_flops, fwd_t), js, k + "_forward", o.json);
+  if (!o.json) {
+    std::printf("MinkUNet%d training step: forward (with the loss) %.3f s of it\n", depth,
+                Median(step_fwd_t));
+  }
+  js << ", \"" << k << "_step_forward_s\": " << Median(step_fwd_t);
+  PrintBreakdown(("MinkUNet" + std::to_string(depth) + " training step").c_str(),
+                 Summarise(step_ops, step_flops, step_t), js, k + "_step", o.json);
+}
+
+// Inference: a fresh coordinate manager per run, as a new scene would have.
+void BenchInference(ts::MinkUNet& net, int depth, const ts::Quantized& q, const at::Tensor& coords,
+                    const Options& o, std::ostringstream& js) {
+  const std::string k = "minkunet" + std::to_string(depth);
+  net->eval();
+  std::vector<double> fwd;
+  for (int r = 0; r <= o.repeats; ++r) {
+    torch::NoGradGuard no_grad;
+    ts::SparseTensor x(q.features, coords);
+    const double t0 = Now();
+    net->forward(x);
+    Sync(o.device);
+    if (r > 0) fwd.push_back(Now() - t0);
+  }
+  js << ", \"" << k << "_params\": " << net->NumParameters() << ", \"" << k
+     << "_forward_s\": " << Median(fwd);
+  if (!o.json) {
+    std::printf("MinkUNet%d (%lld parameters): forward without gradients %.2f s\n", depth,
+                static_cast<long long>(net->NumParameters()), Median(fwd));
+  }
+}
+
+// The training steps after the first, their times and peaks above the
+// memory at rest; the first step's time apart.
+struct StepTimes {
+  std::vector<double> times, peaks;
+  double first_step = 0;
+};
+
+// The first step builds the kernel maps on a fresh coordinate manager
+// (as every new batch does); the timed ones reuse them, so the peak
+// is the activations' (and gradients') alone.
+StepTimes TimeTrainingSteps(ts::MinkUNet& net, const ts::Quantized& q, const at::Tensor& coords,
+                            const Options& o) {
+  const c10::Device device = o.device;
+  StepTimes s;
+  ts::SparseTensor x(q.features, coords);
+  for (int r = 0; r <= o.repeats; ++r) {
+    for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
+    Sync(device);
+    const int64_t rest = ts::GetMemoryStats(device).current_bytes;
+    ts::ResetPeakMemory(device);
+    const double t0 = Now();
+    at::Tensor loss = at::cross_entropy_loss(net->forward(x).F(), q.labels);
+    loss.backward();
+    Sync(device);
+    const double t = Now() - t0;
+    if (r == 0) s.first_step = t;
+    if (r > 0) {
+      s.times.push_back(t);
+      s.peaks.push_back(static_cast<double>(ts::GetMemoryStats(device).peak_bytes - rest));
+    }
+  }
+  return s;
+}
+
+// The training step's time and peak without and with gradient checkpointing.
+void BenchTraining(ts::MinkUNet& net, int depth, const ts::Quantized& q, const at::Tensor& coords,
+                   const Options& o, std::ostringstream& js) {
+  const std::string k = "minkunet" + std::to_string(depth);
+  net->train();
+  // Parameter gradients are allocated during every step and counted in the
+  // peak; they are not activations, and the same with or without
+  // checkpointing.
+  double grad_bytes = 0;
+  for (const auto& t : net->parameters())
+    grad_bytes += static_cast<double>(t.numel() * t.element_size());
+  double base_time = 0, base_peak = 0;
+  for (bool checkpointing : {false, true}) {
+    if (checkpointing) {
+      ts::EnableGradientCheckpointing(*net);
+    } else {
+      ts::DisableGradientCheckpointing(*net);
+    }
+    const StepTimes s = TimeTrainingSteps(net, q, coords, o);
+    const double first_step = s.first_step;
+    const double t = Median(s.times), total = Median(s.peaks), peak = total - grad_bytes;
+    const std::string c = k + (checkpointing ? "_checkpointed" : "_plain");
+    js << ", \"" << c << "_step_s\": " << t << ", \"" << c << "_first_step_s\": " << first_step
+       << ", \"" << c << "_peak_mib\": " << total / (1 << 20) << ", \"" << c
+       << "_peak_activations_mib\": " << peak / (1 << 20);
+    if (!checkpointing) {
+      base_time = t;
+      base_peak = peak;
+    } else {
+      js << ", \"" << k << "_checkpointing_peak_reduction\": " << 1.0 - peak / base_peak << ", \""
+         << k << "_checkpointing_time_increase\": " << t / base_time - 1.0;
+    }
+    if (!o.json) {
+      std::printf(
+          "  training step (forward + backward), checkpointing %-3s: %.2f s (first, with kernel "
+          "maps: "
+          "%.2f s), peak %.0f MiB = %.0f MiB activations + %.0f MiB parameter gradients%s\n",
+          checkpointing ? "on" : "off", t, first_step, total / (1 << 20), peak / (1 << 20),
+          grad_bytes / (1 << 20),
+          checkpointing
+              ? ("  => peak -" + std::to_string(static_cast<int>(100 * (1 - peak / base_peak))) +
+                 "%, time +" + std::to_string(static_cast<int>(100 * (t / base_time - 1))) + "%")
+                    .c_str()
+              : "");
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ts::EnsureFastBlasKernels(argc, argv);
+  Options o;
+  if (!ParseArgs(argc, argv, &o)) return 64;
+  const c10::Device device = o.device;
+  at::set_num_threads(o.threads);
+  if (o.backend) ts::SetBackendOverride(o.backend);
+  ts::AllocatorSettings allocator;
+  const std::string allocator_text = SetUpAllocator(o, &allocator);
+  torch::manual_seed(0);
+
+  at::Tensor coords;
+  const ts::Quantized q = Voxelise(o, &coords);
+  const int64_t n = coords.size(0);
 
   std::ostringstream js;
   // TRAINSUP_KERNELS=avx512|avx2|blas (or TRAINSUP_FUSED=0 for blas)
@@ -201,158 +387,28 @@ int main(int argc, char** argv) {
   const char* kernels = kernel_set.c_str();
   js << "{\"device\": \"" << device.str() << "\", \"backend\": \"" << b.name
      << "\", \"block_cache_mib\": " << (device.is_cpu() ? allocator.block_cache_bytes >> 20 : 0)
-     << ", \"budget_mib\": " << budget_mib << ", \"allocator\": \"" << allocator_text
-     << "\", \"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName()
-     << "\", \"conv_kernels\": \"" << kernels << "\", \"scene\": \"" << scene_name
+     << ", \"budget_mib\": " << o.budget_mib << ", \"allocator\": \"" << allocator_text
+     << "\", \"threads\": " << o.threads << ", \"blas_core\": \"" << ts::BlasCoreName()
+     << "\", \"conv_kernels\": \"" << kernels << "\", \"scene\": \"" << o.scene_name
      << "\", \"voxels\": " << n;
-  if (!json) {
+  if (!o.json) {
     std::printf(
         "minkunet_bench: %s, backend %s, %d threads (at::set_num_threads), convolution kernels "
         "%s, BLAS %s kernels, allocator: %s; scene %s: %lld voxels at 2 cm; medians of %d\n",
-        device.str().c_str(), b.name, threads, kernels, ts::BlasCoreName().c_str(),
-        allocator_text.c_str(), scene_name.c_str(), static_cast<long long>(n), repeats);
+        device.str().c_str(), b.name, o.threads, kernels, ts::BlasCoreName().c_str(),
+        allocator_text.c_str(), o.scene_name.c_str(), static_cast<long long>(n), o.repeats);
   }
-  for (int depth : depths) {
+  for (int depth : o.depths) {
     ts::MinkUNet net(ts::MinkUNetPlan(depth, 3, 20));
     net->to(device);
-    const std::string k = "minkunet" + std::to_string(depth);
-    if (profile) {
-      // The forward without gradients (a fresh coordinate manager per run,
-      // kernel maps included), then the training step on one manager after
-      // a first step that built the maps, as timed below.
-      std::vector<std::map<std::string, double>> fwd_ops, step_ops;
-      std::map<std::string, double> fwd_flops, step_flops;
-      std::vector<double> fwd_t, step_t, step_fwd_t;
-      net->eval();
-      for (int r = 0; r <= repeats; ++r) {
-        torch::NoGradGuard no_grad;
-        ts::SparseTensor x(q.features, coords);
-        trainsup::bench::OpProfile ops;
-        const double t0 = Now();
-        net->forward(x);
-        Sync(device);
-        const double t = Now() - t0;
-        if (r > 0) {
-          fwd_t.push_back(t);
-          fwd_ops.push_back(ops.Take());
-          fwd_flops = ops.TakeFlops();
-        }
-      }
-      net->train();
-      ts::DisableGradientCheckpointing(*net);
-      ts::SparseTensor x(q.features, coords);
-      for (int r = 0; r <= repeats; ++r) {
-        for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
-        if (r == 1) TRAINSUP_CALLGRIND_TOGGLE();
-        trainsup::bench::OpProfile ops;
-        const double t0 = Now();
-        at::Tensor logits = net->forward(x).F();
-        at::Tensor loss = at::cross_entropy_loss(logits, q.labels);
-        Sync(device);
-        const double t1 = Now();
-        loss.backward();
-        Sync(device);
-        const double t = Now() - t0;
-        if (r == 1) TRAINSUP_CALLGRIND_TOGGLE();
-        if (r > 0) {
-          step_t.push_back(t);
-          step_fwd_t.push_back(t1 - t0);
-          step_ops.push_back(ops.Take());
-          step_flops = ops.TakeFlops();
-        }
-      }
-      PrintBreakdown(("MinkUNet" + std::to_string(depth) + " forward without gradients").c_str(),
-                     Summarise(fwd_ops, fwd_flops, fwd_t), js, k + "_forward", json);
-      if (!json) {
-        std::printf("MinkUNet%d training step: forward (with the loss) %.3f s of it\n", depth,
-                    Median(step_fwd_t));
-      }
-      js << ", \"" << k << "_step_forward_s\": " << Median(step_fwd_t);
-      PrintBreakdown(("MinkUNet" + std::to_string(depth) + " training step").c_str(),
-                     Summarise(step_ops, step_flops, step_t), js, k + "_step", json);
+    if (o.profile) {
+      ProfileDepth(net, depth, q, coords, o, js);
       continue;
     }
-    // Inference: a fresh coordinate manager per run, as a new scene would have.
-    net->eval();
-    std::vector<double> fwd;
-    for (int r = 0; r <= repeats; ++r) {
-      torch::NoGradGuard no_grad;
-      ts::SparseTensor x(q.features, coords);
-      const double t0 = Now();
-      net->forward(x);
-      Sync(device);
-      if (r > 0) fwd.push_back(Now() - t0);
-    }
-    js << ", \"" << k << "_params\": " << net->NumParameters() << ", \"" << k
-       << "_forward_s\": " << Median(fwd);
-    if (!json) {
-      std::printf("MinkUNet%d (%lld parameters): forward without gradients %.2f s\n", depth,
-                  static_cast<long long>(net->NumParameters()), Median(fwd));
-    }
-    net->train();
-    // Parameter gradients are allocated during every step and counted in the
-    // peak; they are not activations, and the same with or without
-    // checkpointing.
-    double grad_bytes = 0;
-    for (const auto& t : net->parameters())
-      grad_bytes += static_cast<double>(t.numel() * t.element_size());
-    double base_time = 0, base_peak = 0;
-    for (bool checkpointing : {false, true}) {
-      if (checkpointing) {
-        ts::EnableGradientCheckpointing(*net);
-      } else {
-        ts::DisableGradientCheckpointing(*net);
-      }
-      // The first step builds the kernel maps on a fresh coordinate manager
-      // (as every new batch does); the timed ones reuse them, so the peak
-      // is the activations' (and gradients') alone.
-      std::vector<double> times, peaks;
-      double first_step = 0;
-      ts::SparseTensor x(q.features, coords);
-      for (int r = 0; r <= repeats; ++r) {
-        for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
-        Sync(device);
-        const int64_t rest = ts::GetMemoryStats(device).current_bytes;
-        ts::ResetPeakMemory(device);
-        const double t0 = Now();
-        at::Tensor loss = at::cross_entropy_loss(net->forward(x).F(), q.labels);
-        loss.backward();
-        Sync(device);
-        const double t = Now() - t0;
-        if (r == 0) first_step = t;
-        if (r > 0) {
-          times.push_back(t);
-          peaks.push_back(static_cast<double>(ts::GetMemoryStats(device).peak_bytes - rest));
-        }
-      }
-      const double t = Median(times), total = Median(peaks), peak = total - grad_bytes;
-      const std::string c = k + (checkpointing ? "_checkpointed" : "_plain");
-      js << ", \"" << c << "_step_s\": " << t << ", \"" << c << "_first_step_s\": " << first_step
-         << ", \"" << c << "_peak_mib\": " << total / (1 << 20) << ", \"" << c
-         << "_peak_activations_mib\": " << peak / (1 << 20);
-      if (!checkpointing) {
-        base_time = t;
-        base_peak = peak;
-      } else {
-        js << ", \"" << k << "_checkpointing_peak_reduction\": " << 1.0 - peak / base_peak << ", \""
-           << k << "_checkpointing_time_increase\": " << t / base_time - 1.0;
-      }
-      if (!json) {
-        std::printf(
-            "  training step (forward + backward), checkpointing %-3s: %.2f s (first, with kernel "
-            "maps: "
-            "%.2f s), peak %.0f MiB = %.0f MiB activations + %.0f MiB parameter gradients%s\n",
-            checkpointing ? "on" : "off", t, first_step, total / (1 << 20), peak / (1 << 20),
-            grad_bytes / (1 << 20),
-            checkpointing
-                ? ("  => peak -" + std::to_string(static_cast<int>(100 * (1 - peak / base_peak))) +
-                   "%, time +" + std::to_string(static_cast<int>(100 * (t / base_time - 1))) + "%")
-                      .c_str()
-                : "");
-      }
-    }
+    BenchInference(net, depth, q, coords, o, js);
+    BenchTraining(net, depth, q, coords, o, js);
   }
   js << "}";
-  if (json) std::printf("%s\n", js.str().c_str());
+  if (o.json) std::printf("%s\n", js.str().c_str());
   return 0;
 }
