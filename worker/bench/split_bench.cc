@@ -147,10 +147,7 @@ struct ModeResult {
   std::vector<tw::SplitStats> per_step;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  ts::EnsureFastBlasKernels(argc, argv);
+struct Options {
   int threads = 2;
   int64_t scenes = 20;
   int64_t epochs = 4;
@@ -162,200 +159,257 @@ int main(int argc, char** argv) {
   bool deterministic = true;
   bool json = false;
   bool calibrate = true;
+};
+
+// The command line; false (after the usage or the reason) when it is not
+// understood.
+bool ParseArgs(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json") {
-      json = true;
+      o->json = true;
     } else if (a == "--no-calibration") {
-      calibrate = false;
+      o->calibrate = false;
     } else if (a == "--threads" && i + 1 < argc) {
-      threads = std::max(1, std::atoi(argv[++i]));
+      o->threads = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--scenes" && i + 1 < argc) {
-      scenes = std::max(2LL, std::atoll(argv[++i]));
+      o->scenes = std::max(2LL, std::atoll(argv[++i]));
     } else if (a == "--epochs" && i + 1 < argc) {
-      epochs = std::max(1LL, std::atoll(argv[++i]));
+      o->epochs = std::max(1LL, std::atoll(argv[++i]));
     } else if (a == "--batch" && i + 1 < argc) {
-      batch_size = std::max(1LL, std::atoll(argv[++i]));
+      o->batch_size = std::max(1LL, std::atoll(argv[++i]));
     } else if (a == "--voxel" && i + 1 < argc) {
-      voxel = std::atof(argv[++i]);
+      o->voxel = std::atof(argv[++i]);
     } else if (a == "--seed" && i + 1 < argc) {
-      seed = std::atoll(argv[++i]);
+      o->seed = std::atoll(argv[++i]);
     } else if (a == "--budget-mib" && i + 1 < argc) {
-      budget_mib = std::atoll(argv[++i]);
+      o->budget_mib = std::atoll(argv[++i]);
     } else if (a == "--budget-fraction" && i + 1 < argc) {
-      budget_fraction = std::atof(argv[++i]);
+      o->budget_fraction = std::atof(argv[++i]);
     } else if (a == "--deterministic" && i + 1 < argc) {
-      deterministic = std::atoi(argv[++i]) != 0;
+      o->deterministic = std::atoi(argv[++i]) != 0;
     } else {
       std::fprintf(stderr,
                    "usage: split_bench [--threads N] [--scenes N] [--epochs N] [--batch N] "
                    "[--voxel M] [--seed N] [--budget-mib N | --budget-fraction F] "
                    "[--deterministic 0|1] [--no-calibration] [--json]\n");
-      return 64;
+      return false;
     }
   }
-  if (!(voxel > 0) || !(budget_fraction > 0 && budget_fraction < 1)) {
+  if (!(o->voxel > 0) || !(o->budget_fraction > 0 && o->budget_fraction < 1)) {
     std::fprintf(stderr, "split_bench: --voxel must be > 0 and --budget-fraction in (0, 1)\n");
-    return 64;
+    return false;
   }
-  at::set_num_threads(threads);
-  ts::InstallCountingAllocator();
-  ts::SetDeterministic(deterministic);
+  return true;
+}
 
-  // The batches, prepared once so that both modes train on the same ones
-  // and the timing holds no data preparation.
+// The dataset and every epoch's batches, prepared once so that both modes
+// train on the same ones and the timing holds no data preparation. False
+// (after printing why) on an error.
+bool PrepareBatches(const Options& o, std::unique_ptr<tw::Dataset>* dataset, tw::LoaderOptions* lo,
+                    std::vector<tw::Batch>* batches) {
   trainsup::RunSpec spec;
   spec.data.format = "synthetic";
-  spec.data.scenes = scenes;
+  spec.data.scenes = o.scenes;
   spec.data.scene_size = "small";
   spec.data.size_distribution = "heavy_tailed";
   spec.data.val_fraction = 0;
   spec.model.in_channels = kInChannels;
   spec.model.num_classes = kClasses;
-  spec.model.voxel_size = voxel;
-  spec.train.seed = seed;
-  absl::StatusOr<std::unique_ptr<tw::Dataset>> dataset = tw::OpenDataset(spec, tw::Split::kTrain);
-  if (!dataset.ok()) {
-    std::fprintf(stderr, "split_bench: %s\n", std::string(dataset.status().message()).c_str());
-    return 1;
+  spec.model.voxel_size = o.voxel;
+  spec.train.seed = o.seed;
+  absl::StatusOr<std::unique_ptr<tw::Dataset>> opened = tw::OpenDataset(spec, tw::Split::kTrain);
+  if (!opened.ok()) {
+    std::fprintf(stderr, "split_bench: %s\n", std::string(opened.status().message()).c_str());
+    return false;
   }
-  tw::LoaderOptions lo;
-  lo.batch_size = batch_size;
-  lo.seed = static_cast<uint64_t>(seed);
-  lo.voxel_size = voxel;
-  std::vector<tw::Batch> batches;
-  {
-    tw::Loader loader(dataset->get(), lo, 0, 0);
-    const int64_t n = epochs * loader.batches_per_epoch();
-    for (int64_t i = 0; i < n; ++i) {
-      absl::StatusOr<tw::Batch> b = loader.Next();
-      if (!b.ok()) {
-        std::fprintf(stderr, "split_bench: %s\n", std::string(b.status().message()).c_str());
-        return 1;
-      }
-      batches.push_back(std::move(*b));
+  *dataset = std::move(*opened);
+  lo->batch_size = o.batch_size;
+  lo->seed = static_cast<uint64_t>(o.seed);
+  lo->voxel_size = o.voxel;
+  tw::Loader loader(dataset->get(), *lo, 0, 0);
+  const int64_t n = o.epochs * loader.batches_per_epoch();
+  for (int64_t i = 0; i < n; ++i) {
+    absl::StatusOr<tw::Batch> b = loader.Next();
+    if (!b.ok()) {
+      std::fprintf(stderr, "split_bench: %s\n", std::string(b.status().message()).c_str());
+      return false;
     }
+    batches->push_back(std::move(*b));
   }
-  // A large room: more than three times the median room's voxels.
-  std::vector<int64_t> room_voxels;
-  for (const tw::Batch& b : batches) {
-    for (const tw::VoxelScene& s : b.scenes) room_voxels.push_back(s.voxels());
-  }
-  std::vector<int64_t> sorted_rooms = room_voxels;
-  std::sort(sorted_rooms.begin(), sorted_rooms.end());
-  const int64_t median_room = sorted_rooms[sorted_rooms.size() / 2];
-  auto has_large = [&](const tw::Batch& b) {
+  return true;
+}
+
+// The batches' rooms: a large room has more than three times the median
+// room's voxels.
+struct Rooms {
+  int64_t median_room = 0, largest_room = 0;
+  int normal = -1, large = -1;  // the largest normal batch, the smallest large-room batch
+  int64_t large_batches = 0;
+  bool HasLarge(const tw::Batch& b) const {
     for (const tw::VoxelScene& s : b.scenes) {
       if (s.voxels() > 3 * median_room) return true;
     }
     return false;
-  };
-  int normal = -1, large = -1;  // the largest normal batch, the smallest large-room batch
-  int64_t large_batches = 0;
+  }
+};
+
+Rooms FindRooms(const std::vector<tw::Batch>& batches) {
+  Rooms rooms;
+  std::vector<int64_t> sorted_rooms;
+  for (const tw::Batch& b : batches) {
+    for (const tw::VoxelScene& s : b.scenes) sorted_rooms.push_back(s.voxels());
+  }
+  std::sort(sorted_rooms.begin(), sorted_rooms.end());
+  rooms.median_room = sorted_rooms[sorted_rooms.size() / 2];
+  rooms.largest_room = sorted_rooms.back();
   for (size_t i = 0; i < batches.size(); ++i) {
     const int64_t v = Voxels(batches[i]);
-    if (has_large(batches[i])) {
-      ++large_batches;
-      if (large < 0 || v < Voxels(batches[large])) large = static_cast<int>(i);
-    } else if (normal < 0 || v > Voxels(batches[normal])) {
-      normal = static_cast<int>(i);
+    if (rooms.HasLarge(batches[i])) {
+      ++rooms.large_batches;
+      if (rooms.large < 0 || v < Voxels(batches[rooms.large])) rooms.large = static_cast<int>(i);
+    } else if (rooms.normal < 0 || v > Voxels(batches[rooms.normal])) {
+      rooms.normal = static_cast<int>(i);
     }
   }
-  if (normal < 0 || large < 0) {
-    std::fprintf(stderr, "split_bench: need both normal and large-room batches\n");
-    return 1;
-  }
+  return rooms;
+}
 
+// The model, its optimizer and gradient accumulators, and the initial
+// weights and buffers with zero momentum.
+struct Training {
+  ts::MinkUNet net{nullptr};
+  std::vector<at::Tensor> params, accum;
+  std::unique_ptr<torch::optim::SGD> sgd;
+  HostState initial;
+};
+
+void SetUpTraining(int64_t seed, Training* tr) {
   torch::manual_seed(seed);
-  ts::MinkUNet net(ts::MinkUNetPlan(14, kInChannels, kClasses));
-  net->train();
-  std::vector<at::Tensor> params = net->parameters();
-  std::vector<at::Tensor> accum;
-  for (const at::Tensor& p : params) accum.push_back(torch::zeros_like(p));
-  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
-  HostState initial;  // the initial weights and buffers, zero momentum
-  for (const at::Tensor& t : net->parameters()) initial.push_back(Bytes(t));
-  for (const at::Tensor& t : net->buffers()) initial.push_back(Bytes(t));
-  for (const at::Tensor& t : params) initial.emplace_back(t.nbytes(), 0);
+  tr->net = ts::MinkUNet(ts::MinkUNetPlan(14, kInChannels, kClasses));
+  tr->net->train();
+  tr->params = tr->net->parameters();
+  for (const at::Tensor& p : tr->params) tr->accum.push_back(torch::zeros_like(p));
+  tr->sgd = std::make_unique<torch::optim::SGD>(
+      tr->params, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
+  for (const at::Tensor& t : tr->net->parameters()) tr->initial.push_back(Bytes(t));
+  for (const at::Tensor& t : tr->net->buffers()) tr->initial.push_back(Bytes(t));
+  for (const at::Tensor& t : tr->params) tr->initial.emplace_back(t.nbytes(), 0);
+}
 
-  // Peaks without a budget, in the steady state of training (momentum
-  // buffers allocated by a first step), absolute: the budget counts
-  // everything live.
-  int64_t rest = 0, normal_peak = 0, large_peak = 0;
-  {
-    tw::StepOutcome o;
-    int64_t peak = 0;
-    if (!TrainStep(*net, sgd, batches[normal], params, accum, nullptr, 0, false, &o, &peak))
-      return 1;
-    rest = ts::GetMemoryStats().current_bytes;
-    for (int which : {normal, large}) {
-      peak = 0;
-      tw::ForwardBackward(*net, batches[which], kInChannels, params, accum, tw::SplitOptions(),
-                          nullptr, 0, at::kFloat, &peak)
-          .IgnoreError();
-      (which == normal ? normal_peak : large_peak) = peak;
-    }
+struct Peaks {
+  int64_t rest = 0, normal = 0, large = 0;
+};
+
+// Peaks without a budget, in the steady state of training (momentum
+// buffers allocated by a first step), absolute: the budget counts
+// everything live. False (after printing why) when the first step fails.
+bool MeasurePeaks(Training& tr, const std::vector<tw::Batch>& batches, const Rooms& rooms,
+                  Peaks* peaks) {
+  tw::StepOutcome o;
+  int64_t peak = 0;
+  if (!TrainStep(*tr.net, *tr.sgd, batches[rooms.normal], tr.params, tr.accum, nullptr, 0, false,
+                 &o, &peak))
+    return false;
+  peaks->rest = ts::GetMemoryStats().current_bytes;
+  for (int which : {rooms.normal, rooms.large}) {
+    peak = 0;
+    tw::ForwardBackward(*tr.net, batches[which], kInChannels, tr.params, tr.accum,
+                        tw::SplitOptions(), nullptr, 0, at::kFloat, &peak)
+        .IgnoreError();
+    (which == rooms.normal ? peaks->normal : peaks->large) = peak;
   }
-  const int64_t budget =
-      budget_mib > 0
-          ? budget_mib << 20
-          : normal_peak + static_cast<int64_t>(budget_fraction * (large_peak - normal_peak));
+  return true;
+}
 
-  if (!json) {
-    std::printf(
-        "split_bench: %d threads (at::set_num_threads), BLAS %s kernels, deterministic %s\n",
-        threads, ts::BlasCoreName().c_str(), deterministic ? "on" : "off");
-    std::printf(
-        "MinkUNet14 (in %d, out %d, %lld parameters), SGD lr 0.05 momentum 0.9; %s at %g m "
-        "voxels, batch %lld, %lld epochs = %zu steps (%lld with a large room); median room "
-        "%lld voxels, largest %lld\n",
-        kInChannels, kClasses, static_cast<long long>(net->NumParameters()),
-        (*dataset)->name().c_str(), voxel, static_cast<long long>(batch_size),
-        static_cast<long long>(epochs), batches.size(), static_cast<long long>(large_batches),
-        static_cast<long long>(median_room), static_cast<long long>(sorted_rooms.back()));
-    std::printf(
-        "budget %.0f MiB: a normal batch needs ~%.0f MiB (the largest, %lld voxels), a "
-        "large-room batch ~%.0f MiB (the smallest, %lld voxels); at rest (model, "
-        "accumulators, momentum) %.0f MiB\n",
-        budget / kMiB, normal_peak / kMiB, static_cast<long long>(Voxels(batches[normal])),
-        large_peak / kMiB, static_cast<long long>(Voxels(batches[large])), rest / kMiB);
-  }
+void PrintSetup(const Options& o, const Training& tr, const tw::Dataset& dataset,
+                const std::vector<tw::Batch>& batches, const Rooms& rooms, const Peaks& peaks,
+                int64_t budget) {
+  std::printf("split_bench: %d threads (at::set_num_threads), BLAS %s kernels, deterministic %s\n",
+              o.threads, ts::BlasCoreName().c_str(), o.deterministic ? "on" : "off");
+  std::printf(
+      "MinkUNet14 (in %d, out %d, %lld parameters), SGD lr 0.05 momentum 0.9; %s at %g m "
+      "voxels, batch %lld, %lld epochs = %zu steps (%lld with a large room); median room "
+      "%lld voxels, largest %lld\n",
+      kInChannels, kClasses, static_cast<long long>(tr.net->NumParameters()),
+      dataset.name().c_str(), o.voxel, static_cast<long long>(o.batch_size),
+      static_cast<long long>(o.epochs), batches.size(), static_cast<long long>(rooms.large_batches),
+      static_cast<long long>(rooms.median_room), static_cast<long long>(rooms.largest_room));
+  std::printf(
+      "budget %.0f MiB: a normal batch needs ~%.0f MiB (the largest, %lld voxels), a "
+      "large-room batch ~%.0f MiB (the smallest, %lld voxels); at rest (model, "
+      "accumulators, momentum) %.0f MiB\n",
+      budget / kMiB, peaks.normal / kMiB, static_cast<long long>(Voxels(batches[rooms.normal])),
+      peaks.large / kMiB, static_cast<long long>(Voxels(batches[rooms.large])), peaks.rest / kMiB);
+}
 
-  // The two runs from the same initial state (zero momentum is what SGD's
-  // first step starts from), interleaved step by step, alternating which
-  // mode goes first, so that both see the same phases of a shared machine.
-  const std::vector<at::Tensor> live = LiveState(*net, sgd);
-  HostState state[2] = {initial, initial};
-  tw::MemoryModel memory_model;  // (b)'s, empty at the start
+// Both modes' figures, (b)'s calibration, and the load around the runs.
+struct Comparison {
   ModeResult results[2];
+  tw::CalibrationStats calibration;
+  double calibration_s = 0;
+  int64_t calibration_scenes = 0;
+  double load_before = 0, load_after = 0;
+};
+
+// (b)'s calibration before its first step, on its own (initial) state.
+// The momentum buffers exist already, so no optimizer state is to come.
+// False (after printing why) on an error.
+bool Calibrate(Training& tr, const tw::Dataset& dataset, const tw::LoaderOptions& lo,
+               const std::vector<at::Tensor>& live, int64_t budget, HostState* state,
+               tw::MemoryModel* memory_model, Comparison* c) {
+  Load(*state, live);
+  const double t0 = Now();
+  absl::StatusOr<tw::CalibrationStats> stats =
+      tw::CalibrateMemory(*tr.net, dataset, lo, c->calibration_scenes, kInChannels, tr.params,
+                          tr.accum, tw::SplitOptions(), memory_model, budget, /*extra_bytes=*/0);
+  c->calibration_s = Now() - t0;
+  if (!stats.ok()) {
+    std::fprintf(stderr, "split_bench: calibration: %s\n",
+                 std::string(stats.status().message()).c_str());
+    return false;
+  }
+  c->calibration = *stats;
+  *state = Save(live);
+  c->results[1].total.forwards += c->calibration.probes;
+  c->results[1].total.oom_events += c->calibration.oom_events;
+  c->results[1].total.wasted_forwards += c->calibration.oom_events;
+  return true;
+}
+
+// A step's split figures added to the mode's totals.
+void AddStats(const tw::SplitStats& s, tw::SplitStats* t) {
+  t->forwards += s.forwards;
+  t->splits += s.splits;
+  t->predicted_splits += s.predicted_splits;
+  t->retries += s.retries;
+  t->oom_events += s.oom_events;
+  t->wasted_forwards += s.wasted_forwards;
+  t->dropped_pieces += s.dropped_pieces;
+  t->dropped_voxels += s.dropped_voxels;
+  t->dropped_labelled += s.dropped_labelled;
+}
+
+// The two runs from the same initial state (zero momentum is what SGD's
+// first step starts from), interleaved step by step, alternating which
+// mode goes first, so that both see the same phases of a shared machine.
+// False (after printing why) on an error.
+bool RunBoth(const Options& o, Training& tr, const tw::Dataset& dataset,
+             const tw::LoaderOptions& lo, const std::vector<tw::Batch>& batches, int64_t budget,
+             Comparison* c) {
+  const std::vector<at::Tensor> live = LiveState(*tr.net, *tr.sgd);
+  HostState state[2] = {tr.initial, tr.initial};
+  tw::MemoryModel memory_model;  // (b)'s, empty at the start
+  ModeResult* results = c->results;
   double loss_sum[2] = {0, 0};
   int64_t loss_steps[2] = {0, 0};
-  const double load_before = LoadAverage();
+  c->load_before = LoadAverage();
   // The allocator as the worker sets it up for this budget (block cache
   // counted in it).
   ts::ApplyAllocatorSettings(ts::TrainingAllocatorSettings(budget));
-  // (b)'s calibration before its first step, on its own (initial) state.
-  // The momentum buffers exist already, so no optimizer state is to come.
-  tw::CalibrationStats calibration;
-  double calibration_s = 0;
-  const int64_t calibration_scenes = std::min<int64_t>(8, 2 * batch_size);
-  if (calibrate) {
-    Load(state[1], live);
-    const double t0 = Now();
-    absl::StatusOr<tw::CalibrationStats> c =
-        tw::CalibrateMemory(*net, **dataset, lo, calibration_scenes, kInChannels, params, accum,
-                            tw::SplitOptions(), &memory_model, budget, /*extra_bytes=*/0);
-    calibration_s = Now() - t0;
-    if (!c.ok()) {
-      std::fprintf(stderr, "split_bench: calibration: %s\n",
-                   std::string(c.status().message()).c_str());
-      return 1;
-    }
-    calibration = *c;
-    state[1] = Save(live);
-    results[1].total.forwards += calibration.probes;
-    results[1].total.oom_events += calibration.oom_events;
-    results[1].total.wasted_forwards += calibration.oom_events;
+  c->calibration_scenes = std::min<int64_t>(8, 2 * o.batch_size);
+  if (o.calibrate && !Calibrate(tr, dataset, lo, live, budget, &state[1], &memory_model, c)) {
+    return false;
   }
   for (size_t i = 0; i < batches.size(); ++i) {
     const tw::Batch& batch = batches[i];
@@ -365,126 +419,141 @@ int main(int argc, char** argv) {
       ModeResult& r = results[mode];
       if (!baseline && r.ready_step < 0 && memory_model.ready()) r.ready_step = r.steps;
       Load(state[mode], live);
-      tw::StepOutcome o;
+      tw::StepOutcome so;
       const double t0 = Now();
-      if (!TrainStep(*net, sgd, batch, params, accum, baseline ? nullptr : &memory_model, budget,
-                     baseline, &o, &r.peak)) {
-        return 1;
+      if (!TrainStep(*tr.net, *tr.sgd, batch, tr.params, tr.accum,
+                     baseline ? nullptr : &memory_model, budget, baseline, &so, &r.peak)) {
+        return false;
       }
       r.seconds += Now() - t0;
       state[mode] = Save(live);
       r.steps++;
       r.scenes += static_cast<int64_t>(batch.scenes.size());
       r.voxels += Voxels(batch);
-      tw::SplitStats& t = r.total;
-      t.forwards += o.stats.forwards;
-      t.splits += o.stats.splits;
-      t.predicted_splits += o.stats.predicted_splits;
-      t.retries += o.stats.retries;
-      t.oom_events += o.stats.oom_events;
-      t.wasted_forwards += o.stats.wasted_forwards;
-      t.dropped_pieces += o.stats.dropped_pieces;
-      t.dropped_voxels += o.stats.dropped_voxels;
-      t.dropped_labelled += o.stats.dropped_labelled;
-      r.per_step.push_back(o.stats);
-      if (batch.epoch == epochs - 1) {
-        loss_sum[mode] += o.loss;
+      AddStats(so.stats, &r.total);
+      r.per_step.push_back(so.stats);
+      if (batch.epoch == o.epochs - 1) {
+        loss_sum[mode] += so.loss;
         loss_steps[mode]++;
       }
     }
   }
   ts::SetMemoryBudget(0);
-  const double load_after = LoadAverage();
+  c->load_after = LoadAverage();
   for (int mode = 0; mode < 2; ++mode) {
     ModeResult& r = results[mode];
     r.last_epoch_loss =
         loss_steps[mode] > 0 ? loss_sum[mode] / static_cast<double>(loss_steps[mode]) : 0;
   }
+  return true;
+}
 
-  const char* names[2] = {"(a) baseline: reactive, midpoint halving, 500-point floor",
-                          "(b) ours: predictive memory model + median bisection"};
-  const char* keys[2] = {"baseline", "ours"};
-  const int64_t wa = results[0].total.wasted_forwards, wb = results[1].total.wasted_forwards;
-  // Wasted forwards of both modes from the step on which (b)'s model was ready.
-  const int64_t ready = results[1].ready_step;
+// Wasted forward passes of both modes, overall and from the step on which
+// (b)'s model was ready (ready: that step, 0-based; -1 when never).
+struct Waste {
+  int64_t wa = 0, wb = 0;
+  int64_t ready = -1;
   int64_t wa_ready = 0, wb_ready = 0;
-  if (ready >= 0) {
-    for (size_t i = static_cast<size_t>(ready); i < batches.size(); ++i) {
-      wa_ready += results[0].per_step[i].wasted_forwards;
-      wb_ready += results[1].per_step[i].wasted_forwards;
+};
+
+Waste CountWaste(const Comparison& c, size_t steps) {
+  Waste w;
+  w.wa = c.results[0].total.wasted_forwards;
+  w.wb = c.results[1].total.wasted_forwards;
+  w.ready = c.results[1].ready_step;
+  if (w.ready >= 0) {
+    for (size_t i = static_cast<size_t>(w.ready); i < steps; ++i) {
+      w.wa_ready += c.results[0].per_step[i].wasted_forwards;
+      w.wb_ready += c.results[1].per_step[i].wasted_forwards;
     }
   }
-  if (json) {
-    std::ostringstream js;
-    js << "{\"threads\": " << threads << ", \"blas_core\": \"" << ts::BlasCoreName()
-       << "\", \"deterministic\": " << (deterministic ? "true" : "false")
-       << ", \"scenes\": " << scenes << ", \"voxel\": " << voxel << ", \"batch\": " << batch_size
-       << ", \"steps\": " << batches.size() << ", \"large_batches\": " << large_batches
-       << ", \"budget_mib\": " << budget / kMiB << ", \"normal_batch_mib\": " << normal_peak / kMiB
-       << ", \"large_batch_mib\": " << large_peak / kMiB << ", \"rest_mib\": " << rest / kMiB
-       << ", \"load_before\": " << load_before << ", \"load_after\": " << load_after
-       << ", \"calibration\": {\"probes\": " << calibration.probes
-       << ", \"oom_events\": " << calibration.oom_events
-       << ", \"largest_voxels\": " << calibration.largest_voxels
-       << ", \"largest_peak_mib\": " << calibration.largest_peak / kMiB
-       << ", \"seconds\": " << calibration_s
-       << ", \"scenes\": " << (calibrate ? calibration_scenes : 0) << "}";
-    for (int m = 0; m < 2; ++m) {
-      const ModeResult& r = results[m];
-      const std::string k = keys[m];
-      js << ", \"" << k << "\": {\"steps\": " << r.steps
-         << ", \"scenes_per_s\": " << r.scenes / r.seconds << ", \"seconds\": " << r.seconds
-         << ", \"forwards\": " << r.total.forwards << ", \"splits\": " << r.total.splits
-         << ", \"predicted_splits\": " << r.total.predicted_splits
-         << ", \"oom_events\": " << r.total.oom_events
-         << ", \"wasted_forwards\": " << r.total.wasted_forwards
-         << ", \"dropped_pieces\": " << r.total.dropped_pieces
-         << ", \"dropped_voxels\": " << r.total.dropped_voxels
-         << ", \"dropped_labelled\": " << r.total.dropped_labelled
-         << ", \"peak_mib\": " << r.peak / kMiB << ", \"last_epoch_loss\": " << r.last_epoch_loss
-         << "}";
-    }
-    js << ", \"model_ready_step\": " << (ready >= 0 ? ready + 1 : -1)
-       << ", \"wasted_from_ready_baseline\": " << wa_ready
-       << ", \"wasted_from_ready_ours\": " << wb_ready;
-    js << ", \"wasted_ratio\": ";
-    if (wb > 0) {
-      js << static_cast<double>(wa) / static_cast<double>(wb);
-    } else {
-      js << "null";
-    }
-    js << "}";
-    std::printf("%s\n", js.str().c_str());
-    return 0;
+  return w;
+}
+
+void PrintJson(const Options& o, size_t steps, const Rooms& rooms, const Peaks& peaks,
+               int64_t budget, const Comparison& c, const Waste& w) {
+  const char* keys[2] = {"baseline", "ours"};
+  std::ostringstream js;
+  js << "{\"threads\": " << o.threads << ", \"blas_core\": \"" << ts::BlasCoreName()
+     << "\", \"deterministic\": " << (o.deterministic ? "true" : "false")
+     << ", \"scenes\": " << o.scenes << ", \"voxel\": " << o.voxel
+     << ", \"batch\": " << o.batch_size << ", \"steps\": " << steps
+     << ", \"large_batches\": " << rooms.large_batches << ", \"budget_mib\": " << budget / kMiB
+     << ", \"normal_batch_mib\": " << peaks.normal / kMiB
+     << ", \"large_batch_mib\": " << peaks.large / kMiB << ", \"rest_mib\": " << peaks.rest / kMiB
+     << ", \"load_before\": " << c.load_before << ", \"load_after\": " << c.load_after
+     << ", \"calibration\": {\"probes\": " << c.calibration.probes
+     << ", \"oom_events\": " << c.calibration.oom_events
+     << ", \"largest_voxels\": " << c.calibration.largest_voxels
+     << ", \"largest_peak_mib\": " << c.calibration.largest_peak / kMiB
+     << ", \"seconds\": " << c.calibration_s
+     << ", \"scenes\": " << (o.calibrate ? c.calibration_scenes : 0) << "}";
+  for (int m = 0; m < 2; ++m) {
+    const ModeResult& r = c.results[m];
+    const std::string k = keys[m];
+    js << ", \"" << k << "\": {\"steps\": " << r.steps
+       << ", \"scenes_per_s\": " << r.scenes / r.seconds << ", \"seconds\": " << r.seconds
+       << ", \"forwards\": " << r.total.forwards << ", \"splits\": " << r.total.splits
+       << ", \"predicted_splits\": " << r.total.predicted_splits
+       << ", \"oom_events\": " << r.total.oom_events
+       << ", \"wasted_forwards\": " << r.total.wasted_forwards
+       << ", \"dropped_pieces\": " << r.total.dropped_pieces
+       << ", \"dropped_voxels\": " << r.total.dropped_voxels
+       << ", \"dropped_labelled\": " << r.total.dropped_labelled
+       << ", \"peak_mib\": " << r.peak / kMiB << ", \"last_epoch_loss\": " << r.last_epoch_loss
+       << "}";
   }
-  if (calibrate) {
+  js << ", \"model_ready_step\": " << (w.ready >= 0 ? w.ready + 1 : -1)
+     << ", \"wasted_from_ready_baseline\": " << w.wa_ready
+     << ", \"wasted_from_ready_ours\": " << w.wb_ready;
+  js << ", \"wasted_ratio\": ";
+  if (w.wb > 0) {
+    js << static_cast<double>(w.wa) / static_cast<double>(w.wb);
+  } else {
+    js << "null";
+  }
+  js << "}";
+  std::printf("%s\n", js.str().c_str());
+}
+
+// The text report's first part: (b)'s calibration and the steps that split
+// or ran out of memory.
+void PrintCalibrationAndSteps(const Options& o, const std::vector<tw::Batch>& batches,
+                              const Rooms& rooms, const Comparison& c) {
+  if (o.calibrate) {
     std::printf(
         "(b) calibrated before its first step: %lld probes cut from the first %lld scenes, up to "
         "%lld voxels (peak %.0f MiB), %lld out of memory, %.1f s (counted in (b)'s forward passes, "
         "not "
         "in its scenes/s); model ready: %s\n",
-        static_cast<long long>(calibration.probes), static_cast<long long>(calibration_scenes),
-        static_cast<long long>(calibration.largest_voxels), calibration.largest_peak / kMiB,
-        static_cast<long long>(calibration.oom_events), calibration_s,
-        results[1].ready_step == 0 ? "yes" : "no");
+        static_cast<long long>(c.calibration.probes), static_cast<long long>(c.calibration_scenes),
+        static_cast<long long>(c.calibration.largest_voxels), c.calibration.largest_peak / kMiB,
+        static_cast<long long>(c.calibration.oom_events), c.calibration_s,
+        c.results[1].ready_step == 0 ? "yes" : "no");
   } else {
     std::printf("(b) not calibrated (--no-calibration): the memory model starts empty\n");
   }
   std::printf("steps with splits or OOMs (forwards / OOM events / dropped voxels):\n");
   for (size_t i = 0; i < batches.size(); ++i) {
-    const tw::SplitStats& a = results[0].per_step[i];
-    const tw::SplitStats& b = results[1].per_step[i];
+    const tw::SplitStats& a = c.results[0].per_step[i];
+    const tw::SplitStats& b = c.results[1].per_step[i];
     if (a.splits + b.splits + a.oom_events + b.oom_events == 0) continue;
     std::printf("  step %2zu (%6lld voxels%s): (a) %lld / %lld / %lld   (b) %lld / %lld / %lld%s\n",
                 i + 1, static_cast<long long>(Voxels(batches[i])),
-                has_large(batches[i]) ? ", large room" : "", static_cast<long long>(a.forwards),
-                static_cast<long long>(a.oom_events), static_cast<long long>(a.dropped_voxels),
-                static_cast<long long>(b.forwards), static_cast<long long>(b.oom_events),
-                static_cast<long long>(b.dropped_voxels),
+                rooms.HasLarge(batches[i]) ? ", large room" : "",
+                static_cast<long long>(a.forwards), static_cast<long long>(a.oom_events),
+                static_cast<long long>(a.dropped_voxels), static_cast<long long>(b.forwards),
+                static_cast<long long>(b.oom_events), static_cast<long long>(b.dropped_voxels),
                 b.predicted_splits > 0 ? "  (predicted split)" : "");
   }
+}
+
+// The text report's second part: each mode's figures, then the comparison.
+void PrintModesAndWaste(const Comparison& c, const Waste& w) {
+  const char* names[2] = {"(a) baseline: reactive, midpoint halving, 500-point floor",
+                          "(b) ours: predictive memory model + median bisection"};
   for (int m = 0; m < 2; ++m) {
-    const ModeResult& r = results[m];
+    const ModeResult& r = c.results[m];
     std::printf("%s\n", names[m]);
     std::printf("  %lld steps, %lld scenes in %.1f s of steps = %.2f scenes/s\n",
                 static_cast<long long>(r.steps), static_cast<long long>(r.scenes), r.seconds,
@@ -506,24 +575,66 @@ int main(int argc, char** argv) {
   std::printf(
       "scenes/s: one measurement on a shared machine (load average %.1f before, %.1f after), "
       "the modes' steps interleaved so both see the same load; the counts are exact\n",
-      load_before, load_after);
-  if (ready >= 0) {
+      c.load_before, c.load_after);
+  if (w.ready >= 0) {
     std::printf(
         "(b)'s memory model was ready from step %lld on; wasted forward passes from there: (a) "
         "%lld, "
         "(b) %lld\n",
-        static_cast<long long>(ready + 1), static_cast<long long>(wa_ready),
-        static_cast<long long>(wb_ready));
+        static_cast<long long>(w.ready + 1), static_cast<long long>(w.wa_ready),
+        static_cast<long long>(w.wb_ready));
   } else {
     std::printf("(b)'s memory model never became ready (fewer than %d observations)\n",
                 tw::MemoryModel::kMinObservations);
   }
-  if (wb > 0) {
-    std::printf("wasted forward passes (a)/(b): %lld / %lld = %.1fx\n", static_cast<long long>(wa),
-                static_cast<long long>(wb), static_cast<double>(wa) / static_cast<double>(wb));
+  if (w.wb > 0) {
+    std::printf("wasted forward passes (a)/(b): %lld / %lld = %.1fx\n",
+                static_cast<long long>(w.wa), static_cast<long long>(w.wb),
+                static_cast<double>(w.wa) / static_cast<double>(w.wb));
   } else {
     std::printf("wasted forward passes (a)/(b): %lld / 0 (ours wasted none)\n",
-                static_cast<long long>(wa));
+                static_cast<long long>(w.wa));
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ts::EnsureFastBlasKernels(argc, argv);
+  Options o;
+  if (!ParseArgs(argc, argv, &o)) return 64;
+  at::set_num_threads(o.threads);
+  ts::InstallCountingAllocator();
+  ts::SetDeterministic(o.deterministic);
+
+  std::unique_ptr<tw::Dataset> dataset;
+  tw::LoaderOptions lo;
+  std::vector<tw::Batch> batches;
+  if (!PrepareBatches(o, &dataset, &lo, &batches)) return 1;
+  const Rooms rooms = FindRooms(batches);
+  if (rooms.normal < 0 || rooms.large < 0) {
+    std::fprintf(stderr, "split_bench: need both normal and large-room batches\n");
+    return 1;
+  }
+
+  Training tr;
+  SetUpTraining(o.seed, &tr);
+  Peaks peaks;
+  if (!MeasurePeaks(tr, batches, rooms, &peaks)) return 1;
+  const int64_t budget =
+      o.budget_mib > 0
+          ? o.budget_mib << 20
+          : peaks.normal + static_cast<int64_t>(o.budget_fraction * (peaks.large - peaks.normal));
+  if (!o.json) PrintSetup(o, tr, *dataset, batches, rooms, peaks, budget);
+
+  Comparison c;
+  if (!RunBoth(o, tr, *dataset, lo, batches, budget, &c)) return 1;
+  const Waste w = CountWaste(c, batches.size());
+  if (o.json) {
+    PrintJson(o, batches.size(), rooms, peaks, budget, c, w);
+    return 0;
+  }
+  PrintCalibrationAndSteps(o, batches, rooms, c);
+  PrintModesAndWaste(c, w);
   return 0;
 }
