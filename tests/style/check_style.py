@@ -13,12 +13,6 @@ parameter list and is not a control statement, a lambda, a class, a
 namespace or an initializer. Only the outermost function counts: a lambda
 or a local class inside it is part of its length.
 
-Functions over the limit that predate the check are listed, each with its
-length then, in tests/style/long_functions.txt ("path name lines"). A
-listed function may shrink, never grow, and the list may only lose lines:
-one that is no longer needed (the function was split, or is under the
-limit) is itself reported, so the list cannot go stale.
-
 Usage: check_style.py ROOT [--clang-format BINARY]   (tracked files: git ls-files)
        check_style.py --self-test [--clang-format BINARY]
 Exit 0 when every file follows the style, 1 listing each violation.
@@ -152,24 +146,8 @@ def format_differences(root, files, clang_format):
     return bad
 
 
-def read_allowed(root):
-    """{(path, name): lines} from tests/style/long_functions.txt, if present."""
-    allowed = {}
-    path = os.path.join(root, "tests", "style", "long_functions.txt")
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                line = line.split("#")[0].strip()
-                if line:
-                    file, name, lines = line.split()
-                    allowed[(file, name)] = int(lines)
-    return allowed
-
-
 def violations(root, files, clang_format):
     found = format_differences(root, files, clang_format)
-    allowed = read_allowed(root)
-    used = set()
     for f in files:
         with open(os.path.join(root, f), encoding="utf-8", errors="replace") as fh:
             text = fh.read()
@@ -179,19 +157,8 @@ def violations(root, files, clang_format):
         if f.startswith("tests/"):
             continue
         for first, last, name in long_functions(text):
-            length = last - first + 1
-            ceiling = allowed.get((f, name))
-            if ceiling is not None and length <= ceiling:
-                used.add((f, name))
-                continue
-            found.append(f"{f}:{first}: {name}() is {length} lines (to line {last}), "
-                         f"over {MAX_FUNCTION_LINES}"
-                         + (f" and over its listed {ceiling}" if ceiling is not None else ""))
-            used.add((f, name))
-    for (f, name), lines in sorted(allowed.items()):
-        if (f, name) not in used:
-            found.append(f"tests/style/long_functions.txt: {f} {name}() is no longer over "
-                         f"{MAX_FUNCTION_LINES} lines (or gone): remove its line")
+            found.append(f"{f}:{first}: {name}() is {last - first + 1} lines (to line {last}), "
+                         f"over {MAX_FUNCTION_LINES}")
     return found
 
 
@@ -215,19 +182,10 @@ def self_test(clang_format):
         "tests/long_test.cc": long_fn,                # tests may have long functions
         "lib/strings.cc": 'const char* s = "{ not a block";\nint g() { return 1; }\n',
     }
-    cases["lib/grown.cc"] = long_fn.replace("TooLong", "Grown")   # listed at 121, now 122
-    cases["tests/style/long_functions.txt"] = None                 # lists a function split since
-    fine["lib/listed.cc"] = long_fn.replace("TooLong", "Listed")   # listed at 122
-    allow = "lib/grown.cc Grown 121\nlib/listed.cc Listed 122\nlib/fine.cc Gone 130\n"
     with tempfile.TemporaryDirectory() as root:
         with open(os.path.join(root, ".clang-format"), "w") as f:
             f.write("BasedOnStyle: Google\nColumnLimit: 100\n")
-        os.makedirs(os.path.join(root, "tests", "style"))
-        with open(os.path.join(root, "tests", "style", "long_functions.txt"), "w") as f:
-            f.write(allow)
         for rel, text in {**cases, **fine}.items():
-            if text is None:
-                continue
             os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
             with open(os.path.join(root, rel), "w") as f:
                 f.write(text)
