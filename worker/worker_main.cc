@@ -83,6 +83,12 @@ TrainerResult Usage(const std::string& message) {
   return r;
 }
 
+// The usage exit (64) of a worker whose run directory, attempt and rank are
+// known: the exit file is written.
+[[noreturn]] void UsageExit(const trainsup::worker::TrainerOptions& o, const std::string& message) {
+  Exit(o.run_dir, o.attempt, o.rank, nullptr, Usage(message));
+}
+
 // SIGTERM and SIGINT are taken by one sigwait thread (WatchStopSignals), so
 // every other thread must have them blocked, or the kernel may deliver them
 // to one that dies of them. OpenBLAS starts its thread pool when the library
@@ -127,16 +133,15 @@ Launch LaunchOrExit(int argc, char** argv) {
   options.world_size = args->world_size;
   options.attempt = args->attempt;
   options.resume = args->resume;
-  const auto usage_exit = [&](const absl::Status& s) {
-    Exit(options.run_dir, options.attempt, options.rank, nullptr, Usage(std::string(s.message())));
-  };
-  if (absl::Status s = trainsup::worker::CheckResume(args->resume); !s.ok()) usage_exit(s);
+  if (absl::Status s = trainsup::worker::CheckResume(args->resume); !s.ok()) {
+    UsageExit(options, std::string(s.message()));
+  }
   std::map<std::string, std::string> env_values;
   for (const char* name : trainsup::worker::kWorkerEnvNames) {
     if (const char* value = std::getenv(name)) env_values[name] = value;
   }
   absl::StatusOr<trainsup::worker::WorkerEnv> env = trainsup::worker::ParseWorkerEnv(env_values);
-  if (!env.ok()) usage_exit(env.status());
+  if (!env.ok()) UsageExit(options, std::string(env.status().message()));
   options.master_addr = env->master_addr;
   options.master_port = env->master_port;
   options.memory_budget_mb_override = env->memory_budget_mb;
@@ -148,19 +153,16 @@ Launch LaunchOrExit(int argc, char** argv) {
 }
 
 trainsup::RunSpec SpecOrExit(const trainsup::worker::TrainerOptions& o) {
-  const auto usage_exit = [&](const std::string& message) {
-    Exit(o.run_dir, o.attempt, o.rank, nullptr, Usage(message));
-  };
   const std::string spec_path = trainsup::RunLayout(o.run_dir).SpecPath();
   std::ifstream in(spec_path);
-  if (!in) usage_exit("cannot read " + spec_path);
+  if (!in) UsageExit(o, "cannot read " + spec_path);
   std::stringstream text;
   text << in.rdbuf();
   absl::StatusOr<trainsup::RunSpec> spec = trainsup::ParseRunSpec(text.str());
-  if (!spec.ok()) usage_exit(std::string(spec.status().message()));
+  if (!spec.ok()) UsageExit(o, std::string(spec.status().message()));
   if (spec->world_size != o.world_size) {
-    usage_exit(absl::StrCat("--world-size ", o.world_size,
-                            " but the spec says world_size = ", spec->world_size));
+    UsageExit(o, absl::StrCat("--world-size ", o.world_size,
+                              " but the spec says world_size = ", spec->world_size));
   }
   return *spec;
 }

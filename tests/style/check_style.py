@@ -78,9 +78,9 @@ def is_function_head(head):
     head = " ".join(head.split())
     if "(" not in head or ")" not in head:
         return False
-    if CONTROL.match(head) or NOT_FUNCTION.search(head.split("(")[0]):
-        return False
     before = head.split("(")[0]
+    if CONTROL.match(head) or NOT_FUNCTION.search(before):
+        return False
     if "=" in before or before.rstrip().endswith("]") or before.strip() == "":
         return False  # an initializer, a lambda, a parenthesized expression
     if re.search(r"\]\s*(\([^)]*\))?\s*(mutable\s*)?(->[^{]*)?$", head):
@@ -105,9 +105,9 @@ def long_functions(text, limit=MAX_FUNCTION_LINES):
             inside = any(opened for opened, _, _ in stack)
             opens = not inside and is_function_head(head)
             if opens:
-                lead = len(head) - len(head.lstrip())
-                first = line - head[lead:].count("\n")
-                name = head.split("(")[0].split()[-1] if head.split("(")[0].split() else "?"
+                first = line - head.lstrip().count("\n")
+                words = head.split("(")[0].split()
+                name = words[-1] if words else "?"
                 stack.append((True, first, name))
             else:
                 stack.append((False, 0, ""))
