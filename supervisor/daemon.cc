@@ -81,7 +81,8 @@ absl::StatusOr<std::unique_ptr<UnitCluster>> DaemonImpl::JoinCluster(const v1::R
   // wrote (NextGeneration).
   o.policy = RestartPolicyFrom(config_.restart);
   return std::unique_ptr<UnitCluster>(std::make_unique<ClusterMember>(
-      io_, std::shared_ptr<EtcdClient>(std::move(*client)), std::move(o), std::move(events)));
+      env_.get(), env_.get(), std::shared_ptr<EtcdClient>(std::move(*client)), std::move(o),
+      std::move(events)));
 }
 
 // --- start-up --------------------------------------------------------------------------------

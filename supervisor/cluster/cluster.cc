@@ -3,10 +3,8 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <functional>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,19 +13,9 @@
 namespace trainsup::supervisor {
 namespace {
 
-namespace asio = boost::asio;
-
 constexpr double kRetryS = 1;  // after a failed call, while etcd is down
 constexpr double kPublishEveryS = 1;
 constexpr double kEchoGraceS = 1;
-
-double NowS() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double WallS() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 bool Unreachable(const absl::Status& s) {
   return s.code() == absl::StatusCode::kUnavailable ||
@@ -94,29 +82,47 @@ auto ClusterMember::Guarded(Fn fn) {
 template <class T>
 void ClusterMember::Do(std::function<T(EtcdClient&)> op, std::function<void(T)> then) {
   std::shared_ptr<EtcdClient> client = client_;
-  auto back = Guarded(std::move(then));
-  asio::post(*ops_, [this_io = &io_, client, op = std::move(op), back]() mutable {
-    T result = op(*client);
-    asio::post(*this_io, [back, result = std::move(result)]() mutable { back(std::move(result)); });
+  std::weak_ptr<int> life = life_;
+  calls_.push_back([this, life, client, op = std::move(op),
+                    then = std::move(then)]() mutable -> std::function<void()> {
+    // Off the loop: only the call, the client and the result are touched.
+    auto result = std::make_shared<T>(op(*client));
+    return [this, life, result, then = std::move(then)] {
+      if (life.expired()) return;
+      calling_ = false;
+      NextCall();
+      then(std::move(*result));
+    };
   });
+  NextCall();
+}
+
+void ClusterMember::NextCall() {
+  if (calling_ || calls_.empty()) return;
+  calling_ = true;
+  std::function<std::function<void()>()> call = std::move(calls_.front());
+  calls_.pop_front();
+  timers_->OffLoop(std::move(call));
 }
 
 void ClusterMember::After(double delay_s, std::function<void()> fn) {
-  auto timer = std::make_shared<asio::steady_timer>(io_);
-  timer->expires_after(std::chrono::microseconds(static_cast<int64_t>(delay_s * 1e6)));
-  timer->async_wait(Guarded([timer, fn = std::move(fn)](const boost::system::error_code& ec) {
-    if (!ec) fn();
-  }));
+  auto id = std::make_shared<UnitTimers::TimerId>(0);
+  *id = timers_->Start(delay_s, Guarded([this, id, fn = std::move(fn)] {
+                         timer_ids_.erase(*id);
+                         fn();
+                       }));
+  timer_ids_.insert(*id);
 }
 
-ClusterMember::ClusterMember(asio::io_context& io, std::shared_ptr<EtcdClient> client,
-                             Options options, ClusterEvents events)
-    : io_(io),
+ClusterMember::ClusterMember(UnitClock* clock, UnitTimers* timers,
+                             std::shared_ptr<EtcdClient> client, Options options,
+                             ClusterEvents events)
+    : clock_(clock),
+      timers_(timers),
       client_(std::move(client)),
       o_(std::move(options)),
       keys_(o_.spec.job),
-      events_(std::move(events)),
-      ops_(std::make_unique<asio::thread_pool>(1)) {
+      events_(std::move(events)) {
   self_.set_node(o_.node);
   self_.set_run_id(o_.run_id);
   self_.set_address(o_.address);
@@ -127,21 +133,23 @@ ClusterMember::ClusterMember(asio::io_context& io, std::shared_ptr<EtcdClient> c
 
 ClusterMember::~ClusterMember() {
   life_.reset();
+  for (UnitTimers::TimerId id : timer_ids_) timers_->Cancel(id);
   watch_.reset();
-  // Pending calls finish on their thread (bounded by the deadline) and are
-  // dropped; the lease is revoked on a thread of its own so that an etcd
-  // that is down does not hold the loop. A final status, when reported, is
-  // written without the lease first so that it outlives it.
-  ops_->stop();
-  std::shared_ptr<EtcdClient> client = client_;
+  // Calls not yet started are dropped; one under way finishes off the loop
+  // (bounded by the client's deadline) and its result is dropped. The lease
+  // is revoked off the loop too, so that an etcd that is down does not hold
+  // the loop. A final status, when reported, is written without the lease
+  // first so that it outlives it.
   const int64_t lease = lease_;
-  const std::string key = keys_.Node(o_.node);
   const std::string final_status = self_final_ ? NodeJson(self_) : "";
-  std::thread([client, lease, key, final_status] {
+  if (lease == 0 && final_status.empty()) return;
+  std::shared_ptr<EtcdClient> client = client_;
+  const std::string key = keys_.Node(o_.node);
+  timers_->OffLoop([client, lease, key, final_status]() -> std::function<void()> {
     if (!final_status.empty()) (void)client->Put(key, final_status);
     if (lease != 0) (void)client->Revoke(lease);
-  }).detach();
-  ops_->join();
+    return nullptr;
+  });
 }
 
 // --- etcd health -----------------------------------------------------------------
@@ -290,14 +298,14 @@ void ClusterMember::StartWatch(int64_t from_revision) {
     Failed("watching the job's keys", why);
     After(kRetryS, [this] { Resync(); });
   });
-  asio::io_context* io = &io_;
+  UnitTimers* timers = timers_;
   watch_ = client_->Watch(
       keys_.prefix(), from_revision,
-      [io, events](const std::vector<EtcdEvent>& batch, int64_t) mutable {
-        asio::post(*io, [events, batch]() mutable { events(batch); });
+      [timers, events](const std::vector<EtcdEvent>& batch, int64_t) mutable {
+        timers->Post([events, batch]() mutable { events(batch); });
       },
-      [io, ended](const absl::Status& why) mutable {
-        asio::post(*io, [ended, why]() mutable { ended(why); });
+      [timers, ended](const absl::Status& why) mutable {
+        timers->Post([ended, why]() mutable { ended(why); });
       });
 }
 
@@ -559,6 +567,9 @@ void ClusterMember::KeepAlive() {
           }
           connected_ = false;
           lease_ = 0;
+          // Our join record went with the lease: a pending join is put again.
+          if (join_) join_->put_generation = 0;
+          last_join_generation_ = 0;
           if (gen_ && running_ == gen_->generation) lost_lease_generation_ = running_;
           Connect();
           return;

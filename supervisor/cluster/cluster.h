@@ -4,15 +4,18 @@
 // compare-and-swap, one rendezvous per generation. docs/distributed.md has
 // the protocol and its failure cases; cluster_protocol.h the records.
 //
-// Loop-thread object. Every etcd call runs on the member's own thread, one
-// at a time in the order issued, and its result comes back to the loop; the
-// watch's events too. etcd down never blocks the loop: calls fail within
-// the client's deadline, the member says so once (note, etcd_reachable()),
-// keeps retrying, and decides nothing until etcd answers again.
+// Loop-thread object, on the loop's clock and timers (unit_env.h) like a
+// RunUnit. Every etcd call runs off the loop (UnitTimers::OffLoop), one at
+// a time in the order issued: the next starts once the previous one's
+// result is back on the loop. The watch's events come back through
+// UnitTimers::Post. etcd down never blocks the loop: calls fail within the
+// client's deadline, the member says so once (note, etcd_reachable()),
+// keeps retrying, and decides nothing until etcd answers again. Its tests
+// run it on a fake loop over the in-memory etcd (memory_etcd.h).
 #ifndef TRAINSUP_SUPERVISOR_CLUSTER_CLUSTER_H_
 #define TRAINSUP_SUPERVISOR_CLUSTER_CLUSTER_H_
 
-#include <boost/asio.hpp>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -36,8 +39,9 @@ class ClusterMember final : public UnitCluster {
     std::string spec_hash;  // every node's spec must hash alike
     RestartPolicy policy;   // this daemon's, for the restarts it decides
   };
-  ClusterMember(boost::asio::io_context& io, std::shared_ptr<EtcdClient> client, Options options,
-                ClusterEvents events);
+  // `clock` and `timers` must outlive the member.
+  ClusterMember(UnitClock* clock, UnitTimers* timers, std::shared_ptr<EtcdClient> client,
+                Options options, ClusterEvents events);
   ~ClusterMember() override;
 
   void Join(int attempt, std::vector<int64_t> steps, int port,
@@ -52,11 +56,15 @@ class ClusterMember final : public UnitCluster {
   bool etcd_reachable() const { return etcd_up_; }
 
  private:
-  // Runs `op` on the member's thread; `then` gets its result on the loop,
-  // unless the member is gone by then.
+  // Queues `op` to run off the loop after the calls queued before it;
+  // `then` gets its result on the loop, unless the member is gone by then.
   template <class T>
   void Do(std::function<T(EtcdClient&)> op, std::function<void(T)> then);
+  void NextCall();
+  // Runs `fn` on the loop after `delay_s`, unless the member is gone.
   void After(double delay_s, std::function<void()> fn);
+  double NowS() const { return clock_->NowS(); }
+  double WallS() const { return static_cast<double>(clock_->WallMs()) / 1000; }
   template <class Fn>
   auto Guarded(Fn fn);
 
@@ -75,13 +83,16 @@ class ClusterMember final : public UnitCluster {
   void Failed(const std::string& what, const absl::Status& status);
   void Answered();
 
-  boost::asio::io_context& io_;
+  UnitClock* clock_;
+  UnitTimers* timers_;
   std::shared_ptr<EtcdClient> client_;
   Options o_;
   JobKeys keys_;
   ClusterEvents events_;
   std::shared_ptr<int> life_ = std::make_shared<int>(0);
-  std::unique_ptr<boost::asio::thread_pool> ops_;
+  std::deque<std::function<std::function<void()>()>> calls_;  // not yet started
+  bool calling_ = false;                                      // one is under way
+  std::set<UnitTimers::TimerId> timer_ids_;                   // not yet fired
   std::unique_ptr<EtcdWatch> watch_;
 
   bool connecting_ = false;

@@ -343,8 +343,16 @@ void MemoryEtcd::SetUnavailable(bool down) {
   State::Deliveries d;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
+    if (down && !state_->down) {
+      // What expired before the outage is gone before it.
+      state_->Expire(&d);
+      state_->EndAll(absl::UnavailableError("memory etcd: unavailable"), &d);
+    } else if (!down && state_->down) {
+      // As etcd restores its leases on restart: each with its full TTL.
+      const double now = state_->clock->NowS();
+      for (auto& [id, l] : state_->leases) l.deadline_s = now + static_cast<double>(l.ttl_s);
+    }
     state_->down = down;
-    if (down) state_->EndAll(absl::UnavailableError("memory etcd: unavailable"), &d);
   }
   Run(d);
 }

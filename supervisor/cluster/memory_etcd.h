@@ -37,7 +37,10 @@ class MemoryEtcd {
   std::unique_ptr<EtcdClient> Client();
 
   // While `down`, every call fails Unavailable and every watch ends with
-  // Unavailable (new watches end at once). Leases keep running on the clock.
+  // Unavailable (new watches end at once). Leases past their deadline when
+  // it goes down end then; when it comes back every lease left gets its
+  // full TTL again, as etcd restores leases on restart (docs/distributed.md,
+  // "etcd unreachable"), so an outage by itself expires nobody.
   void SetUnavailable(bool down);
   // Drops `lease` now with its keys, as if its TTL had run out.
   void ExpireLease(int64_t lease);

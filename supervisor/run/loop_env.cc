@@ -58,6 +58,8 @@ void LoopEnv::OffLoop(std::function<std::function<void()>()> work) {
   });
 }
 
+void LoopEnv::Post(std::function<void()> fn) { asio::post(io_, std::move(fn)); }
+
 void LoopEnv::Write(const std::string& run_id, StoreBatch batch,
                     std::function<void(absl::Status, StoreBatch)> done) {
   auto shared = std::make_shared<StoreBatch>(std::move(batch));

@@ -35,6 +35,7 @@ class LoopEnv final : public UnitClock,
   TimerId Start(double delay_s, std::function<void()> fn) override;
   void Cancel(TimerId id) override;
   void OffLoop(std::function<std::function<void()>()> work) override;
+  void Post(std::function<void()> fn) override;
   // UnitStore.
   void Write(const std::string& run_id, StoreBatch batch,
              std::function<void(absl::Status, StoreBatch)> done) override;

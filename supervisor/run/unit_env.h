@@ -3,7 +3,9 @@
 // and off-loop work, the store, a launcher (processes and their exits), a
 // signaller, and the host (the daemon: configuration, watchers, slots,
 // scheduling, metrics, secrets). Every method is called on the event loop's
-// thread, and every callback it takes is run there.
+// thread (UnitTimers::Post excepted), and every callback it takes is run
+// there. The cluster member (supervisor/cluster/cluster.h) runs on the clock
+// and timers too.
 #ifndef TRAINSUP_SUPERVISOR_RUN_UNIT_ENV_H_
 #define TRAINSUP_SUPERVISOR_RUN_UNIT_ENV_H_
 
@@ -49,7 +51,11 @@ class UnitTimers {
   // Cancels a timer that has not fired; unknown or fired ids are ignored.
   virtual void Cancel(TimerId id) = 0;
   // Runs `work` on a background thread; what it returns runs on the loop.
+  // Calls are not ordered: work posted later may run first, or alongside.
   virtual void OffLoop(std::function<std::function<void()>()> work) = 0;
+  // Runs `fn` on the loop soon. The one method safe from any thread (an
+  // etcd watch's, say): the rest are called on the loop's thread.
+  virtual void Post(std::function<void()> fn) = 0;
 };
 
 class UnitStore {

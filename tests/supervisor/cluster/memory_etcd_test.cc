@@ -57,6 +57,28 @@ TEST(MemoryEtcd, LeaseExpiresOnTheClockUnlessKeptAlive) {
   EXPECT_EQ(c->Put("x", "y", *lease).status().code(), absl::StatusCode::kNotFound);
 }
 
+// etcd restores its leases with their full TTL when it comes back, so an
+// outage longer than a lease expires nobody; a lease already past its
+// deadline when the outage began is gone.
+TEST(MemoryEtcd, AnOutageRestoresLeasesWithTheirFullTtl) {
+  FakeClock clock;
+  MemoryEtcd etcd(&clock);
+  auto c = etcd.Client();
+  const int64_t kept = *c->GrantLease(10);
+  const int64_t stale = *c->GrantLease(2);
+  ASSERT_TRUE(c->Put("kept", "k", kept).ok());
+  ASSERT_TRUE(c->Put("stale", "s", stale).ok());
+  clock.now_s += 5;  // `stale` is past its deadline, nobody has asked yet
+  etcd.SetUnavailable(true);
+  clock.now_s += 30;  // three times `kept`'s TTL
+  etcd.SetUnavailable(false);
+  EXPECT_TRUE(c->Get("kept")->has_value());
+  EXPECT_FALSE(c->Get("stale")->has_value());
+  EXPECT_EQ(c->KeepAlive(stale).status().code(), absl::StatusCode::kNotFound);
+  clock.now_s += 11;  // the restored TTL runs out unless kept alive
+  EXPECT_FALSE(c->Get("kept")->has_value());
+}
+
 TEST(MemoryEtcd, WatchFromRevisionAndFaults) {
   FakeClock clock;
   MemoryEtcd etcd(&clock);

@@ -15,6 +15,7 @@
 #include "contracts/run_layout.h"
 #include "supervisor/run/run_unit.h"
 #include "tests/common/temp_dir.h"
+#include "tests/supervisor/fake_loop.h"
 
 namespace trainsup::supervisor {
 
@@ -29,8 +30,7 @@ class FakeLink final : public WorkerLink {
   std::optional<absl::Status> closed;
 };
 
-class FakeEnv final : public UnitClock,
-                      public UnitTimers,
+class FakeEnv final : public FakeLoop,
                       public UnitStore,
                       public UnitLauncher,
                       public UnitSignaller,
@@ -42,45 +42,6 @@ class FakeEnv final : public UnitClock,
     config_.workers.capture_stacks = false;
   }
   UnitEnv env() { return UnitEnv{this, this, this, this, this, this}; }
-
-  // Clock.
-  double NowS() override { return now_; }
-  int64_t WallMs() override { return 1'700'000'000'000 + static_cast<int64_t>(now_ * 1000); }
-  uint64_t BootTicks() override { return 100000 + static_cast<uint64_t>(now_ * 100); }
-  uint64_t BootTicksAt(int64_t wall_ms) override {
-    return 100000 + static_cast<uint64_t>((wall_ms - 1'700'000'000'000) / 10);
-  }
-  // Runs the timers due by now + dt, in order, and what they post.
-  void Advance(double dt) {
-    const double until = now_ + dt;
-    for (;;) {
-      auto next = timers_.end();
-      for (auto it = timers_.begin(); it != timers_.end(); ++it) {
-        if (it->second.due <= until &&
-            (next == timers_.end() || it->second.due < next->second.due)) {
-          next = it;
-        }
-      }
-      if (next == timers_.end()) break;
-      now_ = std::max(now_, next->second.due);
-      auto fn = std::move(next->second.fn);
-      timers_.erase(next);
-      fn();
-    }
-    now_ = until;
-  }
-
-  // Timers.
-  TimerId Start(double delay_s, std::function<void()> fn) override {
-    const TimerId id = next_timer_++;
-    timers_[id] = {now_ + delay_s, std::move(fn)};
-    return id;
-  }
-  void Cancel(TimerId id) override { timers_.erase(id); }
-  void OffLoop(std::function<std::function<void()>()> work) override {
-    std::function<void()> then = work();
-    if (then) Start(0, std::move(then));
-  }
 
   // Store: writes wait in `pending` until Complete().
   void Write(const std::string& run_id, StoreBatch batch,
@@ -110,9 +71,9 @@ class FakeEnv final : public UnitClock,
   void Settle() {
     for (int i = 0; i < 100; ++i) {
       const bool wrote = Complete();
-      const size_t before = timers_.size();
+      const size_t before = timers_pending();
       Advance(0);
-      if (!wrote && timers_.size() == before && pending.empty()) return;
+      if (!wrote && timers_pending() == before && pending.empty()) return;
     }
   }
 
@@ -253,13 +214,6 @@ class FakeEnv final : public UnitClock,
   int64_t checkpoint_failures = 0;
 
  private:
-  struct Timer {
-    double due;
-    std::function<void()> fn;
-  };
-  double now_ = 100;
-  TimerId next_timer_ = 1;
-  std::map<TimerId, Timer> timers_;
   int next_pid_ = 4000;
   int next_port_ = 29555;
   int64_t seq_ = 1;  // the submit event

@@ -1,0 +1,334 @@
+// The cluster member (supervisor/cluster/cluster.h) at the protocol's edges,
+// as RunUnit is tested: on a fake loop (time moves when the test says) over
+// the in-memory etcd (memory_etcd.h), two members standing for the two
+// daemons of a job. The real etcd and real daemons are in
+// tests/integration/cluster_test.cc.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "supervisor/cluster/cluster.h"
+#include "supervisor/cluster/memory_etcd.h"
+#include "tests/supervisor/fake_loop.h"
+
+namespace trainsup::supervisor {
+namespace {
+
+// The member's etcd client, with a hook that runs once just before the next
+// compare-and-swap of the generation key: what another daemon does between
+// this one's read of the generation and its write.
+class HookedClient final : public EtcdClient {
+ public:
+  explicit HookedClient(std::unique_ptr<EtcdClient> inner) : inner_(std::move(inner)) {}
+  std::function<void()> before_generation_swap;
+
+  std::string endpoints() const override { return inner_->endpoints(); }
+  absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value,
+                              int64_t lease) override {
+    return inner_->Put(key, value, lease);
+  }
+  absl::StatusOr<std::optional<EtcdKeyValue>> Get(const std::string& key) override {
+    return inner_->Get(key);
+  }
+  absl::StatusOr<EtcdRange> GetPrefix(const std::string& prefix) override {
+    return inner_->GetPrefix(prefix);
+  }
+  absl::StatusOr<EtcdSwap> PutIf(const std::string& key, int64_t expected_mod_revision,
+                                 const std::string& value, int64_t lease) override {
+    if (absl::EndsWith(key, "/generation") && expected_mod_revision != 0 &&
+        before_generation_swap) {
+      std::function<void()> hook = std::move(before_generation_swap);
+      before_generation_swap = nullptr;
+      hook();
+    }
+    return inner_->PutIf(key, expected_mod_revision, value, lease);
+  }
+  absl::StatusOr<int64_t> Delete(const std::string& key) override { return inner_->Delete(key); }
+  absl::StatusOr<int64_t> DeletePrefix(const std::string& prefix) override {
+    return inner_->DeletePrefix(prefix);
+  }
+  absl::StatusOr<int64_t> GrantLease(int64_t ttl_s) override { return inner_->GrantLease(ttl_s); }
+  absl::StatusOr<int64_t> KeepAlive(int64_t lease) override { return inner_->KeepAlive(lease); }
+  absl::Status Revoke(int64_t lease) override { return inner_->Revoke(lease); }
+  std::unique_ptr<EtcdWatch> Watch(
+      const std::string& prefix, int64_t start_revision,
+      std::function<void(const std::vector<EtcdEvent>&, int64_t)> on_events,
+      std::function<void(const absl::Status&)> on_end) override {
+    return inner_->Watch(prefix, start_revision, std::move(on_events), std::move(on_end));
+  }
+
+ private:
+  std::unique_ptr<EtcdClient> inner_;
+};
+
+// One daemon of the job: its member and what the member told it.
+struct Node {
+  std::string name;
+  HookedClient* client = nullptr;
+  std::unique_ptr<ClusterMember> member;
+  std::vector<std::pair<int64_t, std::string>> moved;
+  std::vector<std::string> notes;
+  std::optional<absl::StatusOr<Agreement>> joined;
+  std::optional<ClusterVerdict> verdict;
+
+  int Count(const std::string& text) const {
+    int n = 0;
+    for (const std::string& line : notes) n += absl::StrContains(line, text) ? 1 : 0;
+    return n;
+  }
+};
+
+constexpr double kLeaseTtlS = 10;
+
+class ClusterMemberTest : public ::testing::Test {
+ protected:
+  Node& Start(const std::string& name) {
+    auto node = std::make_unique<Node>();
+    Node* n = node.get();
+    n->name = name;
+    auto client = std::make_shared<HookedClient>(etcd_.Client());
+    n->client = client.get();
+    ClusterMember::Options o;
+    o.spec.present = true;
+    o.spec.job = "job";
+    o.spec.nodes = 2;
+    o.spec.etcd_endpoints = {"memory"};
+    o.spec.checkpoint_dir = "/shared/ckpt";
+    o.spec.lease_ttl_s = kLeaseTtlS;
+    o.spec.rendezvous_timeout_s = 60;
+    o.node = name;
+    o.address = "host-" + name;
+    o.run_id = "run-" + name;
+    o.spec_hash = "same-spec";
+    o.policy.jitter = 0;
+    ClusterEvents events;
+    events.moved = [n](int64_t g, const std::string& why) { n->moved.emplace_back(g, why); };
+    events.note = [n](LogLevel, const std::string& line) { n->notes.push_back(line); };
+    n->member =
+        std::make_unique<ClusterMember>(&loop_, &loop_, client, std::move(o), std::move(events));
+    nodes_.push_back(std::move(node));
+    return *n;
+  }
+  void Join(Node& n, int port) {
+    n.joined.reset();
+    n.member->Join(1, {}, port, [&n](absl::StatusOr<Agreement> a) { n.joined = std::move(a); });
+  }
+  // A rank of `n` ended with `cls` in `generation`: the job's verdict.
+  void RankDied(Node& n, int64_t generation, ExitClass cls) {
+    AttemptEnd end;
+    end.end_s = static_cast<double>(loop_.WallMs()) / 1000;
+    end.cls = cls;
+    end.detail = "rank 0 was killed by signal 9 (SIGKILL)";
+    n.verdict.reset();
+    n.member->Verdict(generation, end, [&n](ClusterVerdict v) { n.verdict = std::move(v); });
+  }
+  // Two nodes, both in generation 1's rendezvous and agreed.
+  std::pair<Node*, Node*> RunningPair() {
+    Node& a = Start("a");
+    Node& b = Start("b");
+    Join(a, 29500);
+    Join(b, 29600);
+    loop_.Advance(0);
+    EXPECT_TRUE(a.joined && a.joined->ok());
+    EXPECT_TRUE(b.joined && b.joined->ok());
+    return {&a, &b};
+  }
+  GenerationRecord Generation() {
+    auto c = etcd_.Client();
+    absl::StatusOr<std::optional<EtcdKeyValue>> kv = c->Get(JobKeys("job").Generation());
+    EXPECT_TRUE(kv.ok() && kv->has_value());
+    if (!kv.ok() || !kv->has_value()) return {};
+    absl::StatusOr<GenerationRecord> g = DecodeGeneration((*kv)->value);
+    EXPECT_TRUE(g.ok()) << g.status();
+    return g.ok() ? *g : GenerationRecord{};
+  }
+  int64_t LeaseOf(const std::string& node) {
+    auto c = etcd_.Client();
+    absl::StatusOr<std::optional<EtcdKeyValue>> kv = c->Get(JobKeys("job").Node(node));
+    return kv.ok() && kv->has_value() ? (*kv)->lease : 0;
+  }
+
+  FakeLoop loop_;
+  MemoryEtcd etcd_{&loop_};
+  std::vector<std::unique_ptr<Node>> nodes_;  // members go before the store
+};
+
+TEST_F(ClusterMemberTest, TwoNodesAgreeOnOneRendezvous) {
+  auto [a, b] = RunningPair();
+  const Agreement& aa = **a->joined;
+  const Agreement& ba = **b->joined;
+  EXPECT_EQ(aa.generation, 1);
+  EXPECT_EQ(aa.nodes, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(aa.node_rank, 0);
+  EXPECT_EQ(ba.node_rank, 1);
+  EXPECT_EQ(ba.master_addr, "host-a");
+  EXPECT_EQ(ba.master_port, 29500);
+  EXPECT_EQ(aa.master_port, 29500);
+}
+
+// Both daemons read generation 1 and try to move it: etcd takes one swap,
+// the other daemon re-reads, sees generation 2 and follows it. The job's
+// restart is counted once, and both get the one decision.
+TEST_F(ClusterMemberTest, TwoNodesDecidingAtOnceMoveTheGenerationOnce) {
+  auto [a, b] = RunningPair();
+  // b decides between a's read of the generation and a's swap.
+  a->client->before_generation_swap = [&, b = b] { RankDied(*b, 1, ExitClass::kCrash); };
+  RankDied(*a, 1, ExitClass::kCrash);
+  loop_.Advance(0);
+
+  const GenerationRecord g = Generation();
+  EXPECT_EQ(g.generation, 2);
+  EXPECT_EQ(g.action, GenerationRecord::Action::kRun);
+  EXPECT_EQ(g.restarts, 1);
+  EXPECT_EQ(g.by, "b");
+  EXPECT_EQ(g.history.size(), 1u);
+  for (Node* n : {a, b}) {
+    ASSERT_TRUE(n->verdict) << n->name;
+    EXPECT_EQ(n->verdict->kind, ClusterVerdict::Kind::kRestart) << n->name;
+    EXPECT_EQ(n->verdict->generation, 2) << n->name;
+    EXPECT_EQ(n->verdict->restarts, 1) << n->name;
+    EXPECT_EQ(n->verdict->reason, g.reason) << n->name;
+    ASSERT_EQ(n->moved.size(), 1u) << n->name;
+    EXPECT_EQ(n->moved[0].first, 2) << n->name;
+  }
+  // The next rendezvous is generation 2's, agreed by both.
+  Join(*a, 29501);
+  Join(*b, 29601);
+  loop_.Advance(0);
+  ASSERT_TRUE(a->joined && a->joined->ok());
+  EXPECT_EQ((*a->joined)->generation, 2);
+  EXPECT_EQ((*a->joined)->master_port, 29501);
+}
+
+// a has put its join record of generation 1 when its lease is lost (the
+// daemon paused past the TTL): the record goes with the lease. a notices at
+// its next renewal, takes a new lease and joins again, and the rendezvous
+// completes when b joins, well before its timeout.
+TEST_F(ClusterMemberTest, ALeaseLostMidJoinIsJoinedAgainWithTheNewLease) {
+  Node& a = Start("a");
+  Node& b = Start("b");
+  Join(a, 29500);
+  loop_.Advance(0);
+  const int64_t old_lease = LeaseOf("a");
+  ASSERT_NE(old_lease, 0);
+  etcd_.ExpireLease(old_lease);
+  loop_.Advance(kLeaseTtlS / 3 + 0.1);  // a's next renewal
+  EXPECT_EQ(a.Count("lease expired"), 1);
+  EXPECT_NE(LeaseOf("a"), 0);
+  EXPECT_NE(LeaseOf("a"), old_lease);
+
+  Join(b, 29600);
+  loop_.Advance(1);
+  ASSERT_TRUE(a.joined.has_value()) << "a's join record went with its old lease";
+  ASSERT_TRUE(a.joined->ok()) << a.joined->status();
+  ASSERT_TRUE(b.joined && b.joined->ok());
+  EXPECT_EQ((*b.joined)->nodes, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ((*b.joined)->generation, 1);
+  EXPECT_EQ(Generation().generation, 1);
+}
+
+// The watches break just as a moves the generation, so b's watch never
+// carries the move. b reads the job's keys again and follows: told once,
+// its own verdict is the one a wrote.
+TEST_F(ClusterMemberTest, AWatchBrokenDuringAGenerationMoveIsCaughtUpByAResync) {
+  auto [a, b] = RunningPair();
+  a->client->before_generation_swap = [&] {
+    etcd_.BreakWatches(absl::UnavailableError("stream reset"));
+  };
+  RankDied(*a, 1, ExitClass::kCrash);
+  loop_.Advance(0);
+  EXPECT_EQ(Generation().generation, 2);
+  // Neither watch carried the move, a's own included: a learns its own
+  // write from the same resync as b.
+  EXPECT_FALSE(a->verdict.has_value());
+  EXPECT_TRUE(b->moved.empty()) << "the move came through the broken watch";
+
+  loop_.Advance(1.1);  // the retry after a lost watch
+  ASSERT_TRUE(a->verdict);
+  EXPECT_EQ(a->verdict->generation, 2);
+  ASSERT_EQ(b->moved.size(), 1u);
+  EXPECT_EQ(b->moved[0].first, 2);
+  EXPECT_TRUE(b->member->etcd_reachable());
+  RankDied(*b, 1, ExitClass::kPeerLost);  // its ranks' echo of a's failure
+  loop_.Advance(0);
+  ASSERT_TRUE(b->verdict);
+  EXPECT_EQ(b->verdict->kind, ClusterVerdict::Kind::kRestart);
+  EXPECT_EQ(b->verdict->generation, 2);
+  loop_.Advance(5);  // the echo's grace runs out: nothing moves again
+  EXPECT_EQ(Generation().generation, 2);
+  EXPECT_EQ(Generation().restarts, 1);
+  EXPECT_EQ(b->moved.size(), 1u);
+}
+
+// etcd goes down for longer than a lease and a rank of a dies meanwhile: no
+// restart is decided and b's ranks are left alone while etcd is down; each
+// node says so once. When etcd answers, a moves the generation for its
+// crash (not for a lost node: the outage expired nobody), and both follow.
+TEST_F(ClusterMemberTest, ARankDyingWhileEtcdIsDownRestartsTheJobOnceItAnswers) {
+  auto [a, b] = RunningPair();
+  etcd_.SetUnavailable(true);
+  loop_.Advance(0);
+  RankDied(*a, 1, ExitClass::kCrash);
+  loop_.Advance(3 * kLeaseTtlS);
+  EXPECT_FALSE(a->verdict.has_value());
+  EXPECT_TRUE(b->moved.empty());
+  for (Node* n : {a, b}) {
+    EXPECT_FALSE(n->member->etcd_reachable()) << n->name;
+    EXPECT_EQ(n->Count("etcd unreachable"), 1) << n->name;
+  }
+
+  etcd_.SetUnavailable(false);
+  loop_.Advance(1.1);
+  const GenerationRecord g = Generation();
+  EXPECT_EQ(g.generation, 2);
+  EXPECT_EQ(g.by, "a");
+  EXPECT_EQ(g.restarts, 1);
+  EXPECT_TRUE(absl::StrContains(g.reason, "node a: rank 0 was killed")) << g.reason;
+  ASSERT_TRUE(a->verdict);
+  EXPECT_EQ(a->verdict->kind, ClusterVerdict::Kind::kRestart);
+  EXPECT_EQ(a->verdict->generation, 2);
+  ASSERT_EQ(b->moved.size(), 1u);
+  EXPECT_EQ(b->moved[0].first, 2);
+  for (Node* n : {a, b}) {
+    EXPECT_TRUE(n->member->etcd_reachable()) << n->name;
+    EXPECT_EQ(n->Count("etcd reachable again"), 1) << n->name;
+    EXPECT_EQ(n->Count("lost"), 0) << n->name;
+  }
+}
+
+// A member destroyed (its run ended) revokes its lease off the loop and
+// leaves its final status: the other node reads it, not a loss.
+TEST_F(ClusterMemberTest, AnEndedMemberLeavesItsFinalStatusAndRevokesItsLease) {
+  auto [a, b] = RunningPair();
+  const int64_t lease = LeaseOf("b");
+  ASSERT_NE(lease, 0);
+  v1::ClusterNode done;
+  done.set_state(v1::RUN_STATE_SUCCEEDED);
+  b->member->Report(done, true);
+  loop_.Advance(0);
+  b->member.reset();
+  loop_.Advance(0);
+  auto c = etcd_.Client();
+  EXPECT_EQ(c->KeepAlive(lease).status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<std::optional<EtcdKeyValue>> key = c->Get(JobKeys("job").Node("b"));
+  ASSERT_TRUE(key.ok() && key->has_value()) << "b's final status went with its lease";
+  EXPECT_EQ((*key)->lease, 0);
+  v1::ClusterStatus status;
+  a->member->Fill(&status);
+  bool seen = false;
+  for (const v1::ClusterNode& n : status.nodes()) {
+    if (n.node() != "b") continue;
+    seen = true;
+    EXPECT_EQ(n.state(), v1::RUN_STATE_SUCCEEDED);
+  }
+  EXPECT_TRUE(seen);
+}
+
+}  // namespace
+}  // namespace trainsup::supervisor
