@@ -77,6 +77,7 @@ class _Client:
         self.checkpoint_dir = env.get("TRAINSUP_CHECKPOINT_DIR", "")
         self.rank = _env_int("RANK", 0)
         self.world_size = _env_int("WORLD_SIZE", 1)
+        self.pid = os.getpid()
         self.lock = threading.Lock()
         self.last_step = -1
         self.sigterm = False
@@ -97,8 +98,10 @@ class _Client:
     def at_exit(self):
         """A script that returns normally: its last progress is flushed to
         the daemon (which judges the exit by its status) and the stream is
-        closed. exit() and exit_on_oom() end with os._exit, without this."""
-        if self.link is not None:
+        closed. exit() and exit_on_oom() end with os._exit, without this.
+        A forked child inherits the handler: the link is not its own, and
+        its thread did not survive the fork, so it does nothing there."""
+        if self.link is not None and os.getpid() == self.pid:
             self.link.flush(_REPORT_EXIT_TIMEOUT_S)
             self.link.stop()
 
@@ -212,10 +215,18 @@ def phase(name):
 
 
 def _checkpoint_root(c, root):
-    if c is not None and c.supervised:
-        if not c.checkpoint_dir:
+    # A child of the owning process (c is None: an async-checkpoint helper,
+    # say) runs under trainsupd too: the environment the daemon set names
+    # the run's store.
+    if c is not None:
+        supervised, checkpoint_dir = c.supervised, c.checkpoint_dir
+    else:
+        supervised = bool(os.environ.get("TRAINSUP_SUPERVISOR", ""))
+        checkpoint_dir = os.environ.get("TRAINSUP_CHECKPOINT_DIR", "")
+    if supervised:
+        if not checkpoint_dir:
             raise RuntimeError("trainsup: TRAINSUP_CHECKPOINT_DIR is not set by the supervisor")
-        return c.checkpoint_dir
+        return checkpoint_dir
     return root if root is not None else os.path.join(os.getcwd(), "checkpoints")
 
 
@@ -229,9 +240,11 @@ def checkpoint(step, root=None, keep_last=3, keep_every=0):
     and a CHECKPOINT event goes to the daemon. On an exception the directory
     is removed, a CHECKPOINT event with the error is sent and the exception
     propagates. ROOT is TRAINSUP_CHECKPOINT_DIR under trainsupd (`root` is
-    then ignored), else `root` or ./checkpoints. On a rank other than 0 the
-    block gets a scratch directory that is discarded: a gang has one store,
-    which rank 0 writes."""
+    then ignored), in a child process of the script too, else `root` or
+    ./checkpoints. A child's checkpoint sends no event (only the script's
+    own process talks to the daemon); the daemon verifies it on disk like
+    any other. On a rank other than 0 the block gets a scratch directory
+    that is discarded: a gang has one store, which rank 0 writes."""
     c = _client()
     rank = c.rank if c is not None else _env_int("RANK", 0)
     if rank != 0:

@@ -13,6 +13,7 @@ progress() advances, events, the exit report and the exit file."""
 import json
 import os
 import queue
+import select
 import shutil
 import subprocess
 import sys
@@ -44,6 +45,23 @@ def clean_env(**extra):
         os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def read_until(pipe, done, timeout=20):
+    """Reads `pipe` (a child's text pipe, not read from before) until
+    done(text so far) or `timeout` s pass or it closes; the text."""
+    fd = pipe.fileno()
+    data = b""
+    deadline = time.monotonic() + timeout
+    while not done(data.decode(errors="replace")):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
 
 
 def run_script(body, env, cwd, timeout=60):
@@ -376,9 +394,12 @@ class Channel(unittest.TestCase):
         try:
             self.assertEqual(script.stdout.readline().strip(), "ready")
             os.kill(script.pid, 10)  # SIGUSR1
-            time.sleep(0.5)
+            # Until the dump is there: a SIGTERM sent while the SIGUSR1 is
+            # still pending kills the process before the handler runs.
+            err = read_until(script.stderr,
+                             lambda t: "stuck_in_here" in t and t.count("hread 0x") >= 2)
             script.terminate()
-            _, err = script.communicate(timeout=20)
+            err += script.communicate(timeout=20)[1]
             self.assertIn("stuck_in_here", err)
             # all_threads: the main thread and the link's (and gRPC's).
             self.assertGreaterEqual(err.count("hread 0x"), 2, err)
@@ -402,6 +423,52 @@ class Channel(unittest.TestCase):
                 import time; time.sleep(0.3)
             """, self.env(), self.dir)
         self.assertEqual(r.returncode, 0, r.stderr)
+        hellos = [m for m in self.messages() if m.HasField("hello")]
+        self.assertEqual(len(hellos), 1)
+
+    def test_checkpoint_from_a_child_of_rank_0_goes_to_the_runs_store(self):
+        # An async-checkpoint helper: a child of rank 0 (forked and spawned)
+        # commits into TRAINSUP_CHECKPOINT_DIR, not ./checkpoints.
+        r = run_script("""
+            import multiprocessing as mp, os, trainsup
+            def child(step):
+                with trainsup.checkpoint(step) as d:
+                    open(os.path.join(d, "model.bin"), "wb").write(b"m" * 100)
+            if __name__ == "__main__":
+                trainsup.progress(1)
+                for method, step in (("fork", 5), ("spawn", 6)):
+                    p = mp.get_context(method).Process(target=child, args=(step,))
+                    p.start(); p.join()
+                    assert p.exitcode == 0, (method, p.exitcode)
+            """, self.env(), self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        store = os.path.join(self.run_dir, "checkpoints")
+        for step in (5, 6):
+            self.assertTrue(os.path.isfile(os.path.join(store, "step-%d" % step, "MANIFEST.json")),
+                            (step, os.listdir(store) if os.path.isdir(store) else "no store"))
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "checkpoints")))
+
+    def test_forked_child_exiting_leaves_the_parents_link_alone(self):
+        # A child forked after import ends through sys.exit, so the atexit
+        # handlers it inherited run in it: the parent's link is not its own.
+        r = run_script("""
+            import os, sys, trainsup
+            trainsup.progress(1)
+            pid = os.fork()
+            if pid == 0:
+                link = trainsup._the_client.link
+                def flush(timeout_s):
+                    open("child-flushed", "w").close()
+                    return False
+                link.flush = flush
+                sys.exit(0)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, status
+            trainsup.progress(2)
+            """, self.env(), self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "child-flushed")),
+                         "the child ran the parent's exit handler")
         hellos = [m for m in self.messages() if m.HasField("hello")]
         self.assertEqual(len(hellos), 1)
 
