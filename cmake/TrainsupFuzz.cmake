@@ -78,6 +78,7 @@ ExternalProject_Add(trainsup_fuzz
     -DTRAINSUP_CHECKPOINT_SOURCES=${checkpoint_sources}
     -DTRAINSUP_SPEC_SOURCES=${spec_sources}
     -DTRAINSUP_SAFETENSORS_SOURCES=${PROJECT_SOURCE_DIR}/checkpoint/safetensors.cc
+    -DTRAINSUP_CLUSTER_SOURCES=${PROJECT_SOURCE_DIR}/supervisor/cluster/cluster_protocol.cc|${PROJECT_SOURCE_DIR}/supervisor/policy/restart_policy.cc
   BUILD_COMMAND ${CMAKE_COMMAND} --build ${fuzz_dir} -j ${TRAINSUP_FUZZ_BUILD_JOBS}
   BUILD_ALWAYS ON
   INSTALL_COMMAND "")
@@ -88,7 +89,8 @@ endif()
 # Each target for a few seconds: the committed seeds (fuzz/corpus/NAME) are
 # read, what the run finds goes to the build tree's corpus (kept between
 # runs), a crash to fuzz/artifacts/NAME-crash-... in the build tree.
-foreach(name ply las semantic_kitti s3dis manifest safetensors exit_file spec config toml)
+foreach(name ply las semantic_kitti s3dis manifest safetensors exit_file spec config toml
+    cluster_records)
   file(MAKE_DIRECTORY ${fuzz_dir}/corpus/${name} ${fuzz_dir}/artifacts)
   add_test(NAME fuzz.${name}
     COMMAND ${fuzz_dir}/${name}_fuzzer -max_total_time=${TRAINSUP_FUZZ_SECONDS} -timeout=10

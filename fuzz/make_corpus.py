@@ -144,6 +144,24 @@ d = [1, 2.5, true, 1979-05-27T07:32:00Z, {{ e = "{E}" }}]
 g = 0x1F
 ''')
 
+    # cluster_records: the first byte picks the record (0 join, 1
+    # generation, 2 key), the rest is the value as etcd holds it.
+    join = {"node": "node-a", "run_id": "r-1", "attempt": 2, "address": "10.0.0.1", "port": 29500,
+            "steps": [30, 20, 10]}
+    put("cluster_records", "join", b"\x00" + json.dumps(join).encode())
+    put("cluster_records", "join_huge_port", b"\x00" + json.dumps(dict(join, port=1e30)).encode())
+    generation = {"generation": 3, "action": "run", "restarts": 2, "delay_s": 2.0, "by": "node-b",
+                  "reason": "node node-b: rank 1 ended: killed by signal 9 (SIGKILL)",
+                  "history": [{"end_s": 1700000000.5, "class": "crash", "made_progress": True,
+                               "detail": "caf" + E}]}
+    put("cluster_records", "generation", b"\x01" + json.dumps(generation).encode())
+    put("cluster_records", "generation_fail", b"\x01" + json.dumps(
+        {"generation": 9, "action": "fail", "reason": "only 1 of 2 nodes joined"}).encode())
+    put("cluster_records", "generation_float", b"\x01" + b'{"generation": 1e300}')
+    put("cluster_records", "key_join", b"\x02rdzv/4/node-a")
+    put("cluster_records", "key_not_utf8", b"\x02rdzv/1/\xff\xfe")
+    put("cluster_records", "key_node", b"\x02nodes/node-b")
+
 
 if __name__ == "__main__":
     main()

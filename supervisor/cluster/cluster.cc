@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/manifest.h"
@@ -35,6 +36,8 @@ std::string NodeJson(const v1::ClusterNode& n) {
 
 // What a connection attempt found.
 struct Snapshot {
+  Snapshot() = default;
+  Snapshot(absl::Status s) : status(std::move(s)) {}  // NOLINT: Do's error path
   absl::Status status;
   std::string fatal;  // the node cannot take part
   int64_t lease = 0;
@@ -86,7 +89,14 @@ void ClusterMember::Do(std::function<T(EtcdClient&)> op, std::function<void(T)> 
   calls_.push_back([this, life, client, op = std::move(op),
                     then = std::move(then)]() mutable -> std::function<void()> {
     // Off the loop: only the call, the client and the result are touched.
-    auto result = std::make_shared<T>(op(*client));
+    // No exception leaves it (it would end the daemon): it becomes the
+    // call's error.
+    std::shared_ptr<T> result;
+    try {
+      result = std::make_shared<T>(op(*client));
+    } catch (const std::exception& e) {
+      result = std::make_shared<T>(absl::InternalError(absl::StrCat("etcd call: ", e.what())));
+    }
     return [this, life, result, then = std::move(then)] {
       if (life.expired()) return;
       calling_ = false;
@@ -309,14 +319,23 @@ void ClusterMember::StartWatch(int64_t from_revision) {
       });
 }
 
+void ClusterMember::Ignored(const EtcdKeyValue& kv, absl::string_view why) {
+  // Keys come from anyone who can write to etcd: escaped, so that a note
+  // is valid UTF-8 for the run's events.
+  if (events_.note) {
+    events_.note(LogLevel::kWarn,
+                 absl::StrCat("ignored etcd key \"", absl::CHexEscape(kv.key), "\": ", why));
+  }
+}
+
 void ClusterMember::Apply(const EtcdKeyValue& kv, bool deleted) {
   const JobKeys::Parsed p = keys_.Parse(kv.key);
   if (p.kind == "generation" && !deleted) {
     absl::StatusOr<GenerationRecord> g = DecodeGeneration(kv.value);
     if (g.ok()) {
       if (!gen_ || g->generation >= gen_->generation) gen_ = *g;
-    } else if (events_.note) {
-      events_.note(LogLevel::kWarn, absl::StrCat(kv.key, ": ", g.status().message()));
+    } else {
+      Ignored(kv, g.status().message());
     }
   } else if (p.kind == "node") {
     if (deleted) {
@@ -326,7 +345,11 @@ void ClusterMember::Apply(const EtcdKeyValue& kv, bool deleted) {
     v1::ClusterNode n;
     google::protobuf::util::JsonParseOptions opts;
     opts.ignore_unknown_fields = true;
-    if (google::protobuf::util::JsonStringToMessage(kv.value, &n, opts).ok()) {
+    if (!google::protobuf::util::JsonStringToMessage(kv.value, &n, opts).ok()) {
+      Ignored(kv, "node status: not a ClusterNode in JSON");
+    } else if (n.node() != p.node) {
+      Ignored(kv, absl::StrCat("node status of node \"", n.node(), "\" under another name"));
+    } else {
       n.set_lease_alive(kv.lease != 0);
       nodes_[p.node] = n;
     }
@@ -337,7 +360,13 @@ void ClusterMember::Apply(const EtcdKeyValue& kv, bool deleted) {
       return;
     }
     absl::StatusOr<JoinRecord> j = DecodeJoin(kv.value);
-    if (j.ok()) joins_[p.generation][p.node] = *j;
+    if (!j.ok()) {
+      Ignored(kv, j.status().message());
+    } else if (j->node != p.node) {
+      Ignored(kv, absl::StrCat("join record of node \"", j->node, "\" under another name"));
+    } else {
+      joins_[p.generation][p.node] = *j;
+    }
   }
 }
 
@@ -375,7 +404,9 @@ void ClusterMember::Evaluate() {
                                                              : ClusterVerdict::Kind::kFail;
     v.generation = g.generation;
     v.restarts = g.restarts;
-    v.delay_s = g.delay_s;
+    // Whoever can write to etcd writes the delay: at most this daemon's
+    // own longest backoff, so a record cannot stall the job for days.
+    v.delay_s = std::min(g.delay_s, o_.policy.max_backoff_s);
     v.reason = g.reason;
     for (auto& done : ready) done(v);
   }

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "supervisor/cluster/cluster_protocol.h"
 #include "supervisor/cluster/etcd_client.h"
 #include "supervisor/run/unit_env.h"
@@ -72,6 +73,8 @@ class ClusterMember final : public UnitCluster {
   void Resync();
   void StartWatch(int64_t from_revision);
   void Apply(const EtcdKeyValue& kv, bool deleted);
+  // A key of the job that is no valid record: noted, left out of the state.
+  void Ignored(const EtcdKeyValue& kv, absl::string_view why);
   void Evaluate();
   void EvaluateJoin(const GenerationRecord& g);
   void KeepAlive();

@@ -1,6 +1,7 @@
 #include "supervisor/cluster/cluster_protocol.h"
 
 #include <algorithm>
+#include <climits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -34,6 +35,35 @@ absl::StatusOr<json> ParseObject(const std::string& text, const char* what) {
   return j;
 }
 
+// The integer at `key` of `j`, `fallback` when absent (nullopt: required).
+// InvalidArgument naming `what` and the key unless it is a JSON integer in
+// [lo, hi]: a float (1e300) or a string is refused, never converted.
+absl::StatusOr<int64_t> IntField(const json& j, const char* what, const char* key,
+                                 std::optional<int64_t> fallback, int64_t lo, int64_t hi) {
+  auto it = j.find(key);
+  if (it == j.end()) {
+    if (fallback) return *fallback;
+    return absl::InvalidArgumentError(absl::StrCat(what, ": no \"", key, "\""));
+  }
+  bool in_range = false;
+  int64_t v = 0;
+  if (it->is_number_unsigned()) {
+    const uint64_t u = it->get<uint64_t>();
+    in_range = u <= static_cast<uint64_t>(hi);
+    v = in_range ? static_cast<int64_t>(u) : 0;
+  } else if (it->is_number_integer()) {
+    v = it->get<int64_t>();
+    in_range = v >= lo && v <= hi;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": \"", key, "\" is not an integer"));
+  }
+  if (!in_range || v < lo) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": \"", key, "\" out of range [", lo, ", ", hi, "]"));
+  }
+  return v;
+}
+
 }  // namespace
 
 JobKeys::Parsed JobKeys::Parse(const std::string& key) const {
@@ -61,20 +91,33 @@ JobKeys::Parsed JobKeys::Parse(const std::string& key) const {
 std::string EncodeJoin(const JoinRecord& r) {
   return json{{"node", r.node},       {"run_id", r.run_id}, {"attempt", r.attempt},
               {"address", r.address}, {"port", r.port},     {"steps", r.steps}}
-      .dump();
+      .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 absl::StatusOr<JoinRecord> DecodeJoin(const std::string& text) {
   absl::StatusOr<json> j = ParseObject(text, "join record");
   if (!j.ok()) return j.status();
   JoinRecord r;
+  constexpr const char* what = "join record";
   try {
     r.node = j->at("node").get<std::string>();
     r.run_id = j->value("run_id", "");
-    r.attempt = j->value("attempt", 0);
+    absl::StatusOr<int64_t> attempt = IntField(*j, what, "attempt", 0, 0, INT32_MAX);
+    if (!attempt.ok()) return attempt.status();
+    r.attempt = static_cast<int>(*attempt);
     r.address = j->at("address").get<std::string>();
-    r.port = j->at("port").get<int>();
-    r.steps = j->value("steps", std::vector<int64_t>{});
+    absl::StatusOr<int64_t> port = IntField(*j, what, "port", std::nullopt, 1, 65535);
+    if (!port.ok()) return port.status();
+    r.port = static_cast<int>(*port);
+    const json steps = j->value("steps", json::array());
+    if (!steps.is_array())
+      return absl::InvalidArgumentError("join record: \"steps\" is not a list");
+    for (const json& step : steps) {
+      absl::StatusOr<int64_t> v =
+          IntField(json{{"step", step}}, what, "step", std::nullopt, 0, INT64_MAX);
+      if (!v.ok()) return v.status();
+      r.steps.push_back(*v);
+    }
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("join record: ", e.what()));
   }
@@ -96,15 +139,19 @@ std::string EncodeGeneration(const GenerationRecord& r) {
               {"by", r.by},
               {"reason", r.reason},
               {"history", history}}
-      .dump();
+      .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 absl::StatusOr<GenerationRecord> DecodeGeneration(const std::string& text) {
   absl::StatusOr<json> j = ParseObject(text, "generation record");
   if (!j.ok()) return j.status();
   GenerationRecord r;
+  constexpr const char* what = "generation record";
   try {
-    r.generation = j->at("generation").get<int64_t>();
+    absl::StatusOr<int64_t> generation =
+        IntField(*j, what, "generation", std::nullopt, 1, INT64_MAX - 1);
+    if (!generation.ok()) return generation.status();
+    r.generation = *generation;
     const std::string action = j->value("action", "run");
     if (action == "run") {
       r.action = GenerationRecord::Action::kRun;
@@ -116,7 +163,9 @@ absl::StatusOr<GenerationRecord> DecodeGeneration(const std::string& text) {
       return absl::InvalidArgumentError(
           absl::StrCat("generation record: unknown action \"", action, "\""));
     }
-    r.restarts = j->value("restarts", int64_t{0});
+    absl::StatusOr<int64_t> restarts = IntField(*j, what, "restarts", 0, 0, INT64_MAX - 1);
+    if (!restarts.ok()) return restarts.status();
+    r.restarts = *restarts;
     r.delay_s = j->value("delay_s", 0.0);
     r.by = j->value("by", "");
     r.reason = j->value("reason", "");
@@ -131,10 +180,7 @@ absl::StatusOr<GenerationRecord> DecodeGeneration(const std::string& text) {
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("generation record: ", e.what()));
   }
-  if (r.generation < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("generation record: generation ", r.generation, " < 1"));
-  }
+  if (r.delay_s < 0) return absl::InvalidArgumentError("generation record: \"delay_s\" < 0");
   return r;
 }
 

@@ -58,6 +58,8 @@ struct JoinRecord {
   // Checkpoint steps of the shared store it verified, newest first.
   std::vector<int64_t> steps;
 };
+// The encoders never fail: bytes that are not UTF-8 (a node name from a
+// key, an exit's detail) become U+FFFD.
 std::string EncodeJoin(const JoinRecord& r);
 absl::StatusOr<JoinRecord> DecodeJoin(const std::string& json);
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,7 +89,7 @@ constexpr double kLeaseTtlS = 10;
 
 class ClusterMemberTest : public ::testing::Test {
  protected:
-  Node& Start(const std::string& name) {
+  Node& Start(const std::string& name, int64_t job_nodes = 2) {
     auto node = std::make_unique<Node>();
     Node* n = node.get();
     n->name = name;
@@ -97,7 +98,7 @@ class ClusterMemberTest : public ::testing::Test {
     ClusterMember::Options o;
     o.spec.present = true;
     o.spec.job = "job";
-    o.spec.nodes = 2;
+    o.spec.nodes = job_nodes;
     o.spec.etcd_endpoints = {"memory"};
     o.spec.checkpoint_dir = "/shared/ckpt";
     o.spec.lease_ttl_s = kLeaseTtlS;
@@ -328,6 +329,81 @@ TEST_F(ClusterMemberTest, AnEndedMemberLeavesItsFinalStatusAndRevokesItsLease) {
     EXPECT_EQ(n.state(), v1::RUN_STATE_SUCCEEDED);
   }
   EXPECT_TRUE(seen);
+}
+
+// Garbage in the job's keys, as anyone who can write to etcd may leave it:
+// a join key whose node name is not UTF-8 (with a record that decodes), a
+// join record that is not JSON, a generation key's value that is not a
+// record. The member notes each, counts none, and the rendezvous still
+// ends as it should: here with its timeout, which fails the job with a
+// reason etcd can store.
+TEST_F(ClusterMemberTest, GarbageInTheJobsKeysIsNotedAndNeverTakesTheMemberDown) {
+  Node& a = Start("a", 3);
+  Join(a, 29500);
+  loop_.Advance(0);
+  auto c = etcd_.Client();
+  const JobKeys keys("job");
+  JoinRecord ghost;
+  ghost.node = "ghost";
+  ghost.address = "attacker.example";
+  ghost.port = 1;
+  ASSERT_TRUE(c->Put(keys.Join(1, "\xff\xfe"), EncodeJoin(ghost)).ok());
+  ASSERT_TRUE(c->Put(keys.Join(1, "b"), "{not json").ok());
+  ASSERT_TRUE(c->Put(keys.prefix() + "rdzv/x/a", "{}").ok());
+  loop_.Advance(0);
+  EXPECT_FALSE(a.joined.has_value());
+
+  loop_.Advance(60.5);  // the rendezvous timeout
+  loop_.Advance(0);
+  ASSERT_TRUE(a.joined.has_value());
+  EXPECT_EQ(a.joined->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(a.joined->status().message(), "only 1 of 3 nodes joined"))
+      << a.joined->status();
+  const GenerationRecord g = Generation();
+  EXPECT_EQ(g.action, GenerationRecord::Action::kFail);
+  EXPECT_GE(a.Count("join record"), 2) << "the bad key and the bad record are each noted";
+
+  // A generation value that is no record: noted, the last good one kept.
+  ASSERT_TRUE(c->Put(keys.Generation(), "[]").ok());
+  loop_.Advance(0);
+  EXPECT_GE(a.Count("generation record"), 1);
+  v1::ClusterStatus status;
+  a.member->Fill(&status);
+  EXPECT_EQ(status.generation(), g.generation);
+}
+
+// A generation record's delay comes from whoever wrote it: the verdict
+// waits at most this daemon's own longest backoff.
+TEST_F(ClusterMemberTest, ARecordsDelayIsClampedToTheLongestBackoff) {
+  auto [a, b] = RunningPair();
+  GenerationRecord g = Generation();
+  g.generation = 2;
+  g.restarts = 1;
+  g.delay_s = 1e9;
+  g.reason = "written by hand";
+  auto c = etcd_.Client();
+  ASSERT_TRUE(c->Put(JobKeys("job").Generation(), EncodeGeneration(g)).ok());
+  RankDied(*a, 1, ExitClass::kPeerLost);
+  loop_.Advance(0);
+  ASSERT_TRUE(a->verdict);
+  EXPECT_EQ(a->verdict->kind, ClusterVerdict::Kind::kRestart);
+  EXPECT_EQ(a->verdict->delay_s, RestartPolicy{}.max_backoff_s);
+}
+
+// An etcd call that throws (a client's bug, a decoder's) is that call's
+// error, noted and retried, never an exception off the loop (it would end
+// the daemon).
+TEST_F(ClusterMemberTest, AnEtcdCallThatThrowsIsAnErrorAndIsRetried) {
+  auto [a, b] = RunningPair();
+  a->client->before_generation_swap = [] { throw std::runtime_error("bad_alloc, say"); };
+  RankDied(*a, 1, ExitClass::kCrash);
+  loop_.Advance(0);
+  EXPECT_EQ(Generation().generation, 1);
+  EXPECT_EQ(a->Count("etcd call: bad_alloc, say"), 1);
+  loop_.Advance(1.1);  // the retry
+  EXPECT_EQ(Generation().generation, 2);
+  ASSERT_TRUE(a->verdict);
+  EXPECT_EQ(a->verdict->generation, 2);
 }
 
 }  // namespace

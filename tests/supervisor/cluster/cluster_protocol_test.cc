@@ -72,6 +72,39 @@ TEST(GenerationRecord, RoundTripsWithItsHistory) {
   EXPECT_FALSE(DecodeGeneration("{\"generation\": 2, \"action\": \"explode\"}").ok());
 }
 
+// Records come from anyone who can write to etcd: a number that is not an
+// integer in range is refused, never converted (a float of 1e300 to int64
+// is undefined behaviour; the fuzz target cluster_records found it), and
+// the encoders take any bytes.
+TEST(ClusterRecords, NumbersOutOfRangeAreRefusedAndAnyBytesEncode) {
+  const std::string join = R"({"node": "a", "address": "h", "port": )";
+  EXPECT_TRUE(DecodeJoin(join + "29500}").ok());
+  for (const char* port : {"1e30", "0", "65536", "-1", "\"29500\"", "29500.5"}) {
+    absl::StatusOr<JoinRecord> r = DecodeJoin(join + port + "}");
+    EXPECT_FALSE(r.ok()) << port;
+    EXPECT_NE(r.status().message().find("\"port\""), absl::string_view::npos) << port;
+  }
+  EXPECT_FALSE(DecodeJoin(join + R"(1, "steps": [10, 1e300]})").ok());
+  EXPECT_FALSE(DecodeJoin(join + R"(1, "steps": [-5]})").ok());
+  EXPECT_FALSE(DecodeJoin(join + R"(1, "steps": {"a": 1}})").ok());
+  EXPECT_FALSE(DecodeJoin(join + R"(1, "attempt": 3e9})").ok());
+  EXPECT_FALSE(DecodeGeneration(R"({"generation": 1e300})").ok());
+  EXPECT_FALSE(DecodeGeneration(R"({"generation": 18446744073709551615})").ok());
+  EXPECT_FALSE(DecodeGeneration(R"({"generation": 2, "restarts": -1})").ok());
+  EXPECT_FALSE(DecodeGeneration(R"({"generation": 2, "delay_s": -3})").ok());
+
+  JoinRecord r;
+  r.node = "\xff\xfe";
+  r.address = "h";
+  r.port = 1;
+  absl::StatusOr<JoinRecord> back = DecodeJoin(EncodeJoin(r));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->node, "\xef\xbf\xbd\xef\xbf\xbd");  // U+FFFD twice
+  GenerationRecord g;
+  g.reason = "only \xff joined";
+  EXPECT_TRUE(DecodeGeneration(EncodeGeneration(g)).ok());
+}
+
 TEST(NextGeneration, RestartsWithTheBackoffAndCountsOnce) {
   RestartPolicy p;
   p.initial_backoff_s = 2;
