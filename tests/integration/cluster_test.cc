@@ -16,6 +16,8 @@
 //    restarted, the job finishes.
 //  - node-b's daemon paused (SIGSTOP) past its lease, a partition: node-a
 //    counts it lost and stops; resumed, node-b rejoins and the job finishes.
+//  - garbage in a job's keys, written with an etcd client: the daemon notes
+//    it, fails the job at its rendezvous timeout, and keeps serving.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -27,6 +29,8 @@
 #include <vector>
 
 #include "contracts/run_layout.h"
+#include "supervisor/cluster/cluster_protocol.h"
+#include "supervisor/cluster/etcd_client.h"
 #include "tests/common/etcd_server.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/daemon_test_util.h"
@@ -209,6 +213,45 @@ TEST_F(ClusterTest, TwoNodesTrainLikeOneDaemonWithTwoRanks) {
     EXPECT_TRUE(x == y) << file << " differs from the one-daemon run's";
   }
   ExpectNoWorkerLeft(ra, rb);
+}
+
+// Anyone who can write to etcd can leave garbage under a job's prefix: a
+// join key whose node name is not UTF-8 (its record decodes, naming
+// "ghost"), a join record that is not JSON, a node status that is none.
+// node-a's run of the 3-node job notes each, counts none, fails at the
+// rendezvous timeout, and the daemon keeps serving. Before the fix the
+// timeout's record, with the bad name in its reason, threw on the etcd
+// thread and ended the daemon.
+TEST_F(ClusterTest, GarbageInTheJobsKeysIsNotedAndTheDaemonKeepsServing) {
+  absl::StatusOr<std::unique_ptr<supervisor::EtcdClient>> etcd =
+      supervisor::MakeEtcdClient(etcd_.endpoint(), 5);
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  const supervisor::JobKeys keys("garbage");
+  supervisor::JoinRecord ghost;
+  ghost.node = "ghost";
+  ghost.address = "attacker.example";
+  ghost.port = 1;
+  ASSERT_TRUE((*etcd)->Put(keys.Join(1, "\xff\xfe"), supervisor::EncodeJoin(ghost)).ok());
+  ASSERT_TRUE((*etcd)->Put(keys.Join(1, "node-c"), "{not json").ok());
+  ASSERT_TRUE((*etcd)->Put(keys.Node("node-z"), "\xff").ok());
+
+  std::string spec = ClusterSpecText("garbage", etcd_.endpoint(), shared_, 20, 5);
+  spec.replace(spec.find("nodes = 2"), 9, "nodes = 3");
+  spec.replace(spec.find("rendezvous_timeout_s = 120"), 26, "rendezvous_timeout_s = 4");
+  const std::string id = a_.Submit(spec);
+  v1::Run r;
+  ASSERT_TRUE(a_.WaitForEnd(id, Seconds(120), &r));
+  EXPECT_EQ(r.state(), v1::RUN_STATE_FAILED) << Describe(r);
+  EXPECT_THAT(r.reason(), HasSubstr("only 1 of 3 nodes joined")) << Describe(r);
+  const std::string events = Events(a_, id);
+  EXPECT_THAT(events, HasSubstr("join record of node \"ghost\" under another name")) << events;
+  EXPECT_THAT(events, HasSubstr("rdzv/1/node-c")) << events;
+  EXPECT_THAT(events, HasSubstr("nodes/node-z")) << events;
+  // Still serving: a new local run on node-a succeeds.
+  const std::string local = a_.Submit(ModelSpec("after-garbage", 4, 2));
+  v1::Run after;
+  ASSERT_TRUE(a_.WaitForEnd(local, Seconds(200), &after));
+  EXPECT_EQ(after.state(), v1::RUN_STATE_SUCCEEDED) << Describe(after);
 }
 
 TEST_F(ClusterTest, RankKilledOnOneNodeRestartsBothFromTheSameCheckpoint) {
