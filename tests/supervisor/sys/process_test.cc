@@ -207,6 +207,9 @@ TEST(CaptureStacks, WritesTheStacksOfASleepingProcess) {
   TempDir dir;
   const std::string log = dir.path() + "/worker.log";
   const LaunchedProcess child = LaunchOrDie({"-c", "exec sleep 30"});
+  // Launch returns once the shell runs; the stacks are those of sleep.
+  ASSERT_TRUE(Eventually(
+      [&] { return ReadFile("/proc/" + std::to_string(child.pid) + "/comm") == "sleep\n"; }));
   absl::StatusOr<std::string> used = CaptureStacks(child.pid, log, 60);
   const std::string text = ReadFile(log);
   kill(child.pid, SIGKILL);
