@@ -1,7 +1,11 @@
 #include "supervisor/run/loop_env.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -95,6 +99,23 @@ std::optional<ExitFile> LoopEnv::ReadExitFile(const std::string& path) {
   absl::StatusOr<ExitFile> f = trainsup::ReadExitFile(path);
   if (!f.ok()) return std::nullopt;
   return *f;
+}
+
+UnitLauncher::FileTail LoopEnv::ReadTail(const std::string& path, int64_t offset,
+                                         int64_t max_bytes) {
+  FileTail t;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return t;
+  struct stat st {};
+  if (fstat(fd, &st) == 0) {
+    t.size = st.st_size;
+    const int64_t n = std::min<int64_t>(std::max<int64_t>(t.size - offset, 0), max_bytes);
+    t.bytes.resize(static_cast<size_t>(n));
+    const ssize_t got = n > 0 ? pread(fd, t.bytes.data(), static_cast<size_t>(n), offset) : 0;
+    t.bytes.resize(got > 0 ? static_cast<size_t>(got) : 0);
+  }
+  close(fd);
+  return t;
 }
 
 void LoopEnv::CaptureStacks(int pid, const std::string& log_path,

@@ -47,6 +47,7 @@ class LoopEnv final : public UnitClock,
   ReapResult Reap(int pid) override;
   bool IsSameProcess(int pid, uint64_t start_ticks) override;
   std::optional<ExitFile> ReadExitFile(const std::string& path) override;
+  FileTail ReadTail(const std::string& path, int64_t offset, int64_t max_bytes) override;
   void CaptureStacks(int pid, const std::string& log_path,
                      std::function<void(absl::StatusOr<std::string>)> done) override;
   // UnitSignaller.

@@ -208,6 +208,8 @@ class RunUnit {
   void CaptureAndKill(RankState& r, ExitClass cls, const std::string& reason);
   // CaptureAndKill's stack capture (when configured), then SIGTERM.
   void CaptureThenTerm(int attempt, int rank);
+  void WaitForPythonStacks(int attempt, int rank, const std::string& log_path, int64_t from,
+                           int64_t last_size, double deadline_s);
   void MaybeFinished();
 
   UnitEnv env_;

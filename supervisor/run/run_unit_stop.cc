@@ -117,15 +117,41 @@ void RunUnit::CaptureAndKill(RankState& r, ExitClass cls, const std::string& rea
     // The Python client registers faulthandler on SIGUSR1: every thread's
     // Python stack goes to stderr (the rank log), which gdb cannot show.
     // The leader only: a child that did not register it would die of it.
+    const std::string log_path = r.status.log_path();
+    const int64_t from = std::max<int64_t>(env_.launcher->ReadTail(log_path, 0, 0).size, 0);
     absl::Status s = env_.signaller->SignalLeader(r.group, SIGUSR1);
     if (!s.ok()) Log(LogLevel::kWarn, absl::StrCat("rank=", rank, " SIGUSR1: ", s.message()));
-    env_.timers->Start(cfg().workers.python_stack_wait_s, Guarded([this, attempt, rank] {
-                         if (attempt != attempt_.number()) return;
-                         CaptureThenTerm(attempt, rank);
-                       }));
+    WaitForPythonStacks(attempt, rank, log_path, from, -1,
+                        env_.clock->NowS() + cfg().workers.python_stack_wait_s);
     return;
   }
   CaptureThenTerm(attempt, rank);
+}
+
+// Until the Python stacks are in the rank log: the log holds faulthandler's
+// "(most recent call first)" past `from` and has not grown since the last
+// look, or `deadline_s` passed. A SIGTERM sent while the SIGUSR1 is still
+// pending would kill the script before it dumps (a loaded machine may not
+// run it for a while), so the wait is for the dump itself; the cap is
+// workers.python_stack_wait_s.
+void RunUnit::WaitForPythonStacks(int attempt, int rank, const std::string& log_path, int64_t from,
+                                  int64_t last_size, double deadline_s) {
+  constexpr double kPollS = 0.05;
+  constexpr int64_t kMaxDumpBytes = 1 << 20;
+  const UnitLauncher::FileTail t = env_.launcher->ReadTail(log_path, from, kMaxDumpBytes);
+  if (t.size >= 0 && t.size < from) from = 0;  // the log was rotated meanwhile
+  const bool dumped = t.size > from && t.size == last_size &&
+                      t.bytes.find("(most recent call first)") != std::string::npos;
+  const double left_s = deadline_s - env_.clock->NowS();
+  if (dumped || left_s <= 1e-9) {
+    CaptureThenTerm(attempt, rank);
+    return;
+  }
+  env_.timers->Start(std::min(kPollS, left_s),
+                     Guarded([this, attempt, rank, log_path, from, size = t.size, deadline_s] {
+                       if (attempt != attempt_.number()) return;
+                       WaitForPythonStacks(attempt, rank, log_path, from, size, deadline_s);
+                     }));
 }
 
 void RunUnit::CaptureThenTerm(int attempt, int rank) {

@@ -84,6 +84,14 @@ class UnitLauncher {
   virtual bool IsSameProcess(int pid, uint64_t start_ticks) = 0;
   // The rank's exit file, when there is a readable one.
   virtual std::optional<ExitFile> ReadExitFile(const std::string& path) = 0;
+  // What the file at `path` holds from byte `offset` on, at most
+  // `max_bytes` of it, and its size now: a rank log read while a Python
+  // script dumps its stacks into it. Size -1 when there is no such file.
+  struct FileTail {
+    int64_t size = -1;
+    std::string bytes;
+  };
+  virtual FileTail ReadTail(const std::string& path, int64_t offset, int64_t max_bytes) = 0;
   // Appends the stacks of `pid` to `log_path` (off the loop); `done` runs on
   // the loop with the tool used or the error.
   virtual void CaptureStacks(int pid, const std::string& log_path,

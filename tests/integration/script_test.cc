@@ -128,6 +128,9 @@ TEST(CommandRun, HungScriptGetsPythonStacksInItsLogAndIsRelaunched) {
   DaemonHarness h;
   AllowPython(h);
   h.Set("progress.fixed_timeout_s", "3");
+  // The daemon waits for the dump itself, this long at most: a loaded
+  // machine may not run the script for a while after the SIGUSR1.
+  h.Set("workers.python_stack_wait_s", "30");
   ASSERT_TRUE(h.Start());
   const std::string id =
       h.Submit(ScriptSpec("hangs", "train_small.py", true,

@@ -80,6 +80,39 @@ TEST_F(RunUnitTest, AHungCommandGetsSigusr1ThenTheUsualKill) {
   EXPECT_EQ(u->ranks()[0].status.exit_class(), v1::EXIT_CLASS_FROZEN);
 }
 
+// The wait after SIGUSR1 is for the dump itself: once the rank log holds
+// the Python stacks (and stopped growing) the kill goes on, well before
+// the cap; a loaded machine that runs the script late gets the whole cap.
+TEST_F(RunUnitTest, AHungCommandIsKilledOnceItsPythonStacksAreInTheLog) {
+  env_.config_.workers.heartbeat_timeout_s = 5;
+  env_.config_.workers.python_stack_wait_s = 30;
+  auto u = NewCommandUnit(/*heartbeats=*/true);
+  std::vector<int> pids = StartAndLaunch(*u);
+  auto link = Hello(*u, 0);
+  const std::string log = u->ranks()[0].status.log_path();
+  ASSERT_FALSE(log.empty());
+  env_.files[log] = "step 1\nstep 2\n";
+  env_.Advance(6);
+  u->CheckLiveness();
+  env_.Settle();
+  ASSERT_EQ(env_.leader_signals.size(), 1u);
+  env_.Advance(3);  // the script has not run yet: nothing in the log
+  EXPECT_TRUE(env_.signals.empty());
+  env_.files[log] += "Thread 0x00007f (most recent call first):\n  File \"train.py\", line 9";
+  env_.Advance(0.06);  // it is there, but may still be growing
+  EXPECT_TRUE(env_.signals.empty());
+  env_.files[log] += " in stuck\n";
+  env_.Advance(0.06);
+  EXPECT_TRUE(env_.signals.empty()) << "it grew";
+  env_.Advance(0.06);  // unchanged since the last look: dumped
+  env_.Settle();
+  ASSERT_EQ(env_.signals.size(), 1u);
+  EXPECT_EQ(env_.signals[0].second, SIGTERM);
+  env_.Exit(*u, 0, pids[0], false, SIGTERM);
+  env_.Settle();
+  EXPECT_EQ(u->ranks()[0].status.exit_class(), v1::EXIT_CLASS_FROZEN);
+}
+
 TEST_F(RunUnitTest, OurWorkerGetsNoSigusr1) {
   env_.config_.workers.heartbeat_timeout_s = 5;
   auto u = NewUnit();

@@ -108,6 +108,14 @@ class FakeEnv final : public FakeLoop,
     if (it == exit_files.end()) return std::nullopt;
     return it->second;
   }
+  FileTail ReadTail(const std::string& path, int64_t offset, int64_t max_bytes) override {
+    FileTail t;
+    auto it = files.find(path);
+    if (it == files.end()) return t;
+    t.size = static_cast<int64_t>(it->second.size());
+    if (offset < t.size) t.bytes = it->second.substr(offset, max_bytes);
+    return t;
+  }
   void CaptureStacks(int, const std::string&,
                      std::function<void(absl::StatusOr<std::string>)> done) override {
     Start(0, [done] { done(std::string("fake")); });
@@ -199,6 +207,7 @@ class FakeEnv final : public FakeLoop,
   std::set<int> alive;
   std::map<int, std::pair<bool, int>> exits;
   std::map<std::string, ExitFile> exit_files;
+  std::map<std::string, std::string> files;  // what ReadTail reads (rank logs)
   std::vector<std::pair<int, int>> signals;
   std::vector<std::pair<int, int>> leader_signals;  // SignalLeader
   std::vector<std::string> logs;
