@@ -64,6 +64,15 @@ absl::StatusOr<int64_t> IntField(const json& j, const char* what, const char* ke
   return v;
 }
 
+// `s` cut to at most `max` bytes on a UTF-8 character boundary, marked
+// with "..." when cut.
+std::string Truncated(const std::string& s, size_t max) {
+  if (s.size() <= max) return s;
+  size_t n = max - 3;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return s.substr(0, n) + "...";
+}
+
 }  // namespace
 
 JobKeys::Parsed JobKeys::Parse(const std::string& key) const {
@@ -192,6 +201,7 @@ GenerationRecord NextGeneration(const GenerationRecord& current, const AttemptEn
   next.by = by;
   next.history = current.history;
   next.history.push_back(end);
+  next.history.back().detail = Truncated(end.detail, GenerationRecord::kMaxDetailBytes);
   if (next.history.size() > GenerationRecord::kMaxHistory) {
     next.history.erase(next.history.begin(), next.history.end() - GenerationRecord::kMaxHistory);
   }
@@ -207,6 +217,7 @@ GenerationRecord NextGeneration(const GenerationRecord& current, const AttemptEn
     next.action = GenerationRecord::Action::kFail;
     next.reason = absl::StrCat(reason, "; ", d.reason);
   }
+  next.reason = Truncated(next.reason, GenerationRecord::kMaxReasonBytes);
   return next;
 }
 

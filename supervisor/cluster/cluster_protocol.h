@@ -73,9 +73,13 @@ struct GenerationRecord {
   std::string by;        // the node that wrote it ("" for generation 1)
   std::string reason;    // why the generation moved (or the job ended)
   // The job's failed generations (the restart policy's history), oldest
-  // first, at most kMaxHistory.
+  // first, at most kMaxHistory, each detail at most kMaxDetailBytes (and
+  // the reason kMaxReasonBytes): the record stays under 128 KiB, far below
+  // etcd's 1.5 MiB request limit, whatever the exits said.
   std::vector<AttemptEnd> history;
   static constexpr size_t kMaxHistory = 256;
+  static constexpr size_t kMaxDetailBytes = 256;
+  static constexpr size_t kMaxReasonBytes = 2048;
 };
 std::string EncodeGeneration(const GenerationRecord& r);
 absl::StatusOr<GenerationRecord> DecodeGeneration(const std::string& json);

@@ -105,6 +105,32 @@ TEST(ClusterRecords, NumbersOutOfRangeAreRefusedAndAnyBytesEncode) {
   EXPECT_TRUE(DecodeGeneration(EncodeGeneration(g)).ok());
 }
 
+// However long the exits' details and however many failures, the record
+// stays far below etcd's request limit (1.5 MiB).
+TEST(NextGeneration, TheRecordStaysBoundedInBytes) {
+  RestartPolicy policy;
+  policy.max_restarts = 1000000;
+  policy.crash_loop_attempts = 0;
+  GenerationRecord g;
+  const std::string long_detail = std::string(9999, 'x') + "\xc3\xa9";  // ends in a 2-byte char
+  for (int i = 0; i < 400; ++i) {
+    AttemptEnd end;
+    end.end_s = 1000 + i;
+    end.made_progress = true;
+    end.detail = long_detail;
+    g = NextGeneration(g, end, policy, "node-a", "node node-a: " + long_detail);
+  }
+  const std::string encoded = EncodeGeneration(g);
+  EXPECT_LT(encoded.size(), 128u * 1024) << encoded.size();
+  EXPECT_EQ(g.history.size(), GenerationRecord::kMaxHistory);
+  EXPECT_LE(g.history.back().detail.size(), GenerationRecord::kMaxDetailBytes);
+  EXPECT_LE(g.reason.size(), GenerationRecord::kMaxReasonBytes);
+  absl::StatusOr<GenerationRecord> back = DecodeGeneration(encoded);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->history.size(), GenerationRecord::kMaxHistory);
+  EXPECT_EQ(back->restarts, 400);
+}
+
 TEST(NextGeneration, RestartsWithTheBackoffAndCountsOnce) {
   RestartPolicy p;
   p.initial_backoff_s = 2;
