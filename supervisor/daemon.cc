@@ -81,7 +81,7 @@ absl::StatusOr<std::unique_ptr<UnitCluster>> DaemonImpl::JoinCluster(const v1::R
   // wrote (NextGeneration).
   o.policy = RestartPolicyFrom(config_.restart);
   return std::unique_ptr<UnitCluster>(std::make_unique<ClusterMember>(
-      env_.get(), env_.get(), std::shared_ptr<EtcdClient>(std::move(*client)), std::move(o),
+      env_.get(), etcd_timers_.get(), std::shared_ptr<EtcdClient>(std::move(*client)), std::move(o),
       std::move(events)));
 }
 
@@ -113,6 +113,7 @@ absl::Status DaemonImpl::Init() {
                     .count();
   metrics_->SetDaemonInfo(TRAINSUP_VERSION, static_cast<double>(started_ms_) / 1000.0);
   env_ = std::make_unique<LoopEnv>(io_, pool_, store_.get(), &exits_);
+  etcd_timers_ = std::make_unique<PoolTimers>(*env_, io_, etcd_pool_);
   std::unique_ptr<GpuMonitor> gpus;
   if (!config_.testing.fake_gpu_file.empty()) {
     gpus = OpenFakeMonitor(config_.testing.fake_gpu_file);
@@ -540,6 +541,7 @@ int DaemonImpl::Run() {
              slots_->slots().size());
   io_.run();
   pool_.join();
+  etcd_pool_.join();
   store_->Stop();
   log_->info("stopped");
   return 0;

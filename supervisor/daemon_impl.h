@@ -148,10 +148,14 @@ class DaemonImpl final : public Daemon,
   asio::signal_set signals_;
   asio::steady_timer tick_, slow_tick_, watchdog_;
   asio::thread_pool pool_{2};
+  // The cluster members' etcd calls (PoolTimers): each bounded by the
+  // client's deadline, at most one in order and one renewal per member.
+  asio::thread_pool etcd_pool_{4};
   std::unique_ptr<StoreThreads> store_;
   std::unique_ptr<Metrics> metrics_;
   ExitWatcher exits_;
   std::unique_ptr<LoopEnv> env_;
+  std::unique_ptr<PoolTimers> etcd_timers_;
   std::unique_ptr<SlotTable> slots_;
   WatchHub hub_;
   std::map<std::string, std::unique_ptr<RunUnit>> units_;  // unfinished runs

@@ -84,10 +84,16 @@ auto ClusterMember::Guarded(Fn fn) {
 
 template <class T>
 void ClusterMember::Do(std::function<T(EtcdClient&)> op, std::function<void(T)> then) {
+  Do<T>(Path::kInOrder, std::move(op), std::move(then));
+}
+
+template <class T>
+void ClusterMember::Do(Path path, std::function<T(EtcdClient&)> op, std::function<void(T)> then) {
   std::shared_ptr<EtcdClient> client = client_;
   std::weak_ptr<int> life = life_;
-  calls_.push_back([this, life, client, op = std::move(op),
-                    then = std::move(then)]() mutable -> std::function<void()> {
+  const bool in_order = path == Path::kInOrder;
+  auto call = [this, life, client, in_order, op = std::move(op),
+               then = std::move(then)]() mutable -> std::function<void()> {
     // Off the loop: only the call, the client and the result are touched.
     // No exception leaves it (it would end the daemon): it becomes the
     // call's error.
@@ -97,13 +103,20 @@ void ClusterMember::Do(std::function<T(EtcdClient&)> op, std::function<void(T)> 
     } catch (const std::exception& e) {
       result = std::make_shared<T>(absl::InternalError(absl::StrCat("etcd call: ", e.what())));
     }
-    return [this, life, result, then = std::move(then)] {
+    return [this, life, result, in_order, then = std::move(then)] {
       if (life.expired()) return;
-      calling_ = false;
-      NextCall();
+      if (in_order) {
+        calling_ = false;
+        NextCall();
+      }
       then(std::move(*result));
     };
-  });
+  };
+  if (!in_order) {
+    timers_->OffLoop(std::move(call));
+    return;
+  }
+  calls_.push_back(std::move(call));
   NextCall();
 }
 
@@ -577,8 +590,10 @@ void ClusterMember::KeepAlive() {
     return;
   }
   const int64_t lease = lease_;
+  // Not behind the other calls: a slow swap or connect must not let the
+  // lease expire (a healthy job restarted for nothing).
   Do<absl::StatusOr<int64_t>>(
-      [lease](EtcdClient& c) { return c.KeepAlive(lease); },
+      Path::kOwn, [lease](EtcdClient& c) { return c.KeepAlive(lease); },
       [this, lease, every](absl::StatusOr<int64_t> ttl) {
         After(every, [this] { KeepAlive(); });
         if (lease != lease_) return;

@@ -7,7 +7,8 @@
 // Loop-thread object, on the loop's clock and timers (unit_env.h) like a
 // RunUnit. Every etcd call runs off the loop (UnitTimers::OffLoop), one at
 // a time in the order issued: the next starts once the previous one's
-// result is back on the loop. The watch's events come back through
+// result is back on the loop. The lease's renewals alone go beside them,
+// so that a slow call cannot let the lease expire. The watch's events come back through
 // UnitTimers::Post. etcd down never blocks the loop: calls fail within the
 // client's deadline, the member says so once (note, etcd_reachable()),
 // keeps retrying, and decides nothing until etcd answers again. Its tests
@@ -57,10 +58,14 @@ class ClusterMember final : public UnitCluster {
   bool etcd_reachable() const { return etcd_up_; }
 
  private:
-  // Queues `op` to run off the loop after the calls queued before it;
-  // `then` gets its result on the loop, unless the member is gone by then.
+  // Queues `op` to run off the loop after the calls queued before it
+  // (kInOrder), or at once beside them (kOwn: the lease's renewals); `then`
+  // gets its result on the loop, unless the member is gone by then.
+  enum class Path { kInOrder, kOwn };
   template <class T>
   void Do(std::function<T(EtcdClient&)> op, std::function<void(T)> then);
+  template <class T>
+  void Do(Path path, std::function<T(EtcdClient&)> op, std::function<void(T)> then);
   void NextCall();
   // Runs `fn` on the loop after `delay_s`, unless the member is gone.
   void After(double delay_s, std::function<void()> fn);

@@ -62,6 +62,13 @@ void LoopEnv::OffLoop(std::function<std::function<void()>()> work) {
   });
 }
 
+void PoolTimers::OffLoop(std::function<std::function<void()>()> work) {
+  asio::post(pool_, [this, work = std::move(work)] {
+    std::function<void()> then = work();
+    if (then) asio::post(io_, std::move(then));
+  });
+}
+
 void LoopEnv::Post(std::function<void()> fn) { asio::post(io_, std::move(fn)); }
 
 void LoopEnv::Write(const std::string& run_id, StoreBatch batch,

@@ -65,6 +65,26 @@ class LoopEnv final : public UnitClock,
   std::map<TimerId, std::unique_ptr<boost::asio::steady_timer>> timers_;
 };
 
+// The loop's timers, with off-loop work on a pool of its own: the cluster
+// members' etcd calls, which must not queue behind the daemon's other
+// off-loop work (a stack capture may take 20 s) while a lease runs out.
+class PoolTimers final : public UnitTimers {
+ public:
+  PoolTimers(UnitTimers& loop, boost::asio::io_context& io, boost::asio::thread_pool& pool)
+      : loop_(loop), io_(io), pool_(pool) {}
+  TimerId Start(double delay_s, std::function<void()> fn) override {
+    return loop_.Start(delay_s, std::move(fn));
+  }
+  void Cancel(TimerId id) override { loop_.Cancel(id); }
+  void OffLoop(std::function<std::function<void()>()> work) override;
+  void Post(std::function<void()> fn) override { loop_.Post(std::move(fn)); }
+
+ private:
+  UnitTimers& loop_;
+  boost::asio::io_context& io_;
+  boost::asio::thread_pool& pool_;
+};
+
 }  // namespace trainsup::supervisor
 
 #endif  // TRAINSUP_SUPERVISOR_RUN_LOOP_ENV_H_

@@ -58,6 +58,20 @@ class FakeLoop : public UnitClock, public UnitTimers {
   }
   void Cancel(TimerId id) override { timers_.erase(id); }
   void OffLoop(std::function<std::function<void()>()> work) override {
+    if (defer_off_loop) {
+      deferred.push_back(std::move(work));
+      return;
+    }
+    std::function<void()> then = work();
+    if (then) Start(0, std::move(then));
+  }
+  // With defer_off_loop, off-loop work waits in `deferred` until the test
+  // runs it (RunDeferred): a call that is slow, or never ends.
+  bool defer_off_loop = false;
+  std::vector<std::function<std::function<void()>()>> deferred;
+  void RunDeferred(size_t i) {
+    std::function<std::function<void()>()> work = std::move(deferred.at(i));
+    deferred.erase(deferred.begin() + static_cast<std::ptrdiff_t>(i));
     std::function<void()> then = work();
     if (then) Start(0, std::move(then));
   }

@@ -390,6 +390,30 @@ TEST_F(ClusterMemberTest, ARecordsDelayIsClampedToTheLongestBackoff) {
   EXPECT_EQ(a->verdict->delay_s, RestartPolicy{}.max_backoff_s);
 }
 
+// A compare-and-swap that hangs (etcd slow to answer it) does not hold up
+// the lease's renewals: they take their own path, and the node is not
+// counted lost while the call is stuck.
+TEST_F(ClusterMemberTest, ASlowCallDoesNotHoldUpTheLeasesRenewal) {
+  auto [a, b] = RunningPair();
+  const int64_t lease = LeaseOf("a");
+  loop_.defer_off_loop = true;
+  RankDied(*a, 1, ExitClass::kCrash);  // its swap is deferred[0], held
+  ASSERT_EQ(loop_.deferred.size(), 1u);
+  for (int i = 0; i < 12; ++i) {  // 4 lease TTLs
+    loop_.Advance(kLeaseTtlS / 3);
+    while (loop_.deferred.size() > 1) loop_.RunDeferred(1);  // everything but the swap
+    loop_.Advance(0);
+  }
+  EXPECT_EQ(LeaseOf("a"), lease) << "a's lease expired behind a stuck call";
+  EXPECT_TRUE(b->moved.empty());
+  EXPECT_EQ(a->Count("lease expired"), 0);
+  loop_.RunDeferred(0);  // the swap answers at last
+  loop_.defer_off_loop = false;
+  loop_.Advance(0);
+  EXPECT_EQ(Generation().generation, 2);
+  EXPECT_EQ(Generation().reason.find("lost"), std::string::npos) << Generation().reason;
+}
+
 // An etcd call that throws (a client's bug, a decoder's) is that call's
 // error, noted and retried, never an exception off the loop (it would end
 // the daemon).
