@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -223,6 +224,8 @@ template <typename Visitor, typename Section>
 void VisitCommands(Visitor& v, Section& c) {
   v.StringList("allowed_programs", &c.allowed_programs);
   v.StringList("allowed_dirs", &c.allowed_dirs);
+  v.StringList("deny_env", &c.deny_env);
+  v.StringList("allow_env", &c.allow_env);
   v.Finish();
 }
 
@@ -354,6 +357,25 @@ absl::Status CheckCombinations(const DaemonConfig& c) {
       if (path.empty() || path[0] != '/') {
         return bad(key, absl::StrCat("'", path, "' is not an absolute path"));
       }
+    }
+  }
+  for (const auto& [key, names] : {std::pair{"commands.deny_env", &c.commands.deny_env},
+                                   std::pair{"commands.allow_env", &c.commands.allow_env}}) {
+    for (const std::string& name : *names) {
+      bool ok = !name.empty() && !absl::ascii_isdigit(static_cast<unsigned char>(name[0]));
+      for (char ch : name)
+        ok = ok && (absl::ascii_isalnum(static_cast<unsigned char>(ch)) || ch == '_');
+      if (!ok) {
+        return bad(key,
+                   absl::StrCat("'", name,
+                                "' is not a variable name (must match [A-Za-z_][A-Za-z0-9_]*)"));
+      }
+    }
+  }
+  for (const std::string& name : c.commands.allow_env) {
+    if (std::find(c.commands.deny_env.begin(), c.commands.deny_env.end(), name) !=
+        c.commands.deny_env.end()) {
+      return bad("commands.allow_env", absl::StrCat("'", name, "' is also in commands.deny_env"));
     }
   }
   for (const std::string& root : d.data_roots) {

@@ -121,6 +121,11 @@ struct TokenEntry {
 struct CommandsSection {
   std::vector<std::string> allowed_programs;  // these executables
   std::vector<std::string> allowed_dirs;      // any executable below these
+  // command.env names refused besides the built-in list of variables that
+  // load code (supervisor/policy/command_policy.h), and names of that list
+  // allowed after all. Variable names; none in both.
+  std::vector<std::string> deny_env;
+  std::vector<std::string> allow_env;
 };
 
 // [auth]

@@ -95,6 +95,7 @@ absl::Status SupervisorService::Validate(const v1::SubmitRunRequest& req, const 
   if (parsed->has_command) {
     absl::StatusOr<std::string> program = AllowedProgram(parsed->command.argv[0], policy.commands);
     if (!program.ok()) return program.status();
+    if (absl::Status s = CheckCommandEnv(parsed->command.env, policy.commands); !s.ok()) return s;
   }
   if (parsed->cluster.present) {
     if (parsed->cluster.ranks_per_node > policy.total_slots) {

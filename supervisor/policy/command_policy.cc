@@ -3,9 +3,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -98,6 +100,63 @@ absl::StatusOr<std::string> AllowedProgram(const std::string& argv0,
                    ") is not allowed by the daemon's configuration (commands.allowed_programs and "
                    "commands.allowed_dirs: ",
                    absl::StrJoin(allowed, ", "), ")"));
+}
+
+namespace {
+
+bool Listed(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+bool LoadsCode(const std::string& name) {
+  for (const char* n : kCodeLoadingEnv) {
+    if (name == n) return true;
+  }
+  for (const char* p : kCodeLoadingEnvPrefixes) {
+    if (absl::StartsWith(name, p)) return true;
+  }
+  return false;
+}
+
+// Why PATH entry `dir` is refused; "" when it is allowed.
+std::string PathEntryRefusal(const std::string& dir, const CommandsSection& commands) {
+  if (dir.empty() || dir[0] != '/') return "is not an absolute path";
+  const std::string real = RealPath(dir);
+  if (real.empty()) return "does not exist";
+  if (!fs::is_directory(real)) return "is not a directory";
+  for (absl::string_view system : absl::StrSplit(kCommandSearchPath, ':')) {
+    if (real == RealPath(std::string(system))) return "";
+  }
+  for (const std::string& allowed : commands.allowed_dirs) {
+    const std::string root = RealPath(allowed);
+    if (!root.empty() && Below(real, root)) return "";
+  }
+  return absl::StrCat("is neither one of ", kCommandSearchPath, " nor below commands.allowed_dirs");
+}
+
+}  // namespace
+
+absl::Status CheckCommandEnv(const std::map<std::string, std::string>& env,
+                             const CommandsSection& commands) {
+  for (const auto& [name, value] : env) {
+    if (Listed(commands.allow_env, name)) continue;
+    if (LoadsCode(name) || Listed(commands.deny_env, name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "command.env.", name,
+          ": not allowed: it can make the allowed program load other code (allow it with "
+          "commands.allow_env in the daemon's configuration)"));
+    }
+    if (name == "PATH") {
+      for (absl::string_view entry : absl::StrSplit(value, ':')) {
+        const std::string why = PathEntryRefusal(std::string(entry), commands);
+        if (!why.empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("command.env.PATH: entry \"", entry, "\" ", why));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace trainsup::supervisor

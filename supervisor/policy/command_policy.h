@@ -5,6 +5,7 @@
 #ifndef TRAINSUP_SUPERVISOR_POLICY_COMMAND_POLICY_H_
 #define TRAINSUP_SUPERVISOR_POLICY_COMMAND_POLICY_H_
 
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -31,6 +32,81 @@ absl::StatusOr<std::string> ResolveProgram(const std::string& argv0);
 // otherwise; with both lists empty, "no program is allowed to run: ...".
 absl::StatusOr<std::string> AllowedProgram(const std::string& argv0,
                                            const CommandsSection& commands);
+
+// Variables that make an allowed program load or run other code (a shell's
+// startup file, a Python module path or startup script, a loader or
+// locale path, an interpreter's options), after the lists sudo's env_reset
+// and systemd treat as unsafe; a name is refused when it is one of these
+// or starts with one of the prefixes.
+inline constexpr const char* kCodeLoadingEnv[] = {"BASH_ENV",
+                                                  "ENV",
+                                                  "SHELLOPTS",
+                                                  "BASHOPTS",
+                                                  "PS4",
+                                                  "IFS",
+                                                  "CDPATH",
+                                                  "GLOBIGNORE",
+                                                  "ZDOTDIR",
+                                                  "FPATH",
+                                                  "PYTHONPATH",
+                                                  "PYTHONHOME",
+                                                  "PYTHONSTARTUP",
+                                                  "PYTHONWARNINGS",
+                                                  "PYTHONINSPECT",
+                                                  "PYTHONUSERBASE",
+                                                  "PYTHONBREAKPOINT",
+                                                  "PYTHONEXECUTABLE",
+                                                  "PYTHONPLATLIBDIR",
+                                                  "PERL5LIB",
+                                                  "PERLLIB",
+                                                  "PERL5OPT",
+                                                  "PERL5DB",
+                                                  "PERLIO_DEBUG",
+                                                  "RUBYLIB",
+                                                  "RUBYOPT",
+                                                  "NODE_OPTIONS",
+                                                  "NODE_PATH",
+                                                  "LUA_INIT",
+                                                  "LUA_PATH",
+                                                  "LUA_CPATH",
+                                                  "TCLLIBPATH",
+                                                  "JAVA_TOOL_OPTIONS",
+                                                  "_JAVA_OPTIONS",
+                                                  "JDK_JAVA_OPTIONS",
+                                                  "CLASSPATH",
+                                                  "GCONV_PATH",
+                                                  "LOCPATH",
+                                                  "NLSPATH",
+                                                  "GLIBC_TUNABLES",
+                                                  "MALLOC_CHECK_",
+                                                  "HOSTALIASES",
+                                                  "LOCALDOMAIN",
+                                                  "RES_OPTIONS",
+                                                  "OPENSSL_CONF",
+                                                  "OPENSSL_ENGINES",
+                                                  "OPENSSL_MODULES",
+                                                  "SSLKEYLOGFILE",
+                                                  "TERMINFO",
+                                                  "TERMINFO_DIRS",
+                                                  "TERMCAP",
+                                                  "GIT_EXEC_PATH",
+                                                  "GIT_CONFIG_GLOBAL",
+                                                  "EDITOR",
+                                                  "VISUAL",
+                                                  "PAGER",
+                                                  "BROWSER"};
+inline constexpr const char* kCodeLoadingEnvPrefixes[] = {"LD_", "BASH_FUNC_", "DYLD_", "_RLD"};
+
+// The spec's command.env under `commands`: OK, or InvalidArgument naming
+// the first variable refused, "command.env.NAME: ...":
+// - a name of kCodeLoadingEnv (or with one of its prefixes) or of
+//   commands.deny_env, unless commands.allow_env lists it;
+// - PATH, unless every entry is an absolute directory whose real path is
+//   one of kCommandSearchPath's or lies below one of commands.allowed_dirs
+//   (what a wrapper finds by name must be what the allowlist admits).
+// At submit and again at every launch, as AllowedProgram.
+absl::Status CheckCommandEnv(const std::map<std::string, std::string>& env,
+                             const CommandsSection& commands);
 
 }  // namespace trainsup::supervisor
 

@@ -419,11 +419,13 @@ void RunUnit::LaunchRanks() {
     // allowlist since the submit.
     binary = spec_.command.argv[0];
     absl::StatusOr<std::string> program = AllowedProgram(binary, cfg().commands);
-    if (program.ok()) {
+    absl::Status env = CheckCommandEnv(spec_.command.env, cfg().commands);
+    if (program.ok() && env.ok()) {
       binary = *program;
     } else {
       failed = true;
-      failure = absl::StrCat("cannot start ", binary, ": ", program.status().message());
+      failure = absl::StrCat("cannot start ", binary, ": ",
+                             program.ok() ? env.message() : program.status().message());
     }
   }
   for (size_t i = 0; i < slots_.size(); ++i) {

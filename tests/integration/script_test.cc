@@ -50,6 +50,9 @@ bool PythonReady() {
 // The hang test still hangs after progress has started (progress timeout).
 void AllowPython(DaemonHarness& h) {
   h.Set("commands.allowed_programs", std::string("[\"") + kPython + "\"]");
+  // ScriptSpec finds the client through PYTHONPATH, which command.env may
+  // only set where the operator allows it.
+  h.Set("commands.allow_env", "[\"PYTHONPATH\"]");
   h.Set("progress.startup_grace_s", "60");
 }
 
@@ -121,6 +124,29 @@ TEST(CommandRun, ScriptWithoutTheClientIsSupervisedByItsExitCode) {
   EXPECT_EQ(run.attempts(1).ranks(0).exit_class(), v1::EXIT_CLASS_SUCCESS) << Describe(run);
   EXPECT_THAT(RankLog(run, 2, 0), HasSubstr("done"));
   EXPECT_TRUE(fs::exists(run.run_dir() + "/final.pt"));
+}
+
+// An allowed python3 must not be made to run other code through its
+// environment: the daemon refuses such a spec at submit, naming the
+// variable, and stores nothing; the operator can allow a name.
+TEST(CommandRun, EnvironmentThatLoadsCodeIsRefusedAtSubmit) {
+  DaemonHarness h;
+  h.Set("commands.allowed_programs", std::string("[\"") + kPython + "\"]");
+  ASSERT_TRUE(h.Start());
+  const std::string base = std::string("name = \"inject\"\n[command]\nargv = [\"") + kPython +
+                           "\", \"-c\", \"print(1)\"]\n";
+  for (const char* env : {"BASH_ENV = \"/tmp/evil.sh\"", "PYTHONSTARTUP = \"/tmp/evil.py\"",
+                          "PYTHONPATH = \"/tmp/evil\"", "PATH = \"/tmp:/usr/bin\""}) {
+    std::string id;
+    grpc::Status s = h.TrySubmit(base + "env = { " + env + " }\n", h.operator_token(), &id);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << env;
+    EXPECT_THAT(s.error_message(), HasSubstr("command.env.")) << env;
+    EXPECT_TRUE(id.empty()) << env;
+  }
+  v1::ListRunsResponse runs;
+  auto ctx = h.Context(h.operator_token());
+  ASSERT_TRUE(h.stub().ListRuns(ctx.get(), v1::ListRunsRequest(), &runs).ok());
+  EXPECT_EQ(runs.runs_size(), 0) << "a refused spec left a run";
 }
 
 TEST(CommandRun, HungScriptGetsPythonStacksInItsLogAndIsRelaunched) {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "tests/common/temp_dir.h"
@@ -110,6 +111,66 @@ TEST(AllowedProgram, DirectoriesHoldWholeComponents) {
   EXPECT_FALSE(AllowedProgram((tools / "escape").string(), c).ok())
       << "a symlink inside pointing outside";
   EXPECT_FALSE(AllowedProgram((tools / "sub" / ".." / ".." / "tools2" / "train").string(), c).ok());
+}
+
+std::string EnvRefusal(const std::map<std::string, std::string>& env,
+                       const CommandsSection& commands) {
+  absl::Status s = CheckCommandEnv(env, commands);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  return std::string(s.message());
+}
+
+// The allowlist admits a program, not code loaded into it: variables that
+// make an interpreter or a shell wrapper run other code are refused,
+// unless the daemon's configuration allows them by name.
+TEST(CheckCommandEnv, VariablesThatLoadCodeAreRefusedUnlessAllowed) {
+  CommandsSection commands;
+  EXPECT_TRUE(CheckCommandEnv({{"OMP_NUM_THREADS", "4"}, {"MY_SETTING", "x"}}, commands).ok());
+  for (const char* name :
+       {"BASH_ENV", "ENV", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONWARNINGS", "GCONV_PATH",
+        "PERL5OPT", "NODE_OPTIONS", "GLIBC_TUNABLES", "LD_BIND_NOW", "BASH_FUNC_ls%%"}) {
+    EXPECT_EQ(EnvRefusal({{name, "/tmp/evil"}}, commands),
+              std::string("command.env.") + name +
+                  ": not allowed: it can make the allowed program load other code (allow it "
+                  "with commands.allow_env in the daemon's configuration)")
+        << name;
+  }
+  commands.allow_env = {"PYTHONPATH"};
+  EXPECT_TRUE(CheckCommandEnv({{"PYTHONPATH", "/opt/lib"}}, commands).ok());
+  EXPECT_FALSE(CheckCommandEnv({{"PYTHONSTARTUP", "/opt/x.py"}}, commands).ok());
+  commands.deny_env = {"MY_PLUGIN_DIR"};
+  EXPECT_NE(EnvRefusal({{"MY_PLUGIN_DIR", "/x"}}, commands).find("command.env.MY_PLUGIN_DIR"),
+            std::string::npos);
+}
+
+// PATH decides what a wrapper finds by name: only the fixed search path's
+// directories and those below commands.allowed_dirs.
+TEST(CheckCommandEnv, PathHoldsOnlyDirectoriesTheAllowlistTrusts) {
+  testing::TempDir dir("command_env_path");
+  const fs::path tools = fs::path(dir.path()) / "tools";
+  const fs::path other = fs::path(dir.path()) / "other";
+  fs::create_directories(tools / "bin");
+  fs::create_directories(other);
+  fs::create_symlink(other, fs::path(dir.path()) / "tools" / "escape");
+  CommandsSection commands;
+  commands.allowed_dirs = {tools.string()};
+  EXPECT_TRUE(CheckCommandEnv({{"PATH", "/usr/bin:/bin"}}, commands).ok());
+  EXPECT_TRUE(CheckCommandEnv({{"PATH", (tools / "bin").string() + ":/usr/bin"}}, commands).ok());
+  EXPECT_EQ(EnvRefusal({{"PATH", "/usr/bin:" + other.string()}}, commands),
+            "command.env.PATH: entry \"" + other.string() +
+                "\" is neither one of /usr/local/bin:/usr/bin:/bin nor below "
+                "commands.allowed_dirs");
+  // A symlink inside an allowed directory is judged by where it leads.
+  EXPECT_FALSE(CheckCommandEnv({{"PATH", (tools / "escape").string()}}, commands).ok());
+  EXPECT_NE(EnvRefusal({{"PATH", "bin:/usr/bin"}}, commands).find("\"bin\" is not an absolute"),
+            std::string::npos);
+  EXPECT_NE(EnvRefusal({{"PATH", "/usr/bin::/bin"}}, commands).find("\"\" is not an absolute"),
+            std::string::npos);
+  EXPECT_NE(EnvRefusal({{"PATH", "/no/such/dir"}}, commands).find("does not exist"),
+            std::string::npos);
+  commands.allow_env = {"PATH"};
+  EXPECT_TRUE(CheckCommandEnv({{"PATH", other.string()}}, commands).ok());
 }
 
 }  // namespace
