@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -345,6 +346,20 @@ absl::Status CheckSpecPaths(const RunSpec& spec, const std::vector<std::string>&
 int64_t TotalSteps(const RunSpec& spec, int64_t steps_per_epoch) {
   if (spec.train.epochs > 0 && steps_per_epoch > 0) return spec.train.epochs * steps_per_epoch;
   return spec.train.steps;
+}
+
+std::string RedactCommandEnv(const std::string& toml_text) {
+  absl::StatusOr<toml::table> root = ParseTomlText(toml_text);
+  if (!root.ok()) return "";
+  toml::table* command = (*root)["command"].as_table();
+  toml::table* env = command != nullptr ? (*command)["env"].as_table() : nullptr;
+  if (env == nullptr || env->empty()) return toml_text;
+  std::vector<std::string> keys;
+  for (auto&& [key, value] : *env) keys.emplace_back(key.str());
+  for (const std::string& key : keys) env->insert_or_assign(key, "<redacted>");
+  std::ostringstream out;
+  out << "# command.env values redacted for viewer tokens\n" << toml::toml_formatter(*root) << "\n";
+  return out.str();
 }
 
 }  // namespace trainsup

@@ -200,6 +200,13 @@ struct RunSpec {
 // TOML parser sees them (contracts/toml_guard.h).
 absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text);
 
+// The spec as a viewer token may read it: `toml_text` unchanged when it has
+// no [command.env] values; otherwise the spec rewritten by toml++ (comments
+// and layout lost) with every command.env value "<redacted>", under a
+// comment that says so. Empty for a text that does not parse (a stored
+// spec always does).
+std::string RedactCommandEnv(const std::string& toml_text);
+
 // Checks that every path in the spec (data.path, data.label_file,
 // command.cwd, cluster.checkpoint_dir) resolves (after symlinks) inside one of `data_roots`.
 // InvalidArgument naming the field when not, or when a path is relative. An empty `data_roots`

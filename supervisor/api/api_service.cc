@@ -141,8 +141,14 @@ grpc::ServerUnaryReactor* SupervisorService::GetRun(grpc::CallbackServerContext*
     Finish(reactor, "GetRun", s);
     return reactor;
   }
-  backend_->Get(req->run_id(), [this, reactor, resp](absl::StatusOr<v1::Run> run) {
-    if (run.ok()) *resp = std::move(*run);
+  // A viewer sees the spec without its command.env values (secrets such
+  // as API keys go there); an operator, who could submit it, sees it whole.
+  const bool viewer = !Authorize(ctx, TokenRole::kOperator, "GetRun", *policy_(), nullptr).ok();
+  backend_->Get(req->run_id(), [this, reactor, resp, viewer](absl::StatusOr<v1::Run> run) {
+    if (run.ok()) {
+      *resp = std::move(*run);
+      if (viewer) resp->set_spec_toml(RedactCommandEnv(resp->spec_toml()));
+    }
     Finish(reactor, "GetRun", run.status());
   });
   return reactor;

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace trainsup::supervisor {
@@ -25,6 +26,10 @@ class RecordingBackend final : public ApiBackend {
     done("run-" + spec.name);
   }
   void Get(const std::string&, std::function<void(absl::StatusOr<v1::Run>)> done) override {
+    if (stored) {
+      done(*stored);
+      return;
+    }
     done(absl::NotFoundError("no run"));
   }
   void List(const v1::ListRunsRequest&,
@@ -42,6 +47,7 @@ class RecordingBackend final : public ApiBackend {
   void CountApiCall(const std::string&, int) override {}
 
   std::atomic<int> submits{0};
+  std::optional<v1::Run> stored;  // what Get answers, when set
 };
 
 class ApiServiceTest : public ::testing::Test {
@@ -76,6 +82,17 @@ class ApiServiceTest : public ::testing::Test {
     return stub_->SubmitRun(&ctx, req, &resp);
   }
 
+  v1::Run GetRun(const std::string& token) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    v1::GetRunRequest req;
+    req.set_run_id("r");
+    v1::Run run;
+    grpc::Status s = stub_->GetRun(&ctx, req, &run);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return run;
+  }
+
   RecordingBackend backend_;
   std::shared_ptr<const ApiPolicy> policy_;
   WatcherCounts watchers_;
@@ -105,6 +122,33 @@ TEST_F(ApiServiceTest, AnOperatorsBadSpecIsParsedOnceAndRefusedNamingTheProblem)
   EXPECT_NE(s.error_message().find("world_size"), std::string::npos) << s.error_message();
   EXPECT_EQ(parses_.load(), 1);
   EXPECT_EQ(backend_.submits.load(), 0);
+}
+
+// command.env is where a script's secrets go (API keys, passwords): a
+// viewer token reads the spec with those values redacted, an operator (who
+// could submit it) reads it as stored.
+TEST_F(ApiServiceTest, ViewersReadTheSpecWithoutItsCommandEnvValues) {
+  const std::string spec =
+      "name = \"with-secrets\"  # a comment\n[command]\nargv = [\"/usr/bin/python3\", "
+      "\"train.py\"]\nenv = { WANDB_API_KEY = \"s3cret-key\", OMP_NUM_THREADS = \"4\" }\n";
+  backend_.stored = v1::Run();
+  backend_.stored->set_run_id("r");
+  backend_.stored->set_spec_toml(spec);
+
+  EXPECT_EQ(GetRun("operator-secret").spec_toml(), spec);
+  const std::string seen = GetRun("viewer-secret").spec_toml();
+  EXPECT_EQ(seen.find("s3cret-key"), std::string::npos) << seen;
+  EXPECT_EQ(seen.find("\"4\""), std::string::npos) << seen;
+  absl::StatusOr<RunSpec> parsed = ParseRunSpec(seen);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << seen;
+  EXPECT_EQ(parsed->name, "with-secrets");
+  EXPECT_EQ(parsed->command.env.at("WANDB_API_KEY"), "<redacted>");
+  EXPECT_EQ(parsed->command.env.at("OMP_NUM_THREADS"), "<redacted>");
+
+  // Nothing to hide: the viewer reads the spec as stored.
+  const std::string plain = "name = \"plain\"  # kept\n";
+  backend_.stored->set_spec_toml(plain);
+  EXPECT_EQ(GetRun("viewer-secret").spec_toml(), plain);
 }
 
 }  // namespace
