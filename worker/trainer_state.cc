@@ -152,9 +152,13 @@ absl::Status Trainer::Resume() {
     }
     absl::Status v = store_.Verify(*chosen);
     if (absl::IsDataLoss(v)) {
-      // A content error: moved aside, so the supervisor's next choice skips it.
-      store_.Quarantine(*chosen, std::string(v.message())).IgnoreError();
-      return absl::DataLossError(absl::StrCat("checkpoint step-", want, ": ", v.message()));
+      // A content error, left where it is: the supervisor chose the step,
+      // and only the daemon that owns the store quarantines in it (a shared
+      // store of a multi-node job: nobody does; every node leaves it out).
+      // Its next choice verifies again and skips it.
+      return absl::DataLossError(absl::StrCat("checkpoint step-", want, ": ", v.message(),
+                                              " (not quarantined: the supervisor's next choice "
+                                              "leaves it out)"));
     }
     if (!v.ok()) return v;  // an I/O error: nothing is known about the checkpoint
   }

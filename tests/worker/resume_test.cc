@@ -228,6 +228,34 @@ TEST(Resume, ReadErrorFailsTheAttemptAndQuarantinesNothing) {
   fs::remove_all(dir);
 }
 
+// A checkpoint the supervisor chose (--resume STEP) that turns out damaged
+// when the rank verifies it: the attempt fails (checkpoint_corrupt) and the
+// checkpoint stays where it is. Only the daemon that owns a store may
+// quarantine in it, never a rank: the store may be a multi-node job's,
+// shared with other nodes.
+TEST(Resume, ARankNeverQuarantinesTheCheckpointItWasGiven) {
+  const std::string dir = MakeRunDir("given", 4);  // checkpoints step-3 and step-4
+  int status = WaitStatus(Launch(dir, 1));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(LogPath(dir, 1));
+  ASSERT_EQ(CheckpointSteps(dir), (std::vector<int64_t>{3, 4}));
+  const fs::path model = fs::path(dir) / "checkpoints" / "step-4" / "model.safetensors";
+  std::string bytes = ReadFile(model);
+  ASSERT_GT(bytes.size(), 100u);
+  bytes[bytes.size() - 1] ^= 0x5a;
+  std::ofstream(model, std::ios::binary | std::ios::trunc) << bytes;
+
+  status = WaitStatus(Launch(dir, 2, "4"));
+  const std::string log = ReadFile(LogPath(dir, 2));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status << ":\n" << log;
+  absl::StatusOr<ExitFile> exit_file = ReadExitFile(ExitFilePath(dir, 2, 0));
+  ASSERT_TRUE(exit_file.ok()) << exit_file.status() << "\n" << log;
+  EXPECT_EQ(exit_file->reason, "checkpoint_corrupt");
+  EXPECT_NE(exit_file->message.find("not quarantined"), std::string::npos) << exit_file->message;
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "checkpoints" / "quarantine")) << log;
+  EXPECT_EQ(CheckpointSteps(dir), (std::vector<int64_t>{3, 4})) << log;
+  fs::remove_all(dir);
+}
+
 // SIGTERM (what the supervisor sends to stop a run) finishes the step,
 // checkpoints and exits 143, whatever thread of the worker the kernel
 // delivers it to: every thread, including those the BLAS library and
