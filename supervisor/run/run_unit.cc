@@ -401,6 +401,18 @@ void RunUnit::StartAttempt(ResumeChoice c, int64_t generation) {
            std::move(b), [this] { LaunchRanks(); });
 }
 
+// Checked again at launch: a reload may have taken the program off the
+// allowlist, or a variable off commands.allow_env, since the submit.
+absl::StatusOr<std::string> RunUnit::AllowedCommand() const {
+  const std::string& argv0 = spec_.command.argv[0];
+  absl::StatusOr<std::string> program = AllowedProgram(argv0, cfg().commands);
+  absl::Status s =
+      program.ok() ? CheckCommandEnv(spec_.command.env, cfg().commands) : program.status();
+  if (!s.ok())
+    return absl::Status(s.code(), absl::StrCat("cannot start ", argv0, ": ", s.message()));
+  return program;
+}
+
 void RunUnit::LaunchRanks() {
   launching_ = false;
   const int number = attempt_.number();
@@ -415,17 +427,13 @@ void RunUnit::LaunchRanks() {
   size_t failed_rank = 0;
   std::string failure;
   if (spec_.has_command) {
-    // Checked again at launch: a reload may have taken the program off the
-    // allowlist since the submit.
-    binary = spec_.command.argv[0];
-    absl::StatusOr<std::string> program = AllowedProgram(binary, cfg().commands);
-    absl::Status env = CheckCommandEnv(spec_.command.env, cfg().commands);
-    if (program.ok() && env.ok()) {
+    absl::StatusOr<std::string> program = AllowedCommand();
+    if (program.ok()) {
       binary = *program;
     } else {
+      binary = spec_.command.argv[0];
       failed = true;
-      failure = absl::StrCat("cannot start ", binary, ": ",
-                             program.ok() ? env.message() : program.status().message());
+      failure = std::string(program.status().message());
     }
   }
   for (size_t i = 0; i < slots_.size(); ++i) {

@@ -198,6 +198,7 @@ class RunUnit {
   // A multi-node run's attempt belongs to job generation `generation`.
   void StartAttempt(ResumeChoice choice, int64_t generation = 0);
   void LaunchRanks();
+  absl::StatusOr<std::string> AllowedCommand() const;
   void EndAttempt();
   void AfterDecision(const RestartDecision& d);
   void WaitForSpace();
