@@ -408,6 +408,12 @@ class Channel(unittest.TestCase):
             text=True)
         try:
             self.assertEqual(script.stdout.readline().strip(), "ready")
+            # Once the link thread has connected (its imports done): a dump
+            # of all threads while another thread is mid-import may crash
+            # the interpreter (faulthandler reads frames being torn down;
+            # seen once as a cut-off dump). trainsupd signals only a rank
+            # found hung, long after its start.
+            self.wait_for(lambda m: m.HasField("heartbeat"))
             os.kill(script.pid, 10)  # SIGUSR1
             # Until the dump is there: a SIGTERM sent while the SIGUSR1 is
             # still pending kills the process before the handler runs.
