@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/file_system.h"
 #include "contracts/run_layout.h"
+#include "contracts/spec.h"
 #include "contracts/toml_reader.h"
 
 namespace trainsup::supervisor {
@@ -362,10 +363,7 @@ absl::Status CheckCombinations(const DaemonConfig& c) {
   for (const auto& [key, names] : {std::pair{"commands.deny_env", &c.commands.deny_env},
                                    std::pair{"commands.allow_env", &c.commands.allow_env}}) {
     for (const std::string& name : *names) {
-      bool ok = !name.empty() && !absl::ascii_isdigit(static_cast<unsigned char>(name[0]));
-      for (char ch : name)
-        ok = ok && (absl::ascii_isalnum(static_cast<unsigned char>(ch)) || ch == '_');
-      if (!ok) {
+      if (!IsEnvVarName(name)) {
         return bad(key,
                    absl::StrCat("'", name,
                                 "' is not a variable name (must match [A-Za-z_][A-Za-z0-9_]*)"));

@@ -195,12 +195,7 @@ absl::Status ReadCluster(const toml::table* t, ClusterSpec* c) {
 
 // Why `name` may not be set through command.env; "" when it may.
 std::string CheckEnvName(const std::string& name) {
-  const auto alpha = [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-  };
-  bool ok = !name.empty() && alpha(name[0]);
-  for (char c : name) ok = ok && (alpha(c) || (c >= '0' && c <= '9'));
-  if (!ok) return "not a variable name (must match [A-Za-z_][A-Za-z0-9_]*)";
+  if (!IsEnvVarName(name)) return "not a variable name (must match [A-Za-z_][A-Za-z0-9_]*)";
   for (const char* reserved : kCommandReservedEnv) {
     if (name == reserved) return "set by trainsupd for every rank; cannot be overridden";
   }
@@ -231,6 +226,15 @@ absl::Status ReadCommand(const toml::table* t, CommandSpec* c) {
 }
 
 }  // namespace
+
+bool IsEnvVarName(const std::string& name) {
+  const auto alpha = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+  };
+  bool ok = !name.empty() && alpha(name[0]);
+  for (char c : name) ok = ok && (alpha(c) || (c >= '0' && c <= '9'));
+  return ok;
+}
 
 absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
   if (toml_text.size() > (1 << 20)) {

@@ -169,6 +169,10 @@ struct ClusterSpec {
   double rendezvous_timeout_s = 300;
 };
 
+// Whether `name` is an environment variable name: [A-Za-z_][A-Za-z0-9_]*
+// (command.env's keys, the daemon's commands.deny_env and allow_env).
+bool IsEnvVarName(const std::string& name);
+
 // The variables trainsupd sets for a command run, which a spec's
 // command.env may not set (nor any TRAINSUP_* name).
 inline constexpr const char* kCommandReservedEnv[] = {

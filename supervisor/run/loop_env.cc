@@ -17,6 +17,19 @@ namespace trainsup::supervisor {
 
 namespace asio = boost::asio;
 
+namespace {
+
+// `work` on `pool`; what it returns, on the loop.
+void RunOffLoop(asio::thread_pool& pool, asio::io_context& io,
+                std::function<std::function<void()>()> work) {
+  asio::post(pool, [&io, work = std::move(work)] {
+    std::function<void()> then = work();
+    if (then) asio::post(io, std::move(then));
+  });
+}
+
+}  // namespace
+
 LoopEnv::~LoopEnv() {
   for (auto& [id, t] : timers_) t->cancel();
 }
@@ -56,17 +69,11 @@ void LoopEnv::Cancel(TimerId id) {
 }
 
 void LoopEnv::OffLoop(std::function<std::function<void()>()> work) {
-  asio::post(pool_, [this, work = std::move(work)] {
-    std::function<void()> then = work();
-    if (then) asio::post(io_, std::move(then));
-  });
+  RunOffLoop(pool_, io_, std::move(work));
 }
 
 void PoolTimers::OffLoop(std::function<std::function<void()>()> work) {
-  asio::post(pool_, [this, work = std::move(work)] {
-    std::function<void()> then = work();
-    if (then) asio::post(io_, std::move(then));
-  });
+  RunOffLoop(pool_, io_, std::move(work));
 }
 
 void LoopEnv::Post(std::function<void()> fn) { asio::post(io_, std::move(fn)); }

@@ -49,6 +49,15 @@ TEST_F(RunUnitTest, ACommandOffTheAllowlistAtLaunchFailsToStart) {
   EXPECT_EQ(u->run().state(), v1::RUN_STATE_RESTARTING);
 }
 
+// After the Python stacks: SIGTERM, once, and the rank ends as frozen.
+void ExpectSigtermThenFrozen(FakeEnv& env, RunUnit& u, int pid) {
+  ASSERT_EQ(env.signals.size(), 1u);
+  EXPECT_EQ(env.signals[0].second, SIGTERM);
+  env.Exit(u, 0, pid, false, SIGTERM);
+  env.Settle();
+  EXPECT_EQ(u.ranks()[0].status.exit_class(), v1::EXIT_CLASS_FROZEN);
+}
+
 TEST_F(RunUnitTest, AHungCommandGetsSigusr1ThenTheUsualKill) {
   env_.config_.workers.heartbeat_timeout_s = 5;
   env_.config_.workers.python_stack_wait_s = 2;
@@ -73,11 +82,7 @@ TEST_F(RunUnitTest, AHungCommandGetsSigusr1ThenTheUsualKill) {
   EXPECT_TRUE(env_.signals.empty()) << "SIGTERM before the Python stacks had their moment";
   env_.Advance(2);
   env_.Settle();
-  ASSERT_EQ(env_.signals.size(), 1u);
-  EXPECT_EQ(env_.signals[0].second, SIGTERM);
-  env_.Exit(*u, 0, pids[0], false, SIGTERM);
-  env_.Settle();
-  EXPECT_EQ(u->ranks()[0].status.exit_class(), v1::EXIT_CLASS_FROZEN);
+  ExpectSigtermThenFrozen(env_, *u, pids[0]);
 }
 
 // The wait after SIGUSR1 is for the dump itself: once the rank log holds
@@ -106,11 +111,7 @@ TEST_F(RunUnitTest, AHungCommandIsKilledOnceItsPythonStacksAreInTheLog) {
   EXPECT_TRUE(env_.signals.empty()) << "it grew";
   env_.Advance(0.06);  // unchanged since the last look: dumped
   env_.Settle();
-  ASSERT_EQ(env_.signals.size(), 1u);
-  EXPECT_EQ(env_.signals[0].second, SIGTERM);
-  env_.Exit(*u, 0, pids[0], false, SIGTERM);
-  env_.Settle();
-  EXPECT_EQ(u->ranks()[0].status.exit_class(), v1::EXIT_CLASS_FROZEN);
+  ExpectSigtermThenFrozen(env_, *u, pids[0]);
 }
 
 TEST_F(RunUnitTest, OurWorkerGetsNoSigusr1) {
