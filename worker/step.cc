@@ -99,7 +99,13 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
                                                        at::Reduction::Mean, -1)
                                      : logits.sum() * 0.0;
     at::Tensor scaled = loss * weight;
-    if (reducer != nullptr && t.labelled > 0 && t.labelled == remaining_labelled) {
+    // A batch without any labelled voxel arms too (each of its groups: the
+    // first seals every gradient, as zeros): every rank must launch its
+    // buckets from the same hooks, between the same SyncBN backward
+    // allreduces, or Gloo pairs a bucket with BatchNorm statistics.
+    const bool completes_batch =
+        t.labelled == remaining_labelled && (t.labelled > 0 || outcome->labelled == 0);
+    if (reducer != nullptr && completes_batch) {
       reducer->ArmFinalBackward();
     }
     const std::vector<at::Tensor> grads = torch::autograd::grad(

@@ -29,6 +29,9 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "contracts/free_port.h"
 #include "nlohmann/json.hpp"
 #include "sparse/memory.h"
@@ -59,8 +62,22 @@ struct RoleArgs {
   std::string mode = "eval";  // eval | sync | local (training-mode BatchNorm per rank)
   bool split = false;         // a budget that makes this rank's batch split
   bool host_group = false;    // an NCCL gang's layout, Gloo in both groups
+  std::string unlabelled;     // "i,j": these scenes' labels are all erased (-1)
   std::string out;
 };
+
+// Erases every label of the scenes whose dataset index is in `list` ("i,j").
+void Unlabel(const std::string& list, Batch* batch) {
+  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    int64_t index = -1;
+    if (!absl::SimpleAtoi(item, &index)) throw std::runtime_error("bad --unlabelled");
+    for (VoxelScene& s : batch->scenes) {
+      if (s.index != index) continue;
+      std::fill(s.labels.begin(), s.labels.end(), -1);
+      std::fill(s.labelled.begin(), s.labelled.end(), 0);
+    }
+  }
+}
 
 Batch ScenesOf(const std::vector<int64_t>& indices) {
   DataSpec data;
@@ -98,7 +115,8 @@ int RunRole(const RoleArgs& a) {
   at::set_num_threads(1);
   sparse::InstallCountingAllocator();
   // The rank's shard of the global batch, as the loader cuts it.
-  const Batch batch = ScenesOf(EpochShard(kScenes, 0, 0, a.rank, a.world, /*shuffle=*/false));
+  Batch batch = ScenesOf(EpochShard(kScenes, 0, 0, a.rank, a.world, /*shuffle=*/false));
+  Unlabel(a.unlabelled, &batch);
   sparse::MinkUNetConfig plan = QuarterMinkUNet14();
   torch::manual_seed(3);
   sparse::MinkUNet model(plan);
@@ -200,9 +218,11 @@ struct RankResult {
 };
 
 // Runs a gang of `world` role processes; `split_ranks` get a budget that
-// splits their batch. Returns each rank's result.
+// splits their batch; the scenes in `unlabelled` ("i,j") lose all their
+// labels. Returns each rank's result.
 std::vector<RankResult> RunGang(int world, const std::string& mode,
-                                const std::vector<int>& split_ranks = {}, bool host_group = false) {
+                                const std::vector<int>& split_ranks = {}, bool host_group = false,
+                                const std::string& unlabelled = "") {
   const std::string dir = ::testing::TempDir() + "/distributed_test_" + std::to_string(getpid());
   fs::create_directories(dir);
   const int port = FreeLoopbackPort();
@@ -217,6 +237,7 @@ std::vector<RankResult> RunGang(int world, const std::string& mode,
         "--mode",       mode,
         "--split",      split ? "1" : "0",
         "--host-group", host_group ? "1" : "0",
+        "--unlabelled", unlabelled.empty() ? "," : unlabelled,
         "--out",        dir + "/" + mode + std::to_string(world) + "-" + std::to_string(r)};
     pid_t pid = fork();
     if (pid == 0) {
@@ -241,6 +262,7 @@ std::vector<RankResult> RunGang(int world, const std::string& mode,
     const std::string b = bytes.str();
     results[r].values.resize(b.size() / 8);
     std::memcpy(results[r].values.data(), b.data(), b.size());
+    results[r].stats = nlohmann::json::object();
     std::ifstream js(base + ".json");
     if (js) js >> results[r].stats;
   }
@@ -319,6 +341,30 @@ TEST(DataParallel, SyncBatchNormInTrainingModeMatchesOneRankWithTheWholeBatch) {
   const double e = RelativeDifference(local[0].values, one[0].values, 0, GradientSize());
   std::printf("per-rank BatchNorm in training mode vs one rank: %.3g\n", e);
   EXPECT_GT(e, 1e-6);
+}
+
+// A rank whose batch holds no labelled voxel still issues its collectives
+// in the order of a rank with labels: its gradient buckets are launched
+// from the same backward hooks, between the same SyncBN allreduces. Gloo
+// matches collectives by their order, so a bucket out of place would be
+// summed with BatchNorm statistics (or time out).
+TEST(DataParallel, SyncBatchNormWithARankWithoutLabelsMatchesOneRankWithTheWholeBatch) {
+  std::string rank1_scenes;
+  for (int64_t i : EpochShard(kScenes, 0, 0, /*rank=*/1, /*world_size=*/2, /*shuffle=*/false)) {
+    absl::StrAppend(&rank1_scenes, rank1_scenes.empty() ? "" : ",", i);
+  }
+  std::vector<RankResult> one = RunGang(1, "sync", {}, false, rank1_scenes);
+  std::vector<RankResult> two = RunGang(2, "sync", {}, false, rank1_scenes);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[1].stats.value("labelled", -1), 0) << "rank 1's scenes must have no label";
+  EXPECT_GT(two[0].stats.value("labelled", 0), 0);
+  ExpectSameGradient(one, two, /*with_running_stats=*/true);
+  for (int r = 0; r < 2; ++r) {
+    std::printf("rank %d: %d of %d buckets launched during backward\n", r,
+                two[r].stats.value("buckets_in_backward", 0), two[r].stats.value("buckets", 0));
+  }
+  EXPECT_EQ(two[0].stats.value("buckets_in_backward", -1),
+            two[1].stats.value("buckets_in_backward", -2));
 }
 
 TEST(DataParallel, RanksThatSplitDifferentlyStillGiveTheUnsplitStep) {
@@ -436,6 +482,7 @@ int main(int argc, char** argv) {
       if (k == "--mode") a.mode = v;
       if (k == "--split") a.split = v == "1";
       if (k == "--host-group") a.host_group = v == "1";
+      if (k == "--unlabelled") a.unlabelled = v;
       if (k == "--out") a.out = v;
     }
     try {
