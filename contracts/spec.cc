@@ -124,6 +124,7 @@ absl::Status ReadDistributed(const toml::table* t, DistributedSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.String("backend", &s->backend, {"auto", "gloo", "nccl"}));
   TRAINSUP_RETURN_IF_ERROR(r.Double("timeout_s", &s->timeout_s, 1, 3600));
   TRAINSUP_RETURN_IF_ERROR(r.Double("connect_timeout_s", &s->connect_timeout_s, 1, 3600));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("checkpoint_timeout_s", &s->checkpoint_timeout_s, 1, 86400));
   TRAINSUP_RETURN_IF_ERROR(r.Double("bucket_mb", &s->bucket_mb, 0.01, 1024));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("overlap_backward", &s->overlap_backward));
   return r.Finish();
@@ -144,6 +145,7 @@ absl::Status ReadTesting(const toml::table* t, TestingSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.Bool("ignore_sigterm", &s->ignore_sigterm));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("spawn_grandchild", &s->spawn_grandchild));
   TRAINSUP_RETURN_IF_ERROR(r.Int("step_ms", &s->step_ms, 0, 600000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("checkpoint_delay_ms", &s->checkpoint_delay_ms, 0, 600000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("only_attempt", &s->only_attempt, 0, 1000000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("only_rank", &s->only_rank, -1, 63));
   TRAINSUP_RETURN_IF_ERROR(

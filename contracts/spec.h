@@ -95,6 +95,9 @@ struct DistributedSpec {
   // Rank 0 hosts the rendezvous store; the others wait this long for it,
   // and everyone this long for the whole gang to join. [1, 3600]
   double connect_timeout_s = 120;
+  // How long the other ranks wait for rank 0 to write a checkpoint (slow
+  // shared storage), apart from timeout_s. [1, 86400]
+  double checkpoint_timeout_s = 1800;
   // Gradients are allreduced in buckets of about this size, launched as
   // the last backward pass makes them ready. [0.01, 1024]
   double bucket_mb = 4;
@@ -118,8 +121,9 @@ struct TestingSpec {
   int64_t oom_at_step = -1;         // allocate past the memory budget
   bool corrupt_checkpoint = false;  // corrupt the newest checkpoint at start
   bool ignore_sigterm = false;
-  bool spawn_grandchild = false;  // leave a process in the group
-  int64_t step_ms = 0;            // test worker: time per step, 0..600000
+  bool spawn_grandchild = false;    // leave a process in the group
+  int64_t step_ms = 0;              // test worker: time per step, 0..600000
+  int64_t checkpoint_delay_ms = 0;  // real worker: each checkpoint write takes this much longer
   // world_size > 1: raise(SIGSTOP) inside the gradient allreduce of step N
   // (after its first bucket is launched).
   int64_t stop_in_collective_at_step = -1;

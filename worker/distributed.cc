@@ -257,7 +257,7 @@ void Gang::AllreduceSum(at::Tensor& tensor, const std::string& what) {
   stats_.bytes += static_cast<int64_t>(tensor.nbytes());
 }
 
-void Gang::Broadcast(at::Tensor& tensor, int root, const std::string& what) {
+void Gang::Broadcast(at::Tensor& tensor, int root, const std::string& what, double timeout_s) {
   if (options_.world_size == 1) return;
   const int64_t seq = Enter(what);
   const auto t0 = Clock::now();
@@ -265,8 +265,11 @@ void Gang::Broadcast(at::Tensor& tensor, int root, const std::string& what) {
     std::vector<at::Tensor> list{tensor};
     c10d::BroadcastOptions bo;
     bo.rootRank = root;
+    const std::chrono::milliseconds timeout =
+        Millis(timeout_s > 0 ? timeout_s : options_.timeout_s);
+    bo.timeout = timeout;  // Gloo's receive waits this long, not the group's timeout
     CountGroup(tensor);
-    impl_->For(tensor).broadcast(list, bo)->wait(Millis(options_.timeout_s));
+    impl_->For(tensor).broadcast(list, bo)->wait(timeout);
   } catch (const std::exception& e) {
     Fail(seq, what, e.what());
   }

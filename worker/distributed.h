@@ -93,7 +93,9 @@ class Gang {
   // order. Throw CollectiveError. `what` names the collective for errors.
   // One tensor per call (Gloo reads a list as one tensor per device).
   void AllreduceSum(at::Tensor& tensor, const std::string& what);
-  void Broadcast(at::Tensor& tensor, int root, const std::string& what);
+  // `timeout_s` > 0 bounds this one broadcast instead of timeout_s (the
+  // other ranks waiting while the root writes a checkpoint).
+  void Broadcast(at::Tensor& tensor, int root, const std::string& what, double timeout_s = 0);
   void Barrier(const std::string& what);
   // Every rank's `mine`, in rank order.
   std::vector<std::string> AllGather(const std::string& mine, const std::string& what);

@@ -2,8 +2,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -62,8 +64,15 @@ absl::Status Trainer::Checkpoint() {
   nlohmann::json extra = RankState();
   extra["num_classes"] = num_classes_;
   absl::Status s;
+  // testing.checkpoint_delay_ms: the write is slow, as on busy shared storage.
+  auto slow_storage = [this] {
+    if (inject_ && spec_.testing.checkpoint_delay_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(spec_.testing.checkpoint_delay_ms));
+    }
+  };
   if (world == 1) {
     state.extra_json = extra.dump();
+    slow_storage();
     s = ckpt::SaveState(store_, *model_, *optimizer_, state);
   } else {
     // Every rank has finished the step (this gather is the barrier); rank 0
@@ -77,11 +86,14 @@ absl::Status Trainer::Checkpoint() {
       nlohmann::json gang_extra = {
           {"num_classes", num_classes_}, {"world_size", world}, {"ranks", all}};
       state.extra_json = gang_extra.dump();
+      slow_storage();
       s = ckpt::SaveState(store_, *model_, *optimizer_, state);
       result[0] = s.ok() ? 1 : 0;
       result[1] = absl::IsResourceExhausted(s) ? 1 : 0;
     }
-    gang_->Broadcast(result, 0, name + ": written");
+    // The others wait while rank 0 writes to what may be slow shared
+    // storage: distributed.checkpoint_timeout_s, not the collective timeout.
+    gang_->Broadcast(result, 0, name + ": written", spec_.distributed.checkpoint_timeout_s);
     if (options_.rank != 0) {
       if (result[0].item<int64_t>() == 1) {
         s = absl::OkStatus();

@@ -257,6 +257,26 @@ TEST(Gang, RankStoppedInsideACollectiveTimesOutItsPeerAndTheGangRestarts) {
   EXPECT_TRUE(Eventually([&] { return ProcessesMentioning(run.run_dir()).empty(); }, Seconds(10)));
 }
 
+// Rank 0 writes its checkpoints to slow storage (4 s each, twice
+// distributed.timeout_s): rank 1 waits for it under
+// distributed.checkpoint_timeout_s, so nobody times out and the gang runs
+// through in one attempt.
+TEST(Gang, ACheckpointSlowerThanTheCollectiveTimeoutDoesNotRestartTheGang) {
+  DaemonHarness h;
+  UseRealWorker(h, 2);
+  ASSERT_TRUE(h.Start());
+  const std::string id =
+      h.Submit(GangSpec("slow-storage", 2, 6, 3,
+                        "[distributed]\ntimeout_s = 2\ncheckpoint_timeout_s = 60\n"
+                        "[testing]\ncheckpoint_delay_ms = 4000\nonly_rank = 0\n"));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForEnd(id, Seconds(300), &run));
+  EXPECT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  EXPECT_EQ(run.attempts_size(), 1) << Describe(run);
+  EXPECT_THAT(RankLog(run, 1, 1), HasSubstr("checkpoint step-3 (written by rank 0)"));
+  EXPECT_THAT(RankLog(run, 1, 1), HasSubstr("checkpoint step-6 (written by rank 0)"));
+}
+
 // Cancel (the daemon's Stop command to every rank, then SIGTERM): the stop
 // requests reach the ranks at different moments, but the ranks agree on
 // it in the next step's control collective, so both stop after the same
