@@ -71,6 +71,9 @@ exit_at_step = 3
 exit_code = 75
 step_ms = 20
 only_attempt = 1
+checkpoint_delay_ms = 250
+[distributed]
+checkpoint_timeout_s = 7200
 )");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->name, "room-seg_2");
@@ -90,6 +93,8 @@ only_attempt = 1
   EXPECT_EQ(spec->train.empty_cache_every_steps, 25);
   EXPECT_EQ(spec->testing.exit_code, 75);
   EXPECT_EQ(spec->testing.only_attempt, 1);
+  EXPECT_EQ(spec->testing.checkpoint_delay_ms, 250);
+  EXPECT_DOUBLE_EQ(spec->distributed.checkpoint_timeout_s, 7200);
 }
 
 TEST(RunSpec, ErrorsNameTheField) {
@@ -114,6 +119,10 @@ TEST(RunSpec, ErrorsNameTheField) {
             "train.device: must be one of auto, cpu, cuda; got \"gpu\"");
   EXPECT_EQ(Error("[train]\nempty_cache_every_steps = -1\n"),
             "train.empty_cache_every_steps: must be in [0, 1000000000], got -1");
+  EXPECT_EQ(Error("[distributed]\ncheckpoint_timeout_s = 0\n"),
+            "distributed.checkpoint_timeout_s: must be in [1, 86400], got 0");
+  EXPECT_EQ(Error("[testing]\ncheckpoint_delay_ms = 600001\n"),
+            "testing.checkpoint_delay_ms: must be in [0, 600000], got 600001");
   EXPECT_NE(Error("name = \n").find("spec: not valid TOML at line 1"), std::string::npos);
 }
 
