@@ -234,6 +234,10 @@ template <typename Visitor, typename Section>
 void VisitCluster(Visitor& v, Section& c) {
   v.String("node_name", &c.node_name);
   v.String("advertise_addr", &c.advertise_addr);
+  v.String("etcd_ca", &c.etcd_ca);
+  v.String("etcd_cert", &c.etcd_cert);
+  v.String("etcd_key", &c.etcd_key);
+  v.Bool("insecure_etcd", &c.insecure_etcd);
   v.Finish();
 }
 
@@ -310,6 +314,15 @@ absl::Status CheckCombinations(const DaemonConfig& c) {
   if (c.restart.max_backoff_s < c.restart.initial_backoff_s) {
     return bad("restart.max_backoff_s", absl::StrCat("must be at least restart.initial_backoff_s (",
                                                      c.restart.initial_backoff_s, ")"));
+  }
+  const ClusterSection& cl = c.cluster;
+  if (cl.etcd_cert.empty() != cl.etcd_key.empty()) {
+    return bad(cl.etcd_cert.empty() ? "cluster.etcd_cert" : "cluster.etcd_key",
+               "a client certificate needs both cluster.etcd_cert and cluster.etcd_key");
+  }
+  if (!cl.etcd_cert.empty() && cl.etcd_ca.empty()) {
+    return bad("cluster.etcd_ca",
+               "required with cluster.etcd_cert: the CA that signed etcd's server certificate");
   }
   const DaemonSection& d = c.daemon;
   for (const std::string& root : d.data_roots) {
@@ -389,7 +402,8 @@ void ResolvePaths(const fs::path& base, DaemonConfig& c) {
   d.socket_path = d.socket_path.empty() ? StateLayout(d.state_dir).DefaultSocketPath()
                                         : Resolve(base, d.socket_path);
   for (std::string* path :
-       {&d.tls_cert, &d.tls_key, &d.tls_client_ca, &d.worker_binary, &c.testing.fake_gpu_file}) {
+       {&d.tls_cert, &d.tls_key, &d.tls_client_ca, &d.worker_binary, &c.testing.fake_gpu_file,
+        &c.cluster.etcd_ca, &c.cluster.etcd_cert, &c.cluster.etcd_key}) {
     *path = Resolve(base, *path);
   }
   for (std::string& root : d.data_roots) root = Resolve(base, root);
@@ -582,6 +596,22 @@ std::vector<std::string> ChangedKeys(const DaemonConfig& a, const DaemonConfig& 
   compare(ta, tb);
   compare(tb, ta);
   return {changed.begin(), changed.end()};
+}
+
+absl::Status CheckEtcdTransport(const ClusterSection& cluster,
+                                const std::vector<std::string>& endpoints) {
+  if (!cluster.etcd_ca.empty() || cluster.insecure_etcd) return absl::OkStatus();
+  for (const std::string& endpoint : endpoints) {
+    std::string host;
+    int port = 0;
+    if (SplitHostPort(endpoint, &host, &port) && IsLoopback(host)) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster.etcd_endpoints: \"", endpoint,
+        "\" is not a loopback address, and this daemon speaks to etcd without TLS: anyone on the "
+        "network could then steer the job. Configure TLS ([cluster] etcd_ca, etcd_cert, etcd_key "
+        "in the daemon's config) or, on a private network you trust, insecure_etcd = true"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path) {

@@ -134,6 +134,16 @@ struct CommandsSection {
 struct ClusterSection {
   std::string node_name;       // "" = the host name; unique among a job's nodes
   std::string advertise_addr;  // "" = the host name: where other nodes reach rank 0's store
+  // etcd over TLS: the CA that signed etcd's server certificate turns TLS
+  // on for every endpoint; etcd_cert and etcd_key (PEM, both or neither)
+  // are this node's client certificate, for an etcd started with
+  // --client-cert-auth. Paths; read again at every join.
+  std::string etcd_ca;
+  std::string etcd_cert;
+  std::string etcd_key;
+  // Without TLS, a run spec whose etcd endpoint is not a loopback address
+  // is refused, unless this is set (a private network the operator trusts).
+  bool insecure_etcd = false;
 };
 
 struct AuthSection {
@@ -191,6 +201,14 @@ std::vector<std::string> ChangedKeys(const DaemonConfig& a, const DaemonConfig& 
 // Reads `path` and parses it with its directory as base_dir. NotFound if
 // the file does not exist; errors name the file.
 absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path);
+
+// Whether this node may speak to etcd at `endpoints` (a run spec's
+// cluster.etcd_endpoints, host:port each): with cluster.etcd_ca set (TLS)
+// or cluster.insecure_etcd, any; otherwise only loopback hosts
+// (127.0.0.0/8, ::1, localhost). InvalidArgument naming the endpoint and
+// the two ways out.
+absl::Status CheckEtcdTransport(const ClusterSection& cluster,
+                                const std::vector<std::string>& endpoints);
 
 // A token the daemon accepts.
 struct Token {

@@ -68,8 +68,15 @@ absl::StatusOr<std::unique_ptr<UnitCluster>> DaemonImpl::JoinCluster(const v1::R
   // The deadline bounds every etcd call; a lease renewal must fit well
   // inside the lease.
   const double deadline_s = std::min(2.0, spec.cluster.lease_ttl_s / 3);
+  // Checked at submit too; again here for a run restored after a restart
+  // with another configuration. The certificates are read at every join,
+  // so renewed files take effect without a restart.
+  const ClusterSection& c = config_.cluster;
+  if (absl::Status s = CheckEtcdTransport(c, spec.cluster.etcd_endpoints); !s.ok()) return s;
+  absl::StatusOr<EtcdTls> tls = ReadEtcdTls(c.etcd_ca, c.etcd_cert, c.etcd_key);
+  if (!tls.ok()) return tls.status();
   absl::StatusOr<std::unique_ptr<EtcdClient>> client =
-      MakeEtcdClient(absl::StrJoin(spec.cluster.etcd_endpoints, ","), deadline_s);
+      MakeEtcdClient(absl::StrJoin(spec.cluster.etcd_endpoints, ","), deadline_s, *tls);
   if (!client.ok()) return client.status();
   ClusterMember::Options o;
   o.spec = spec.cluster;
@@ -247,6 +254,7 @@ void DaemonImpl::PublishPolicy(const std::vector<Token>& tokens) {
   p->allow_fault_injection = config_.testing.allow_fault_injection;
   p->max_watchers_per_client = static_cast<int>(config_.daemon.max_watchers_per_client);
   p->commands = config_.commands;
+  p->cluster = config_.cluster;
   std::lock_guard<std::mutex> lock(policy_mu_);
   policy_ = std::move(p);
 }

@@ -98,6 +98,10 @@ absl::Status SupervisorService::Validate(const v1::SubmitRunRequest& req, const 
     if (absl::Status s = CheckCommandEnv(parsed->command.env, policy.commands); !s.ok()) return s;
   }
   if (parsed->cluster.present) {
+    if (absl::Status s = CheckEtcdTransport(policy.cluster, parsed->cluster.etcd_endpoints);
+        !s.ok()) {
+      return s;
+    }
     if (parsed->cluster.ranks_per_node > policy.total_slots) {
       return absl::InvalidArgumentError(
           absl::StrCat("cluster.ranks_per_node: ", parsed->cluster.ranks_per_node,

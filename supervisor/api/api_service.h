@@ -36,6 +36,7 @@ struct ApiPolicy {
   bool allow_fault_injection = false;
   int max_watchers_per_client = 16;
   CommandsSection commands;  // which programs a [command] run may start
+  ClusterSection cluster;    // how this node reaches etcd (CheckEtcdTransport)
 };
 
 // The daemon's side. Every method is called on a gRPC thread and must hand

@@ -7,8 +7,11 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -125,15 +128,18 @@ std::string RangeStart(const std::string& prefix) {
   return prefix.empty() ? std::string(1, '\0') : prefix;
 }
 
-// host:port, an IPv6 host in brackets; "http://" allowed and dropped.
-absl::StatusOr<std::string> ParseEndpoint(absl::string_view text) {
+// host:port, an IPv6 host in brackets; the scheme of the transport
+// ("http://" in plain text, "https://" over TLS) allowed and dropped.
+absl::StatusOr<std::string> ParseEndpoint(absl::string_view text, bool tls) {
   absl::string_view e = absl::StripAsciiWhitespace(text);
   const std::string shown = absl::StrCat("\"", absl::CHexEscape(e), "\"");
   if (e.empty()) return absl::InvalidArgumentError("empty endpoint");
-  absl::ConsumePrefix(&e, "http://");
+  const char* scheme = tls ? "https://" : "http://";
+  absl::ConsumePrefix(&e, scheme);
   if (e.find("://") != absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "etcd endpoint ", shown, ": only plain host:port (or http://host:port) is supported"));
+    return absl::InvalidArgumentError(absl::StrCat("etcd endpoint ", shown, ": only host:port (or ",
+                                                   scheme, "host:port) is supported",
+                                                   tls ? " over TLS" : " without TLS"));
   }
   absl::string_view host;
   absl::string_view port;
@@ -579,8 +585,44 @@ class GrpcEtcdClient final : public EtcdClient {
 
 }  // namespace
 
+absl::StatusOr<EtcdTls> ReadEtcdTls(const std::string& ca_path, const std::string& cert_path,
+                                    const std::string& key_path) {
+  EtcdTls tls;
+  if (ca_path.empty()) {
+    if (!cert_path.empty() || !key_path.empty()) {
+      return absl::InvalidArgumentError(
+          "cluster.etcd_ca: required with a client certificate (the CA of etcd's server "
+          "certificate)");
+    }
+    return tls;
+  }
+  if (cert_path.empty() != key_path.empty()) {
+    return absl::InvalidArgumentError(
+        "cluster.etcd_cert and cluster.etcd_key: a client certificate needs both");
+  }
+  const auto read = [](const char* what, const std::string& path, std::string* out) {
+    if (path.empty()) return absl::OkStatus();
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream text;
+    if (in) text << in.rdbuf();
+    if (!in || in.bad()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": cannot read ", path, ": ", std::strerror(errno)));
+    }
+    *out = text.str();
+    if (out->find("-----BEGIN ") == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", path, " is not a PEM file"));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = read("cluster.etcd_ca", ca_path, &tls.ca_pem); !s.ok()) return s;
+  if (absl::Status s = read("cluster.etcd_cert", cert_path, &tls.cert_pem); !s.ok()) return s;
+  if (absl::Status s = read("cluster.etcd_key", key_path, &tls.key_pem); !s.ok()) return s;
+  return tls;
+}
+
 absl::StatusOr<std::unique_ptr<EtcdClient>> MakeEtcdClient(const std::string& endpoints,
-                                                           double deadline_s) {
+                                                           double deadline_s, const EtcdTls& tls) {
   if (!(deadline_s > 0) || !std::isfinite(deadline_s)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "etcd client: the deadline must be a positive number of seconds, not ", deadline_s));
@@ -591,20 +633,31 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> MakeEtcdClient(const std::string& en
     return absl::InvalidArgumentError("etcd client: no endpoints (expected host:port,...)");
   }
   for (absl::string_view part : absl::StrSplit(endpoints, ',')) {
-    absl::StatusOr<std::string> address = ParseEndpoint(part);
+    absl::StatusOr<std::string> address = ParseEndpoint(part, tls.enabled());
     if (!address.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "etcd endpoints \"", absl::CHexEscape(endpoints), "\": ", address.status().message()));
     }
     addresses.push_back(*std::move(address));
   }
+  if (tls.cert_pem.empty() != tls.key_pem.empty() || (!tls.enabled() && !tls.cert_pem.empty())) {
+    return absl::InvalidArgumentError(
+        "etcd client: a client certificate needs its key and the CA of etcd's certificate");
+  }
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (tls.enabled()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = tls.ca_pem;
+    ssl.pem_private_key = tls.key_pem;
+    ssl.pem_cert_chain = tls.cert_pem;
+    credentials = grpc::SslCredentials(ssl);
+  }
   const grpc::ChannelArguments args = ChannelArgs(deadline_s);
   parsed->list = std::vector<Endpoint>(addresses.size());
   for (size_t i = 0; i < addresses.size(); ++i) {
     Endpoint& endpoint = parsed->list[i];
     endpoint.address = addresses[i];
-    endpoint.channel =
-        grpc::CreateCustomChannel(addresses[i], grpc::InsecureChannelCredentials(), args);
+    endpoint.channel = grpc::CreateCustomChannel(addresses[i], credentials, args);
     endpoint.kv = pb::KV::NewStub(endpoint.channel);
     endpoint.lease = pb::Lease::NewStub(endpoint.channel);
     endpoint.watch = pb::Watch::NewStub(endpoint.channel);

@@ -108,13 +108,33 @@ class EtcdClient {
       std::function<void(const absl::Status& why)> on_end) = 0;
 };
 
-// A client of the etcd cluster at `endpoints` (comma-separated host:port,
-// plain HTTP/2 as a loopback etcd serves it), each call bounded by
-// `deadline_s`. Connects lazily: an etcd that is down is an error of the
-// first call, not of this one. InvalidArgument for an empty or malformed
-// endpoint list.
+// How the client reaches etcd: plain HTTP/2 when `ca_pem` is empty, as a
+// loopback etcd serves it; otherwise TLS to every endpoint, etcd's server
+// certificate checked against `ca_pem` and the endpoint's host, with this
+// node's client certificate when `cert_pem` and `key_pem` are given (etcd's
+// --client-cert-auth). PEM texts, not paths.
+struct EtcdTls {
+  std::string ca_pem;
+  std::string cert_pem;
+  std::string key_pem;
+  bool enabled() const { return !ca_pem.empty(); }
+};
+
+// Reads the PEM files of an EtcdTls: `ca_path` empty gives plain HTTP/2;
+// `cert_path` and `key_path` both or neither. InvalidArgument naming the
+// file (with `what`, e.g. "cluster.etcd_ca") that is missing, unreadable,
+// empty or not PEM.
+absl::StatusOr<EtcdTls> ReadEtcdTls(const std::string& ca_path, const std::string& cert_path,
+                                    const std::string& key_path);
+
+// A client of the etcd cluster at `endpoints` (comma-separated host:port),
+// over `tls`, each call bounded by `deadline_s`. Connects lazily: an etcd
+// that is down, or whose certificate is refused, is an error of the first
+// call, not of this one. InvalidArgument for an empty or malformed endpoint
+// list, or a client certificate without its key.
 absl::StatusOr<std::unique_ptr<EtcdClient>> MakeEtcdClient(const std::string& endpoints,
-                                                           double deadline_s);
+                                                           double deadline_s,
+                                                           const EtcdTls& tls = {});
 
 // The end of the range of every key starting with `prefix` (etcd's
 // range_end): the prefix with its last byte incremented, bytes of 0xff

@@ -1,5 +1,6 @@
 // A real etcd (Debian's etcd-server, /usr/bin/etcd) for tests: one member
-// on two free loopback ports with its data in a temporary directory. Stop()
+// on two free loopback ports with its data in a temporary directory, in
+// plain text or (UseTls) over TLS with client certificates. Stop()
 // and Start() again keep the ports and the data, as an operator's restart
 // would; the destructor kills it and removes the directory. The process
 // also dies with the thread that started it (PR_SET_PDEATHSIG), so a test
@@ -19,7 +20,9 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -32,6 +35,57 @@
 
 namespace trainsup::testing {
 
+// A certificate authority and certificates for etcd over TLS, made with
+// openssl in `dir`: etcd's server certificate (127.0.0.1 and localhost),
+// a client certificate "node-a" from the same CA, and a client certificate
+// "rogue" from a CA etcd does not trust. Paths to PEM files.
+struct TestPki {
+  std::string ca, server_cert, server_key, client_cert, client_key;
+  std::string rogue_ca, rogue_cert, rogue_key;
+};
+
+inline absl::Status MakeTestPki(const std::string& dir, TestPki* pki) {
+  const std::string log = dir + "/openssl.log";
+  const auto run = [&](const std::string& command) {
+    const std::string line = "/usr/bin/openssl " + command + " >>" + log + " 2>&1";
+    if (std::system(line.c_str()) == 0) return absl::OkStatus();
+    std::ifstream in(log);
+    std::ostringstream text;
+    text << in.rdbuf();
+    return absl::InternalError(absl::StrCat("openssl ", command, " failed:\n", text.str()));
+  };
+  const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  const auto ca = [&](const std::string& name) {
+    return run("req -x509" + ec + " -keyout " + dir + "/" + name + ".key -out " + dir + "/" + name +
+               ".pem -days 2 -subj /CN=" + name);
+  };
+  const auto issue = [&](const std::string& ca_name, const std::string& name,
+                         const std::string& extensions) -> absl::Status {
+    const std::string base = dir + "/" + name;
+    std::ofstream(base + ".ext") << extensions << "\n";
+    if (absl::Status s =
+            run("req" + ec + " -keyout " + base + ".key -out " + base + ".csr -subj /CN=" + name);
+        !s.ok()) {
+      return s;
+    }
+    return run("x509 -req -in " + base + ".csr -CA " + dir + "/" + ca_name + ".pem -CAkey " + dir +
+               "/" + ca_name + ".key -CAcreateserial -days 2 -out " + base + ".pem -extfile " +
+               base + ".ext");
+  };
+  for (absl::Status s :
+       {ca("test-ca"), ca("rogue-ca"),
+        issue("test-ca", "etcd-server",
+              "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
+        issue("test-ca", "node-a", "extendedKeyUsage=clientAuth"),
+        issue("rogue-ca", "rogue", "extendedKeyUsage=clientAuth")}) {
+    if (!s.ok()) return s;
+  }
+  *pki = {dir + "/test-ca.pem", dir + "/etcd-server.pem", dir + "/etcd-server.key",
+          dir + "/node-a.pem",  dir + "/node-a.key",      dir + "/rogue-ca.pem",
+          dir + "/rogue.pem",   dir + "/rogue.key"};
+  return absl::OkStatus();
+}
+
 class EtcdServer {
  public:
   static constexpr const char* kBinary = "/usr/bin/etcd";
@@ -42,6 +96,17 @@ class EtcdServer {
     for (int i = 0; i < 10 && peer_port_ == client_port_; ++i) peer_port_ = FreeLoopbackPort(0);
   }
   ~EtcdServer() { Kill(); }
+
+  // Serves clients over TLS from the next Start: `pki`'s server certificate,
+  // client certificates from its CA required. /health is then asked on a
+  // plain-HTTP metrics port of its own.
+  void UseTls(const TestPki& pki) {
+    tls_ = pki;
+    metrics_port_ = FreeLoopbackPort(0);
+    for (int i = 0; i < 10 && (metrics_port_ == client_port_ || metrics_port_ == peer_port_); ++i) {
+      metrics_port_ = FreeLoopbackPort(0);
+    }
+  }
   EtcdServer(const EtcdServer&) = delete;
   EtcdServer& operator=(const EtcdServer&) = delete;
 
@@ -56,7 +121,8 @@ class EtcdServer {
     if (client_port_ <= 0 || peer_port_ <= 0 || client_port_ == peer_port_) {
       return absl::InternalError("no free loopback port for etcd");
     }
-    const std::string client_url = absl::StrCat("http://127.0.0.1:", client_port_);
+    const std::string client_url =
+        absl::StrCat(tls_ ? "https" : "http", "://127.0.0.1:", client_port_);
     const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer_port_);
     std::vector<std::string> args = {kBinary,
                                      "--name=trainsup-test",
@@ -68,6 +134,14 @@ class EtcdServer {
                                      "--initial-cluster=trainsup-test=" + peer_url,
                                      "--logger=zap",
                                      "--log-outputs=stderr"};
+    if (tls_) {
+      for (std::string arg :
+           {"--cert-file=" + tls_->server_cert, "--key-file=" + tls_->server_key,
+            "--trusted-ca-file=" + tls_->ca, std::string("--client-cert-auth"),
+            absl::StrCat("--listen-metrics-urls=http://127.0.0.1:", metrics_port_)}) {
+        args.push_back(arg);
+      }
+    }
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
@@ -181,7 +255,7 @@ class EtcdServer {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(client_port_));
+    addr.sin_port = htons(static_cast<uint16_t>(tls_ ? metrics_port_ : client_port_));
     std::string response;
     if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
       const std::string request =
@@ -198,6 +272,8 @@ class EtcdServer {
   }
 
   TempDir dir_;
+  std::optional<TestPki> tls_;
+  int metrics_port_ = 0;
   int client_port_ = 0;
   int peer_port_ = 0;
   pid_t pid_ = -1;

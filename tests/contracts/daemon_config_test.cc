@@ -333,6 +333,53 @@ TEST(Config, InconsistentCombinationsNameTheField) {
   EXPECT_NE(ParseError("[slots\n").find("line 1"), std::string::npos);
 }
 
+TEST(Config, EtcdTlsFilesAreResolvedAndComeInPairs) {
+  absl::StatusOr<DaemonConfig> c = ParseConfig(
+      "[cluster]\netcd_ca = \"tls/ca.pem\"\netcd_cert = \"tls/node.pem\"\n"
+      "etcd_key = \"/keys/node.key\"\ninsecure_etcd = true\n",
+      "/etc/trainsup");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cluster.etcd_ca, "/etc/trainsup/tls/ca.pem");
+  EXPECT_EQ(c->cluster.etcd_cert, "/etc/trainsup/tls/node.pem");
+  EXPECT_EQ(c->cluster.etcd_key, "/keys/node.key");
+  EXPECT_TRUE(c->cluster.insecure_etcd);
+  absl::StatusOr<DaemonConfig> again = ParseConfig(FormatConfig(*c), "/elsewhere");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->cluster.etcd_key, "/keys/node.key");
+  EXPECT_TRUE(again->cluster.insecure_etcd);
+  EXPECT_FALSE(DefaultConfig().cluster.insecure_etcd);
+
+  EXPECT_NE(ParseError("[cluster]\netcd_ca = \"c\"\netcd_cert = \"a\"\n")
+                .find("cluster.etcd_key: a client certificate needs both"),
+            std::string::npos);
+  EXPECT_NE(ParseError("[cluster]\netcd_ca = \"c\"\netcd_key = \"k\"\n").find("cluster.etcd_cert"),
+            std::string::npos);
+  EXPECT_NE(ParseError("[cluster]\netcd_cert = \"a\"\netcd_key = \"k\"\n")
+                .find("cluster.etcd_ca: required with cluster.etcd_cert"),
+            std::string::npos);
+}
+
+TEST(CheckEtcdTransport, PlainTextOnlyToLoopbackUnlessTlsOrInsecure) {
+  ClusterSection plain;
+  for (const char* ok : {"127.0.0.1:2379", "127.4.5.6:1", "localhost:2379", "[::1]:2379"}) {
+    EXPECT_TRUE(CheckEtcdTransport(plain, {ok}).ok()) << ok;
+  }
+  for (const char* remote : {"10.0.0.2:2379", "etcd.example:2379", "[2001:db8::1]:2379",
+                             "0.0.0.0:2379", "128.0.0.1:2379"}) {
+    absl::Status s = CheckEtcdTransport(plain, {"127.0.0.1:2379", remote});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << remote;
+    EXPECT_NE(s.message().find(absl::StrCat("\"", remote, "\" is not a loopback address")),
+              std::string::npos)
+        << s;
+  }
+  ClusterSection tls;
+  tls.etcd_ca = "/ca.pem";
+  EXPECT_TRUE(CheckEtcdTransport(tls, {"10.0.0.2:2379"}).ok());
+  ClusterSection insecure;
+  insecure.insecure_etcd = true;
+  EXPECT_TRUE(CheckEtcdTransport(insecure, {"10.0.0.2:2379"}).ok());
+}
+
 TEST(Config, CommandsAreAbsoluteAndNotResolvedAgainstTheFile) {
   absl::StatusOr<DaemonConfig> c = ParseConfig(
       "[commands]\nallowed_programs = [\"/usr/bin/python3\"]\nallowed_dirs = [\"/opt/tools\"]\n"

@@ -23,6 +23,7 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -361,6 +362,95 @@ TEST_F(ClusterTest, PausedDaemonPastItsLeaseIsLostThenRejoins) {
   EXPECT_THAT(Events(b_, ib), HasSubstr("this node's etcd lease expired"));
   EXPECT_EQ(Last(ra)->generation(), Last(rb)->generation());
   ExpectNoWorkerLeft(ra, rb);
+}
+
+// --- etcd over TLS (issue 24, item 2) -------------------------------------------------------
+
+// This node speaks TLS to etcd with the test PKI's client certificate.
+void UseEtcdTls(DaemonHarness& h, const trainsup::testing::TestPki& pki) {
+  h.Set("cluster.etcd_ca", "\"" + pki.ca + "\"");
+  h.Set("cluster.etcd_cert", "\"" + pki.client_cert + "\"");
+  h.Set("cluster.etcd_key", "\"" + pki.client_key + "\"");
+}
+
+TEST(ClusterTls, TwoNodesTrainThroughAnEtcdThatRequiresClientCertificates) {
+  DaemonHarness a, b;
+  trainsup::testing::TestPki pki;
+  ASSERT_TRUE(trainsup::testing::MakeTestPki(a.dir(), &pki).ok());
+  trainsup::testing::EtcdServer etcd;
+  etcd.UseTls(pki);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Log();
+  const std::string shared = a.dir() + "/shared";
+  fs::create_directories(shared);
+  Configure(a, "node-a", shared, 1);
+  Configure(b, "node-b", shared, 1);
+  UseEtcdTls(a, pki);
+  UseEtcdTls(b, pki);
+  ASSERT_TRUE(a.Start());
+  ASSERT_TRUE(b.Start());
+  const std::string spec = ClusterSpecText("over-tls", etcd.endpoint(), shared, 6, 3);
+  const std::string ia = a.Submit(spec), ib = b.Submit(spec);
+  v1::Run ra, rb;
+  ASSERT_TRUE(a.WaitForEnd(ia, Seconds(400), &ra));
+  ASSERT_TRUE(b.WaitForEnd(ib, Seconds(400), &rb));
+  ASSERT_EQ(ra.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ra);
+  ASSERT_EQ(rb.state(), v1::RUN_STATE_SUCCEEDED) << Describe(rb);
+  EXPECT_EQ(ra.attempts_size(), 1) << Describe(ra);
+  EXPECT_EQ(Last(rb)->generation(), 1);
+  EXPECT_THAT(Events(a, ia), ::testing::Not(HasSubstr("etcd unreachable")));
+  // The same daemon without its certificate is not let in: its attempt
+  // never starts and etcd is reported unreachable.
+  b.Unset("cluster.etcd_cert");
+  b.Unset("cluster.etcd_key");
+  b.Kill();
+  ASSERT_TRUE(b.Start());
+  const std::string again = b.Submit(ClusterSpecText("no-cert", etcd.endpoint(), shared, 6, 3));
+  v1::Run r;
+  EXPECT_TRUE(b.WaitFor(
+      again,
+      [](const v1::Run& x) { return !x.cluster().etcd_reachable() && x.cluster().job() != ""; },
+      Seconds(60), &r))
+      << Describe(r);
+  EXPECT_EQ(r.attempts_size(), 0) << Describe(r);
+  EXPECT_FALSE(r.cluster().etcd_error().empty());
+  std::cout << "without a client certificate: " << r.cluster().etcd_error() << "\n";
+}
+
+TEST(ClusterTls, AnEtcdOffLoopbackWithoutTlsIsRefusedUnlessTheConfigSaysInsecure) {
+  DaemonHarness h;
+  const std::string shared = h.dir() + "/shared";
+  fs::create_directories(shared);
+  // Two slots: the loopback run below holds one while it waits for its etcd.
+  Configure(h, "node-a", shared, 2);
+  ASSERT_TRUE(h.Start());
+  // 192.0.2.1: TEST-NET-1, never routed.
+  const std::string spec = ClusterSpecText("remote", "192.0.2.1:2379", shared, 6, 3);
+  std::string id;
+  grpc::Status s = h.TrySubmit(spec, h.operator_token(), &id);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("\"192.0.2.1:2379\" is not a loopback address"));
+  EXPECT_THAT(s.error_message(), HasSubstr("insecure_etcd = true"));
+  EXPECT_TRUE(id.empty());
+  // Loopback stays allowed in plain text.
+  grpc::Status local =
+      h.TrySubmit(ClusterSpecText("local", "127.0.0.1:1", shared, 6, 3), h.operator_token(), &id);
+  EXPECT_TRUE(local.ok()) << local.error_message();
+
+  // insecure_etcd: accepted. A restart that takes it away fails the run
+  // when it joins again, with the same reason.
+  h.Set("cluster.insecure_etcd", "true");
+  h.Kill();
+  ASSERT_TRUE(h.Start());
+  std::string remote;
+  grpc::Status accepted = h.TrySubmit(spec, h.operator_token(), &remote);
+  ASSERT_TRUE(accepted.ok()) << accepted.error_message();
+  h.Unset("cluster.insecure_etcd");
+  h.Kill();
+  ASSERT_TRUE(h.Start());
+  v1::Run r;
+  ASSERT_TRUE(h.WaitForEnd(remote, Seconds(60), &r));
+  EXPECT_EQ(r.state(), v1::RUN_STATE_FAILED) << Describe(r);
+  EXPECT_THAT(r.reason(), HasSubstr("is not a loopback address")) << Describe(r);
 }
 
 }  // namespace
