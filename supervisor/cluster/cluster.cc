@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/manifest.h"
+#include "supervisor/cluster/generation_swap.h"
 
 namespace trainsup::supervisor {
 namespace {
@@ -43,27 +44,6 @@ struct Snapshot {
   int64_t lease = 0;
   EtcdRange range;
 };
-
-// Moves the generation record at `key` by compare-and-swap: `next` gets
-// the record as it is and returns the one to write, or nullopt when there
-// is nothing to do (someone else moved it already). A lost race re-reads.
-absl::Status SwapGeneration(
-    EtcdClient& c, const std::string& key,
-    const std::function<std::optional<GenerationRecord>(const GenerationRecord&)>& next) {
-  for (int tries = 0; tries < 8; ++tries) {
-    absl::StatusOr<std::optional<EtcdKeyValue>> kv = c.Get(key);
-    if (!kv.ok()) return kv.status();
-    if (!kv->has_value()) return absl::OkStatus();
-    absl::StatusOr<GenerationRecord> g = DecodeGeneration((*kv)->value);
-    if (!g.ok()) return g.status();
-    std::optional<GenerationRecord> n = next(*g);
-    if (!n) return absl::OkStatus();
-    absl::StatusOr<EtcdSwap> swap = c.PutIf(key, (*kv)->mod_revision, EncodeGeneration(*n));
-    if (!swap.ok()) return swap.status();
-    if (swap->succeeded) return absl::OkStatus();
-  }
-  return absl::AbortedError("the generation kept changing");
-}
 
 }  // namespace
 
@@ -657,28 +637,22 @@ void ClusterMember::Verdict(int64_t generation, const AttemptEnd& end,
 }
 
 void ClusterMember::Cancel(const std::string& reason) {
-  const std::string key = keys_.Generation();
-  const std::string why = absl::StrCat("cancelled on node ", o_.node, ": ", reason);
-  const std::string by = o_.node;
-  Do<absl::Status>(
-      [key, why, by](EtcdClient& c) {
-        return SwapGeneration(c, key, [&](const GenerationRecord& g) {
-          std::optional<GenerationRecord> next;
-          if (g.action != GenerationRecord::Action::kRun) return next;
-          next = g;
-          next->generation = g.generation + 1;
-          next->action = GenerationRecord::Action::kCancel;
-          next->by = by;
-          next->reason = why;
-          return next;
-        });
-      },
-      [this, reason](absl::Status s) {
-        if (!s.ok()) {
-          Failed("cancelling the job", s);
-          After(kRetryS, [this, reason] { Cancel(reason); });
-        }
-      });
+  auto job = std::make_shared<JobCancel>();
+  job->retry_s = kRetryS;
+  job->timers = timers_;
+  job->client = client_;
+  job->key = keys_.Generation();
+  job->why = absl::StrCat("cancelled on node ", o_.node, ": ", reason);
+  job->by = o_.node;
+  // While the member lives its status says whether etcd answers.
+  job->each = Guarded([this](const absl::Status& s) {
+    if (s.ok()) {
+      Answered();
+    } else {
+      Failed("cancelling the job", s);
+    }
+  });
+  CancelJob(std::move(job));
 }
 
 void ClusterMember::Report(const v1::ClusterNode& self, bool final) {

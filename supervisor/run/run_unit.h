@@ -164,9 +164,9 @@ class RunUnit {
   int LocalRanks() const {
     return Clustered() ? static_cast<int>(spec_.cluster.ranks_per_node) : run_.world_size();
   }
-  // Creates cluster_ when missing; false (and the run failing) when the
-  // host cannot.
-  bool EnsureCluster();
+  // Creates cluster_ when missing; false when the host cannot, the run
+  // failing with the reason (or, !fail_run, the reason only logged).
+  bool EnsureCluster(bool fail_run = true);
   void OnClusterMoved(int64_t generation, const std::string& reason);
   void OnClusterNote(LogLevel level, const std::string& line);
   void OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a);

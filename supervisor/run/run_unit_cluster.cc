@@ -8,7 +8,7 @@
 
 namespace trainsup::supervisor {
 
-bool RunUnit::EnsureCluster() {
+bool RunUnit::EnsureCluster(bool fail_run) {
   if (cluster_) return true;
   ClusterEvents events;
   events.moved = Guarded([this](int64_t generation, const std::string& reason) {
@@ -19,9 +19,13 @@ bool RunUnit::EnsureCluster() {
   absl::StatusOr<std::unique_ptr<UnitCluster>> c =
       env_.host->JoinCluster(run_, spec_, std::move(events));
   if (!c.ok()) {
-    SetState(v1::RUN_STATE_FAILED,
-             absl::StrCat("cannot coordinate with the job's other nodes: ", c.status().message()),
-             {}, [this] { MaybeFinished(); });
+    const std::string why =
+        absl::StrCat("cannot coordinate with the job's other nodes: ", c.status().message());
+    if (fail_run) {
+      SetState(v1::RUN_STATE_FAILED, why, {}, [this] { MaybeFinished(); });
+    } else {
+      Log(LogLevel::kWarn, why);
+    }
     return false;
   }
   cluster_ = std::move(*c);
@@ -56,6 +60,8 @@ void RunUnit::OnClusterMoved(int64_t generation, const std::string& reason) {
 }
 
 void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a) {
+  // Cancelled while it waited: the run has ended already (Cancel).
+  if (IsTerminal(run_.state())) return;
   joining_ = false;
   if (StoppedBeforeStart()) return;
   if (!a.ok()) {

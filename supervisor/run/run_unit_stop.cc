@@ -191,17 +191,29 @@ void RunUnit::Cancel(const std::string& reason, std::function<void(absl::Status)
   }
   cancel_ = true;
   cancel_reason_ = reason.empty() ? "cancelled" : absl::StrCat("cancelled: ", reason);
-  // The whole job: every node's run ends CANCELLED.
-  if (cluster_) cluster_->Cancel(reason.empty() ? "cancelled" : reason);
+  // The whole job: every node's run ends CANCELLED, also when this node's
+  // run has not joined yet (queued for its slots, or restored after a
+  // daemon restart): the member is made for the cancel.
+  if (Clustered() && EnsureCluster(/*fail_run=*/false)) {
+    cluster_->Cancel(reason.empty() ? "cancelled" : reason);
+  }
   bool any_alive = false;
   for (RankState& r : ranks_) {
     if (!r.alive) continue;
     any_alive = true;
     StopRank(r, ExitClass::kCancelled, cancel_reason_, /*graceful=*/true);
   }
-  if (any_alive || preparing_ || launching_ || joining_) {
+  if (any_alive || preparing_ || launching_) {
     done(absl::OkStatus());
     return;
+  }
+  if (joining_) {
+    // No rank started yet, and the rendezvous may wait on an etcd that is
+    // down: the run ends now, the job's other nodes learn of the cancel
+    // when etcd answers (ClusterMember::Cancel), and the agreement, should
+    // it come, is ignored (OnAgreement).
+    joining_ = false;
+    ReleaseSlots();
   }
   if (restart_timer_ != 0) env_.timers->Cancel(restart_timer_);
   restart_timer_ = 0;

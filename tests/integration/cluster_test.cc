@@ -364,6 +364,78 @@ TEST_F(ClusterTest, PausedDaemonPastItsLeaseIsLostThenRejoins) {
   ExpectNoWorkerLeft(ra, rb);
 }
 
+// --- cancel before this node's run has joined (issue 24, item 6) ----------------------------
+
+void CancelRun(DaemonHarness& h, const std::string& id, const std::string& reason) {
+  v1::CancelRunRequest req;
+  req.set_run_id(id);
+  req.set_reason(reason);
+  v1::Run out;
+  auto ctx = h.Context(h.operator_token());
+  grpc::Status s = h.stub().CancelRun(ctx.get(), req, &out);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+}
+
+TEST_F(ClusterTest, CancelOnANodeWhoseRunIsStillQueuedCancelsTheJob) {
+  // node-a's one slot is taken by a local run, so its run of the job waits
+  // for it while node-b's waits in the rendezvous.
+  const std::string hog = a_.Submit(ModelSpec("hog", 100000, 1000));
+  ASSERT_TRUE(a_.WaitForState(hog, v1::RUN_STATE_RUNNING, Seconds(60)));
+  auto [ia, ib] = SubmitBoth("cancel-queued", 20, 5);
+  ASSERT_TRUE(b_.WaitFor(
+      ib, [](const v1::Run& r) { return r.cluster().generation() >= 1; }, Seconds(60)));
+  v1::Run ra = a_.GetRun(ia);
+  ASSERT_EQ(ra.state(), v1::RUN_STATE_PENDING) << Describe(ra);
+  CancelRun(a_, ia, "wrong data");
+  // Well before the 120 s rendezvous timeout.
+  v1::Run rb;
+  ASSERT_TRUE(b_.WaitForEnd(ib, Seconds(30), &rb)) << Describe(rb);
+  EXPECT_EQ(rb.state(), v1::RUN_STATE_CANCELLED) << Describe(rb);
+  EXPECT_THAT(rb.reason(), HasSubstr("cancelled on node node-a: wrong data"));
+  ASSERT_TRUE(a_.WaitForEnd(ia, Seconds(10), &ra));
+  EXPECT_EQ(ra.state(), v1::RUN_STATE_CANCELLED) << Describe(ra);
+  EXPECT_EQ(ra.attempts_size(), 0);
+  EXPECT_EQ(a_.GetRun(hog).state(), v1::RUN_STATE_RUNNING);
+  CancelRun(a_, hog, "done");
+}
+
+TEST_F(ClusterTest, CancelWhileEtcdIsDownEndsTheRunAndReachesTheJobWhenEtcdAnswers) {
+  // node-b never joins: node-a's run waits in the rendezvous.
+  const std::string spec = ClusterSpecText("cancel-etcd-down", etcd_.endpoint(), shared_, 20, 5);
+  const std::string ia = a_.Submit(spec);
+  ASSERT_TRUE(a_.WaitFor(
+      ia, [](const v1::Run& r) { return r.cluster().generation() >= 1; }, Seconds(60)));
+  etcd_.Stop();
+  CancelRun(a_, ia, "not today");
+  v1::Run ra;
+  ASSERT_TRUE(a_.WaitForEnd(ia, Seconds(15), &ra)) << Describe(ra);
+  EXPECT_EQ(ra.state(), v1::RUN_STATE_CANCELLED) << Describe(ra);
+  EXPECT_THAT(ra.reason(), HasSubstr("not today"));
+  // etcd back: the job's record says cancelled, and node-b's run of it ends
+  // so without training.
+  ASSERT_TRUE(etcd_.Start().ok()) << etcd_.Log();
+  auto client = supervisor::MakeEtcdClient(etcd_.endpoint(), 2);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::string key = supervisor::JobKeys("cancel-etcd-down").Generation();
+  std::string record;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        auto kv = (*client)->Get(key);
+        if (!kv.ok() || !kv->has_value()) return false;
+        record = (*kv)->value;
+        auto g = supervisor::DecodeGeneration(record);
+        return g.ok() && g->action == supervisor::GenerationRecord::Action::kCancel;
+      },
+      Seconds(30)))
+      << record;
+  EXPECT_THAT(record, HasSubstr("cancelled on node node-a: not today"));
+  const std::string ib = b_.Submit(spec);
+  v1::Run rb;
+  ASSERT_TRUE(b_.WaitForEnd(ib, Seconds(30), &rb)) << Describe(rb);
+  EXPECT_EQ(rb.state(), v1::RUN_STATE_CANCELLED) << Describe(rb);
+  EXPECT_EQ(rb.attempts_size(), 0);
+}
+
 // --- etcd over TLS (issue 24, item 2) -------------------------------------------------------
 
 // This node speaks TLS to etcd with the test PKI's client certificate.
