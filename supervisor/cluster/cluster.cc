@@ -40,10 +40,37 @@ struct Snapshot {
   Snapshot() = default;
   Snapshot(absl::Status s) : status(std::move(s)) {}  // NOLINT: Do's error path
   absl::Status status;
-  std::string fatal;  // the node cannot take part
+  std::string fatal;        // the node cannot take part
+  bool node_taken = false;  // because another daemon is this node of the job
   int64_t lease = 0;
   EtcdRange range;
 };
+
+// Puts this node's key, unless another daemon holds it: a record under a
+// live lease (not a final status) of another run. The same run, a daemon
+// restarted before its old lease expired, takes it over. `*fatal` says who
+// holds it.
+absl::Status TakeNodeKey(EtcdClient& c, const std::string& key, const std::string& self,
+                         int64_t lease, const std::string& run_id, std::string* fatal) {
+  absl::StatusOr<EtcdSwap> put = c.PutIf(key, 0, self, lease);
+  if (!put.ok()) return put.status();
+  if (put->succeeded || !put->current) return absl::OkStatus();
+  const EtcdKeyValue& held = *put->current;
+  v1::ClusterNode other;
+  google::protobuf::util::JsonParseOptions opts;
+  opts.ignore_unknown_fields = true;
+  const bool parsed = google::protobuf::util::JsonStringToMessage(held.value, &other, opts).ok();
+  if (held.lease != 0 && parsed && !other.run_id().empty() && other.run_id() != run_id) {
+    *fatal = absl::StrCat(
+        "run ", absl::CHexEscape(other.run_id()), " is already node \"",
+        absl::CHexEscape(other.node()),
+        "\" of this job, under a live etcd lease (another daemon with the same "
+        "cluster.node_name, or the job submitted twice to one daemon): give every daemon of the "
+        "job its own cluster.node_name, and submit the job once per daemon");
+    return absl::OkStatus();
+  }
+  return c.Put(key, self, lease).status();
+}
 
 }  // namespace
 
@@ -144,7 +171,8 @@ ClusterMember::~ClusterMember() {
   // the loop. A final status, when reported, is written without the lease
   // first so that it outlives it.
   const int64_t lease = lease_;
-  const std::string final_status = self_final_ ? NodeJson(self_) : "";
+  // Another daemon's node key is never written over.
+  const std::string final_status = self_final_ && !node_taken_ ? NodeJson(self_) : "";
   if (lease == 0 && final_status.empty()) return;
   std::shared_ptr<EtcdClient> client = client_;
   const std::string key = keys_.Node(o_.node);
@@ -197,8 +225,9 @@ void ClusterMember::Connect() {
   const std::string hash = o_.spec_hash;
   const std::string self = NodeJson(self_);
   const int64_t ttl = static_cast<int64_t>(std::ceil(o_.spec.lease_ttl_s));
+  const std::string run_id = o_.run_id;
   Do<Snapshot>(
-      [keys, node, hash, self, ttl](EtcdClient& c) {
+      [keys, node, hash, self, ttl, run_id](EtcdClient& c) {
         Snapshot s;
         absl::StatusOr<int64_t> lease = c.GrantLease(ttl);
         if (!lease.ok()) {
@@ -206,8 +235,11 @@ void ClusterMember::Connect() {
           return s;
         }
         s.lease = *lease;
-        if (auto put = c.Put(keys.Node(node), self, s.lease); !put.ok()) {
-          s.status = put.status();
+        if (absl::Status taken = TakeNodeKey(c, keys.Node(node), self, s.lease, run_id, &s.fatal);
+            !taken.ok() || !s.fatal.empty()) {
+          s.status = taken;
+          s.node_taken = !s.fatal.empty();
+          if (s.node_taken) (void)c.Revoke(s.lease);
           return s;
         }
         absl::StatusOr<EtcdSwap> spec = c.PutIf(keys.Spec(), 0, hash);
@@ -243,6 +275,7 @@ void ClusterMember::Connect() {
         connecting_ = false;
         if (!s.fatal.empty()) {
           Answered();
+          node_taken_ = s.node_taken;
           fatal_ = s.fatal;
           if (events_.note) events_.note(LogLevel::kError, fatal_);
           Evaluate();

@@ -106,7 +106,8 @@ class ClusterMember final : public UnitCluster {
   bool connecting_ = false;
   bool connected_ = false;  // a live lease and our node key
   int64_t lease_ = 0;
-  std::string fatal_;  // this node cannot take part (spec differs): the reason
+  std::string fatal_;        // this node cannot take part (spec differs): the reason
+  bool node_taken_ = false;  // another daemon holds this node's key: never write it
   bool etcd_up_ = true;
   std::string etcd_error_;
   double down_since_s_ = 0;

@@ -436,6 +436,33 @@ TEST_F(ClusterTest, CancelWhileEtcdIsDownEndsTheRunAndReachesTheJobWhenEtcdAnswe
   EXPECT_EQ(rb.attempts_size(), 0);
 }
 
+// --- duplicate participants (issue 24, item 7) ----------------------------------------------
+
+TEST_F(ClusterTest, ASecondParticipantWithTheSameNodeNameIsRefused) {
+  const std::string spec = ClusterSpecText("duplicates", etcd_.endpoint(), shared_, 20, 5);
+  const std::string ia = a_.Submit(spec);
+  ASSERT_TRUE(a_.WaitFor(
+      ia, [](const v1::Run& r) { return r.cluster().generation() >= 1; }, Seconds(60)));
+  // A second daemon calling itself node-a, with the job submitted to it
+  // twice.
+  DaemonHarness c;
+  Configure(c, "node-a", shared_, 2);
+  ASSERT_TRUE(c.Start());
+  for (const std::string& id : {c.Submit(spec), c.Submit(spec)}) {
+    v1::Run r;
+    ASSERT_TRUE(c.WaitForEnd(id, Seconds(30), &r)) << Describe(r);
+    EXPECT_EQ(r.state(), v1::RUN_STATE_FAILED) << Describe(r);
+    EXPECT_THAT(r.reason(), HasSubstr("run " + ia + " is already node \"node-a\" of this job"));
+    EXPECT_EQ(r.attempts_size(), 0);
+  }
+  // node-a's key is still the first daemon's: with node-b the job trains.
+  const std::string ib = b_.Submit(spec);
+  v1::Run ra, rb;
+  ExpectBothSucceed(ia, ib, &ra, &rb);
+  EXPECT_EQ(ra.attempts_size(), 1) << Describe(ra);
+  EXPECT_EQ(Last(rb)->generation(), 1);
+}
+
 // --- etcd over TLS (issue 24, item 2) -------------------------------------------------------
 
 // This node speaks TLS to etcd with the test PKI's client certificate.
