@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -55,6 +56,24 @@ bool IsLoopback(const std::string& addr) {
 void DefaultEnv(const char* name, const char* value) { setenv(name, value, /*overwrite=*/0); }
 
 }  // namespace
+
+GlooDeviceChoice ChooseGlooDevice(const std::string& master_addr, const std::string& node_addr,
+                                  const std::string& gloo_ifname) {
+  GlooDeviceChoice c;
+  for (absl::string_view name : absl::StrSplit(gloo_ifname, ',', absl::SkipWhitespace())) {
+    c.names.emplace_back(absl::StripAsciiWhitespace(name));
+  }
+  if (!c.names.empty()) {
+    c.kind = GlooDeviceChoice::Kind::kInterfaces;
+  } else if (IsLoopback(master_addr)) {
+    c.kind = GlooDeviceChoice::Kind::kAddress;
+    c.names = {"127.0.0.1"};
+  } else if (!node_addr.empty()) {
+    c.kind = GlooDeviceChoice::Kind::kAddress;
+    c.names = {node_addr};
+  }
+  return c;
+}
 
 GroupKind GroupFor(bool separate_host_group, const c10::Device& tensor_device) {
   return separate_host_group && !tensor_device.is_cuda() ? GroupKind::kHost : GroupKind::kDevice;
@@ -142,9 +161,23 @@ absl::StatusOr<std::unique_ptr<Gang>> Gang::Join(const GangOptions& o) {
       auto go = c10d::ProcessGroupGloo::Options::create(Millis(o.timeout_s));
       // Loopback for a single machine; otherwise the interface this host's
       // name resolves to (GLOO_SOCKET_IFNAME-style selection is issue 13's).
-      go->devices.push_back(IsLoopback(o.master_addr)
-                                ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                : c10d::ProcessGroupGloo::createDefaultDevice());
+      const GlooDeviceChoice choice = ChooseGlooDevice(o.master_addr, o.node_addr, o.gloo_ifname);
+      for (const std::string& name : choice.names) {
+        try {
+          go->devices.push_back(choice.kind == GlooDeviceChoice::Kind::kInterfaces
+                                    ? c10d::ProcessGroupGloo::createDeviceForInterface(name)
+                                    : c10d::ProcessGroupGloo::createDeviceForHostname(name));
+        } catch (const std::exception& e) {
+          throw std::runtime_error(
+              absl::StrCat(choice.kind == GlooDeviceChoice::Kind::kInterfaces
+                               ? "GLOO_SOCKET_IFNAME: cannot bind Gloo to interface \""
+                               : "TRAINSUP_NODE_ADDR: cannot bind Gloo to address \"",
+                           name, "\": ", e.what()));
+        }
+      }
+      if (choice.names.empty()) {
+        go->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
       go->threads = 1;
       return c10::make_intrusive<c10d::ProcessGroupGloo>(
           c10::make_intrusive<c10d::PrefixStore>(prefix, gang->impl_->store), o.rank, o.world_size,

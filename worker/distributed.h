@@ -38,7 +38,26 @@ struct GangOptions {
   // group beside it for host tensors) with Gloo in both places, so the
   // tests run it without a GPU.
   bool host_group_beside_device = false;
+  // Which network Gloo binds to (ChooseGlooDevice): GLOO_SOCKET_IFNAME's
+  // interfaces, else this node's advertised address (TRAINSUP_NODE_ADDR).
+  std::string gloo_ifname;
+  std::string node_addr;
 };
+
+// The device Gloo binds to, in this order: the interfaces `gloo_ifname`
+// names (comma-separated, as torch.distributed reads GLOO_SOCKET_IFNAME),
+// one device each; 127.0.0.1 when rank 0 is on loopback (one machine); the
+// address this node advertises to the job (the daemon's
+// cluster.advertise_addr), so a multi-homed host talks on the network its
+// peers reach it on; else whatever the host name resolves to (Gloo's
+// default, 127.0.1.1 on stock Debian).
+struct GlooDeviceChoice {
+  enum class Kind { kInterfaces, kAddress, kHostName };
+  Kind kind = Kind::kHostName;
+  std::vector<std::string> names;  // interfaces, or the one address
+};
+GlooDeviceChoice ChooseGlooDevice(const std::string& master_addr, const std::string& node_addr,
+                                  const std::string& gloo_ifname);
 
 // Which of a gang's process groups a collective on a tensor goes to. An
 // NCCL gang has two: NCCL for the device's tensors and a Gloo group beside

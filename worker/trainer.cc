@@ -283,6 +283,8 @@ std::optional<TrainerResult> Trainer::JoinGang() {
   gang_options.world_size = options_.world_size;
   gang_options.master_addr = options_.master_addr;
   gang_options.master_port = options_.master_port;
+  gang_options.node_addr = options_.node_addr;
+  gang_options.gloo_ifname = options_.gloo_ifname;
   gang_options.timeout_s = spec_.distributed.timeout_s;
   gang_options.connect_timeout_s = spec_.distributed.connect_timeout_s;
   gang_options.backend = spec_.distributed.backend;

@@ -45,6 +45,9 @@ struct TrainerOptions {
   // (MASTER_ADDR, MASTER_PORT of the launch contract).
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  // Where Gloo binds (GangOptions): TRAINSUP_NODE_ADDR, GLOO_SOCKET_IFNAME.
+  std::string node_addr;
+  std::string gloo_ifname;
   // "latest" (the newest verified checkpoint, or from scratch when there is
   // none), "none", or a step number that must exist and verify.
   std::string resume = "latest";

@@ -68,6 +68,8 @@ absl::StatusOr<WorkerEnv> ParseWorkerEnv(const std::map<std::string, std::string
       return absl::InvalidArgumentError("MASTER_PORT: not a port: " + *port);
     }
   }
+  if (const std::string* addr = get("TRAINSUP_NODE_ADDR")) w.node_addr = *addr;
+  if (const std::string* ifname = get("GLOO_SOCKET_IFNAME")) w.gloo_ifname = *ifname;
   if (const std::string* budget = get("TRAINSUP_MEMORY_BUDGET_MB")) {
     if (!absl::SimpleAtoi(*budget, &w.memory_budget_mb)) w.memory_budget_mb = 0;
   }

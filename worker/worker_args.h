@@ -42,8 +42,8 @@ absl::Status CheckResume(const std::string& resume);
 // The launch environment the worker reads, by name (absent names are
 // absent from the map).
 inline constexpr const char* kWorkerEnvNames[] = {
-    "MASTER_ADDR",         "MASTER_PORT",     "TRAINSUP_MEMORY_BUDGET_MB",
-    "TRAINSUP_DATA_ROOTS", "TRAINSUP_RUN_ID", "TRAINSUP_TOKEN"};
+    "MASTER_ADDR",     "MASTER_PORT",    "TRAINSUP_MEMORY_BUDGET_MB", "TRAINSUP_DATA_ROOTS",
+    "TRAINSUP_RUN_ID", "TRAINSUP_TOKEN", "TRAINSUP_NODE_ADDR",        "GLOO_SOCKET_IFNAME"};
 
 struct WorkerEnv {
   std::string master_addr = "127.0.0.1";
@@ -52,6 +52,8 @@ struct WorkerEnv {
   std::optional<std::vector<std::string>> data_roots;
   std::optional<std::string> run_id;  // unset: the run directory's name
   std::string token;
+  std::string node_addr;    // TRAINSUP_NODE_ADDR: this node's advertised address
+  std::string gloo_ifname;  // GLOO_SOCKET_IFNAME: the interfaces Gloo binds to
 };
 
 // InvalidArgument "MASTER_PORT: not a port: X", or the data roots' error

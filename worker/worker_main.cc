@@ -144,6 +144,8 @@ Launch LaunchOrExit(int argc, char** argv) {
   if (!env.ok()) UsageExit(options, std::string(env.status().message()));
   options.master_addr = env->master_addr;
   options.master_port = env->master_port;
+  options.node_addr = env->node_addr;
+  options.gloo_ifname = env->gloo_ifname;
   options.memory_budget_mb_override = env->memory_budget_mb;
   options.data_roots = env->data_roots;
   launch.supervisor = args->supervisor;

@@ -33,6 +33,7 @@ LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
   spec.env["WORLD_SIZE"] = std::to_string(w.world_size);
   spec.env["MASTER_ADDR"] = w.master_addr;
   spec.env["MASTER_PORT"] = std::to_string(w.master_port);
+  if (!w.node_addr.empty()) spec.env["TRAINSUP_NODE_ADDR"] = w.node_addr;
   // Always set: unset would mean "no confinement" to the worker; a root it
   // cannot be told (config validation refuses those) leaves it none.
   absl::StatusOr<std::string> roots = FormatDataRoots(w.data_roots);

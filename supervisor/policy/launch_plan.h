@@ -17,7 +17,10 @@ namespace trainsup::supervisor {
 
 // The daemon's variables a worker gets unchanged when the daemon has them.
 inline constexpr const char* kPassedThrough[] = {
-    "PATH", "HOME", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"};
+    "PATH", "HOME", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
+    // Which network the collectives use, as the operator set it for the
+    // daemon (a systemd Environment= line): Gloo and NCCL read them.
+    "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"};
 
 struct WorkerLaunch {
   std::string binary;
@@ -35,6 +38,9 @@ struct WorkerLaunch {
   std::string token;                // TRAINSUP_TOKEN
   std::string gpu;                  // CUDA_VISIBLE_DEVICES ("" on a CPU slot)
   std::string master_addr = "127.0.0.1";
+  // A multi-node run's cluster.advertise_addr ("" = none): the worker binds
+  // Gloo there (TRAINSUP_NODE_ADDR).
+  std::string node_addr;
   int master_port = 0;
   int64_t memory_budget_mb = 0;                   // > 0: TRAINSUP_MEMORY_BUDGET_MB
   std::vector<std::string> data_roots;            // TRAINSUP_DATA_ROOTS, ':'-joined

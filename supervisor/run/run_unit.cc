@@ -452,6 +452,7 @@ void RunUnit::LaunchRanks() {
     w.local_rank = static_cast<int>(i);
     w.local_world_size = static_cast<int>(slots_.size());
     if (!master_addr_.empty()) w.master_addr = master_addr_;
+    if (Clustered()) w.node_addr = cfg().cluster.advertise_addr;
     w.supervisor_endpoint = env_.host->SupervisorEndpoint();
     w.resume_step = attempt_.resumed_from_step();
     w.token = r.token;

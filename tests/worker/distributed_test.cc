@@ -466,12 +466,93 @@ TEST(EpochShard, RanksTogetherVisitWhatOneRankWithTheirBatchesVisits) {
   EXPECT_EQ(ShardSize(3, 4), 0);
 }
 
+// A rank that only joins a gang of two with GLOO_SOCKET_IFNAME's value
+// `ifname`, writing "joined" or the error to `out`.
+int JoinRole(int rank, int port, const std::string& ifname, const std::string& out) {
+  at::set_num_threads(1);
+  GangOptions go;
+  go.rank = rank;
+  go.world_size = 2;
+  go.master_port = port;
+  go.connect_timeout_s = 30;
+  go.gloo_ifname = ifname;
+  absl::StatusOr<std::unique_ptr<Gang>> gang = Gang::Join(go);
+  std::ofstream(out) << (gang.ok() ? std::string("joined") : std::string(gang.status().message()));
+  return gang.ok() ? 0 : 3;
+}
+
+// Both ranks' JoinRole outputs.
+std::vector<std::string> JoinTwo(const std::string& ifname) {
+  const std::string dir = ::testing::TempDir() + "/gloo_ifname_" + std::to_string(getpid());
+  fs::create_directories(dir);
+  const int port = FreeLoopbackPort();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> args = {g_self,
+                                     "--join-role",
+                                     std::to_string(r),
+                                     std::to_string(port),
+                                     ifname,
+                                     dir + "/" + std::to_string(r)};
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::vector<char*> argv;
+      for (std::string& s : args) argv.push_back(s.data());
+      argv.push_back(nullptr);
+      execv(g_self.c_str(), argv.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<std::string> outs;
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    std::ifstream in(dir + "/" + std::to_string(r));
+    std::stringstream text;
+    text << in.rdbuf();
+    outs.push_back(text.str());
+  }
+  return outs;
+}
+
+TEST(ChooseGlooDevice, InterfacesFirstThenLoopbackThenTheAdvertisedAddress) {
+  using Kind = GlooDeviceChoice::Kind;
+  GlooDeviceChoice c = ChooseGlooDevice("10.0.0.1", "10.0.0.2", " eth1, eth2 ");
+  EXPECT_EQ(c.kind, Kind::kInterfaces);
+  EXPECT_EQ(c.names, (std::vector<std::string>{"eth1", "eth2"}));
+  c = ChooseGlooDevice("127.0.0.1", "10.0.0.2", "");
+  EXPECT_EQ(c.kind, Kind::kAddress);
+  EXPECT_EQ(c.names, (std::vector<std::string>{"127.0.0.1"}));
+  c = ChooseGlooDevice("10.0.0.1", "10.0.0.2", "");
+  EXPECT_EQ(c.kind, Kind::kAddress);
+  EXPECT_EQ(c.names, (std::vector<std::string>{"10.0.0.2"}));
+  c = ChooseGlooDevice("10.0.0.1", "", "");
+  EXPECT_EQ(c.kind, Kind::kHostName);
+  EXPECT_TRUE(c.names.empty());
+}
+
+TEST(Gang, GlooSocketIfnameIsHonoured) {
+  // The loopback interface by name: the gang forms over it.
+  for (const std::string& out : JoinTwo("lo")) EXPECT_EQ(out, "joined");
+  // An interface this host does not have: both ranks fail, naming it,
+  // instead of binding somewhere else.
+  for (const std::string& out : JoinTwo("trainsup-none0")) {
+    EXPECT_NE(out.find("GLOO_SOCKET_IFNAME: cannot bind Gloo to interface \"trainsup-none0\""),
+              std::string::npos)
+        << out;
+  }
+}
+
 }  // namespace
 }  // namespace trainsup::worker
 
 int main(int argc, char** argv) {
   trainsup::sparse::EnsureFastBlasKernels(argc, argv);
   trainsup::worker::g_self = std::filesystem::canonical("/proc/self/exe").string();
+  if (argc == 6 && std::string(argv[1]) == "--join-role") {
+    return trainsup::worker::JoinRole(std::atoi(argv[2]), std::atoi(argv[3]), argv[4], argv[5]);
+  }
   if (argc > 1 && std::string(argv[1]) == "--rank-role") {
     trainsup::worker::RoleArgs a;
     for (int i = 2; i + 1 < argc; i += 2) {

@@ -50,6 +50,9 @@ void ExpectSame(const supervisor::WorkerLaunch& w, const Parsed& p) {
   EXPECT_EQ(*p.env.data_roots, w.data_roots);
   EXPECT_EQ(p.env.run_id, std::optional<std::string>(w.run_id));
   EXPECT_EQ(p.env.token, w.token);
+  EXPECT_EQ(p.env.node_addr, w.node_addr);
+  EXPECT_EQ(p.env.gloo_ifname,
+            w.daemon_env.count("GLOO_SOCKET_IFNAME") ? w.daemon_env.at("GLOO_SOCKET_IFNAME") : "");
 }
 
 TEST(WorkerArgs, WhatTheDaemonLaunchesTheWorkerParsesBack) {
@@ -73,6 +76,8 @@ TEST(WorkerArgs, WhatTheDaemonLaunchesTheWorkerParsesBack) {
   gang.resume_step = 1200;
   gang.memory_budget_mb = 512;
   gang.master_addr = "10.0.0.2";
+  gang.node_addr = "10.0.0.7";
+  gang.daemon_env["GLOO_SOCKET_IFNAME"] = "eth1";
   gang.master_port = 40001;
   gang.data_roots = {"/data/a", "/data/b"};
   gang.gpu = "1";
