@@ -29,6 +29,9 @@ packages=(
   # multi-node jobs: etcd (the tests start their own on loopback) and the
   # .proto files of its v3 API, compiled at build time (docs/building.md)
   etcd-server golang-etcd-server-dev
+  # the two-host test (a network namespace and a veth pair; it skips, with
+  # the reason, where it cannot make them) and the TLS test's certificates
+  iproute2 openssl
   # shared libraries
   libspdlog-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
   # tests and benchmarks; clang's libFuzzer and sanitizers for fuzz/

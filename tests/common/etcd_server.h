@@ -100,6 +100,9 @@ class EtcdServer {
   // Serves clients over TLS from the next Start: `pki`'s server certificate,
   // client certificates from its CA required. /health is then asked on a
   // plain-HTTP metrics port of its own.
+  // Serves clients on `host` too (an address of this namespace), same port.
+  void ListenAlsoOn(const std::string& host) { also_on_ = host; }
+
   void UseTls(const TestPki& pki) {
     tls_ = pki;
     metrics_port_ = FreeLoopbackPort(0);
@@ -121,8 +124,11 @@ class EtcdServer {
     if (client_port_ <= 0 || peer_port_ <= 0 || client_port_ == peer_port_) {
       return absl::InternalError("no free loopback port for etcd");
     }
-    const std::string client_url =
-        absl::StrCat(tls_ ? "https" : "http", "://127.0.0.1:", client_port_);
+    std::string client_url = absl::StrCat(tls_ ? "https" : "http", "://127.0.0.1:", client_port_);
+    if (!also_on_.empty()) {
+      absl::StrAppend(&client_url, ",", tls_ ? "https" : "http", "://", also_on_, ":",
+                      client_port_);
+    }
     const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer_port_);
     std::vector<std::string> args = {kBinary,
                                      "--name=trainsup-test",
@@ -273,6 +279,7 @@ class EtcdServer {
 
   TempDir dir_;
   std::optional<TestPki> tls_;
+  std::string also_on_;
   int metrics_port_ = 0;
   int client_port_ = 0;
   int peer_port_ = 0;

@@ -22,13 +22,17 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "contracts/run_layout.h"
 #include "supervisor/cluster/cluster_protocol.h"
 #include "supervisor/cluster/etcd_client.h"
@@ -550,6 +554,81 @@ TEST(ClusterTls, AnEtcdOffLoopbackWithoutTlsIsRefusedUnlessTheConfigSaysInsecure
   ASSERT_TRUE(h.WaitForEnd(remote, Seconds(60), &r));
   EXPECT_EQ(r.state(), v1::RUN_STATE_FAILED) << Describe(r);
   EXPECT_THAT(r.reason(), HasSubstr("is not a loopback address")) << Describe(r);
+}
+
+// --- two hosts joined by a veth pair (issue 24, item 10) ------------------------------------
+
+// A network namespace joined to this one by a veth pair: 10.77.0.1 here,
+// 10.77.0.2 there (its own loopback up, as a host's is). The one path
+// between the two "hosts" is the veth pair. Removed by the destructor.
+class VethHost {
+ public:
+  static constexpr const char* kHere = "10.77.0.1";
+  static constexpr const char* kThere = "10.77.0.2";
+  VethHost()
+      : ns_("tsup" + std::to_string(getpid())),
+        here_("tsa" + std::to_string(getpid() % 100000)),
+        there_("tsb" + std::to_string(getpid() % 100000)) {
+    const std::string log = "/tmp/" + ns_ + ".log";
+    for (const std::string& c :
+         {"ip netns add " + ns_, "ip link add " + here_ + " type veth peer name " + there_,
+          "ip link set " + there_ + " netns " + ns_,
+          "ip addr add " + std::string(kHere) + "/24 dev " + here_, "ip link set " + here_ + " up",
+          "ip netns exec " + ns_ + " ip addr add " + kThere + "/24 dev " + there_,
+          "ip netns exec " + ns_ + " ip link set " + there_ + " up",
+          "ip netns exec " + ns_ + " ip link set lo up"}) {
+      if (std::system(("/usr/sbin/" + c + " >>" + log + " 2>&1").c_str()) != 0) {
+        std::ifstream in(log);
+        std::ostringstream text;
+        text << in.rdbuf();
+        error_ = "\"" + c + "\" failed: " + text.str();
+        break;
+      }
+    }
+    std::remove(log.c_str());
+  }
+  ~VethHost() {
+    (void)std::system(("/usr/sbin/ip link del " + here_ + " 2>/dev/null").c_str());
+    (void)std::system(("/usr/sbin/ip netns del " + ns_ + " 2>/dev/null").c_str());
+  }
+  const std::string& error() const { return error_; }  // "" when it is up
+  const std::string& ns() const { return ns_; }
+
+ private:
+  std::string ns_, here_, there_, error_;
+};
+
+TEST(ClusterNetns, TwoNodesTrainOverAVethPairEachOnItsAdvertisedAddress) {
+  VethHost veth;
+  if (!veth.error().empty()) {
+    GTEST_SKIP() << "cannot make a network namespace and a veth pair here (root and "
+                    "iproute2 needed): "
+                 << veth.error();
+  }
+  trainsup::testing::EtcdServer etcd;
+  etcd.ListenAlsoOn(VethHost::kHere);
+  ASSERT_TRUE(etcd.Start().ok()) << etcd.Log();
+  DaemonHarness a, b;
+  const std::string shared = a.dir() + "/shared";
+  fs::create_directories(shared);
+  Configure(a, "node-a", shared, 1);
+  Configure(b, "node-b", shared, 1);
+  a.Set("cluster.advertise_addr", std::string("\"") + VethHost::kHere + "\"");
+  b.Set("cluster.advertise_addr", std::string("\"") + VethHost::kThere + "\"");
+  for (DaemonHarness* h : {&a, &b}) h->Set("cluster.insecure_etcd", "true");
+  b.set_netns(veth.ns());
+  ASSERT_TRUE(a.Start());
+  ASSERT_TRUE(b.Start());
+  const std::string endpoint = absl::StrCat(VethHost::kHere, ":", etcd.client_port());
+  const std::string spec = ClusterSpecText("over-veth", endpoint, shared, 6, 3);
+  const std::string ia = a.Submit(spec), ib = b.Submit(spec);
+  v1::Run ra, rb;
+  ASSERT_TRUE(a.WaitForEnd(ia, Seconds(300), &ra));
+  ASSERT_TRUE(b.WaitForEnd(ib, Seconds(300), &rb));
+  EXPECT_EQ(ra.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ra);
+  EXPECT_EQ(rb.state(), v1::RUN_STATE_SUCCEEDED) << Describe(rb);
+  EXPECT_EQ(ra.attempts_size(), 1) << Describe(ra);
+  EXPECT_EQ(Last(rb)->generation(), 1);
 }
 
 }  // namespace

@@ -201,6 +201,9 @@ class DaemonHarness {
   // "\"text\"", "true"), replacing the default. Takes effect at Start, or
   // at the next reload after WriteConfig.
   void Set(const std::string& key, const std::string& toml_value);
+  // Starts the daemon inside network namespace `ns` (`ip netns exec`, which
+  // execs it in place: the pid is the daemon's) from the next Start.
+  void set_netns(const std::string& ns) { netns_ = ns; }
   // Removes "section.key" from the configuration (the daemon's default then).
   void Unset(const std::string& key);
   // Writes the configuration file now (for a reload with SIGHUP).
@@ -262,6 +265,7 @@ class DaemonHarness {
   std::string dir_;
   std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> config_;
   int pid_ = -1;
+  std::string netns_;
   int starts_ = 0;
   std::string operator_token_;
   std::string viewer_token_;
@@ -493,9 +497,14 @@ inline ::testing::AssertionResult DaemonHarness::Start(const std::vector<std::st
   // TRAINSUP_TEST_DAEMON runs the tests against another build of the daemon
   // (the ThreadSanitizer one of tests/integration/tsan).
   const char* daemon = getenv("TRAINSUP_TEST_DAEMON");
-  pid_ = SpawnProcess(
-      {daemon != nullptr && *daemon != 0 ? daemon : TRAINSUPD_BIN, "--config", config_path()},
-      TestEnvironment(extra_env), log, log);
+  std::vector<std::string> argv;
+  if (!netns_.empty()) argv = {"/usr/sbin/ip", "netns", "exec", netns_};
+  for (const std::string& a :
+       {std::string(daemon != nullptr && *daemon != 0 ? daemon : TRAINSUPD_BIN),
+        std::string("--config"), config_path()}) {
+    argv.push_back(a);
+  }
+  pid_ = SpawnProcess(argv, TestEnvironment(extra_env), log, log);
   if (pid_ < 0) return ::testing::AssertionFailure() << "cannot start " << TRAINSUPD_BIN;
   std::string why = "no answer";
   bool up = Eventually(
