@@ -467,6 +467,19 @@ TEST_F(ClusterTest, ASecondParticipantWithTheSameNodeNameIsRefused) {
   EXPECT_EQ(Last(rb)->generation(), 1);
 }
 
+// The job submitted as `ia` on `a` and `ib` on `b` succeeds on both in one
+// attempt, generation 1.
+void TrainsInOneAttempt(DaemonHarness& a, const std::string& ia, DaemonHarness& b,
+                        const std::string& ib) {
+  v1::Run ra, rb;
+  ASSERT_TRUE(a.WaitForEnd(ia, Seconds(400), &ra));
+  ASSERT_TRUE(b.WaitForEnd(ib, Seconds(400), &rb));
+  EXPECT_EQ(ra.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ra);
+  EXPECT_EQ(rb.state(), v1::RUN_STATE_SUCCEEDED) << Describe(rb);
+  EXPECT_EQ(ra.attempts_size(), 1) << Describe(ra);
+  EXPECT_EQ(Last(rb)->generation(), 1);
+}
+
 // --- etcd over TLS (issue 24, item 2) -------------------------------------------------------
 
 // This node speaks TLS to etcd with the test PKI's client certificate.
@@ -492,14 +505,8 @@ TEST(ClusterTls, TwoNodesTrainThroughAnEtcdThatRequiresClientCertificates) {
   ASSERT_TRUE(a.Start());
   ASSERT_TRUE(b.Start());
   const std::string spec = ClusterSpecText("over-tls", etcd.endpoint(), shared, 6, 3);
-  const std::string ia = a.Submit(spec), ib = b.Submit(spec);
-  v1::Run ra, rb;
-  ASSERT_TRUE(a.WaitForEnd(ia, Seconds(400), &ra));
-  ASSERT_TRUE(b.WaitForEnd(ib, Seconds(400), &rb));
-  ASSERT_EQ(ra.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ra);
-  ASSERT_EQ(rb.state(), v1::RUN_STATE_SUCCEEDED) << Describe(rb);
-  EXPECT_EQ(ra.attempts_size(), 1) << Describe(ra);
-  EXPECT_EQ(Last(rb)->generation(), 1);
+  const std::string ia = a.Submit(spec);
+  TrainsInOneAttempt(a, ia, b, b.Submit(spec));
   EXPECT_THAT(Events(a, ia), ::testing::Not(HasSubstr("etcd unreachable")));
   // The same daemon without its certificate is not let in: its attempt
   // never starts and etcd is reported unreachable.
@@ -621,14 +628,8 @@ TEST(ClusterNetns, TwoNodesTrainOverAVethPairEachOnItsAdvertisedAddress) {
   ASSERT_TRUE(b.Start());
   const std::string endpoint = absl::StrCat(VethHost::kHere, ":", etcd.client_port());
   const std::string spec = ClusterSpecText("over-veth", endpoint, shared, 6, 3);
-  const std::string ia = a.Submit(spec), ib = b.Submit(spec);
-  v1::Run ra, rb;
-  ASSERT_TRUE(a.WaitForEnd(ia, Seconds(300), &ra));
-  ASSERT_TRUE(b.WaitForEnd(ib, Seconds(300), &rb));
-  EXPECT_EQ(ra.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ra);
-  EXPECT_EQ(rb.state(), v1::RUN_STATE_SUCCEEDED) << Describe(rb);
-  EXPECT_EQ(ra.attempts_size(), 1) << Describe(ra);
-  EXPECT_EQ(Last(rb)->generation(), 1);
+  const std::string ia = a.Submit(spec);
+  TrainsInOneAttempt(a, ia, b, b.Submit(spec));
 }
 
 }  // namespace

@@ -212,6 +212,19 @@ int RunRole(const RoleArgs& a) {
 
 // --- the tests --------------------------------------------------------------------------
 
+// Starts this binary again with `args` (args[0] is its path): a rank role.
+pid_t SpawnSelf(std::vector<std::string> args) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (std::string& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execv(g_self.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
 struct RankResult {
   std::vector<double> values;  // gradient, then running statistics
   nlohmann::json stats;
@@ -239,15 +252,7 @@ std::vector<RankResult> RunGang(int world, const std::string& mode,
         "--host-group", host_group ? "1" : "0",
         "--unlabelled", unlabelled.empty() ? "," : unlabelled,
         "--out",        dir + "/" + mode + std::to_string(world) + "-" + std::to_string(r)};
-    pid_t pid = fork();
-    if (pid == 0) {
-      std::vector<char*> argv;
-      for (std::string& s : args) argv.push_back(s.data());
-      argv.push_back(nullptr);
-      execv(g_self.c_str(), argv.data());
-      _exit(127);
-    }
-    pids.push_back(pid);
+    pids.push_back(SpawnSelf(std::move(args)));
   }
   std::vector<RankResult> results(world);
   for (int r = 0; r < world; ++r) {
@@ -494,15 +499,7 @@ std::vector<std::string> JoinTwo(const std::string& ifname) {
                                      std::to_string(port),
                                      ifname,
                                      dir + "/" + std::to_string(r)};
-    pid_t pid = fork();
-    if (pid == 0) {
-      std::vector<char*> argv;
-      for (std::string& s : args) argv.push_back(s.data());
-      argv.push_back(nullptr);
-      execv(g_self.c_str(), argv.data());
-      _exit(127);
-    }
-    pids.push_back(pid);
+    pids.push_back(SpawnSelf(std::move(args)));
   }
   std::vector<std::string> outs;
   for (int r = 0; r < 2; ++r) {
