@@ -238,6 +238,7 @@ void VisitCluster(Visitor& v, Section& c) {
   v.String("etcd_cert", &c.etcd_cert);
   v.String("etcd_key", &c.etcd_key);
   v.Bool("insecure_etcd", &c.insecure_etcd);
+  v.Double("yield_after_s", &c.yield_after_s, 0, 86400);
   v.Finish();
 }
 

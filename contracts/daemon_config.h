@@ -144,6 +144,10 @@ struct ClusterSection {
   // Without TLS, a run spec whose etcd endpoint is not a loopback address
   // is refused, unless this is set (a private network the operator trusts).
   bool insecure_etcd = false;
+  // A run waiting this long in its job's rendezvous gives its slots to a
+  // queued multi-node job that orders before it (docs/distributed.md,
+  // "Competing jobs").
+  double yield_after_s = 10;
 };
 
 struct AuthSection {

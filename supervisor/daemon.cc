@@ -362,6 +362,18 @@ void DaemonImpl::Schedule() {
     }
     u->Start(p.slots, gpus);
   }
+  // Runs that hold slots in a rendezvous may owe them to the queue's head.
+  std::vector<QueuedRun> waiting;
+  std::vector<JoiningRun> joining;
+  for (const auto& [id, u] : units_) {
+    if (std::optional<QueuedRun> q = u->Queued()) waiting.push_back(*q);
+    if (std::optional<JoiningRun> j = u->Joining()) joining.push_back(*j);
+  }
+  if (waiting.empty() || joining.empty()) return;
+  for (const Yield& y :
+       YieldsFor(waiting, joining, slots_->Views(), env_->NowS(), config_.cluster.yield_after_s)) {
+    if (RunUnit* u = Find(y.run_id)) u->YieldSlots(y.to_job);
+  }
 }
 
 // --- daemon life ---------------------------------------------------------------------------------
@@ -377,6 +389,13 @@ void DaemonImpl::Tick() {
 }
 
 void DaemonImpl::SlowTick() {
+  // A run's wait in a rendezvous may have passed cluster.yield_after_s.
+  for (const auto& [id, u] : units_) {
+    if (u->Joining()) {
+      Reschedule();
+      break;
+    }
+  }
   // Log rotation copies files: on the pool.
   std::vector<std::pair<std::string, std::string>> logs;
   for (const auto& [id, u] : units_) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/manifest.h"
 #include "supervisor/cluster/generation_swap.h"
+#include "supervisor/cluster/job_connect.h"
 
 namespace trainsup::supervisor {
 namespace {
@@ -33,43 +34,6 @@ std::string NodeJson(const v1::ClusterNode& n) {
   google::protobuf::util::JsonPrintOptions opts;
   (void)google::protobuf::util::MessageToJsonString(n, &out, opts);
   return out;
-}
-
-// What a connection attempt found.
-struct Snapshot {
-  Snapshot() = default;
-  Snapshot(absl::Status s) : status(std::move(s)) {}  // NOLINT: Do's error path
-  absl::Status status;
-  std::string fatal;        // the node cannot take part
-  bool node_taken = false;  // because another daemon is this node of the job
-  int64_t lease = 0;
-  EtcdRange range;
-};
-
-// Puts this node's key, unless another daemon holds it: a record under a
-// live lease (not a final status) of another run. The same run, a daemon
-// restarted before its old lease expired, takes it over. `*fatal` says who
-// holds it.
-absl::Status TakeNodeKey(EtcdClient& c, const std::string& key, const std::string& self,
-                         int64_t lease, const std::string& run_id, std::string* fatal) {
-  absl::StatusOr<EtcdSwap> put = c.PutIf(key, 0, self, lease);
-  if (!put.ok()) return put.status();
-  if (put->succeeded || !put->current) return absl::OkStatus();
-  const EtcdKeyValue& held = *put->current;
-  v1::ClusterNode other;
-  google::protobuf::util::JsonParseOptions opts;
-  opts.ignore_unknown_fields = true;
-  const bool parsed = google::protobuf::util::JsonStringToMessage(held.value, &other, opts).ok();
-  if (held.lease != 0 && parsed && !other.run_id().empty() && other.run_id() != run_id) {
-    *fatal = absl::StrCat(
-        "run ", absl::CHexEscape(other.run_id()), " is already node \"",
-        absl::CHexEscape(other.node()),
-        "\" of this job, under a live etcd lease (another daemon with the same "
-        "cluster.node_name, or the job submitted twice to one daemon): give every daemon of the "
-        "job its own cluster.node_name, and submit the job once per daemon");
-    return absl::OkStatus();
-  }
-  return c.Put(key, self, lease).status();
 }
 
 }  // namespace
@@ -220,89 +184,47 @@ void ClusterMember::Answered() {
 void ClusterMember::Connect() {
   if (connecting_ || !fatal_.empty()) return;
   connecting_ = true;
-  const JobKeys keys = keys_;
-  const std::string node = o_.node;
-  const std::string hash = o_.spec_hash;
-  const std::string self = NodeJson(self_);
-  const int64_t ttl = static_cast<int64_t>(std::ceil(o_.spec.lease_ttl_s));
-  const std::string run_id = o_.run_id;
-  Do<Snapshot>(
-      [keys, node, hash, self, ttl, run_id](EtcdClient& c) {
-        Snapshot s;
-        absl::StatusOr<int64_t> lease = c.GrantLease(ttl);
-        if (!lease.ok()) {
-          s.status = lease.status();
-          return s;
-        }
-        s.lease = *lease;
-        if (absl::Status taken = TakeNodeKey(c, keys.Node(node), self, s.lease, run_id, &s.fatal);
-            !taken.ok() || !s.fatal.empty()) {
-          s.status = taken;
-          s.node_taken = !s.fatal.empty();
-          if (s.node_taken) (void)c.Revoke(s.lease);
-          return s;
-        }
-        absl::StatusOr<EtcdSwap> spec = c.PutIf(keys.Spec(), 0, hash);
-        if (!spec.ok()) {
-          s.status = spec.status();
-          return s;
-        }
-        if (!spec->succeeded && spec->current && spec->current->value != hash) {
-          s.fatal = absl::StrCat(
-              "this node's spec differs from the one the job's first node published in etcd "
-              "(spec hash ",
-              hash.substr(0, 12), " vs ", spec->current->value.substr(0, 12),
-              "): submit the same spec on every node");
-          (void)c.Revoke(s.lease);
-          return s;
-        }
-        GenerationRecord first;
-        first.reason = "the job's first generation";
-        absl::StatusOr<EtcdSwap> gen = c.PutIf(keys.Generation(), 0, EncodeGeneration(first));
-        if (!gen.ok()) {
-          s.status = gen.status();
-          return s;
-        }
-        absl::StatusOr<EtcdRange> range = c.GetPrefix(keys.prefix());
-        if (!range.ok()) {
-          s.status = range.status();
-          return s;
-        }
-        s.range = std::move(*range);
-        return s;
-      },
-      [this](Snapshot s) {
-        connecting_ = false;
-        if (!s.fatal.empty()) {
-          Answered();
-          node_taken_ = s.node_taken;
-          fatal_ = s.fatal;
-          if (events_.note) events_.note(LogLevel::kError, fatal_);
-          Evaluate();
-          return;
-        }
-        if (!s.status.ok()) {
-          Failed("joining the job", s.status);
-          After(kRetryS, [this] { Connect(); });
-          return;
-        }
-        Answered();
-        lease_ = s.lease;
-        connected_ = true;
-        nodes_.clear();
-        joins_.clear();
-        for (const EtcdKeyValue& kv : s.range.kvs) Apply(kv, false);
-        StartWatch(s.range.revision + 1);
-        if (lost_lease_generation_ > 0) {
-          AttemptEnd end;
-          end.end_s = WallS();
-          end.cls = ExitClass::kLost;
-          end.detail = absl::StrCat("node ", o_.node, " lost its etcd lease");
-          Bump(lost_lease_generation_, end, end.detail);
-          lost_lease_generation_ = 0;
-        }
-        Evaluate();
-      });
+  ConnectArgs args;
+  args.keys = keys_;
+  args.node = o_.node;
+  args.spec_hash = o_.spec_hash;
+  args.self = NodeJson(self_);
+  args.ttl_s = static_cast<int64_t>(std::ceil(o_.spec.lease_ttl_s));
+  args.run_id = o_.run_id;
+  Do<Snapshot>([args](EtcdClient& c) { return ConnectToJob(c, args); },
+               [this](Snapshot s) {
+                 connecting_ = false;
+                 if (!s.fatal.empty()) {
+                   Answered();
+                   node_taken_ = s.node_taken;
+                   fatal_ = s.fatal;
+                   if (events_.note) events_.note(LogLevel::kError, fatal_);
+                   Evaluate();
+                   return;
+                 }
+                 if (!s.status.ok()) {
+                   Failed("joining the job", s.status);
+                   After(kRetryS, [this] { Connect(); });
+                   return;
+                 }
+                 Answered();
+                 lease_ = s.lease;
+                 connected_ = true;
+                 nodes_.clear();
+                 joins_.clear();
+                 for (const EtcdKeyValue& kv : s.range.kvs) Apply(kv, false);
+                 seen_revision_ = s.range.revision;
+                 StartWatch(s.range.revision + 1);
+                 if (lost_lease_generation_ > 0) {
+                   AttemptEnd end;
+                   end.end_s = WallS();
+                   end.cls = ExitClass::kLost;
+                   end.detail = absl::StrCat("node ", o_.node, " lost its etcd lease");
+                   Bump(lost_lease_generation_, end, end.detail);
+                   lost_lease_generation_ = 0;
+                 }
+                 Evaluate();
+               });
 }
 
 void ClusterMember::Resync() {
@@ -318,6 +240,7 @@ void ClusterMember::Resync() {
                                   nodes_.clear();
                                   joins_.clear();
                                   for (const EtcdKeyValue& kv : range->kvs) Apply(kv, false);
+                                  seen_revision_ = range->revision;
                                   StartWatch(range->revision + 1);
                                   Evaluate();
                                 });
@@ -325,8 +248,9 @@ void ClusterMember::Resync() {
 
 void ClusterMember::StartWatch(int64_t from_revision) {
   watch_.reset();
-  auto events = Guarded([this](std::vector<EtcdEvent> batch) {
+  auto events = Guarded([this](std::vector<EtcdEvent> batch, int64_t revision) {
     for (const EtcdEvent& e : batch) Apply(e.kv, e.type == EtcdEvent::Type::kDelete);
+    seen_revision_ = std::max(seen_revision_, revision);
     Evaluate();
   });
   auto ended = Guarded([this](absl::Status why) {
@@ -337,8 +261,8 @@ void ClusterMember::StartWatch(int64_t from_revision) {
   UnitTimers* timers = timers_;
   watch_ = client_->Watch(
       keys_.prefix(), from_revision,
-      [timers, events](const std::vector<EtcdEvent>& batch, int64_t) mutable {
-        timers->Post([events, batch]() mutable { events(batch); });
+      [timers, events](const std::vector<EtcdEvent>& batch, int64_t revision) mutable {
+        timers->Post([events, batch, revision]() mutable { events(batch, revision); });
       },
       [timers, ended](const absl::Status& why) mutable {
         timers->Post([ended, why]() mutable { ended(why); });
@@ -667,6 +591,50 @@ void ClusterMember::Verdict(int64_t generation, const AttemptEnd& end,
   verdicts_.emplace_back(generation, std::move(done));
   Broken(generation, end);
   Evaluate();
+}
+
+void ClusterMember::Withdraw(std::function<void(bool)> done) {
+  if (!join_ || join_->putting || withdrawing_) {
+    done(false);
+    return;
+  }
+  if (join_->put_generation == 0) {
+    // No record of ours is stored: nothing to take back.
+    join_.reset();
+    done(true);
+    return;
+  }
+  const int64_t generation = join_->put_generation;
+  if (!connected_ || !gen_ || gen_->generation != generation ||
+      joins_[generation].size() >= static_cast<size_t>(o_.spec.nodes)) {
+    done(false);
+    return;
+  }
+  // Our view has every record of the rendezvous up to seen_revision_, and
+  // it is short of nodes: if no record was put since, no node can have
+  // seen it complete, and none will once ours is gone.
+  withdrawing_ = true;
+  const std::string key = keys_.Join(generation, o_.node);
+  const std::string prefix = keys_.JoinPrefix(generation);
+  const int64_t revision = seen_revision_;
+  Do<absl::StatusOr<bool>>(
+      [key, prefix, revision](EtcdClient& c) { return c.DeleteIfUnchanged(key, prefix, revision); },
+      [this, generation, done](absl::StatusOr<bool> out) {
+        withdrawing_ = false;
+        if (!out.ok()) {
+          Failed("leaving the rendezvous", out.status());
+          done(false);
+          return;
+        }
+        Answered();
+        if (!*out || !join_ || join_->put_generation != generation) {
+          done(false);
+          return;
+        }
+        join_.reset();
+        last_join_generation_ = 0;
+        done(true);
+      });
 }
 
 void ClusterMember::Cancel(const std::string& reason) {

@@ -51,6 +51,7 @@ class ClusterMember final : public UnitCluster {
   void Broken(int64_t generation, const AttemptEnd& end) override;
   void Verdict(int64_t generation, const AttemptEnd& end,
                std::function<void(ClusterVerdict)> done) override;
+  void Withdraw(std::function<void(bool)> done) override;
   void Cancel(const std::string& reason) override;
   void Report(const v1::ClusterNode& self, bool final) override;
   void Fill(v1::ClusterStatus* out) const override;
@@ -113,6 +114,7 @@ class ClusterMember final : public UnitCluster {
   double down_since_s_ = 0;
 
   std::optional<GenerationRecord> gen_;
+  int64_t seen_revision_ = 0;  // the state below has every change of the job up to it
   std::map<std::string, v1::ClusterNode> nodes_;  // node keys present
   std::map<int64_t, std::map<std::string, JoinRecord>> joins_;
   int64_t moved_told_ = 0;  // the newest generation told through events_.moved
@@ -127,6 +129,7 @@ class ClusterMember final : public UnitCluster {
   };
   std::optional<PendingJoin> join_;
   int64_t last_join_generation_ = 0;  // our newest join record (deleted when superseded)
+  bool withdrawing_ = false;
   int64_t running_ = 0;               // the generation whose rendezvous we completed
   std::vector<std::string> members_;  // its nodes
   std::vector<std::pair<int64_t, std::function<void(ClusterVerdict)>>> verdicts_;

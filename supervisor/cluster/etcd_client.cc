@@ -487,6 +487,25 @@ class GrpcEtcdClient final : public EtcdClient {
     return swap;
   }
 
+  absl::StatusOr<bool> DeleteIfUnchanged(const std::string& key, const std::string& prefix,
+                                         int64_t revision) override {
+    const std::string op = absl::StrCat("Delete ", Quote(key), " if nothing under ", Quote(prefix),
+                                        " changed since revision ", revision);
+    pb::TxnRequest request;
+    pb::Compare* compare = request.add_compare();
+    compare->set_key(RangeStart(prefix));
+    compare->set_range_end(PrefixRangeEnd(prefix));
+    compare->set_target(pb::Compare::MOD);
+    compare->set_result(pb::Compare::LESS);
+    compare->set_mod_revision(revision + 1);
+    request.add_success()->mutable_request_delete_range()->set_key(key);
+    pb::TxnResponse response;
+    absl::Status status = Call(
+        op, [&](Endpoint& e, auto* context) { return e.kv->Txn(context, request, &response); });
+    if (!status.ok()) return status;
+    return response.succeeded();
+  }
+
   absl::StatusOr<int64_t> Delete(const std::string& key) override {
     pb::DeleteRangeRequest request;
     request.set_key(key);

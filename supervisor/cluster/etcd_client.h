@@ -79,6 +79,12 @@ class EtcdClient {
   // holding `value`.
   virtual absl::StatusOr<EtcdSwap> PutIf(const std::string& key, int64_t expected_mod_revision,
                                          const std::string& value, int64_t lease = 0) = 0;
+  // One transaction: deletes `key` (absent: OK) if no key starting with
+  // `prefix` has a mod_revision above `revision`, that is, nothing under the
+  // prefix was put since a read at `revision` (deletions do not count).
+  // False when something was and nothing is deleted.
+  virtual absl::StatusOr<bool> DeleteIfUnchanged(const std::string& key, const std::string& prefix,
+                                                 int64_t revision) = 0;
   // Deletes `key` (absent: OK). The number of keys deleted.
   virtual absl::StatusOr<int64_t> Delete(const std::string& key) = 0;
   virtual absl::StatusOr<int64_t> DeletePrefix(const std::string& prefix) = 0;

@@ -218,6 +218,21 @@ class MemoryClient final : public EtcdClient {
     return r;
   }
 
+  absl::StatusOr<bool> DeleteIfUnchanged(const std::string& key, const std::string& prefix,
+                                         int64_t revision) override {
+    State::Deliveries d;
+    bool quiet = true;
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      if (absl::Status st = Begin(&d); !st.ok()) return st;
+      for (auto& [k, kv] : s_->kvs)
+        if (HasPrefix(k, prefix) && kv.mod_revision > revision) quiet = false;
+      if (quiet) s_->DeleteKey(key, &d);
+    }
+    Run(d);
+    return quiet;
+  }
+
   absl::StatusOr<int64_t> Delete(const std::string& key) override { return Erase(key, false); }
   absl::StatusOr<int64_t> DeletePrefix(const std::string& prefix) override {
     return Erase(prefix, true);

@@ -20,6 +20,7 @@ struct QueuedRun {
   int64_t seq = 0;          // submit order: lower goes first within a priority
   int world_size = 1;       // slots the gang needs, all at once
   double not_before_s = 0;  // in backoff: not eligible before this time
+  std::string job;          // a multi-node run's job ("" for a local run)
 };
 
 struct Placement {
@@ -27,7 +28,13 @@ struct Placement {
   std::vector<int> slots;  // ascending slot indices, world_size of them
 };
 
-// Places runs in order of priority (highest first), then seq (lowest first).
+// The queue's order: priority (highest first), then seq (lowest first),
+// except that the runs of multi-node jobs of one priority take the places
+// they hold among themselves in the order of their job names. Every node
+// orders two jobs alike, whatever order they were submitted in there.
+void OrderQueue(std::vector<QueuedRun>& queue);
+
+// Places runs in the queue's order (OrderQueue).
 // An eligible run is placed on the lowest-numbered free slots once
 // world_size of them are free; no slot is given out twice. Head-of-line
 // blocking: the first eligible run that does not fit stops the pass, so
@@ -38,6 +45,32 @@ struct Placement {
 // order they were made.
 std::vector<Placement> Schedule(std::vector<QueuedRun> queue, const std::vector<SlotView>& slots,
                                 double now_s);
+
+// A multi-node run that holds its slots while it waits in its job's
+// rendezvous (docs/distributed.md, "Competing jobs").
+struct JoiningRun {
+  std::string run_id;
+  int priority = 0;
+  std::string job;
+  int slots = 0;        // the slots it holds
+  double joined_s = 0;  // when it began to wait
+};
+struct Yield {
+  std::string run_id;  // a JoiningRun that gives its slots back
+  std::string to_job;  // the job it gives them to
+};
+// Which waiting runs give their slots back, so that two jobs cannot hold
+// one slot each of the other's nodes and wait for each other until both
+// fail: wound-wait over the order every node agrees on. The queue's head
+// of line (Schedule's first eligible run that does not fit), when it is a
+// multi-node run, takes the slots of waiting runs of jobs that order after
+// it (lower priority, or equal priority and a later job name) and have
+// waited at least `after_s`, the latest-ordered first, as many as it needs;
+// none when even all of them would not make it fit. A run that orders
+// first never yields to one that orders later, so the first job in the
+// order gets every node it needs.
+std::vector<Yield> YieldsFor(std::vector<QueuedRun> queue, const std::vector<JoiningRun>& joining,
+                             const std::vector<SlotView>& slots, double now_s, double after_s);
 
 }  // namespace trainsup::supervisor
 

@@ -81,7 +81,8 @@ std::optional<QueuedRun> RunUnit::Queued() const {
       !writes_.empty() || AnyAlive()) {
     return std::nullopt;
   }
-  return QueuedRun{id(), run_.priority(), seq_, LocalRanks(), not_before_s_};
+  return QueuedRun{id(),         run_.priority(), seq_,
+                   LocalRanks(), not_before_s_,   Clustered() ? spec_.cluster.job : std::string()};
 }
 
 // --- persistence ---------------------------------------------------------------------
@@ -366,6 +367,7 @@ void RunUnit::OnPrepared(ResumeChoice c) {
     std::vector<int64_t> steps;
     for (const auto& [step, dir] : c.loadable) steps.push_back(step);
     joining_ = true;
+    joined_s_ = env_.clock->NowS();
     cluster_->Join(
         attempt_.number() + 1, std::move(steps), env_.host->FreePort(),
         Guarded([this, c](absl::StatusOr<Agreement> a) { OnAgreement(c, std::move(a)); }));

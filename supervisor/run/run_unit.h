@@ -107,6 +107,13 @@ class RunUnit {
   // RESTARTING, nothing in preparation or unstored, not cancelled, not
   // waiting for disk space.
   std::optional<QueuedRun> Queued() const;
+  // A multi-node run that holds its slots while it waits in its job's
+  // rendezvous (and is not already giving them back).
+  std::optional<JoiningRun> Joining() const;
+  // Gives a waiting run's slots back for job `to_job` (YieldsFor,
+  // scheduler.h): it leaves the rendezvous, unless that completed
+  // meanwhile (then it simply starts), and is queued again.
+  void YieldSlots(const std::string& to_job);
 
   // Placed on `slots` (rank i on slots[i], already marked busy; gpus[i] its
   // CUDA_VISIBLE_DEVICES): chooses the checkpoint (off the loop), stores the
@@ -248,7 +255,9 @@ class RunUnit {
   int rank_base_ = 0;        // node rank x ranks_per_node
   std::string master_addr_;  // the generation's node 0 (empty: local)
   int master_port_ = 0;
-  bool joining_ = false;  // in the rendezvous
+  bool joining_ = false;   // in the rendezvous
+  double joined_s_ = 0;    // since
+  bool yielding_ = false;  // leaving it (YieldSlots)
 
   struct PendingWrite {
     StoreBatch batch;

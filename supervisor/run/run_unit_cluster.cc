@@ -3,6 +3,7 @@
 // for the other nodes. The coordination itself is UnitCluster's
 // (cluster.h); docs/distributed.md has the protocol.
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "supervisor/run/run_unit.h"
 
@@ -104,6 +105,35 @@ void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a) {
       a->resume_step >= 0 ? absl::StrCat(", resuming from step ", a->resume_step)
                           : std::string(", from scratch")));
   StartAttempt(std::move(c), a->generation);
+}
+
+std::optional<JoiningRun> RunUnit::Joining() const {
+  if (!joining_ || yielding_ || !cluster_) return std::nullopt;
+  return JoiningRun{id(), run_.priority(), spec_.cluster.job, static_cast<int>(slots_.size()),
+                    joined_s_};
+}
+
+void RunUnit::YieldSlots(const std::string& to_job) {
+  if (!joining_ || yielding_ || !cluster_) return;
+  yielding_ = true;
+  const double waited = env_.clock->NowS() - joined_s_;
+  cluster_->Withdraw(Guarded([this, to_job, waited](bool out) {
+    yielding_ = false;
+    // Not out: the rendezvous completed (OnAgreement starts the attempt),
+    // or may yet; the scheduler asks again. Cancelled meanwhile: the slots
+    // went back with the cancel.
+    if (!out || !joining_ || IsTerminal(run_.state())) return;
+    joining_ = false;
+    ReleaseSlots();
+    OnClusterNote(
+        LogLevel::kInfo,
+        absl::StrCat("gave its slot", slots_.size() == 1 ? "" : "s", " to job ", to_job,
+                     ", which orders first and waits for ", slots_.size() == 1 ? "it" : "them",
+                     ", after waiting ", absl::StrFormat("%.0f", waited),
+                     " s in the rendezvous; queued again (docs/distributed.md, "
+                     "\"Competing jobs\")"));
+    env_.host->Reschedule();
+  }));
 }
 
 void RunUnit::ReportToCluster(bool final) {

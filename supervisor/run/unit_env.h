@@ -158,6 +158,12 @@ class UnitCluster {
   // no node has yet. `done` runs on the loop; it may wait for etcd.
   virtual void Verdict(int64_t generation, const AttemptEnd& end,
                        std::function<void(ClusterVerdict)> done) = 0;
+  // Takes this node out of the pending Join's rendezvous, to give its
+  // slots to another job, unless the rendezvous may have completed: unless
+  // another node put a record since this one's view of it, or all have.
+  // `done(true)` on the loop: out, and the Join's `done` is never called;
+  // `done(false)`: still in (the agreement may follow); ask again later.
+  virtual void Withdraw(std::function<void(bool)> done) = 0;
   // Cancels the whole job (every node's run ends CANCELLED).
   virtual void Cancel(const std::string& reason) = 0;
   // This node's status for the job's other nodes and `describe`; `final`:

@@ -28,6 +28,7 @@ class HookedClient final : public EtcdClient {
  public:
   explicit HookedClient(std::unique_ptr<EtcdClient> inner) : inner_(std::move(inner)) {}
   std::function<void()> before_generation_swap;
+  std::function<void()> before_withdraw;  // once, before the next DeleteIfUnchanged
 
   std::string endpoints() const override { return inner_->endpoints(); }
   absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value,
@@ -49,6 +50,15 @@ class HookedClient final : public EtcdClient {
       hook();
     }
     return inner_->PutIf(key, expected_mod_revision, value, lease);
+  }
+  absl::StatusOr<bool> DeleteIfUnchanged(const std::string& key, const std::string& prefix,
+                                         int64_t revision) override {
+    if (before_withdraw) {
+      std::function<void()> hook = std::move(before_withdraw);
+      before_withdraw = nullptr;
+      hook();
+    }
+    return inner_->DeleteIfUnchanged(key, prefix, revision);
   }
   absl::StatusOr<int64_t> Delete(const std::string& key) override { return inner_->Delete(key); }
   absl::StatusOr<int64_t> DeletePrefix(const std::string& prefix) override {
@@ -428,6 +438,66 @@ TEST_F(ClusterMemberTest, AnEtcdCallThatThrowsIsAnErrorAndIsRetried) {
   EXPECT_EQ(Generation().generation, 2);
   ASSERT_TRUE(a->verdict);
   EXPECT_EQ(a->verdict->generation, 2);
+}
+
+// --- leaving a rendezvous (a run giving its slots to another job) -------------------------------
+
+TEST_F(ClusterMemberTest, AWithdrawnJoinLeavesTheRendezvousAndCanJoinAgain) {
+  Node& a = Start("a");
+  Node& b = Start("b");
+  Join(a, 29500);
+  loop_.Advance(0);
+  std::optional<bool> out;
+  a.member->Withdraw([&](bool o) { out = o; });
+  loop_.Advance(0);
+  ASSERT_EQ(out, std::optional<bool>(true));
+  auto c = etcd_.Client();
+  auto kv = c->Get(JobKeys("job").Join(1, "a"));
+  ASSERT_TRUE(kv.ok());
+  EXPECT_FALSE(kv->has_value()) << "a's join record is still there";
+  // b joins: nobody agrees, and a's withdrawn join never answers.
+  Join(b, 29600);
+  loop_.Advance(2);
+  EXPECT_FALSE(b.joined.has_value());
+  EXPECT_FALSE(a.joined.has_value());
+  // a comes back: the rendezvous completes, a's new port is the master's.
+  Join(a, 29501);
+  loop_.Advance(0);
+  ASSERT_TRUE(a.joined && a.joined->ok());
+  ASSERT_TRUE(b.joined && b.joined->ok()) << b.joined->status();
+  EXPECT_EQ((*b.joined)->master_port, 29501);
+  EXPECT_EQ(Generation().generation, 1);
+}
+
+// b puts its record between a's view of the rendezvous (a alone) and a's
+// withdrawal: b may already have seen the rendezvous complete, so a stays
+// in, and both agree.
+TEST_F(ClusterMemberTest, AJoinPutMeanwhileKeepsAWithdrawingNodeIn) {
+  Node& a = Start("a");
+  Join(a, 29500);
+  loop_.Advance(0);
+  a.client->before_withdraw = [&] {
+    JoinRecord r;
+    r.node = "b";
+    r.run_id = "run-b";
+    r.attempt = 1;
+    r.address = "host-b";
+    r.port = 29600;
+    ASSERT_TRUE(etcd_.Client()->Put(JobKeys("job").Join(1, "b"), EncodeJoin(r)).ok());
+  };
+  std::optional<bool> out;
+  a.member->Withdraw([&](bool o) { out = o; });
+  loop_.Advance(0);
+  ASSERT_EQ(out, std::optional<bool>(false));
+  ASSERT_TRUE(a.joined && a.joined->ok()) << "a left a rendezvous b may have seen complete";
+  EXPECT_EQ((*a.joined)->nodes, (std::vector<std::string>{"a", "b"}));
+  auto kv = etcd_.Client()->Get(JobKeys("job").Join(1, "a"));
+  ASSERT_TRUE(kv.ok());
+  EXPECT_TRUE(kv->has_value());
+  // Complete: nothing left to withdraw.
+  out.reset();
+  a.member->Withdraw([&](bool o) { out = o; });
+  EXPECT_EQ(out, std::optional<bool>(false));
 }
 
 }  // namespace

@@ -297,6 +297,37 @@ TEST_F(EtcdClientTest, PutIfCreateOnlySucceedsOnce) {
   EXPECT_FALSE(MustGet("/job/none").has_value());
 }
 
+// etcd's range compare: the delete happens only while no key under the
+// prefix has a mod_revision above the one given.
+TEST_F(EtcdClientTest, DeleteIfUnchangedDeletesOnlyWhileNothingUnderThePrefixWasPut) {
+  ASSERT_TRUE(client_->Put("/rdzv/1/a", "a").ok());
+  auto seen = client_->GetPrefix("/rdzv/1/");
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  auto out = client_->DeleteIfUnchanged("/rdzv/1/a", "/rdzv/1/", seen->revision);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(*out);
+  EXPECT_FALSE(MustGet("/rdzv/1/a").has_value());
+
+  auto a = client_->Put("/rdzv/1/a", "a");
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(client_->Put("/rdzv/1/b", "b").ok());  // after the view at *a
+  out = client_->DeleteIfUnchanged("/rdzv/1/a", "/rdzv/1/", *a);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_FALSE(*out);
+  EXPECT_TRUE(MustGet("/rdzv/1/a").has_value());
+
+  // Keys outside the prefix, and deletions inside it, do not count.
+  seen = client_->GetPrefix("/rdzv/1/");
+  ASSERT_TRUE(seen.ok());
+  ASSERT_TRUE(client_->Put("/rdzv/2/a", "a").ok());
+  ASSERT_TRUE(client_->Delete("/rdzv/1/b").ok());
+  out = client_->DeleteIfUnchanged("/rdzv/1/a", "/rdzv/1/", seen->revision);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(*out);
+  EXPECT_FALSE(MustGet("/rdzv/1/a").has_value());
+  EXPECT_TRUE(MustGet("/rdzv/2/a").has_value());
+}
+
 TEST_F(EtcdClientTest, PutIfByModRevisionLetsExactlyOneRacerWin) {
   // Rounds of two threads swapping from the same revision at once.
   for (int round = 0; round < 10; ++round) {

@@ -1,5 +1,6 @@
 // Placing queued runs on slots: order, priorities, head-of-line blocking,
-// backoff and gangs.
+// backoff and gangs; multi-node jobs in job order, and which waiting runs
+// give their slots back to the queue's head (YieldsFor).
 #include "supervisor/policy/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -20,6 +21,14 @@ std::vector<SlotView> Slots(const std::vector<bool>& free) {
 QueuedRun Queued(std::string id, int priority, int64_t seq, int world_size = 1,
                  double not_before_s = 0) {
   return QueuedRun{std::move(id), priority, seq, world_size, not_before_s};
+}
+
+// A multi-node run of `job`.
+QueuedRun OfJob(std::string id, std::string job, int64_t seq, int priority = 0,
+                int world_size = 1) {
+  QueuedRun q = Queued(std::move(id), priority, seq, world_size);
+  q.job = std::move(job);
+  return q;
 }
 
 std::vector<std::string> Ids(const std::vector<Placement>& placements) {
@@ -134,6 +143,83 @@ TEST(Schedule, RunsThatCanNeverFitDoNotBlock) {
       Schedule({Queued("huge", 9, 1, 4), Queued("zero", 9, 2, 0), Queued("ok", 0, 3)},
                Slots({true, true}), 0);
   EXPECT_EQ(Ids(p), (std::vector<std::string>{"ok"}));
+}
+
+// --- multi-node jobs -------------------------------------------------------------------------
+
+TEST(OrderQueue, MultiNodeRunsOfAPriorityFollowTheirJobNamesInTheirOwnPlaces) {
+  std::vector<QueuedRun> q = {OfJob("y1", "job-y", 1), Queued("local2", 0, 2),
+                              OfJob("x3", "job-x", 3), Queued("local4", 0, 4),
+                              OfJob("w5", "job-w", 5, /*priority=*/1)};
+  OrderQueue(q);
+  std::vector<std::string> ids;
+  for (const QueuedRun& r : q) ids.push_back(r.run_id);
+  // Priority 1 first; then job-x takes job-y's place, and the local runs
+  // keep theirs.
+  EXPECT_EQ(ids, (std::vector<std::string>{"w5", "x3", "local2", "y1", "local4"}));
+}
+
+TEST(Schedule, TwoJobsOrderAlikeWhateverTheSubmitOrder) {
+  // Node A saw job-y first, node B job-x: both place job-x.
+  EXPECT_EQ(Ids(Schedule({OfJob("y", "job-y", 1), OfJob("x", "job-x", 2)}, Slots({true}), 0)),
+            std::vector<std::string>{"x"});
+  EXPECT_EQ(Ids(Schedule({OfJob("x", "job-x", 1), OfJob("y", "job-y", 2)}, Slots({true}), 0)),
+            std::vector<std::string>{"x"});
+}
+
+JoiningRun Waiting(std::string id, std::string job, double joined_s, int slots = 1,
+                   int priority = 0) {
+  return JoiningRun{std::move(id), priority, std::move(job), slots, joined_s};
+}
+
+TEST(YieldsFor, ARunOfALaterJobThatWaitedLongEnoughYieldsToTheHeadOfLine) {
+  // The deadlock: this node gave its one slot to job-y, which waits in its
+  // rendezvous; job-x waits here for the slot.
+  const std::vector<Yield> y =
+      YieldsFor({OfJob("x", "job-x", 2)}, {Waiting("y", "job-y", 0)}, Slots({false}), 10, 5);
+  ASSERT_EQ(y.size(), 1u);
+  EXPECT_EQ(y[0].run_id, "y");
+  EXPECT_EQ(y[0].to_job, "job-x");
+  // Not before it has waited `after_s`.
+  EXPECT_TRUE(YieldsFor({OfJob("x", "job-x", 2)}, {Waiting("y", "job-y", 6)}, Slots({false}), 10, 5)
+                  .empty());
+}
+
+TEST(YieldsFor, AJobThatOrdersFirstNeverYields) {
+  // The other node of the deadlock: job-x waits, job-y is queued.
+  EXPECT_TRUE(
+      YieldsFor({OfJob("y", "job-y", 2)}, {Waiting("x", "job-x", 0)}, Slots({false}), 100, 5)
+          .empty());
+  // A higher priority orders first whatever the name.
+  EXPECT_TRUE(YieldsFor({OfJob("a", "job-a", 2)}, {Waiting("z", "job-z", 0, 1, /*priority=*/1)},
+                        Slots({false}), 100, 5)
+                  .empty());
+  const std::vector<Yield> y = YieldsFor({OfJob("z", "job-z", 2, /*priority=*/1)},
+                                         {Waiting("a", "job-a", 0)}, Slots({false}), 100, 5);
+  ASSERT_EQ(y.size(), 1u);
+  EXPECT_EQ(y[0].run_id, "a");
+}
+
+TEST(YieldsFor, OnlyTheHeadOfLineTakesAndOnlyWhatItNeeds) {
+  // A local run at the head: it does not deadlock with anyone, nobody yields.
+  EXPECT_TRUE(YieldsFor({Queued("local", 0, 1), OfJob("x", "job-x", 2)}, {Waiting("y", "job-y", 0)},
+                        Slots({false}), 100, 5)
+                  .empty());
+  // Two slots needed, one free: the latest-ordered waiting run yields, not both.
+  std::vector<Yield> y = YieldsFor({OfJob("x", "job-x", 1, 0, /*world_size=*/2)},
+                                   {Waiting("y", "job-y", 0), Waiting("z", "job-z", 0)},
+                                   Slots({true, false, false}), 100, 5);
+  ASSERT_EQ(y.size(), 1u);
+  EXPECT_EQ(y[0].run_id, "z");
+  // Three needed, and the waiting runs could not make it fit: nobody yields.
+  EXPECT_TRUE(YieldsFor({OfJob("x", "job-x", 1, 0, /*world_size=*/3)}, {Waiting("y", "job-y", 0)},
+                        Slots({false, false, false}), 100, 5)
+                  .empty());
+  // A run that fits is placed by Schedule; the next one is the head.
+  y = YieldsFor({Queued("small", 0, 1), OfJob("x", "job-x", 2)}, {Waiting("y", "job-y", 0)},
+                Slots({true, false}), 100, 5);
+  ASSERT_EQ(y.size(), 1u);
+  EXPECT_EQ(y[0].to_job, "job-x");
 }
 
 }  // namespace

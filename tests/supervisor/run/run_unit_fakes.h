@@ -240,6 +240,8 @@ class FakeCluster final : public UnitCluster {
     std::vector<int64_t> verdicts;
     std::function<void(ClusterVerdict)> verdict_done;
     std::vector<std::string> cancels;
+    int withdraws = 0;
+    std::function<void(bool)> withdraw_done;
     int reports = 0;
     ClusterEvents events;
   };
@@ -256,6 +258,10 @@ class FakeCluster final : public UnitCluster {
                std::function<void(ClusterVerdict)> done) override {
     calls_->verdicts.push_back(generation);
     calls_->verdict_done = std::move(done);
+  }
+  void Withdraw(std::function<void(bool)> done) override {
+    calls_->withdraws++;
+    calls_->withdraw_done = std::move(done);
   }
   void Cancel(const std::string& reason) override { calls_->cancels.push_back(reason); }
   void Report(const v1::ClusterNode&, bool) override { calls_->reports++; }
