@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 
 namespace trainsup::ckpt {
 namespace {
@@ -354,6 +355,27 @@ absl::Status CheckpointStore::CleanLeftovers() {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<StoreOwner>> ReadStoreOwner(const std::string& root, FileSystem* fs) {
+  const std::string path = JoinPath(root, kOwnerFileName);
+  absl::StatusOr<std::string> text = fs->ReadSmallFile(path);
+  if (absl::IsNotFound(text.status())) return std::optional<StoreOwner>();
+  if (!text.ok()) return text.status();
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("job") || !j["job"].is_string() || !j.contains("submission") ||
+      !j["submission"].is_string() || j["job"].get<std::string>().empty()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": not an owner record ({\"job\": ..., \"submission\": ...})"));
+  }
+  return std::optional<StoreOwner>(
+      StoreOwner{j["job"].get<std::string>(), j["submission"].get<std::string>()});
+}
+
+absl::Status WriteStoreOwner(const std::string& root, const StoreOwner& owner, FileSystem* fs) {
+  const nlohmann::json j = {{"job", owner.job}, {"submission", owner.submission}};
+  return fs->WriteFileAtomically(JoinPath(root, kOwnerFileName),
+                                 j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 }  // namespace trainsup::ckpt

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -161,6 +162,24 @@ absl::Status CheckpointReadError(const absl::Status& s, const std::string& conte
 // Parses "step-N" (N decimal, no sign); -1 otherwise.
 int64_t ParseStepDirName(std::string_view name);
 std::string StepDirName(int64_t step);
+
+// Whose checkpoints a shared checkpoint directory holds (a multi-node job's
+// cluster.checkpoint_dir; docs/distributed.md, "Job identity"): the job's
+// name and its submission's id, in <root>/trainsup-job.json, next to the
+// step-N directories (List and retention ignore it).
+struct StoreOwner {
+  std::string job;
+  std::string submission;
+};
+inline constexpr char kOwnerFileName[] = "trainsup-job.json";
+// nullopt when `root` or the file is absent; DataLoss when the file is not
+// an owner record; the I/O error otherwise.
+absl::StatusOr<std::optional<StoreOwner>> ReadStoreOwner(const std::string& root,
+                                                         FileSystem* fs = FileSystem::Default());
+// Replaces the file atomically (temporary file, fsync, rename, fsync of
+// `root`, which must exist).
+absl::Status WriteStoreOwner(const std::string& root, const StoreOwner& owner,
+                             FileSystem* fs = FileSystem::Default());
 
 }  // namespace trainsup::ckpt
 

@@ -84,6 +84,8 @@ absl::StatusOr<std::unique_ptr<UnitCluster>> DaemonImpl::JoinCluster(const v1::R
   o.address = config_.cluster.advertise_addr.empty() ? hostname_ : config_.cluster.advertise_addr;
   o.run_id = run.run_id();
   o.spec_hash = SpecHash(run.spec_toml());
+  o.submission = run.cluster_submission();
+  o.fresh_submission = SecureRandomHex(8);
   // No jitter to draw: every node reads the one delay the deciding node
   // wrote (NextGeneration).
   o.policy = RestartPolicyFrom(config_.restart);
@@ -391,7 +393,7 @@ void DaemonImpl::Tick() {
 void DaemonImpl::SlowTick() {
   // A run's wait in a rendezvous may have passed cluster.yield_after_s.
   for (const auto& [id, u] : units_) {
-    if (u->Joining()) {
+    if (std::optional<JoiningRun> j = u->Joining(); j && !j->yielding) {
       Reschedule();
       break;
     }

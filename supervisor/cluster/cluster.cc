@@ -185,12 +185,15 @@ void ClusterMember::Connect() {
   if (connecting_ || !fatal_.empty()) return;
   connecting_ = true;
   ConnectArgs args;
+  args.job = o_.spec.job;
   args.keys = keys_;
   args.node = o_.node;
   args.spec_hash = o_.spec_hash;
   args.self = NodeJson(self_);
   args.ttl_s = static_cast<int64_t>(std::ceil(o_.spec.lease_ttl_s));
   args.run_id = o_.run_id;
+  args.submission = o_.submission;
+  args.fresh = o_.fresh_submission;
   Do<Snapshot>([args](EtcdClient& c) { return ConnectToJob(c, args); },
                [this](Snapshot s) {
                  connecting_ = false;
@@ -203,13 +206,23 @@ void ClusterMember::Connect() {
                    return;
                  }
                  if (!s.status.ok()) {
-                   Failed("joining the job", s.status);
+                   // Waiting for the runs of a finished submission: said once.
+                   const bool waiting = s.status.code() == absl::StatusCode::kAborted;
+                   if (!waiting || waiting_note_ != s.status.message()) {
+                     Failed("joining the job", s.status);
+                   }
+                   waiting_note_ = waiting ? std::string(s.status.message()) : "";
                    After(kRetryS, [this] { Connect(); });
                    return;
                  }
                  Answered();
                  lease_ = s.lease;
                  connected_ = true;
+                 if (o_.submission != s.submission) {
+                   // From now on, reconnects (a lost lease) keep to it.
+                   o_.submission = s.submission;
+                   if (events_.submission) events_.submission(s.submission, s.replaced);
+                 }
                  nodes_.clear();
                  joins_.clear();
                  for (const EtcdKeyValue& kv : s.range.kvs) Apply(kv, false);
@@ -329,6 +342,22 @@ void ClusterMember::Evaluate() {
       join_.reset();
       done(absl::FailedPreconditionError(fatal_));
     }
+    // Found out on a reconnect (the job was submitted again meanwhile): an
+    // attempt under way stops, and its verdict is this failure.
+    if (running_ > 0 && !fatal_told_) {
+      fatal_told_ = true;
+      if (events_.moved) events_.moved(running_ + 1, fatal_);
+    }
+    std::vector<std::pair<int64_t, std::function<void(ClusterVerdict)>>> ready;
+    ready.swap(verdicts_);
+    for (auto& [generation, done] : ready) {
+      ClusterVerdict v;
+      v.kind = ClusterVerdict::Kind::kFail;
+      v.generation = generation + 1;
+      v.restarts = gen_ ? gen_->restarts : 0;
+      v.reason = fatal_;
+      done(v);
+    }
     return;
   }
   if (!gen_) return;
@@ -383,12 +412,20 @@ void ClusterMember::Evaluate() {
 // The pending join against generation `g`: its record written, or the
 // rendezvous complete (the agreement handed over), or the job over.
 void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
-  if (!join_ || !connected_) return;
+  // While it withdraws, the join neither completes nor moves (Withdraw
+  // evaluates again once etcd answered).
+  if (!join_ || !connected_ || withdrawing_) return;
   if (g.action != GenerationRecord::Action::kRun) {
     auto done = std::move(join_->done);
     join_.reset();
     done(g.action == GenerationRecord::Action::kCancel ? absl::CancelledError(g.reason)
                                                        : absl::FailedPreconditionError(g.reason));
+    return;
+  }
+  if (absl::Status problem = StoreProblem(g.generation); !problem.ok()) {
+    auto done = std::move(join_->done);
+    join_.reset();
+    done(problem);
     return;
   }
   if (join_->put_generation != g.generation) {
@@ -403,6 +440,7 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
     } else if (a->has_value()) {
       Agreement agreed = **a;
       agreed.generation = g.generation;
+      agreed.submission = o_.submission;
       running_ = g.generation;
       members_ = agreed.nodes;
       self_.set_node_rank(agreed.node_rank);
@@ -417,6 +455,7 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
 void ClusterMember::PutJoin(int64_t generation) {
   if (!join_ || join_->putting) return;
   join_->putting = true;
+  join_->tried_generation = generation;
   JoinRecord r;
   r.node = o_.node;
   r.run_id = o_.run_id;
@@ -424,6 +463,7 @@ void ClusterMember::PutJoin(int64_t generation) {
   r.address = o_.address;
   r.port = join_->port;
   r.steps = join_->steps;
+  if (join_->owner) r.sees = join_->owner->submission;
   const std::string key = keys_.Join(generation, o_.node);
   const std::string old = last_join_generation_ > 0 && last_join_generation_ != generation
                               ? keys_.Join(last_join_generation_, o_.node)
@@ -453,59 +493,69 @@ void ClusterMember::PutJoin(int64_t generation) {
                        absl::StrCat("joined the rendezvous of generation ", generation, " (",
                                     joined, " of ", o_.spec.nodes, " nodes so far)"));
         }
-        After(o_.spec.rendezvous_timeout_s,
-              [this, generation] { OnRendezvousTimeout(generation); });
+        After(o_.spec.rendezvous_timeout_s, [this, generation, serial = join_->serial] {
+          OnRendezvousTimeout(generation, serial);
+        });
         Evaluate();
       });
 }
 
-void ClusterMember::OnRendezvousTimeout(int64_t generation) {
-  if (!join_ || join_->put_generation != generation || !gen_ || gen_->generation != generation) {
+absl::Status ClusterMember::StoreProblem(int64_t generation) {
+  return CheckSharedStore(join_->owner, o_.spec, o_.node, o_.submission, joins_[generation]);
+}
+
+void ClusterMember::OnRendezvousTimeout(int64_t generation, int64_t serial) {
+  if (!join_ || join_->serial != serial || join_->put_generation != generation || !gen_ ||
+      gen_->generation != generation) {
     return;
   }
-  std::vector<std::string> joined;
-  for (const auto& [node, r] : joins_[generation]) joined.push_back(node);
-  const std::string reason =
-      absl::StrCat("rendezvous of generation ", generation, ": only ", joined.size(), " of ",
-                   o_.spec.nodes, " nodes joined within ", o_.spec.rendezvous_timeout_s, " s (",
-                   absl::StrJoin(joined, ", "), "); the job fails");
+  const std::string reason = RendezvousTimeoutReason(generation, joins_[generation], o_.spec.nodes,
+                                                     o_.spec.rendezvous_timeout_s);
   const std::string key = keys_.Generation();
   const std::string by = o_.node;
+  const SubmissionCheck mine{keys_.Submission(), o_.submission};
   Do<absl::Status>(
-      [key, generation, reason, by](EtcdClient& c) {
-        return SwapGeneration(c, key, [&](const GenerationRecord& g) {
-          std::optional<GenerationRecord> fail;
-          if (g.generation != generation) return fail;
-          fail = g;
-          fail->generation = generation + 1;
-          fail->action = GenerationRecord::Action::kFail;
-          fail->by = by;
-          fail->reason = reason;
-          return fail;
-        });
+      [key, generation, reason, by, mine](EtcdClient& c) {
+        return SwapGeneration(
+            c, key,
+            [&](const GenerationRecord& g) {
+              std::optional<GenerationRecord> fail;
+              if (g.generation != generation) return fail;
+              fail = g;
+              fail->generation = generation + 1;
+              fail->action = GenerationRecord::Action::kFail;
+              fail->by = by;
+              fail->reason = reason;
+              return fail;
+            },
+            /*if_absent=*/false, mine);
       },
-      [this, generation](absl::Status s) {
+      [this, generation, serial](absl::Status s) {
         if (!s.ok()) {
           Failed("failing the job after the rendezvous timeout", s);
-          After(kRetryS, [this, generation] { OnRendezvousTimeout(generation); });
+          After(kRetryS, [this, generation, serial] { OnRendezvousTimeout(generation, serial); });
         }
       });
 }
 
 void ClusterMember::Bump(int64_t generation, AttemptEnd end, const std::string& reason) {
-  if (!bumping_.insert(generation).second) return;
+  if (!fatal_.empty() || !bumping_.insert(generation).second) return;
   const std::string key = keys_.Generation();
   const std::string by = o_.node;
   const RestartPolicy policy = o_.policy;
+  const SubmissionCheck mine{keys_.Submission(), o_.submission};
   Do<absl::Status>(
-      [key, generation, end, reason, by, policy](EtcdClient& c) {
-        return SwapGeneration(c, key, [&](const GenerationRecord& g) {
-          std::optional<GenerationRecord> next;
-          if (g.generation == generation && g.action == GenerationRecord::Action::kRun) {
-            next = NextGeneration(g, end, policy, by, reason);
-          }
-          return next;
-        });
+      [key, generation, end, reason, by, policy, mine](EtcdClient& c) {
+        return SwapGeneration(
+            c, key,
+            [&](const GenerationRecord& g) {
+              std::optional<GenerationRecord> next;
+              if (g.generation == generation && g.action == GenerationRecord::Action::kRun) {
+                next = NextGeneration(g, end, policy, by, reason);
+              }
+              return next;
+            },
+            /*if_absent=*/false, mine);
       },
       [this, generation, end, reason](absl::Status s) {
         if (s.ok()) {
@@ -563,14 +613,16 @@ void ClusterMember::KeepAlive() {
 
 // --- UnitCluster ----------------------------------------------------------------------
 
-void ClusterMember::Join(int attempt, std::vector<int64_t> steps, int port,
+void ClusterMember::Join(int attempt, std::vector<int64_t> steps,
+                         std::optional<ckpt::StoreOwner> owner, int port,
                          std::function<void(absl::StatusOr<Agreement>)> done) {
   if (join_) {
     auto old = std::move(join_->done);
     join_.reset();
     old(absl::CancelledError("superseded by another join"));
   }
-  join_ = PendingJoin{attempt, std::move(steps), port, std::move(done), 0, false};
+  join_ = PendingJoin{attempt, std::move(steps), std::move(owner), port, std::move(done), 0,
+                      false,   ++join_serial_};
   if (!connected_) Connect();
   Evaluate();
 }
@@ -598,46 +650,51 @@ void ClusterMember::Withdraw(std::function<void(bool)> done) {
     done(false);
     return;
   }
-  if (join_->put_generation == 0) {
-    // No record of ours is stored: nothing to take back.
-    join_.reset();
+  // A put that failed may still have been applied: its key is taken back
+  // like a stored one.
+  const int64_t generation =
+      join_->put_generation != 0 ? join_->put_generation : join_->tried_generation;
+  if (generation == 0) {
+    join_.reset();  // never put: nothing to take back
     done(true);
     return;
   }
-  const int64_t generation = join_->put_generation;
   if (!connected_ || !gen_ || gen_->generation != generation ||
       joins_[generation].size() >= static_cast<size_t>(o_.spec.nodes)) {
     done(false);
     return;
   }
   // Our view has every record of the rendezvous up to seen_revision_, and
-  // it is short of nodes: if no record was put since, no node can have
-  // seen it complete, and none will once ours is gone.
+  // it is short of nodes: if no record was put since, no node saw it
+  // complete from a view like ours (docs/distributed.md, "Competing jobs",
+  // has the one exception), and none will once ours is gone.
   withdrawing_ = true;
   const std::string key = keys_.Join(generation, o_.node);
   const std::string prefix = keys_.JoinPrefix(generation);
   const int64_t revision = seen_revision_;
+  const int64_t serial = join_->serial;
   Do<absl::StatusOr<bool>>(
       [key, prefix, revision](EtcdClient& c) { return c.DeleteIfUnchanged(key, prefix, revision); },
-      [this, generation, done](absl::StatusOr<bool> out) {
+      [this, serial, done](absl::StatusOr<bool> out) {
         withdrawing_ = false;
-        if (!out.ok()) {
-          Failed("leaving the rendezvous", out.status());
-          done(false);
+        const bool mine = join_ && join_->serial == serial;
+        if (!out.ok()) Failed("leaving the rendezvous", out.status());
+        if (out.ok()) Answered();
+        if (out.ok() && *out && mine) {
+          join_.reset();
+          last_join_generation_ = 0;
+          done(true);
           return;
         }
-        Answered();
-        if (!*out || !join_ || join_->put_generation != generation) {
-          done(false);
-          return;
-        }
-        join_.reset();
-        last_join_generation_ = 0;
-        done(true);
+        done(false);
+        Evaluate();  // the agreement, if it completed meanwhile
       });
 }
 
 void ClusterMember::Cancel(const std::string& reason) {
+  // This node takes no part in the job (another spec, another daemon's
+  // node key, a replaced submission): it must not end the job of others.
+  if (!fatal_.empty()) return;
   auto job = std::make_shared<JobCancel>();
   job->retry_s = kRetryS;
   job->timers = timers_;
@@ -645,6 +702,7 @@ void ClusterMember::Cancel(const std::string& reason) {
   job->key = keys_.Generation();
   job->why = absl::StrCat("cancelled on node ", o_.node, ": ", reason);
   job->by = o_.node;
+  job->mine = SubmissionCheck{keys_.Submission(), o_.submission};
   // While the member lives its status says whether etcd answers.
   job->each = Guarded([this](const absl::Status& s) {
     if (s.ok()) {

@@ -39,15 +39,19 @@ class ClusterMember final : public UnitCluster {
     std::string address;    // its advertise address
     std::string run_id;     // the job's run on this node
     std::string spec_hash;  // every node's spec must hash alike
-    RestartPolicy policy;   // this daemon's, for the restarts it decides
+    // The job's submission the run belongs to ("" a new run: it joins the
+    // current one, or starts one with `fresh_submission`, a random id).
+    std::string submission;
+    std::string fresh_submission;
+    RestartPolicy policy;  // this daemon's, for the restarts it decides
   };
   // `clock` and `timers` must outlive the member.
   ClusterMember(UnitClock* clock, UnitTimers* timers, std::shared_ptr<EtcdClient> client,
                 Options options, ClusterEvents events);
   ~ClusterMember() override;
 
-  void Join(int attempt, std::vector<int64_t> steps, int port,
-            std::function<void(absl::StatusOr<Agreement>)> done) override;
+  void Join(int attempt, std::vector<int64_t> steps, std::optional<ckpt::StoreOwner> owner,
+            int port, std::function<void(absl::StatusOr<Agreement>)> done) override;
   void Broken(int64_t generation, const AttemptEnd& end) override;
   void Verdict(int64_t generation, const AttemptEnd& end,
                std::function<void(ClusterVerdict)> done) override;
@@ -85,7 +89,13 @@ class ClusterMember final : public UnitCluster {
   void EvaluateJoin(const GenerationRecord& g);
   void KeepAlive();
   void PutJoin(int64_t generation);
-  void OnRendezvousTimeout(int64_t generation);
+  // Why the pending join cannot go on with the shared store it sees (OK:
+  // it can). FailedPrecondition: the store is another job's, or an earlier
+  // submission's of this one. Unavailable: another node's record of
+  // `generation` sees this submission's owner record there and this node
+  // none (the caller reads the store again later).
+  absl::Status StoreProblem(int64_t generation);
+  void OnRendezvousTimeout(int64_t generation, int64_t serial);
   void Bump(int64_t generation, AttemptEnd end, const std::string& reason);
   void PublishSelf();
   // An etcd call failed: Unavailable/DeadlineExceeded mark etcd down.
@@ -107,8 +117,10 @@ class ClusterMember final : public UnitCluster {
   bool connecting_ = false;
   bool connected_ = false;  // a live lease and our node key
   int64_t lease_ = 0;
-  std::string fatal_;        // this node cannot take part (spec differs): the reason
-  bool node_taken_ = false;  // another daemon holds this node's key: never write it
+  std::string fatal_;         // this node cannot take part (spec differs): the reason
+  bool node_taken_ = false;   // another daemon holds this node's key: never write it
+  bool fatal_told_ = false;   // a running attempt was told to stop for fatal_
+  std::string waiting_note_;  // the wait for a finished submission's runs, as noted
   bool etcd_up_ = true;
   std::string etcd_error_;
   double down_since_s_ = 0;
@@ -122,11 +134,15 @@ class ClusterMember final : public UnitCluster {
   struct PendingJoin {
     int attempt = 0;
     std::vector<int64_t> steps;
+    std::optional<ckpt::StoreOwner> owner;
     int port = 0;
     std::function<void(absl::StatusOr<Agreement>)> done;
     int64_t put_generation = 0;  // the generation whose join record is stored
     bool putting = false;
+    int64_t serial = 0;            // which Join: a timer of an earlier one is stale
+    int64_t tried_generation = 0;  // the newest generation a put was tried for
   };
+  int64_t join_serial_ = 0;
   std::optional<PendingJoin> join_;
   int64_t last_join_generation_ = 0;  // our newest join record (deleted when superseded)
   bool withdrawing_ = false;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -79,7 +80,7 @@ JobKeys::Parsed JobKeys::Parse(const std::string& key) const {
   Parsed p;
   if (key.compare(0, prefix_.size(), prefix_) != 0) return p;
   const std::string rest = key.substr(prefix_.size());
-  if (rest == "spec" || rest == "generation") {
+  if (rest == "spec" || rest == "generation" || rest == "submission") {
     p.kind = rest;
   } else if (rest.rfind("nodes/", 0) == 0 && rest.size() > 6) {
     p.kind = "node";
@@ -99,7 +100,8 @@ JobKeys::Parsed JobKeys::Parse(const std::string& key) const {
 
 std::string EncodeJoin(const JoinRecord& r) {
   return json{{"node", r.node},       {"run_id", r.run_id}, {"attempt", r.attempt},
-              {"address", r.address}, {"port", r.port},     {"steps", r.steps}}
+              {"address", r.address}, {"port", r.port},     {"steps", r.steps},
+              {"sees", r.sees}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -111,6 +113,7 @@ absl::StatusOr<JoinRecord> DecodeJoin(const std::string& text) {
   try {
     r.node = j->at("node").get<std::string>();
     r.run_id = j->value("run_id", "");
+    r.sees = j->value("sees", "");
     absl::StatusOr<int64_t> attempt = IntField(*j, what, "attempt", 0, 0, INT32_MAX);
     if (!attempt.ok()) return attempt.status();
     r.attempt = static_cast<int>(*attempt);
@@ -235,7 +238,11 @@ absl::StatusOr<std::optional<Agreement>> Agree(const std::vector<JoinRecord>& jo
                                                    "): check cluster.nodes and node names"));
   }
   if (static_cast<int>(sorted.size()) < nodes) return std::optional<Agreement>();
+  for (const JoinRecord* r : sorted) {
+    if (r->sees != sorted[0]->sees) return std::optional<Agreement>();
+  }
   Agreement a;
+  a.claim = sorted[0]->sees.empty();
   std::set<int64_t> common;
   for (size_t i = 0; i < sorted.size(); ++i) {
     a.nodes.push_back(sorted[i]->node);
@@ -258,6 +265,25 @@ absl::StatusOr<std::optional<Agreement>> Agree(const std::vector<JoinRecord>& jo
   a.master_port = sorted[0]->port;
   a.resume_step = common.empty() ? -1 : *common.rbegin();
   return std::optional<Agreement>(std::move(a));
+}
+
+std::string RendezvousTimeoutReason(int64_t generation,
+                                    const std::map<std::string, JoinRecord>& joined, int64_t nodes,
+                                    double timeout_s) {
+  std::vector<std::string> names, sees;
+  for (const auto& [node, r] : joined) {
+    names.push_back(node);
+    sees.push_back(absl::StrCat(node, ": ", r.sees.empty() ? "none" : absl::CHexEscape(r.sees)));
+  }
+  if (names.size() >= static_cast<size_t>(nodes)) {
+    return absl::StrCat("rendezvous of generation ", generation, ": all ", names.size(),
+                        " nodes joined but do not see the same owner record "
+                        "(trainsup-job.json) in cluster.checkpoint_dir (",
+                        absl::StrJoin(sees, ", "), ") within ", timeout_s, " s; the job fails");
+  }
+  return absl::StrCat("rendezvous of generation ", generation, ": only ", names.size(), " of ",
+                      nodes, " nodes joined within ", timeout_s, " s (", absl::StrJoin(names, ", "),
+                      "); the job fails");
 }
 
 }  // namespace trainsup::supervisor

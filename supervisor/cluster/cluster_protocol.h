@@ -4,6 +4,7 @@
 // the same join records. No etcd, clocks or processes: ClusterMember
 // (cluster.h) reads and writes these through EtcdClient.
 //
+//   /trainsup/v1/jobs/JOB/submission      the submission's id (the job's identity)
 //   /trainsup/v1/jobs/JOB/spec            the spec's hash, first node's
 //   /trainsup/v1/jobs/JOB/generation      GenerationRecord (CAS on mod_revision)
 //   /trainsup/v1/jobs/JOB/nodes/NODE      the node's status (its lease)
@@ -12,6 +13,7 @@
 #define TRAINSUP_SUPERVISOR_CLUSTER_CLUSTER_PROTOCOL_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +27,7 @@ class JobKeys {
  public:
   explicit JobKeys(const std::string& job) : prefix_("/trainsup/v1/jobs/" + job + "/") {}
   const std::string& prefix() const { return prefix_; }
+  std::string Submission() const { return prefix_ + "submission"; }
   std::string Spec() const { return prefix_ + "spec"; }
   std::string Generation() const { return prefix_ + "generation"; }
   std::string NodesPrefix() const { return prefix_ + "nodes/"; }
@@ -35,7 +38,7 @@ class JobKeys {
   std::string Join(int64_t generation, const std::string& node) const {
     return JoinPrefix(generation) + node;
   }
-  // What a key of the job names: kind "generation", "spec", "node" (with
+  // What a key of the job names: kind "generation", "spec", "submission", "node" (with
   // node), "join" (with generation and node), or "" for anything else.
   struct Parsed {
     std::string kind;
@@ -57,6 +60,9 @@ struct JoinRecord {
   int port = 0;         // a free port there: MASTER_PORT if it becomes node 0
   // Checkpoint steps of the shared store it verified, newest first.
   std::vector<int64_t> steps;
+  // The submission the store's owner record names ("" none): the nodes
+  // agree only when they all see the same.
+  std::string sees;
 };
 // The encoders never fail: bytes that are not UTF-8 (a node name from a
 // key, an exit's detail) become U+FFFD.
@@ -104,12 +110,25 @@ struct Agreement {
   std::string master_addr;
   int master_port = 0;
   int64_t resume_step = -1;
+  // No node found an owner record in the shared store: node 0 writes one
+  // for `submission` (set by the caller) before its ranks start.
+  bool claim = false;
+  std::string submission;
 };
-// nullopt while fewer than `nodes` have joined. InvalidArgument when more
+// nullopt while fewer than `nodes` have joined, or while they do not all see
+// the same owner record (a node that does not see it, with none, cannot
+// see the shared store: ClusterMember fails its join). InvalidArgument when more
 // have joined than the job has nodes (a misconfigured extra node: the error
 // names them), or `self` is not among them.
 absl::StatusOr<std::optional<Agreement>> Agree(const std::vector<JoinRecord>& joined, int nodes,
                                                const std::string& self);
+
+// Why a job of `nodes` nodes fails when the rendezvous of `generation`
+// has not completed within `timeout_s`, with the records `joined`: too few
+// nodes, or all of them but not seeing the same owner record.
+std::string RendezvousTimeoutReason(int64_t generation,
+                                    const std::map<std::string, JoinRecord>& joined, int64_t nodes,
+                                    double timeout_s);
 
 }  // namespace trainsup::supervisor
 

@@ -489,8 +489,6 @@ class GrpcEtcdClient final : public EtcdClient {
 
   absl::StatusOr<bool> DeleteIfUnchanged(const std::string& key, const std::string& prefix,
                                          int64_t revision) override {
-    const std::string op = absl::StrCat("Delete ", Quote(key), " if nothing under ", Quote(prefix),
-                                        " changed since revision ", revision);
     pb::TxnRequest request;
     pb::Compare* compare = request.add_compare();
     compare->set_key(RangeStart(prefix));
@@ -499,11 +497,33 @@ class GrpcEtcdClient final : public EtcdClient {
     compare->set_result(pb::Compare::LESS);
     compare->set_mod_revision(revision + 1);
     request.add_success()->mutable_request_delete_range()->set_key(key);
-    pb::TxnResponse response;
-    absl::Status status = Call(
-        op, [&](Endpoint& e, auto* context) { return e.kv->Txn(context, request, &response); });
-    if (!status.ok()) return status;
-    return response.succeeded();
+    return TxnSucceeded(absl::StrCat("Delete ", Quote(key), " if nothing under ", Quote(prefix),
+                                     " changed since revision ", revision),
+                        request);
+  }
+
+  absl::StatusOr<bool> ReplacePrefix(const std::string& prefix, const std::string& if_key,
+                                     int64_t if_mod_revision, const std::string& put_key,
+                                     const std::string& put_value) override {
+    pb::TxnRequest request;
+    pb::Compare* compare = request.add_compare();
+    compare->set_key(if_key);
+    compare->set_target(pb::Compare::MOD);
+    compare->set_result(pb::Compare::EQUAL);
+    compare->set_mod_revision(if_mod_revision);
+    // etcd refuses a put inside a deleted range: two ranges around it.
+    pb::DeleteRangeRequest* below = request.add_success()->mutable_request_delete_range();
+    below->set_key(RangeStart(prefix));
+    below->set_range_end(put_key);
+    pb::DeleteRangeRequest* above = request.add_success()->mutable_request_delete_range();
+    above->set_key(put_key + std::string(1, '\0'));
+    above->set_range_end(PrefixRangeEnd(prefix));
+    pb::PutRequest* put = request.add_success()->mutable_request_put();
+    put->set_key(put_key);
+    put->set_value(put_value);
+    return TxnSucceeded(absl::StrCat("ReplacePrefix ", Quote(prefix), " if ", Quote(if_key),
+                                     " is at mod_revision ", if_mod_revision),
+                        request);
   }
 
   absl::StatusOr<int64_t> Delete(const std::string& key) override {
@@ -585,6 +605,15 @@ class GrpcEtcdClient final : public EtcdClient {
  private:
   absl::Status Call(const std::string& op, const Rpc& rpc) {
     return CallEndpoints(*endpoints_, deadline_s_, op, rpc);
+  }
+
+  // Whether the transaction's compares held (its success ops applied).
+  absl::StatusOr<bool> TxnSucceeded(const std::string& op, const pb::TxnRequest& request) {
+    pb::TxnResponse response;
+    absl::Status status = Call(
+        op, [&](Endpoint& e, auto* context) { return e.kv->Txn(context, request, &response); });
+    if (!status.ok()) return status;
+    return response.succeeded();
   }
 
   absl::StatusOr<int64_t> DeleteRange(const std::string& op,

@@ -85,6 +85,13 @@ class EtcdClient {
   // False when something was and nothing is deleted.
   virtual absl::StatusOr<bool> DeleteIfUnchanged(const std::string& key, const std::string& prefix,
                                                  int64_t revision) = 0;
+  // One transaction: if `if_key`'s mod_revision is `if_mod_revision`,
+  // deletes every key starting with `prefix` but `put_key` (which starts
+  // with it) and puts `put_value` at `put_key`; so `put_key` is never
+  // absent in between. False when the compare fails (nothing written).
+  virtual absl::StatusOr<bool> ReplacePrefix(const std::string& prefix, const std::string& if_key,
+                                             int64_t if_mod_revision, const std::string& put_key,
+                                             const std::string& put_value) = 0;
   // Deletes `key` (absent: OK). The number of keys deleted.
   virtual absl::StatusOr<int64_t> Delete(const std::string& key) = 0;
   virtual absl::StatusOr<int64_t> DeletePrefix(const std::string& prefix) = 0;

@@ -15,8 +15,13 @@ namespace trainsup::supervisor {
 absl::Status SwapGeneration(
     EtcdClient& c, const std::string& key,
     const std::function<std::optional<GenerationRecord>(const GenerationRecord&)>& next,
-    bool if_absent) {
+    bool if_absent, const SubmissionCheck& mine) {
   for (int tries = 0; tries < 8; ++tries) {
+    if (!mine.id.empty()) {
+      absl::StatusOr<std::optional<EtcdKeyValue>> sub = c.Get(mine.key);
+      if (!sub.ok()) return sub.status();
+      if (!sub->has_value() || (*sub)->value != mine.id) return absl::OkStatus();
+    }
     absl::StatusOr<std::optional<EtcdKeyValue>> kv = c.Get(key);
     if (!kv.ok()) return kv.status();
     if (!kv->has_value() && !if_absent) return absl::OkStatus();
@@ -51,7 +56,7 @@ void CancelJob(std::shared_ptr<const JobCancel> job) {
             next->reason = job->why;
             return next;
           },
-          /*if_absent=*/true);
+          /*if_absent=*/true, job->mine);
     } catch (const std::exception& e) {
       s = absl::InternalError(absl::StrCat("etcd call: ", e.what()));
     }

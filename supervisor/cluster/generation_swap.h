@@ -16,6 +16,15 @@
 
 namespace trainsup::supervisor {
 
+// The submission a caller belongs to (docs/distributed.md, "Job
+// identity"): when `id` is set and the job's submission key (`key`) holds
+// another id, or none, the job is no longer the caller's and nothing is
+// written (a member of a replaced submission must not move the new one).
+struct SubmissionCheck {
+  std::string key;
+  std::string id;
+};
+
 // Moves the generation record at `key` by compare-and-swap: `next` gets
 // the record as it is and returns the one to write, or nullopt when there
 // is nothing to do (someone else moved it already). A lost race re-reads.
@@ -24,7 +33,7 @@ namespace trainsup::supervisor {
 absl::Status SwapGeneration(
     EtcdClient& c, const std::string& key,
     const std::function<std::optional<GenerationRecord>(const GenerationRecord&)>& next,
-    bool if_absent = false);
+    bool if_absent = false, const SubmissionCheck& mine = {});
 
 // The job's cancellation, written by compare-and-swap into its generation
 // record and retried every kRetryS while etcd does not answer. It owns what
@@ -39,6 +48,7 @@ struct JobCancel {
   std::string key;  // the generation record
   std::string why;
   std::string by;
+  SubmissionCheck mine;
   std::function<void(const absl::Status&)> each;  // every try's outcome, on the loop
   double retry_s = 1;                             // between tries while etcd is down
 };

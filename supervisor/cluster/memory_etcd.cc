@@ -233,6 +233,28 @@ class MemoryClient final : public EtcdClient {
     return quiet;
   }
 
+  absl::StatusOr<bool> ReplacePrefix(const std::string& prefix, const std::string& if_key,
+                                     int64_t if_mod_revision, const std::string& put_key,
+                                     const std::string& put_value) override {
+    State::Deliveries d;
+    bool match = false;
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      if (absl::Status st = Begin(&d); !st.ok()) return st;
+      auto it = s_->kvs.find(if_key);
+      match = (it == s_->kvs.end() ? 0 : it->second.mod_revision) == if_mod_revision;
+      if (match) {
+        std::vector<std::string> doomed;
+        for (auto& [k, kv] : s_->kvs)
+          if (HasPrefix(k, prefix) && k != put_key) doomed.push_back(k);
+        for (auto& k : doomed) s_->DeleteKey(k, &d);
+        s_->PutLocked(put_key, put_value, 0, &d);
+      }
+    }
+    Run(d);
+    return match;
+  }
+
   absl::StatusOr<int64_t> Delete(const std::string& key) override { return Erase(key, false); }
   absl::StatusOr<int64_t> DeletePrefix(const std::string& prefix) override {
     return Erase(prefix, true);

@@ -364,6 +364,9 @@ std::string DescribeCluster(const v1::Run& run) {
     absl::StrAppend(&out, "\nJob ", c.job(), " (", c.nodes_expected(), " nodes x ",
                     c.ranks_per_node(), " ranks), generation ", c.generation(), ", ", c.restarts(),
                     " restarts of the job; this node: ", c.this_node(), "\n");
+    if (!run.cluster_submission().empty()) {
+      absl::StrAppend(&out, "  submission ", run.cluster_submission(), "\n");
+    }
     absl::StrAppend(&out, "  etcd ", c.etcd_endpoints(), ": ",
                     c.etcd_reachable() ? "reachable" : "UNREACHABLE",
                     c.etcd_error().empty() ? "" : absl::StrCat(" (", c.etcd_error(), ")"), "\n");

@@ -78,6 +78,9 @@ std::vector<Yield> YieldsFor(std::vector<QueuedRun> queue, const std::vector<Joi
                              const std::vector<SlotView>& slots, double now_s, double after_s) {
   OrderQueue(queue);
   size_t free = FreeCount(slots);
+  for (const JoiningRun& j : joining) {
+    if (j.yielding) free += static_cast<size_t>(std::max(0, j.slots));
+  }
   for (const QueuedRun& run : queue) {
     if (!Eligible(run, slots.size(), now_s)) continue;
     const size_t need = static_cast<size_t>(run.world_size);
@@ -89,7 +92,8 @@ std::vector<Yield> YieldsFor(std::vector<QueuedRun> queue, const std::vector<Joi
     if (run.job.empty()) return {};
     std::vector<const JoiningRun*> after;
     for (const JoiningRun& j : joining) {
-      if (now_s - j.joined_s >= after_s && JobBefore(run.priority, run.job, j.priority, j.job)) {
+      if (!j.yielding && now_s - j.joined_s >= after_s &&
+          JobBefore(run.priority, run.job, j.priority, j.job)) {
         after.push_back(&j);
       }
     }

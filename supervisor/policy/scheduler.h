@@ -52,8 +52,9 @@ struct JoiningRun {
   std::string run_id;
   int priority = 0;
   std::string job;
-  int slots = 0;        // the slots it holds
-  double joined_s = 0;  // when it began to wait
+  int slots = 0;          // the slots it holds
+  double joined_s = 0;    // when it began to wait
+  bool yielding = false;  // giving its slots back already: counted as free
 };
 struct Yield {
   std::string run_id;  // a JoiningRun that gives its slots back

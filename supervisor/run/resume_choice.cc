@@ -34,7 +34,14 @@ ResumeChoice ChooseResumeShared(const std::string& run_dir, const std::string& s
   ResumeChoice c;
   const fs::path link = RunLayout(run_dir).CheckpointsDir();
   std::error_code ec;
-  fs::create_directories(shared_dir, ec);
+  const fs::path parent = fs::path(shared_dir).parent_path();
+  if (!fs::is_directory(shared_dir, ec) && !fs::is_directory(parent, ec)) {
+    c.error = absl::FailedPreconditionError(
+        absl::StrCat("cluster.checkpoint_dir ", shared_dir, ": neither it nor its parent ",
+                     parent.string(), " exists on this node: is the shared storage mounted here?"));
+    return c;
+  }
+  fs::create_directory(shared_dir, ec);
   if (ec) {
     c.error = absl::FailedPreconditionError(
         absl::StrCat("cluster.checkpoint_dir ", shared_dir, ": cannot create it: ", ec.message()));
@@ -53,6 +60,13 @@ ResumeChoice ChooseResumeShared(const std::string& run_dir, const std::string& s
         link.string(), " exists and is not a link to cluster.checkpoint_dir ", shared_dir));
     return c;
   }
+  absl::StatusOr<std::optional<ckpt::StoreOwner>> owner = ckpt::ReadStoreOwner(shared_dir);
+  if (!owner.ok()) {
+    c.error = owner.status();
+    c.fatal = absl::IsDataLoss(owner.status());
+    return c;
+  }
+  c.owner = *owner;
   ckpt::CheckpointStore store(shared_dir);
   absl::StatusOr<std::vector<ckpt::CheckpointInfo>> all = store.List();
   if (!all.ok()) {

@@ -11,11 +11,13 @@
 #define TRAINSUP_SUPERVISOR_RUN_RESUME_CHOICE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "checkpoint/store.h"
 
 namespace trainsup::supervisor {
 
@@ -24,15 +26,20 @@ struct ResumeChoice {
   std::string dir;                 // the checkpoint's directory
   std::vector<std::string> notes;  // quarantines, for the run's events
   absl::Status error;              // not OK: an I/O error, nothing chosen
-  // ChooseResumeShared: every checkpoint that verified, newest first.
+  bool fatal = false;              // the error is no I/O error: retrying cannot mend it
+  // ChooseResumeShared: every checkpoint that verified, newest first, and
+  // whose they are (the directory's owner record; none: no job claimed it).
   std::vector<std::pair<int64_t, std::string>> loadable;
+  std::optional<ckpt::StoreOwner> owner;
 };
 
 ResumeChoice ChooseResume(const std::string& run_dir);
 
 // A multi-node run's choice (docs/distributed.md): the run directory's
-// checkpoints/ is made a symlink to `shared_dir` (created when missing;
-// FailedPrecondition in `error` when checkpoints/ is something else), and
+// checkpoints/ is made a symlink to `shared_dir` (created when missing, but
+// only inside a parent that exists: a storage that is not mounted is not
+// mistaken for an empty one; FailedPrecondition in `error` then, or when
+// checkpoints/ is something else), its owner record is read, and
 // every checkpoint there is verified, not only the newest, since the job
 // resumes from the newest step that every node verified. `step`/`dir` are
 // this node's newest.

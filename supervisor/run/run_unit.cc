@@ -332,33 +332,44 @@ bool RunUnit::StoppedBeforeStart() {
   return false;
 }
 
+void RunUnit::PrepareAgainLater(const std::string& why) {
+  ReleaseSlots();
+  ++prepare_failures_;
+  const double delay =
+      std::min(cfg().restart.max_backoff_s, std::max(1.0, cfg().restart.initial_backoff_s) *
+                                                std::pow(2.0, prepare_failures_ - 1));
+  const std::string reason = absl::StrCat(why, "; retrying in ", delay, " s");
+  Log(LogLevel::kWarn, reason);
+  not_before_s_ = env_.clock->NowS() + delay;
+  StoreBatch b;
+  b.what = "checkpoint choice failed";
+  b.events.push_back(Event(v1::EVENT_KIND_CHECKPOINT, -1, reason));
+  Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
+  restart_timer_ = env_.timers->Start(delay, Guarded([this] {
+                                        restart_timer_ = 0;
+                                        env_.host->Reschedule();
+                                      }));
+}
+
 void RunUnit::OnPrepared(ResumeChoice c) {
   preparing_ = false;
   if (StoppedBeforeStart()) return;
+  if (c.fatal) {
+    // The shared store's owner record is garbage: no retry mends that.
+    ReleaseSlots();
+    SetState(v1::RUN_STATE_FAILED, std::string(c.error.message()), {}, [this] { MaybeFinished(); });
+    return;
+  }
   if (!c.error.ok()) {
     // An I/O error is not a verdict on the checkpoints: no attempt, no
     // quarantine, try again after a backoff.
-    ReleaseSlots();
-    ++prepare_failures_;
-    const double delay =
-        std::min(cfg().restart.max_backoff_s, std::max(1.0, cfg().restart.initial_backoff_s) *
-                                                  std::pow(2.0, prepare_failures_ - 1));
-    const std::string reason = absl::StrCat(
-        "cannot read the checkpoints to choose one to resume from: ", c.error.message(),
-        "; retrying in ", delay, " s");
-    Log(LogLevel::kWarn, reason);
-    not_before_s_ = env_.clock->NowS() + delay;
-    StoreBatch b;
-    b.what = "checkpoint choice failed";
-    b.events.push_back(Event(v1::EVENT_KIND_CHECKPOINT, -1, reason));
-    Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
-    restart_timer_ = env_.timers->Start(delay, Guarded([this] {
-                                          restart_timer_ = 0;
-                                          env_.host->Reschedule();
-                                        }));
+    PrepareAgainLater(absl::StrCat("cannot read the checkpoints to choose one to resume from: ",
+                                   c.error.message()));
     return;
   }
-  prepare_failures_ = 0;
+  // A multi-node run's count goes on until it agrees with the job
+  // (OnAgreement): a shared store this node does not see is retried with it.
+  if (!Clustered()) prepare_failures_ = 0;
   if (Clustered()) {
     if (!EnsureCluster()) {
       ReleaseSlots();
@@ -369,7 +380,7 @@ void RunUnit::OnPrepared(ResumeChoice c) {
     joining_ = true;
     joined_s_ = env_.clock->NowS();
     cluster_->Join(
-        attempt_.number() + 1, std::move(steps), env_.host->FreePort(),
+        attempt_.number() + 1, std::move(steps), c.owner, env_.host->FreePort(),
         Guarded([this, c](absl::StatusOr<Agreement> a) { OnAgreement(c, std::move(a)); }));
     return;
   }

@@ -108,7 +108,7 @@ class RunUnit {
   // waiting for disk space.
   std::optional<QueuedRun> Queued() const;
   // A multi-node run that holds its slots while it waits in its job's
-  // rendezvous (and is not already giving them back).
+  // rendezvous (yielding: giving them back already).
   std::optional<JoiningRun> Joining() const;
   // Gives a waiting run's slots back for job `to_job` (YieldsFor,
   // scheduler.h): it leaves the rendezvous, unless that completed
@@ -176,6 +176,7 @@ class RunUnit {
   bool EnsureCluster(bool fail_run = true);
   void OnClusterMoved(int64_t generation, const std::string& reason);
   void OnClusterNote(LogLevel level, const std::string& line);
+  void OnClusterSubmission(const std::string& id, const std::string& replaced);
   void OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a);
   void ReportToCluster(bool final = false);
   // The end of EndAttempt once the decision is known.
@@ -202,6 +203,10 @@ class RunUnit {
   // slots go back (and a cancel ends the run). True when so.
   bool StoppedBeforeStart();
   void OnPrepared(ResumeChoice choice);
+  // The checkpoints could not be read (or, for a multi-node run, this node
+  // does not see the job's shared store yet): the slots go back and the
+  // run prepares again after a backoff, saying `why`.
+  void PrepareAgainLater(const std::string& why);
   // A multi-node run's attempt belongs to job generation `generation`.
   void StartAttempt(ResumeChoice choice, int64_t generation = 0);
   void LaunchRanks();

@@ -17,6 +17,9 @@ bool RunUnit::EnsureCluster(bool fail_run) {
   });
   events.note =
       Guarded([this](LogLevel level, const std::string& line) { OnClusterNote(level, line); });
+  events.submission = Guarded([this](const std::string& id, const std::string& replaced) {
+    OnClusterSubmission(id, replaced);
+  });
   absl::StatusOr<std::unique_ptr<UnitCluster>> c =
       env_.host->JoinCluster(run_, spec_, std::move(events));
   if (!c.ok()) {
@@ -39,6 +42,20 @@ void RunUnit::OnClusterNote(LogLevel level, const std::string& line) {
   StoreBatch b;
   b.what = "cluster note";
   b.events.push_back(Event(v1::EVENT_KIND_LOG, -1, text));
+  Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
+}
+
+void RunUnit::OnClusterSubmission(const std::string& id, const std::string& replaced) {
+  if (run_.cluster_submission() == id) return;
+  run_.set_cluster_submission(id);
+  StoreBatch b;
+  b.what = "cluster submission";
+  b.run = run_;
+  b.events.push_back(
+      Event(v1::EVENT_KIND_LOG, -1,
+            absl::StrCat("job ", spec_.cluster.job, ": this run belongs to its submission ", id,
+                         replaced.empty() ? std::string()
+                                          : absl::StrCat(", a new job in place of ", replaced))));
   Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
 }
 
@@ -65,6 +82,11 @@ void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a) {
   if (IsTerminal(run_.state())) return;
   joining_ = false;
   if (StoppedBeforeStart()) return;
+  if (!a.ok() && a.status().code() == absl::StatusCode::kUnavailable) {
+    PrepareAgainLater(std::string(a.status().message()));
+    return;
+  }
+  if (a.ok()) prepare_failures_ = 0;
   if (!a.ok()) {
     ReleaseSlots();
     if (a.status().code() == absl::StatusCode::kCancelled) {
@@ -104,13 +126,35 @@ void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a) {
       rank_base_ + spec_.cluster.ranks_per_node - 1, ", MASTER ", master_addr_, ":", master_port_,
       a->resume_step >= 0 ? absl::StrCat(", resuming from step ", a->resume_step)
                           : std::string(", from scratch")));
-  StartAttempt(std::move(c), a->generation);
+  if (!a->claim || a->node_rank != 0) {
+    StartAttempt(std::move(c), a->generation);
+    return;
+  }
+  // No node found an owner record: node 0, whose rank 0 writes the
+  // checkpoints, claims the store for this submission first.
+  preparing_ = true;
+  const std::string dir = spec_.cluster.checkpoint_dir;
+  const ckpt::StoreOwner owner{spec_.cluster.job, a->submission};
+  const int64_t generation = a->generation;
+  auto claimed = Guarded([this, c, generation, dir](absl::Status s) mutable {
+    preparing_ = false;
+    if (StoppedBeforeStart()) return;
+    c.notes.push_back(
+        s.ok() ? absl::StrCat("claimed ", dir, " for this submission (", ckpt::kOwnerFileName, ")")
+               : absl::StrCat("cannot write ", ckpt::kOwnerFileName, " in ", dir, ": ", s.message(),
+                              "; starting without it"));
+    StartAttempt(std::move(c), generation);
+  });
+  env_.timers->OffLoop([dir, owner, claimed]() mutable -> std::function<void()> {
+    absl::Status s = ckpt::WriteStoreOwner(dir, owner);
+    return [claimed, s]() mutable { claimed(s); };
+  });
 }
 
 std::optional<JoiningRun> RunUnit::Joining() const {
-  if (!joining_ || yielding_ || !cluster_) return std::nullopt;
-  return JoiningRun{id(), run_.priority(), spec_.cluster.job, static_cast<int>(slots_.size()),
-                    joined_s_};
+  if (!joining_ || !cluster_) return std::nullopt;
+  return JoiningRun{id(),      run_.priority(), spec_.cluster.job, static_cast<int>(slots_.size()),
+                    joined_s_, yielding_};
 }
 
 void RunUnit::YieldSlots(const std::string& to_job) {

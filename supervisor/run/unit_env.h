@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/store.h"
 #include "contracts/daemon_config.h"
 #include "contracts/exit_file.h"
 #include "contracts/spec.h"
@@ -139,18 +140,26 @@ struct ClusterEvents {
   // A line for the run's events: etcd unreachable or back, a node lost,
   // waiting for nodes to join.
   std::function<void(LogLevel level, const std::string& line)> note;
+  // The run belongs to the job's submission `id` (docs/distributed.md,
+  // "Job identity"): told once it first reached etcd, and again if it ever
+  // changed. `replaced`: the earlier, finished submission this one
+  // replaced, and how it ended ("" none).
+  std::function<void(const std::string& id, const std::string& replaced)> submission;
 };
 
 class UnitCluster {
  public:
   virtual ~UnitCluster() = default;
   // Joins the current generation's rendezvous for `attempt`, with the
-  // checkpoint steps of the shared store this node verified and a free
-  // port (MASTER_PORT if this node becomes node 0). `done` runs on the loop
+  // checkpoint steps of the shared store this node verified, the store's
+  // owner record as this node reads it, and a free port (MASTER_PORT if
+  // this node becomes node 0). `done` runs on the loop
   // once every node has joined, or with FailedPrecondition (the job failed,
-  // or this node cannot take part: the message says why) or Cancelled.
-  virtual void Join(int attempt, std::vector<int64_t> steps, int port,
-                    std::function<void(absl::StatusOr<Agreement>)> done) = 0;
+  // or this node cannot take part: the message says why), Cancelled, or
+  // Unavailable (this node does not see the shared store the others see:
+  // read it again later).
+  virtual void Join(int attempt, std::vector<int64_t> steps, std::optional<ckpt::StoreOwner> owner,
+                    int port, std::function<void(absl::StatusOr<Agreement>)> done) = 0;
   // A rank of this node ended badly in `generation`: the job must restart
   // (the first node to say so moves the generation; the others follow).
   virtual void Broken(int64_t generation, const AttemptEnd& end) = 0;

@@ -112,7 +112,8 @@ CREATE TABLE runs (
   run_dir         TEXT NOT NULL DEFAULT '',
   next_restart_ms INTEGER NOT NULL DEFAULT 0,
   slowest_step_s  REAL NOT NULL DEFAULT 0,
-  steps_observed  INTEGER NOT NULL DEFAULT 0
+  steps_observed  INTEGER NOT NULL DEFAULT 0,
+  cluster_submission TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX runs_by_state ON runs (state, seq);
 CREATE TABLE attempts (
@@ -292,6 +293,15 @@ absl::Status StateStore::Initialize() {
         // 2 -> 3: attempts.generation (multi-node runs).
         if (absl::Status s = Exec("ALTER TABLE attempts ADD COLUMN generation INTEGER NOT NULL"
                                   " DEFAULT 0",
+                                  absl::StrCat("migrating the schema from version ", version));
+            !s.ok()) {
+          return s;
+        }
+      }
+      if (version < 4) {
+        // 3 -> 4: runs.cluster_submission (a multi-node job's identity).
+        if (absl::Status s = Exec("ALTER TABLE runs ADD COLUMN cluster_submission TEXT NOT NULL"
+                                  " DEFAULT ''",
                                   absl::StrCat("migrating the schema from version ", version));
             !s.ok()) {
           return s;

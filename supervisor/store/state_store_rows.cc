@@ -24,8 +24,8 @@ absl::Status StateStore::CreateRun(const v1::Run& run, const std::string& reques
     absl::StatusOr<Query> q = Prepare(
         "INSERT INTO runs (run_id, seq, request_id, name, state, priority, world_size, created_ms,"
         " updated_ms, ended_ms, spec_toml, reason, restarts, oom_restarts, progress, run_dir,"
-        " next_restart_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, "
-        "?15, ?16, ?17)",
+        " next_restart_ms, cluster_submission) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,"
+        " ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
         op);
     if (!q.ok()) return q.status();
     q->BindText(run.run_id())
@@ -44,7 +44,8 @@ absl::Status StateStore::CreateRun(const v1::Run& run, const std::string& reques
         .BindInt(run.oom_restarts())
         .BindMessage(run.has_progress(), run.progress())
         .BindText(run.run_dir())
-        .BindInt(run.next_restart_ms());
+        .BindInt(run.next_restart_ms())
+        .BindText(run.cluster_submission());
     return q->Run();
   });
 }
@@ -67,7 +68,7 @@ absl::Status StateStore::UpdateRun(const v1::Run& run) {
       "UPDATE runs SET name = ?2, state = ?3, priority = ?4, world_size = ?5, updated_ms = ?6,"
       " ended_ms = ?7, reason = ?8, restarts = ?9, oom_restarts = ?10, progress = ?11, run_dir = "
       "?12,"
-      " next_restart_ms = ?13 WHERE run_id = ?1",
+      " next_restart_ms = ?13, cluster_submission = ?14 WHERE run_id = ?1",
       op);
   if (!q.ok()) return q.status();
   q->BindText(run.run_id())
@@ -82,7 +83,8 @@ absl::Status StateStore::UpdateRun(const v1::Run& run) {
       .BindInt(run.oom_restarts())
       .BindMessage(run.has_progress(), run.progress())
       .BindText(run.run_dir())
-      .BindInt(run.next_restart_ms());
+      .BindInt(run.next_restart_ms())
+      .BindText(run.cluster_submission());
   if (absl::Status s = q->Run(); !s.ok()) return s;
   if (q->Changes() == 0) return absl::NotFoundError(absl::StrCat(op, ": no such run"));
   return absl::OkStatus();
@@ -103,6 +105,7 @@ absl::Status StateStore::RunFromRow(const Query& q, v1::Run* run) {
   run->set_run_dir(q.Text(kRunDir));
   run->set_next_restart_ms(q.Int(kNextRestartMs));
   run->set_spec_toml(q.Text(kSpecToml));
+  run->set_cluster_submission(q.Text(kClusterSubmission));
   v1::Progress progress;
   bool present = false;
   if (absl::Status s = q.Message(kProgress, &progress, &present); !s.ok()) return s;

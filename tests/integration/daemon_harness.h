@@ -203,7 +203,10 @@ class DaemonHarness {
   void Set(const std::string& key, const std::string& toml_value);
   // Starts the daemon inside network namespace `ns` (`ip netns exec`, which
   // execs it in place: the pid is the daemon's) from the next Start.
-  void set_netns(const std::string& ns) { netns_ = ns; }
+  void set_netns(const std::string& ns) { launcher_ = {"/usr/sbin/ip", "netns", "exec", ns}; }
+  // Starts the daemon through `argv` (the daemon's own argv appended; it
+  // must exec it in place) from the next Start; {} for none.
+  void set_launcher(std::vector<std::string> argv) { launcher_ = std::move(argv); }
   // Removes "section.key" from the configuration (the daemon's default then).
   void Unset(const std::string& key);
   // Writes the configuration file now (for a reload with SIGHUP).
@@ -265,7 +268,7 @@ class DaemonHarness {
   std::string dir_;
   std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> config_;
   int pid_ = -1;
-  std::string netns_;
+  std::vector<std::string> launcher_;
   int starts_ = 0;
   std::string operator_token_;
   std::string viewer_token_;
@@ -497,8 +500,7 @@ inline ::testing::AssertionResult DaemonHarness::Start(const std::vector<std::st
   // TRAINSUP_TEST_DAEMON runs the tests against another build of the daemon
   // (the ThreadSanitizer one of tests/integration/tsan).
   const char* daemon = getenv("TRAINSUP_TEST_DAEMON");
-  std::vector<std::string> argv;
-  if (!netns_.empty()) argv = {"/usr/sbin/ip", "netns", "exec", netns_};
+  std::vector<std::string> argv = launcher_;
   for (const std::string& a :
        {std::string(daemon != nullptr && *daemon != 0 ? daemon : TRAINSUPD_BIN),
         std::string("--config"), config_path()}) {

@@ -60,6 +60,11 @@ class HookedClient final : public EtcdClient {
     }
     return inner_->DeleteIfUnchanged(key, prefix, revision);
   }
+  absl::StatusOr<bool> ReplacePrefix(const std::string& prefix, const std::string& if_key,
+                                     int64_t if_mod_revision, const std::string& put_key,
+                                     const std::string& put_value) override {
+    return inner_->ReplacePrefix(prefix, if_key, if_mod_revision, put_key, put_value);
+  }
   absl::StatusOr<int64_t> Delete(const std::string& key) override { return inner_->Delete(key); }
   absl::StatusOr<int64_t> DeletePrefix(const std::string& prefix) override {
     return inner_->DeletePrefix(prefix);
@@ -117,6 +122,7 @@ class ClusterMemberTest : public ::testing::Test {
     o.address = "host-" + name;
     o.run_id = "run-" + name;
     o.spec_hash = "same-spec";
+    o.fresh_submission = "fresh-" + name;
     o.policy.jitter = 0;
     ClusterEvents events;
     events.moved = [n](int64_t g, const std::string& why) { n->moved.emplace_back(g, why); };
@@ -128,7 +134,8 @@ class ClusterMemberTest : public ::testing::Test {
   }
   void Join(Node& n, int port) {
     n.joined.reset();
-    n.member->Join(1, {}, port, [&n](absl::StatusOr<Agreement> a) { n.joined = std::move(a); });
+    n.member->Join(1, {}, std::nullopt, port,
+                   [&n](absl::StatusOr<Agreement> a) { n.joined = std::move(a); });
   }
   // A rank of `n` ended with `cls` in `generation`: the job's verdict.
   void RankDied(Node& n, int64_t generation, ExitClass cls) {
@@ -498,6 +505,45 @@ TEST_F(ClusterMemberTest, AJoinPutMeanwhileKeepsAWithdrawingNodeIn) {
   out.reset();
   a.member->Withdraw([&](bool o) { out = o; });
   EXPECT_EQ(out, std::optional<bool>(false));
+}
+
+// --- job identity ----------------------------------------------------------------------------
+
+// The job is submitted again (a new submission takes its keys) while node
+// a was cut off. a finds out when it reconnects: its attempt stops, its
+// verdict is the failure, and neither its restart decision nor a cancel
+// touches the new submission's generation.
+TEST_F(ClusterMemberTest, AMemberOfAReplacedSubmissionNeitherMovesNorCancelsTheNewOne) {
+  auto [a, b] = RunningPair();
+  const int64_t lease = LeaseOf("a");
+  auto c = etcd_.Client();
+  const JobKeys keys("job");
+  auto sub = c->Get(keys.Submission());
+  ASSERT_TRUE(sub.ok() && sub->has_value());
+  EXPECT_EQ((*sub)->value, "fresh-a");
+  auto replaced = c->ReplacePrefix(keys.prefix(), keys.Submission(), (*sub)->mod_revision,
+                                   keys.Submission(), "new-sub");
+  ASSERT_TRUE(replaced.ok() && *replaced);
+  GenerationRecord fresh;
+  fresh.reason = "the job's first generation";
+  ASSERT_TRUE(c->Put(keys.Generation(), EncodeGeneration(fresh)).ok());
+  b->member.reset();  // b's old run is gone
+  etcd_.ExpireLease(lease);
+  loop_.Advance(kLeaseTtlS / 3 + 0.1);  // a's renewal: lost, reconnects
+  loop_.Advance(1);
+  EXPECT_EQ(a->Count("was submitted again (submission new-sub)"), 1);
+  ASSERT_FALSE(a->moved.empty());
+  RankDied(*a, 1, ExitClass::kGang);
+  loop_.Advance(2);
+  ASSERT_TRUE(a->verdict);
+  EXPECT_EQ(a->verdict->kind, ClusterVerdict::Kind::kFail);
+  EXPECT_NE(a->verdict->reason.find("was submitted again"), std::string::npos);
+  a->member->Cancel("too late");
+  loop_.Advance(2);
+  const GenerationRecord g = Generation();
+  EXPECT_EQ(g.generation, 1);
+  EXPECT_EQ(g.action, GenerationRecord::Action::kRun);
+  EXPECT_EQ(g.reason, "the job's first generation");
 }
 
 }  // namespace

@@ -195,5 +195,41 @@ TEST(Agree, TooManyNodesOrAStrangerIsAnError) {
   EXPECT_EQ(stranger.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The nodes agree only when they see the same owner record of the shared
+// store; none anywhere means node 0 claims it.
+TEST(Agree, OnlyWhenEveryNodeSeesTheSameOwnerRecord) {
+  JoinRecord a = Node("a", 29500, {8, 4}), b = Node("b", 29600, {8, 4});
+  auto agreed = Agree({a, b}, 2, "a");
+  ASSERT_TRUE(agreed.ok() && agreed->has_value());
+  EXPECT_TRUE((*agreed)->claim);
+  a.sees = b.sees = "sub-1";
+  agreed = Agree({a, b}, 2, "b");
+  ASSERT_TRUE(agreed.ok() && agreed->has_value());
+  EXPECT_FALSE((*agreed)->claim);
+  EXPECT_EQ((*agreed)->resume_step, 8);
+  b.sees = "";  // b does not see the store
+  agreed = Agree({a, b}, 2, "a");
+  ASSERT_TRUE(agreed.ok());
+  EXPECT_FALSE(agreed->has_value());
+  // The record carries it; one from an older daemon has none.
+  absl::StatusOr<JoinRecord> back = DecodeJoin(EncodeJoin(a));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->sees, "sub-1");
+  back = DecodeJoin(R"({"node":"a","address":"h","port":1})");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->sees, "");
+}
+
+TEST(RendezvousTimeoutReason, NamesTheNodesOrWhatTheySee) {
+  JoinRecord a = Node("a", 29500, {}), b = Node("b", 29600, {});
+  a.sees = "sub-1";
+  EXPECT_EQ(RendezvousTimeoutReason(3, {{"a", a}}, 2, 60),
+            "rendezvous of generation 3: only 1 of 2 nodes joined within 60 s (a); the job fails");
+  EXPECT_EQ(RendezvousTimeoutReason(3, {{"a", a}, {"b", b}}, 2, 60),
+            "rendezvous of generation 3: all 2 nodes joined but do not see the same owner record "
+            "(trainsup-job.json) in cluster.checkpoint_dir (a: sub-1, b: none) within 60 s; the "
+            "job fails");
+}
+
 }  // namespace
 }  // namespace trainsup::supervisor

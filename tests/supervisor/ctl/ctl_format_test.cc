@@ -421,6 +421,10 @@ TEST(Describe, AMultiNodeRunShowsTheWholeJob) {
   EXPECT_NE(text.find("node-a  0          r-a"), std::string::npos) << text;
   EXPECT_NE(text.find("0:alive@42"), std::string::npos) << text;
   EXPECT_NE(text.find("node-b  -"), std::string::npos) << text;
+  EXPECT_EQ(text.find("submission"), std::string::npos) << "none joined yet";
+  run.set_cluster_submission("5f0c1a2b9d3e4f60");
+  EXPECT_NE(FormatRunDescription(run, kT).find("  submission 5f0c1a2b9d3e4f60\n"),
+            std::string::npos);
 }
 
 TEST(Describe, ValidationOnlyOnceEvaluated) {

@@ -215,6 +215,16 @@ TEST(YieldsFor, OnlyTheHeadOfLineTakesAndOnlyWhatItNeeds) {
   EXPECT_TRUE(YieldsFor({OfJob("x", "job-x", 1, 0, /*world_size=*/3)}, {Waiting("y", "job-y", 0)},
                         Slots({false, false, false}), 100, 5)
                   .empty());
+  // A run already giving its slot back counts as free: nobody else yields.
+  EXPECT_TRUE(YieldsFor({OfJob("x", "job-x", 1)},
+                        {[] {
+                           JoiningRun z = Waiting("z", "job-z", 0);
+                           z.yielding = true;
+                           return z;
+                         }(),
+                         Waiting("y", "job-y", 0)},
+                        Slots({false, false}), 100, 5)
+                  .empty());
   // A run that fits is placed by Schedule; the next one is the head.
   y = YieldsFor({Queued("small", 0, 1), OfJob("x", "job-x", 2)}, {Waiting("y", "job-y", 0)},
                 Slots({true, false}), 100, 5);

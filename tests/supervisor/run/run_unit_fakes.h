@@ -246,7 +246,7 @@ class FakeCluster final : public UnitCluster {
     ClusterEvents events;
   };
   explicit FakeCluster(std::shared_ptr<Calls> calls) : calls_(std::move(calls)) {}
-  void Join(int, std::vector<int64_t> steps, int,
+  void Join(int, std::vector<int64_t> steps, std::optional<ckpt::StoreOwner>, int,
             std::function<void(absl::StatusOr<Agreement>)> done) override {
     calls_->joins.push_back(std::move(steps));
     calls_->join_done = std::move(done);

@@ -1,0 +1,163 @@
+// The state store's schema and files: older versions migrated, a newer
+// one refused, other programs' databases and non-databases refused, file
+// mode and journal mode.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "supervisor/store/state_store.h"
+#include "tests/supervisor/store/state_store_test_util.h"
+
+namespace trainsup::supervisor {
+namespace {
+
+TEST_F(StateStoreTest, VersionTwoStoreIsMigrated) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->CreateRun(MakeRun("two"), "").ok());
+    v1::Attempt a;
+    a.set_number(1);
+    a.set_stop_requested(true);
+    ASSERT_TRUE(store->UpsertAttempt("two", a).ok());
+  }
+  ASSERT_EQ(RawSql("ALTER TABLE attempts DROP COLUMN generation;"
+                   " ALTER TABLE runs DROP COLUMN cluster_submission;"
+                   " UPDATE meta SET value = 2 WHERE key = 'schema_version';"
+                   " SELECT value FROM meta WHERE key = 'schema_version'"),
+            "2");
+  absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"),
+            absl::StrCat(StateStore::kSchemaVersion));
+  absl::StatusOr<v1::Run> run = (*store)->GetRun("two");
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->attempts_size(), 1);
+  EXPECT_TRUE(run->attempts(0).stop_requested());
+  EXPECT_EQ(run->attempts(0).generation(), 0);
+  v1::Attempt a = run->attempts(0);
+  a.set_generation(7);
+  ASSERT_TRUE((*store)->UpsertAttempt("two", a).ok());
+  EXPECT_EQ((*store)->GetRun("two")->attempts(0).generation(), 7);
+}
+
+// A version-3 store (no runs.cluster_submission) opens, keeps its runs
+// (none of them in a submission) and is migrated; the column then round-trips.
+TEST_F(StateStoreTest, VersionThreeStoreIsMigrated) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->CreateRun(MakeRun("three"), "").ok());
+  }
+  ASSERT_EQ(RawSql("ALTER TABLE runs DROP COLUMN cluster_submission;"
+                   " UPDATE meta SET value = 3 WHERE key = 'schema_version';"
+                   " SELECT value FROM meta WHERE key = 'schema_version'"),
+            "3");
+  absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"), "4");
+  absl::StatusOr<v1::Run> run = (*store)->GetRun("three");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->cluster_submission(), "");
+  run->set_cluster_submission("5f0c1a2b");
+  ASSERT_TRUE((*store)->UpdateRun(*run).ok());
+  EXPECT_EQ((*store)->GetRun("three")->cluster_submission(), "5f0c1a2b");
+}
+
+// A version-1 store (no attempts.stop_requested) opens, keeps its rows and
+// is migrated to the current version.
+TEST_F(StateStoreTest, VersionOneStoreIsMigrated) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    v1::Run run = MakeRun("old");
+    ASSERT_TRUE(store->CreateRun(run, "").ok());
+    v1::Attempt a;
+    a.set_number(1);
+    a.set_ended_ms(5);
+    a.set_exit_class(v1::EXIT_CLASS_STOPPED);
+    ASSERT_TRUE(store->UpsertAttempt("old", a).ok());
+  }
+  // Back to what version 1 wrote.
+  ASSERT_EQ(RawSql("ALTER TABLE attempts DROP COLUMN stop_requested;"
+                   " ALTER TABLE attempts DROP COLUMN generation;"
+                   " ALTER TABLE runs DROP COLUMN cluster_submission;"
+                   " UPDATE meta SET value = 1 WHERE key = 'schema_version';"
+                   " SELECT value FROM meta WHERE key = 'schema_version'"),
+            "1");
+  absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"),
+            absl::StrCat(StateStore::kSchemaVersion));
+  absl::StatusOr<v1::Run> run = (*store)->GetRun("old");
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->attempts_size(), 1);
+  EXPECT_FALSE(run->attempts(0).stop_requested());
+  EXPECT_EQ(run->attempts(0).exit_class(), v1::EXIT_CLASS_STOPPED);
+  v1::Attempt a = run->attempts(0);
+  a.set_stop_requested(true);
+  ASSERT_TRUE((*store)->UpsertAttempt("old", a).ok());
+  EXPECT_TRUE((*store)->GetRun("old")->attempts(0).stop_requested());
+}
+
+TEST_F(StateStoreTest, NewerSchemaIsRefusedAndLeftAlone) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+  }
+  const std::string newer = absl::StrCat(StateStore::kSchemaVersion + 1);
+  ASSERT_EQ(RawSql("UPDATE meta SET value = " + newer +
+                   " WHERE key = 'schema_version';"
+                   " SELECT value FROM meta WHERE key = 'schema_version'"),
+            newer);
+  absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(path_);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"), newer);
+}
+
+TEST_F(StateStoreTest, AnotherProgramsDatabaseIsRefused) {
+  ASSERT_EQ(RawSql("CREATE TABLE things (x); SELECT 'ok'"), "ok");
+  EXPECT_EQ(StateStore::Open(path_).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(RawSql("SELECT count(*) FROM sqlite_master WHERE name = 'runs'"), "0");
+}
+
+TEST_F(StateStoreTest, AFileThatIsNotADatabaseIsDataLoss) {
+  std::ofstream(path_) << std::string(8192, 'x');
+  EXPECT_EQ(StateStore::Open(path_).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(StateStoreTest, AMissingDirectoryIsNotFound) {
+  EXPECT_EQ(StateStore::Open(dir_ + "/no/such/dir/state.db").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(StateStoreTest, FilesArePrivateWhateverTheUmask) {
+  const mode_t old_umask = umask(0);
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->CreateRun(MakeRun("r1"), "").ok());
+    EXPECT_EQ(Mode(path_), 0600);
+    EXPECT_EQ(Mode(path_ + "-wal"), 0600);
+  }
+  umask(old_umask);
+  // A file someone opened up is made private again.
+  ASSERT_EQ(chmod(path_.c_str(), 0644), 0);
+  auto store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(Mode(path_), 0600);
+}
+
+TEST_F(StateStoreTest, JournalModeIsWal) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+  }
+  EXPECT_EQ(RawSql("PRAGMA journal_mode"), "wal");
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"),
+            absl::StrCat(StateStore::kSchemaVersion));
+}
+}  // namespace
+}  // namespace trainsup::supervisor
