@@ -6,6 +6,7 @@
 #include "checkpoint/file_system.h"
 #include "checkpoint/store.h"
 #include "contracts/run_layout.h"
+#include "supervisor/cluster/job_connect.h"
 #include "supervisor/daemon_impl.h"
 #include "supervisor/policy/auth.h"
 
@@ -17,6 +18,14 @@ namespace fs = std::filesystem;
 
 void DaemonImpl::Submit(const v1::SubmitRunRequest& req, RunSpec spec,
                         std::function<void(absl::StatusOr<std::string>)> done) {
+  // Another job's checkpoints in the shared directory: refused before
+  // anything is stored. On the gRPC thread: the loop reads no shared storage.
+  if (spec.cluster.present) {
+    if (absl::Status s = CheckStoreAtSubmit(spec.cluster); !s.ok()) {
+      done(s);
+      return;
+    }
+  }
   asio::post(io_, [this, req, spec = std::move(spec), done]() mutable {
     if (shutting_down_) {
       done(absl::UnavailableError("trainsupd is shutting down"));

@@ -2,9 +2,7 @@
 
 #include <optional>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "checkpoint/store.h"
 #include "supervisor/api/outbox.h"
 #include "supervisor/policy/auth.h"
 #include "supervisor/policy/command_policy.h"
@@ -103,18 +101,6 @@ absl::Status SupervisorService::Validate(const v1::SubmitRunRequest& req, const 
     if (absl::Status s = CheckEtcdTransport(policy.cluster, parsed->cluster.etcd_endpoints);
         !s.ok()) {
       return s;
-    }
-    // Another job's checkpoints: refused before anything is stored. (An
-    // earlier submission's of this job is refused at the join, once etcd
-    // tells which submission this run joins.)
-    absl::StatusOr<std::optional<ckpt::StoreOwner>> owner =
-        ckpt::ReadStoreOwner(parsed->cluster.checkpoint_dir);
-    if (owner.ok() && *owner && (*owner)->job != parsed->cluster.job) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cluster.checkpoint_dir ", parsed->cluster.checkpoint_dir,
-          " holds the checkpoints of job \"", absl::CHexEscape((*owner)->job), "\" (its ",
-          ckpt::kOwnerFileName, "): two jobs must not share a checkpoint directory; give job ",
-          parsed->cluster.job, " its own"));
     }
     if (parsed->cluster.ranks_per_node > policy.total_slots) {
       return absl::InvalidArgumentError(

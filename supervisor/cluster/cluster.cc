@@ -224,6 +224,7 @@ void ClusterMember::Connect() {
                    if (events_.submission) events_.submission(s.submission, s.replaced);
                  }
                  nodes_.clear();
+                 node_leases_.clear();
                  joins_.clear();
                  for (const EtcdKeyValue& kv : s.range.kvs) Apply(kv, false);
                  seen_revision_ = s.range.revision;
@@ -251,6 +252,7 @@ void ClusterMember::Resync() {
                                   }
                                   Answered();
                                   nodes_.clear();
+                                  node_leases_.clear();
                                   joins_.clear();
                                   for (const EtcdKeyValue& kv : range->kvs) Apply(kv, false);
                                   seen_revision_ = range->revision;
@@ -303,8 +305,10 @@ void ClusterMember::Apply(const EtcdKeyValue& kv, bool deleted) {
   } else if (p.kind == "node") {
     if (deleted) {
       nodes_.erase(p.node);
+      node_leases_.erase(p.node);
       return;
     }
+    node_leases_[p.node] = kv.lease;
     v1::ClusterNode n;
     google::protobuf::util::JsonParseOptions opts;
     opts.ignore_unknown_fields = true;
@@ -328,6 +332,7 @@ void ClusterMember::Apply(const EtcdKeyValue& kv, bool deleted) {
     } else if (j->node != p.node) {
       Ignored(kv, absl::StrCat("join record of node \"", j->node, "\" under another name"));
     } else {
+      j->lease = kv.lease;
       joins_[p.generation][p.node] = *j;
     }
   }
@@ -431,8 +436,16 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
   if (join_->put_generation != g.generation) {
     PutJoin(g.generation);
   } else {
-    std::vector<JoinRecord> joined;
-    for (const auto& [node, r] : joins_[g.generation]) joined.push_back(r);
+    std::vector<std::string> unbound;
+    const std::vector<JoinRecord> joined = BoundJoins(joins_[g.generation], node_leases_, &unbound);
+    for (const std::string& node : unbound) {
+      if (unbound_noted_.insert(keys_.Join(g.generation, node)).second && events_.note) {
+        events_.note(LogLevel::kWarn,
+                     absl::StrCat("ignored the join record of node \"", absl::CHexEscape(node),
+                                  "\" in generation ", g.generation,
+                                  ": it is not attached to the lease of that node's key"));
+      }
+    }
     absl::StatusOr<std::optional<Agreement>> a =
         Agree(joined, static_cast<int>(o_.spec.nodes), o_.node);
     if (!a.ok()) {

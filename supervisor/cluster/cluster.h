@@ -128,6 +128,8 @@ class ClusterMember final : public UnitCluster {
   std::optional<GenerationRecord> gen_;
   int64_t seen_revision_ = 0;  // the state below has every change of the job up to it
   std::map<std::string, v1::ClusterNode> nodes_;  // node keys present
+  std::map<std::string, int64_t> node_leases_;    // their leases
+  std::set<std::string> unbound_noted_;           // join keys noted as not bound
   std::map<int64_t, std::map<std::string, JoinRecord>> joins_;
   int64_t moved_told_ = 0;  // the newest generation told through events_.moved
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -118,6 +119,17 @@ absl::StatusOr<JoinRecord> DecodeJoin(const std::string& text) {
     if (!attempt.ok()) return attempt.status();
     r.attempt = static_cast<int>(*attempt);
     r.address = j->at("address").get<std::string>();
+    // MASTER_ADDR for every rank: a host name or an IP address, nothing else.
+    const bool form = !r.address.empty() && r.address.size() <= 253 &&
+                      std::all_of(r.address.begin(), r.address.end(), [](char ch) {
+                        return absl::ascii_isalnum(static_cast<unsigned char>(ch)) || ch == '.' ||
+                               ch == '-' || ch == ':' || ch == '_';
+                      });
+    if (!form) {
+      return absl::InvalidArgumentError(absl::StrCat("join record: address \"",
+                                                     absl::CHexEscape(r.address.substr(0, 64)),
+                                                     "\" is not a host name or an IP address"));
+    }
     absl::StatusOr<int64_t> port = IntField(*j, what, "port", std::nullopt, 1, 65535);
     if (!port.ok()) return port.status();
     r.port = static_cast<int>(*port);
@@ -284,6 +296,21 @@ std::string RendezvousTimeoutReason(int64_t generation,
   return absl::StrCat("rendezvous of generation ", generation, ": only ", names.size(), " of ",
                       nodes, " nodes joined within ", timeout_s, " s (", absl::StrJoin(names, ", "),
                       "); the job fails");
+}
+
+std::vector<JoinRecord> BoundJoins(const std::map<std::string, JoinRecord>& joins,
+                                   const std::map<std::string, int64_t>& node_leases,
+                                   std::vector<std::string>* unbound) {
+  std::vector<JoinRecord> bound;
+  for (const auto& [node, r] : joins) {
+    auto lease = node_leases.find(node);
+    if (r.lease != 0 && lease != node_leases.end() && lease->second == r.lease) {
+      bound.push_back(r);
+    } else {
+      unbound->push_back(node);
+    }
+  }
+  return bound;
 }
 
 }  // namespace trainsup::supervisor

@@ -63,6 +63,9 @@ struct JoinRecord {
   // The submission the store's owner record names ("" none): the nodes
   // agree only when they all see the same.
   std::string sees;
+  // The etcd lease the record is attached to (from its key, not encoded):
+  // a record counts only under the lease of its node's key.
+  int64_t lease = 0;
 };
 // The encoders never fail: bytes that are not UTF-8 (a node name from a
 // key, an exit's detail) become U+FFFD.
@@ -129,6 +132,13 @@ absl::StatusOr<std::optional<Agreement>> Agree(const std::vector<JoinRecord>& jo
 std::string RendezvousTimeoutReason(int64_t generation,
                                     const std::map<std::string, JoinRecord>& joined, int64_t nodes,
                                     double timeout_s);
+
+// The join records that count: each attached to the lease of its node's
+// key (`node_leases`), so written by the daemon that holds that key. The
+// names of the others go to `unbound` (docs/distributed.md, "Security").
+std::vector<JoinRecord> BoundJoins(const std::map<std::string, JoinRecord>& joins,
+                                   const std::map<std::string, int64_t>& node_leases,
+                                   std::vector<std::string>* unbound);
 
 }  // namespace trainsup::supervisor
 

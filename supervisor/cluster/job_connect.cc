@@ -223,4 +223,12 @@ absl::Status CheckSharedStore(const std::optional<ckpt::StoreOwner>& owner, cons
   return absl::OkStatus();
 }
 
+absl::Status CheckStoreAtSubmit(const ClusterSpec& spec) {
+  absl::StatusOr<std::optional<ckpt::StoreOwner>> owner = ckpt::ReadStoreOwner(spec.checkpoint_dir);
+  if (!owner.ok() || !*owner || (*owner)->job == spec.job) return absl::OkStatus();
+  const absl::Status other = CheckSharedStore(*owner, spec, "", "", {});
+  return absl::InvalidArgumentError(
+      absl::StrCat(other.message(), "; give job ", spec.job, " its own"));
+}
+
 }  // namespace trainsup::supervisor

@@ -77,6 +77,11 @@ absl::Status CheckSharedStore(const std::optional<ckpt::StoreOwner>& owner, cons
                               const std::string& node, const std::string& submission,
                               const std::map<std::string, JoinRecord>& joined);
 
+// At submit: InvalidArgument when the spec's checkpoint_dir holds another
+// job's owner record (read on the caller's thread; unreadable: OK, the
+// join checks again).
+absl::Status CheckStoreAtSubmit(const ClusterSpec& spec);
+
 }  // namespace trainsup::supervisor
 
 #endif  // TRAINSUP_SUPERVISOR_CLUSTER_JOB_CONNECT_H_

@@ -490,7 +490,12 @@ TEST_F(ClusterMemberTest, AJoinPutMeanwhileKeepsAWithdrawingNodeIn) {
     r.attempt = 1;
     r.address = "host-b";
     r.port = 29600;
-    ASSERT_TRUE(etcd_.Client()->Put(JobKeys("job").Join(1, "b"), EncodeJoin(r)).ok());
+    // As b's daemon does: its node key and its join record under its lease.
+    auto c = etcd_.Client();
+    auto lease = c->GrantLease(30);
+    ASSERT_TRUE(lease.ok());
+    ASSERT_TRUE(c->Put(JobKeys("job").Node("b"), R"({"node":"b","runId":"run-b"})", *lease).ok());
+    ASSERT_TRUE(c->Put(JobKeys("job").Join(1, "b"), EncodeJoin(r), *lease).ok());
   };
   std::optional<bool> out;
   a.member->Withdraw([&](bool o) { out = o; });
@@ -544,6 +549,45 @@ TEST_F(ClusterMemberTest, AMemberOfAReplacedSubmissionNeitherMovesNorCancelsTheN
   EXPECT_EQ(g.generation, 1);
   EXPECT_EQ(g.action, GenerationRecord::Action::kRun);
   EXPECT_EQ(g.reason, "the job's first generation");
+}
+
+// A join record put by anyone else than the daemon holding that node's
+// key (no lease, or another lease) does not count: its address would
+// become every rank's MASTER_ADDR.
+TEST_F(ClusterMemberTest, AJoinRecordNotBoundToItsNodesLeaseIsIgnored) {
+  Node& a = Start("b");  // node rank 1 once "a" joins: the master is a's
+  Join(a, 29600);
+  loop_.Advance(0);
+  auto c = etcd_.Client();
+  const JobKeys keys("job");
+  JoinRecord forged;
+  forged.node = "a";
+  forged.run_id = "run-a";
+  forged.attempt = 1;
+  forged.address = "attacker.example";
+  forged.port = 4444;
+  ASSERT_TRUE(c->Put(keys.Join(1, "a"), EncodeJoin(forged)).ok());
+  loop_.Advance(1);
+  EXPECT_FALSE(a.joined.has_value()) << "agreed with a record nobody's lease holds";
+  EXPECT_EQ(a.Count("ignored the join record of node \"a\""), 1);
+  // Under a lease of its own, while node a's key is another's: ignored too.
+  auto other = c->GrantLease(30);
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(c->Put(keys.Node("a"), R"({"node":"a","runId":"run-a"})", 0).ok());
+  ASSERT_TRUE(c->Put(keys.Join(1, "a"), EncodeJoin(forged), *other).ok());
+  loop_.Advance(1);
+  EXPECT_FALSE(a.joined.has_value());
+  // Bad forms never decode.
+  forged.address = "evil host;rm -rf";
+  EXPECT_FALSE(DecodeJoin(EncodeJoin(forged)).ok());
+  // The real node a joins: its own record, under its lease, counts.
+  ASSERT_TRUE(c->Delete(keys.Node("a")).ok());
+  Node& real = Start("a");
+  Join(real, 29500);
+  loop_.Advance(1);
+  ASSERT_TRUE(a.joined && a.joined->ok()) << (a.joined ? a.joined->status().ToString() : "none");
+  EXPECT_EQ((*a.joined)->master_addr, "host-a");
+  EXPECT_EQ((*a.joined)->master_port, 29500);
 }
 
 }  // namespace
