@@ -192,6 +192,7 @@ absl::Status ReadCluster(const toml::table* t, ClusterSpec* c) {
   }
   TRAINSUP_RETURN_IF_ERROR(r.Double("lease_ttl_s", &c->lease_ttl_s, 2, 600));
   TRAINSUP_RETURN_IF_ERROR(r.Double("rendezvous_timeout_s", &c->rendezvous_timeout_s, 1, 86400));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("adopt_checkpoints", &c->adopt_checkpoints));
   return r.Finish();
 }
 

@@ -171,6 +171,10 @@ struct ClusterSpec {
   // How long the nodes of a generation wait for every node to join before
   // the job fails. [1, 86400]
   double rendezvous_timeout_s = 300;
+  // A new submission of the job may go on from the checkpoints an earlier,
+  // finished submission left in checkpoint_dir (its owner record then
+  // names this one); off: it refuses them.
+  bool adopt_checkpoints = false;
 };
 
 // Whether `name` is an environment variable name: [A-Za-z_][A-Za-z0-9_]*

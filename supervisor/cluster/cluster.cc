@@ -454,6 +454,7 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
       Agreement agreed = **a;
       agreed.generation = g.generation;
       agreed.submission = o_.submission;
+      agreed.claim = agreed.sees != o_.submission;
       running_ = g.generation;
       members_ = agreed.nodes;
       self_.set_node_rank(agreed.node_rank);
@@ -663,8 +664,7 @@ void ClusterMember::Withdraw(std::function<void(bool)> done) {
     done(false);
     return;
   }
-  // A put that failed may still have been applied: its key is taken back
-  // like a stored one.
+  // A put that failed may have been applied: taken back like a stored one.
   const int64_t generation =
       join_->put_generation != 0 ? join_->put_generation : join_->tried_generation;
   if (generation == 0) {

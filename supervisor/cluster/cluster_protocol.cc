@@ -254,7 +254,7 @@ absl::StatusOr<std::optional<Agreement>> Agree(const std::vector<JoinRecord>& jo
     if (r->sees != sorted[0]->sees) return std::optional<Agreement>();
   }
   Agreement a;
-  a.claim = sorted[0]->sees.empty();
+  a.sees = sorted[0]->sees;
   std::set<int64_t> common;
   for (size_t i = 0; i < sorted.size(); ++i) {
     a.nodes.push_back(sorted[i]->node);

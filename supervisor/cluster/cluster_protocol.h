@@ -113,8 +113,10 @@ struct Agreement {
   std::string master_addr;
   int master_port = 0;
   int64_t resume_step = -1;
-  // No node found an owner record in the shared store: node 0 writes one
-  // for `submission` (set by the caller) before its ranks start.
+  // The owner record every node sees; when it is not `submission`'s (set
+  // by the caller with `claim`), node 0 writes one for `submission` before
+  // its ranks start: none yet, or an earlier submission's adopted.
+  std::string sees;
   bool claim = false;
   std::string submission;
 };

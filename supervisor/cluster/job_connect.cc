@@ -202,12 +202,13 @@ absl::Status CheckSharedStore(const std::optional<ckpt::StoreOwner>& owner, cons
                        absl::CHexEscape(owner->job), "\" (its ", ckpt::kOwnerFileName,
                        "): two jobs must not share a checkpoint directory"));
     }
-    if (owner->submission != submission) {
+    if (owner->submission != submission && !spec.adopt_checkpoints) {
       return absl::FailedPreconditionError(absl::StrCat(
           "cluster.checkpoint_dir ", dir, " holds the checkpoints of an earlier submission (",
           absl::CHexEscape(owner->submission), ") of job ", spec.job,
-          ", which has ended: this submission is a new job; give it an empty checkpoint_dir, or "
-          "move those checkpoints away"));
+          ", which has ended: this submission is a new job; give it an empty checkpoint_dir, "
+          "move those checkpoints away, or set cluster.adopt_checkpoints = true to go on from "
+          "them"));
     }
     return absl::OkStatus();
   }

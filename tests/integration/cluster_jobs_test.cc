@@ -117,6 +117,23 @@ TEST_F(ClusterTest, ASucceededJobSubmittedAgainIsRefusedNotResumedAtItsFinalStep
   }
 }
 
+TEST_F(ClusterTest, AFinishedJobSubmittedAgainWithAdoptCheckpointsGoesOnFromThem) {
+  auto [ia, ib] = SubmitBoth("adopt", 8, 4);
+  TrainsInOneAttempt(a_, ia, b_, ib);
+  const std::string first = a_.GetRun(ia).cluster_submission();
+  const std::string spec =
+      ClusterSpecText("adopt", etcd_.endpoint(), shared_, 12, 4) + "adopt_checkpoints = true\n";
+  const std::string ja = a_.Submit(spec);
+  const std::string jb = b_.Submit(spec);
+  TrainsInOneAttempt(a_, ja, b_, jb);
+  const v1::Run ra = a_.GetRun(ja);
+  EXPECT_EQ(ra.attempts(0).resumed_from_step(), 8) << Describe(ra);
+  EXPECT_EQ(ra.progress().step(), 12);
+  EXPECT_NE(ra.cluster_submission(), first);
+  const std::string owner = ReadFileText(shared_ + "/adopt/trainsup-job.json");
+  EXPECT_NE(owner.find(ra.cluster_submission()), std::string::npos) << owner;
+}
+
 TEST_F(ClusterTest, AnotherJobWithTheSameCheckpointDirIsRefusedAtSubmit) {
   auto [ia, ib] = SubmitBoth("owner-one", 8, 4);
   TrainsInOneAttempt(a_, ia, b_, ib);

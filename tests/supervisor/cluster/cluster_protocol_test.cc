@@ -201,11 +201,11 @@ TEST(Agree, OnlyWhenEveryNodeSeesTheSameOwnerRecord) {
   JoinRecord a = Node("a", 29500, {8, 4}), b = Node("b", 29600, {8, 4});
   auto agreed = Agree({a, b}, 2, "a");
   ASSERT_TRUE(agreed.ok() && agreed->has_value());
-  EXPECT_TRUE((*agreed)->claim);
+  EXPECT_EQ((*agreed)->sees, "");
   a.sees = b.sees = "sub-1";
   agreed = Agree({a, b}, 2, "b");
   ASSERT_TRUE(agreed.ok() && agreed->has_value());
-  EXPECT_FALSE((*agreed)->claim);
+  EXPECT_EQ((*agreed)->sees, "sub-1");
   EXPECT_EQ((*agreed)->resume_step, 8);
   b.sees = "";  // b does not see the store
   agreed = Agree({a, b}, 2, "a");
