@@ -202,7 +202,25 @@ absl::Status SaveState(CheckpointStore& store, const torch::nn::Module& model,
   return WriteSnapshot(store, *snapshot);
 }
 
+absl::Status CheckFinite(const StateSnapshot& snapshot) {
+  for (const auto* list : {&snapshot.model, &snapshot.optimizer}) {
+    for (const auto& [name, t] : *list) {
+      if (!t.is_floating_point()) continue;
+      const int64_t bad = t.numel() - at::isfinite(t).sum().item<int64_t>();
+      if (bad > 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(list == &snapshot.model ? "model tensor " : "optimizer tensor ", name,
+                         " has ", bad, " non-finite value", bad == 1 ? "" : "s", " of ", t.numel(),
+                         "; a checkpoint never holds one"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteSnapshot(CheckpointStore& store, const StateSnapshot& snapshot) {
+  // Refused before anything is written: no half-made checkpoint.
+  if (absl::Status finite = CheckFinite(snapshot); !finite.ok()) return finite;
   auto pending = store.Begin(snapshot.step);
   if (!pending.ok()) return pending.status();
   absl::Status s = (*pending)->WriteFile(kModelFile, [&](const ByteSink& sink) {

@@ -64,7 +64,13 @@ absl::StatusOr<StateSnapshot> Snapshot(const torch::nn::Module& model,
 absl::Status SaveState(CheckpointStore& store, const torch::nn::Module& model,
                        const torch::optim::Optimizer& optimizer, TrainerState trainer);
 
-// Writes and commits a snapshot as checkpoint `snapshot.step`.
+// FailedPrecondition naming the first tensor of the snapshot (weights,
+// then optimizer state) that holds a NaN or an infinity, and how many.
+absl::Status CheckFinite(const StateSnapshot& snapshot);
+
+// Writes and commits a snapshot as checkpoint `snapshot.step`; a snapshot
+// with a non-finite value is refused (CheckFinite) before anything is
+// written.
 absl::Status WriteSnapshot(CheckpointStore& store, const StateSnapshot& snapshot);
 
 // Lower-case hex of `bytes`, and back (false for text that is not hex of

@@ -242,7 +242,7 @@ absl::Status CheckpointStore::Verify(const CheckpointInfo& checkpoint) {
 }
 
 absl::StatusOr<CheckpointInfo> CheckpointStore::ChooseLatest(
-    std::vector<QuarantineReport>* quarantined) {
+    std::vector<QuarantineReport>* quarantined, int64_t before_step) {
   // Every failure but "none verifies" is an I/O error here: Unavailable.
   absl::Status restored = RestoreInterruptedReplacements();
   if (!restored.ok()) {
@@ -255,6 +255,7 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::ChooseLatest(
         absl::StrCat("listing the checkpoints in ", root_, ": ", all.status().message()));
   }
   for (auto it = all->rbegin(); it != all->rend(); ++it) {
+    if (before_step >= 0 && it->step >= before_step) continue;
     absl::Status s = Verify(*it);
     if (s.ok()) return *it;
     // Only a content error condemns a checkpoint; after an I/O error an
@@ -268,7 +269,9 @@ absl::StatusOr<CheckpointInfo> CheckpointStore::ChooseLatest(
     }
     if (quarantined != nullptr) quarantined->push_back(*report);
   }
-  return absl::NotFoundError(absl::StrCat("no checkpoint in ", root_, " verifies"));
+  return absl::NotFoundError(absl::StrCat(
+      "no checkpoint in ", root_,
+      before_step >= 0 ? absl::StrCat(" before step ", before_step) : std::string(), " verifies"));
 }
 
 absl::StatusOr<QuarantineReport> CheckpointStore::Quarantine(const CheckpointInfo& checkpoint,
@@ -298,10 +301,17 @@ absl::Status CheckpointStore::ApplyRetention(int64_t keep_step) {
   auto all = List();
   if (!all.ok()) return all.status();
   const int64_t n = static_cast<int64_t>(all->size());
+  int64_t rollback_target = -1;
+  if (keep_before_ >= 0) {
+    for (const CheckpointInfo& c : *all) {
+      if (c.step < keep_before_) rollback_target = std::max(rollback_target, c.step);
+    }
+  }
   std::vector<std::string> doomed;
   for (int64_t i = 0; i + options_.keep_last < n; ++i) {
     const CheckpointInfo& c = (*all)[i];
     if (options_.keep_every > 0 && c.step % options_.keep_every == 0) continue;
+    if (c.step == rollback_target) continue;
     // Never the checkpoint just committed, even when older steps number
     // higher (a run restarted from an earlier step).
     if (c.step == keep_step) continue;

@@ -120,7 +120,11 @@ class CheckpointStore {
   // the walk; the checkpoint it was on is untouched and no older one is
   // chosen in its place, so the caller must not start from scratch or from
   // an older step: fail the attempt and retry it. Never any other code.
-  absl::StatusOr<CheckpointInfo> ChooseLatest(std::vector<QuarantineReport>* quarantined);
+  // `before_step` >= 0: only checkpoints of a lower step are candidates
+  // (a rollback past a diverged step, docs/guard.md); newer ones are
+  // neither verified nor touched.
+  absl::StatusOr<CheckpointInfo> ChooseLatest(std::vector<QuarantineReport>* quarantined,
+                                              int64_t before_step = -1);
   // Moves a committed checkpoint aside with the reason; never deletes it.
   absl::StatusOr<QuarantineReport> Quarantine(const CheckpointInfo& checkpoint,
                                               const std::string& reason);
@@ -129,7 +133,14 @@ class CheckpointStore {
   // step-N.deleting.tmp at once (so it is no longer listed) and deleted on
   // a background thread, off the save's critical path. A deletion cut
   // short by a crash is finished by the next Begin.
+  // Also kept: the newest checkpoint older than keep_before() (a rollback's
+  // target, docs/guard.md).
   absl::Status ApplyRetention(int64_t keep_step = -1);
+  // Retention keeps the newest checkpoint whose step is below `step` as
+  // well (the trainer sets it to the oldest bad step its guard still
+  // counts); -1: none.
+  void set_keep_before(int64_t step) { keep_before_ = step; }
+  int64_t keep_before() const { return keep_before_; }
   // Waits until background deletions are done.
   void WaitForDeletions();
   // Restores interrupted replacements, then removes step-N.*.tmp leftovers.
@@ -148,6 +159,7 @@ class CheckpointStore {
   std::string root_;
   FileSystem* fs_;
   StoreOptions options_;
+  int64_t keep_before_ = -1;
   std::thread deleter_;
 };
 

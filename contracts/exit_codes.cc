@@ -19,6 +19,7 @@ constexpr Entry kEntries[] = {
     {WorkerExit::kOom, "oom", "hard out-of-memory"},
     {WorkerExit::kPeerLost, "peer_lost",
      "a peer rank died or stopped answering inside a collective"},
+    {WorkerExit::kDiverged, "diverged", "training diverged (non-finite or spiking steps)"},
     {WorkerExit::kStopped, "stopped", "stopped on request after a checkpoint"},
 };
 

@@ -26,6 +26,12 @@ enum class WorkerExit : int {
   // The gang is restarted from the newest checkpoint, counted against the
   // restart budget like a crash.
   kPeerLost = 76,
+  // Outside sysexits' 64..78: training diverged. The loss or the gradient
+  // was not finite, or the loss spiked, on guard.max_bad_steps steps within
+  // guard.bad_window (the exit file's first_bad_step names the first). The
+  // supervisor rolls back to a checkpoint older than that step and skips a
+  // window of data (docs/guard.md), within guard.max_rollbacks.
+  kDiverged = 79,
   kStopped = 143,  // 128 + SIGTERM: stopped on request after a checkpoint
 };
 
@@ -36,7 +42,7 @@ constexpr int ExitStatus(WorkerExit code) { return static_cast<int>(code); }
 // (a crash).
 std::optional<WorkerExit> WorkerExitFromStatus(int status);
 
-// "completed", "usage", "data", "no_space", "oom", "peer_lost", "stopped": also the
+// "completed", "usage", "data", "no_space", "oom", "peer_lost", "diverged", "stopped": also the
 // `reason` word of an exit file written with that code.
 std::string ToString(WorkerExit code);
 // The inverse of ToString; nullopt for any other word.

@@ -40,11 +40,10 @@ absl::Status WriteExitFile(ckpt::FileSystem* fs, const std::string& run_dir, int
   const RunLayout layout(run_dir);
   absl::Status s = fs->CreateDirs(layout.AttemptDir(attempt));
   if (!s.ok()) return s;
-  const nlohmann::json j = {{"code", exit_file.code},
-                            {"reason", exit_file.reason},
-                            {"message", exit_file.message},
-                            {"last_step", exit_file.last_step},
-                            {"time_ms", exit_file.time_ms}};
+  const nlohmann::json j = {
+      {"code", exit_file.code},       {"reason", exit_file.reason},
+      {"message", exit_file.message}, {"last_step", exit_file.last_step},
+      {"time_ms", exit_file.time_ms}, {"first_bad_step", exit_file.first_bad_step}};
   // Invalid UTF-8 in a message must not make the write throw.
   return fs->WriteFileAtomically(
       layout.ExitFilePath(attempt, rank),
@@ -131,6 +130,11 @@ absl::StatusOr<ExitFile> ReadExitFile(const std::string& path) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   if (const auto it = j.find("last_step"); it != j.end()) {
     if (absl::Status s = integer(*it, "last_step", -1, kMax, &out.last_step); !s.ok()) return s;
+  }
+  if (const auto it = j.find("first_bad_step"); it != j.end()) {
+    if (absl::Status s = integer(*it, "first_bad_step", -1, kMax, &out.first_bad_step); !s.ok()) {
+      return s;
+    }
   }
   if (const auto it = j.find("time_ms"); it != j.end()) {
     if (absl::Status s = integer(*it, "time_ms", 0, kMax, &out.time_ms); !s.ok()) return s;

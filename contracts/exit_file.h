@@ -4,7 +4,7 @@
 // use these functions, so the format has one definition:
 //
 //   {"code": 143, "reason": "stopped", "message": "...", "last_step": 12,
-//    "time_ms": 1700000000000}
+//    "time_ms": 1700000000000, "first_bad_step": -1}
 #ifndef TRAINSUP_CONTRACTS_EXIT_FILE_H_
 #define TRAINSUP_CONTRACTS_EXIT_FILE_H_
 
@@ -25,6 +25,9 @@ struct ExitFile {
   std::string message;     // for people
   int64_t last_step = -1;  // the last completed step; -1 when none
   int64_t time_ms = 0;     // when it was written (unix ms)
+  // A diverged exit (79): the first bad step of the window that ended the
+  // attempt, which the supervisor rolls back past; -1 otherwise.
+  int64_t first_bad_step = -1;
 };
 
 // DIR/attempts/A/rank-R.exit.json.
@@ -44,7 +47,7 @@ absl::Status WriteExitFile(ckpt::FileSystem* fs, const std::string& run_dir, int
 // not a regular file (a FIFO is refused without blocking) or is larger than
 // 1 MiB, and naming the problem and the field when it is not valid JSON, "code" is missing, a
 // field has the wrong type, or a number is outside its field's range (code
-// 0..255, last_step -1..2^63-1, time_ms 0..2^63-1; never narrowed). Fields
+// 0..255, last_step and first_bad_step -1..2^63-1, time_ms 0..2^63-1; never narrowed). Fields
 // other than "code" are optional.
 absl::StatusOr<ExitFile> ReadExitFile(const std::string& path);
 

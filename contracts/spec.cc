@@ -8,6 +8,7 @@
 #include <functional>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -17,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "contracts/data_roots.h"
 #include "contracts/toml_reader.h"
 
@@ -55,6 +57,36 @@ absl::Status ReadModel(const toml::table* t, ModelSpec* m) {
   return r.Finish();
 }
 
+// [[first, last], ...]: 1 <= first <= last <= 1e9, at most 1000 windows.
+absl::Status ReadStepWindows(TableReader& r, const std::string& key, std::vector<StepWindow>* out) {
+  const toml::node* node = r.Get(key);
+  if (node == nullptr) return absl::OkStatus();
+  const auto* array = node->as_array();
+  if (array == nullptr || array->size() > 1000) {
+    return r.Error(key, "must be an array of at most 1000 [first, last] step pairs");
+  }
+  std::vector<StepWindow> windows;
+  for (size_t i = 0; i < array->size(); ++i) {
+    const std::string entry = absl::StrCat(key, "[", i, "]");
+    const auto* pair = (*array)[i].as_array();
+    std::optional<int64_t> first, last;
+    if (pair != nullptr && pair->size() == 2) {
+      first = (*pair)[0].value<int64_t>();
+      last = (*pair)[1].value<int64_t>();
+    }
+    if (!first || !last || !(*pair)[0].is_integer() || !(*pair)[1].is_integer()) {
+      return r.Error(entry, "must be a pair of integers [first, last]");
+    }
+    if (*first < 1 || *last < *first || *last > kBillion) {
+      return r.Error(entry, absl::StrCat("must have 1 <= first <= last <= 1000000000, got [",
+                                         *first, ", ", *last, "]"));
+    }
+    windows.push_back({*first, *last});
+  }
+  *out = std::move(windows);
+  return absl::OkStatus();
+}
+
 absl::Status ReadData(const toml::table* t, DataSpec* d) {
   TableReader r(t, "data");
   TRAINSUP_RETURN_IF_ERROR(
@@ -73,6 +105,7 @@ absl::Status ReadData(const toml::table* t, DataSpec* d) {
       r.String("scene_size", &d->scene_size, {"small", "default", "large", "huge"}));
   TRAINSUP_RETURN_IF_ERROR(
       r.String("size_distribution", &d->size_distribution, {"uniform", "heavy_tailed"}));
+  TRAINSUP_RETURN_IF_ERROR(ReadStepWindows(r, "skip_windows", &d->skip_windows));
   TRAINSUP_RETURN_IF_ERROR(r.Finish());
   if (d->format != "synthetic" && d->path.empty()) {
     return absl::InvalidArgumentError(
@@ -84,10 +117,35 @@ absl::Status ReadData(const toml::table* t, DataSpec* d) {
   return absl::OkStatus();
 }
 
+absl::Status ReadGuard(const toml::table* t, GuardSpec* g) {
+  TableReader r(t, "guard");
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("check_finite", &g->check_finite));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("spike_factor", &g->spike_factor, 0, 1e6));
+  if (g->spike_factor != 0 && g->spike_factor < 1.5) {
+    return r.Error("spike_factor",
+                   absl::StrCat("must be 0 (off) or in [1.5, 1000000], got ", g->spike_factor));
+  }
+  TRAINSUP_RETURN_IF_ERROR(r.Int("spike_window", &g->spike_window, 5, 10000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("spike_warmup", &g->spike_warmup, 5, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("max_bad_steps", &g->max_bad_steps, 1, 1000000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("bad_window", &g->bad_window, 1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("max_rollbacks", &g->max_rollbacks, 0, 1000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("skip_batches", &g->skip_batches, 1, 1000000));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("lr_factor_on_rollback", &g->lr_factor_on_rollback, 0, 1,
+                                    /*lo_open=*/true));
+  TRAINSUP_RETURN_IF_ERROR(r.Finish());
+  if (g->max_bad_steps > g->bad_window) {
+    return absl::InvalidArgumentError(absl::StrCat("guard.max_bad_steps: ", g->max_bad_steps,
+                                                   " bad steps can never fit in ",
+                                                   "guard.bad_window = ", g->bad_window));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadOptimizer(const toml::table* t, OptimizerSpec* o) {
   TableReader r(t, "optimizer");
   TRAINSUP_RETURN_IF_ERROR(r.String("kind", &o->kind, {"sgd", "adamw"}));
-  TRAINSUP_RETURN_IF_ERROR(r.Double("lr", &o->lr, 0, 10, /*lo_open=*/true));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("lr", &o->lr, 0, 1e6, /*lo_open=*/true));
   TRAINSUP_RETURN_IF_ERROR(r.Double("momentum", &o->momentum, 0, 1, false, /*hi_open=*/true));
   TRAINSUP_RETURN_IF_ERROR(r.Double("weight_decay", &o->weight_decay, 0, 1));
   TRAINSUP_RETURN_IF_ERROR(
@@ -146,6 +204,9 @@ absl::Status ReadTesting(const toml::table* t, TestingSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.Bool("spawn_grandchild", &s->spawn_grandchild));
   TRAINSUP_RETURN_IF_ERROR(r.Int("step_ms", &s->step_ms, 0, 600000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("checkpoint_delay_ms", &s->checkpoint_delay_ms, 0, 600000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("nan_loss_at_step", &s->nan_loss_at_step, -1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("nan_grad_at_step", &s->nan_grad_at_step, -1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("loss_spike_at_step", &s->loss_spike_at_step, -1, kBillion));
   TRAINSUP_RETURN_IF_ERROR(r.Int("only_attempt", &s->only_attempt, 0, 1000000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("only_rank", &s->only_rank, -1, 63));
   TRAINSUP_RETURN_IF_ERROR(
@@ -299,6 +360,9 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
       }
     }
     TRAINSUP_RETURN_IF_ERROR(ReadCommand(*command, &spec.command));
+    absl::StatusOr<const toml::table*> guard = r.Table("guard");
+    if (!guard.ok()) return guard.status();
+    TRAINSUP_RETURN_IF_ERROR(ReadGuard(*guard, &spec.guard));
     TRAINSUP_RETURN_IF_ERROR(r.Finish());
     return spec;
   }
@@ -309,6 +373,7 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
       {"train", [&](const toml::table* t) { return ReadTrain(t, &spec.train); }},
       {"distributed", [&](const toml::table* t) { return ReadDistributed(t, &spec.distributed); }},
       {"testing", [&](const toml::table* t) { return ReadTesting(t, &spec.testing); }},
+      {"guard", [&](const toml::table* t) { return ReadGuard(t, &spec.guard); }},
   };
   for (const Section& section : sections) {
     absl::StatusOr<const toml::table*> table = r.Table(section.key);
@@ -318,6 +383,35 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
   }
   TRAINSUP_RETURN_IF_ERROR(r.Finish());
   return spec;
+}
+
+std::string FormatStepWindows(const std::vector<StepWindow>& windows) {
+  std::string out;
+  for (const StepWindow& w : windows) {
+    absl::StrAppend(&out, out.empty() ? "" : ",", w.first, "-", w.last);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<StepWindow>> ParseStepWindows(absl::string_view text) {
+  std::vector<StepWindow> windows;
+  if (text.empty()) return windows;
+  for (absl::string_view entry : absl::StrSplit(text, ',')) {
+    const std::vector<absl::string_view> ends = absl::StrSplit(entry, '-');
+    StepWindow w;
+    if (ends.size() != 2 || !absl::SimpleAtoi(ends[0], &w.first) ||
+        !absl::SimpleAtoi(ends[1], &w.last) || w.first < 1 || w.last < w.first) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("skip windows: \"", entry, "\" is not FIRST-LAST with 1 <= FIRST <= LAST"));
+    }
+    windows.push_back(w);
+  }
+  return windows;
+}
+
+bool InStepWindows(const std::vector<StepWindow>& windows, int64_t step) {
+  return std::any_of(windows.begin(), windows.end(),
+                     [step](const StepWindow& w) { return step >= w.first && step <= w.last; });
 }
 
 absl::Status CheckSpecPaths(const RunSpec& spec, const std::vector<std::string>& data_roots) {

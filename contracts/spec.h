@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace trainsup {
 
@@ -29,6 +30,20 @@ struct ModelSpec {
   // batch's mean and variance (PyTorch's SyncBatchNorm). false: per rank.
   bool sync_batchnorm = false;
 };
+
+// Steps first..last (1-based, inclusive) whose batches are drawn and not
+// trained on (data.skip_windows; a rollback's window, docs/guard.md).
+struct StepWindow {
+  int64_t first = 0;
+  int64_t last = 0;
+  bool operator==(const StepWindow& o) const { return first == o.first && last == o.last; }
+};
+// "40-59,80-99" (the worker's --skip-windows and a command's
+// TRAINSUP_SKIP_WINDOWS), and back: InvalidArgument naming the bad entry.
+std::string FormatStepWindows(const std::vector<StepWindow>& windows);
+absl::StatusOr<std::vector<StepWindow>> ParseStepWindows(absl::string_view text);
+// Whether `step` is in one of `windows`.
+bool InStepWindows(const std::vector<StepWindow>& windows, int64_t step);
 
 struct DataSpec {
   // synthetic | ply | las | semantickitti | s3dis
@@ -52,11 +67,38 @@ struct DataSpec {
   int64_t scenes = 8;                         // 1..100000
   std::string scene_size = "small";           // small | default | large | huge
   std::string size_distribution = "uniform";  // uniform | heavy_tailed
+  // [[first, last], ...]: steps whose batches are skipped (drawn, not
+  // trained on), as a rollback skips them; up to 1000 windows.
+  std::vector<StepWindow> skip_windows;
+};
+
+// The training guard (the [guard] table; docs/guard.md). The worker checks
+// every step's loss and global gradient; the daemon rolls a diverged
+// attempt back. A command run reads only the rollback keys (the script
+// checks its own steps, python/trainsup guard helpers).
+struct GuardSpec {
+  bool check_finite = true;  // false: no check of loss and gradient (benchmarks only)
+  // A loss above spike_factor times the median of the last spike_window
+  // applied steps' losses is a spike, once spike_warmup steps were applied.
+  // 0: off; else [1.5, 1e6].
+  double spike_factor = 6;
+  int64_t spike_window = 50;  // 5..10000
+  int64_t spike_warmup = 20;  // 5..1e9 (at least 5)
+  // This many bad steps (non-finite or spikes) within the last bad_window
+  // steps end the attempt as diverged (exit 79). 1..1e6 and 1..1e9.
+  int64_t max_bad_steps = 3;
+  int64_t bad_window = 100;
+  // The daemon: rollbacks before a diverged run fails (0: none), the
+  // window of batches a rollback skips from the first bad step, and the
+  // learning rate's factor per rollback ((0, 1]).
+  int64_t max_rollbacks = 3;  // 0..1000
+  int64_t skip_batches = 20;  // 1..1e6
+  double lr_factor_on_rollback = 1;
 };
 
 struct OptimizerSpec {
   std::string kind = "sgd";           // sgd | adamw
-  double lr = 0.05;                   // (0, 10]
+  double lr = 0.05;                   // (0, 1e6]: the guard catches what blows up
   double momentum = 0.9;              // [0, 1)
   double weight_decay = 1e-4;         // [0, 1]
   std::string schedule = "constant";  // constant | cosine | poly | step
@@ -127,6 +169,11 @@ struct TestingSpec {
   // world_size > 1: raise(SIGSTOP) inside the gradient allreduce of step N
   // (after its first bucket is launched).
   int64_t stop_in_collective_at_step = -1;
+  // The guard's faults (docs/guard.md): step N's loss is NaN (so is its
+  // gradient), or only its gradient is, or its loss is 100 times larger.
+  int64_t nan_loss_at_step = -1;
+  int64_t nan_grad_at_step = -1;
+  int64_t loss_spike_at_step = -1;
   int64_t only_attempt = 0;  // 0: faults on every attempt; N: only on attempt N
   int64_t only_rank = -1;    // -1: faults on every rank; R: only on rank R
 };
@@ -201,6 +248,7 @@ struct RunSpec {
   TrainSpec train;
   DistributedSpec distributed;
   TestingSpec testing;
+  GuardSpec guard;
   ClusterSpec cluster;
 };
 

@@ -42,6 +42,15 @@ void DaemonImpl::Submit(const v1::SubmitRunRequest& req, RunSpec spec,
     run.set_created_ms(env_->WallMs());
     run.set_updated_ms(run.created_ms());
     run.set_spec_toml(req.spec_toml());
+    // The spec's windows first (docs/guard.md): GetRun and describe list
+    // every window a run skips.
+    for (const StepWindow& w : spec.data.skip_windows) {
+      v1::SkipWindow* sw = run.add_skip_windows();
+      sw->set_first_step(w.first);
+      sw->set_last_step(w.last);
+      sw->set_resumed_from_step(-1);
+      sw->set_reason("data.skip_windows of the spec");
+    }
     run.set_reason("submitted");
     run.set_run_dir(dir);
     // The run directory and its frozen spec (fsyncs: off the loop), then

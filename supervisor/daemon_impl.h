@@ -93,6 +93,10 @@ class DaemonImpl final : public Daemon,
   void RemoveWorkerMetrics(const std::string& id, int rank) override {
     metrics_->RemoveWorker(id, rank);
   }
+  void CountGuardSteps(const std::string& id, int64_t nonfinite, int64_t spikes) override {
+    metrics_->CountGuardSteps(id, nonfinite, spikes);
+  }
+  void CountRollback(const std::string& id) override { metrics_->CountRollback(id); }
   void CountCheckpointFailures(const std::string& id, int64_t n) override {
     metrics_->CountCheckpointFailures(id, n);
   }

@@ -132,6 +132,15 @@ struct Metrics::Impl {
   Family<Counter>& checkpoint_failures =
       NewCounter(*registry, "trainsup_checkpoint_save_failures_total",
                  "Checkpoint saves that workers reported as failed, by run.");
+  Family<Counter>& nonfinite_steps =
+      NewCounter(*registry, "trainsup_nonfinite_steps_total",
+                 "Steps the training guard did not apply because a value was not finite, by run.");
+  Family<Counter>& spike_steps =
+      NewCounter(*registry, "trainsup_spike_steps_total",
+                 "Steps the training guard did not apply because the loss spiked, by run.");
+  Family<Counter>& rollbacks = NewCounter(
+      *registry, "trainsup_rollbacks_total",
+      "Rollbacks of diverged attempts to a checkpoint before the first bad step, by run.");
   Family<Gauge>& etcd_reachable =
       NewGauge(*registry, "trainsup_cluster_etcd_reachable",
                "Multi-node runs: 1 while the job's etcd answers this daemon, 0 while it does not.");
@@ -287,6 +296,9 @@ void Metrics::RemoveRun(const std::string& run_id) {
   }
   RemoveSeries(impl_->checkpoint_age, {{"run", run_id}});
   RemoveSeries(impl_->checkpoint_failures, {{"run", run_id}});
+  RemoveSeries(impl_->nonfinite_steps, {{"run", run_id}});
+  RemoveSeries(impl_->spike_steps, {{"run", run_id}});
+  RemoveSeries(impl_->rollbacks, {{"run", run_id}});
   const auto run = impl_->workers.find(run_id);
   if (run == impl_->workers.end()) return;
   for (int rank : run->second) impl_->RemoveWorkerLocked(run_id, rank);
@@ -331,6 +343,17 @@ void Metrics::SetRunsWaitingForSpace(int runs) { impl_->waiting_for_space.Add({}
 
 void Metrics::CountCheckpointFailures(const std::string& run_id, int64_t n) {
   if (n > 0) impl_->checkpoint_failures.Add({{"run", run_id}}).Increment(static_cast<double>(n));
+}
+
+void Metrics::CountGuardSteps(const std::string& run_id, int64_t nonfinite, int64_t spikes) {
+  if (nonfinite > 0) {
+    impl_->nonfinite_steps.Add({{"run", run_id}}).Increment(static_cast<double>(nonfinite));
+  }
+  if (spikes > 0) impl_->spike_steps.Add({{"run", run_id}}).Increment(static_cast<double>(spikes));
+}
+
+void Metrics::CountRollback(const std::string& run_id) {
+  impl_->rollbacks.Add({{"run", run_id}}).Increment();
 }
 
 void Metrics::SetDaemonInfo(const std::string& version, double start_time_s) {

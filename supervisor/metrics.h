@@ -22,6 +22,9 @@
 //   trainsup_store_write_failures_total{what}             counter
 //   trainsup_runs_waiting_for_space                       gauge
 //   trainsup_checkpoint_save_failures_total{run}          counter
+//   trainsup_nonfinite_steps_total{run}                   counter
+//   trainsup_spike_steps_total{run}                       counter
+//   trainsup_rollbacks_total{run}                         counter
 //   trainsup_cluster_etcd_reachable{run,job}              gauge, 1/0
 //   trainsup_cluster_generation{run,job}                  gauge
 //
@@ -131,6 +134,12 @@ class Metrics {
 
   // trainsup_checkpoint_save_failures_total{run} += n (n <= 0: nothing).
   void CountCheckpointFailures(const std::string& run_id, int64_t n);
+  // The training guard (docs/guard.md): trainsup_nonfinite_steps_total{run}
+  // += nonfinite, trainsup_spike_steps_total{run} += spikes (steps not
+  // applied), trainsup_rollbacks_total{run} += 1 per rollback. RemoveRun
+  // drops them.
+  void CountGuardSteps(const std::string& run_id, int64_t nonfinite, int64_t spikes);
+  void CountRollback(const std::string& run_id);
 
   // trainsup_daemon_info{version} = 1 (only the latest version has a
   // series) and trainsup_daemon_start_time_seconds = start_time_s (unix

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
@@ -83,7 +84,8 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
                                      std::vector<at::Tensor>& accum, double weight,
                                      at::ScalarType dtype, double height, c10::Device device,
                                      StepOutcome* outcome, GradientReducer* reducer = nullptr,
-                                     int64_t remaining_labelled = -1) {
+                                     int64_t remaining_labelled = -1,
+                                     const StepFaults& faults = {}) {
   struct DisarmAtExit {
     GradientReducer* reducer;
     ~DisarmAtExit() {
@@ -98,7 +100,14 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
     at::Tensor loss = t.labelled > 0 ? torch::nll_loss(torch::log_softmax(logits, 1), t.labels, {},
                                                        at::Reduction::Mean, -1)
                                      : logits.sum() * 0.0;
-    at::Tensor scaled = loss * weight;
+    at::Tensor scaled = loss * (weight * faults.loss_scale);
+    if (faults.nan_loss) scaled = scaled + std::nan("");
+    if (faults.nan_grad && !params.empty()) {
+      // 0 * sqrt(p - p) is 0 forward; backward, sqrt's 1 / (2 sqrt(0)) meets
+      // the 0: NaN in every element of the first parameter's gradient.
+      const at::Tensor& p = params.front();
+      scaled = scaled + at::sqrt((p - p.detach()).sum()) * 0.0;
+    }
     // A batch without any labelled voxel arms too (each of its groups: the
     // first seals every gradient, as zeros): every rank must launch its
     // buckets from the same hooks, between the same SyncBN backward
@@ -186,7 +195,8 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
                                             const SplitOptions& options, MemoryModel* predictor,
                                             int64_t budget_bytes, at::ScalarType dtype,
                                             int64_t* run_peak, double height, bool baseline,
-                                            const DataParallel* parallel) {
+                                            const DataParallel* parallel,
+                                            const StepFaults& faults) {
   const std::vector<SceneView> views = SceneViews(batch);
   for (at::Tensor& a : accum) a.zero_();
   const c10::Device device = ParamsDevice(params);
@@ -204,7 +214,7 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
   RunGroup run = [&](const Group& group, double weight) -> absl::Status {
     absl::StatusOr<int64_t> peak =
         RunGroupOnce(model, batch, group, channels, params, accum, weight * scale, dtype, height,
-                     device, &outcome, reducer, local_labelled - outcome.labelled);
+                     device, &outcome, reducer, local_labelled - outcome.labelled, faults);
     if (!peak.ok()) {
       if (unsplit && absl::IsResourceExhausted(peak.status())) {
         // Not retried: another split would desynchronise the collectives.

@@ -37,6 +37,17 @@ struct DataParallel {
   bool unsplit = false;
 };
 
+// The guard's fault injection (testing.nan_loss_at_step, nan_grad_at_step,
+// loss_spike_at_step; docs/guard.md), applied to every group of one step
+// inside its forward and backward, as a real fault would be: a NaN loss
+// (and so a NaN gradient), a NaN gradient of the first parameter under a
+// finite loss, or a loss (and gradient) `loss_scale` times larger.
+struct StepFaults {
+  bool nan_loss = false;
+  bool nan_grad = false;
+  double loss_scale = 1;
+};
+
 // The tensors of one group of pieces: scene k of the group is batch index k.
 struct GroupTensors {
   sparse::SparseTensor input;
@@ -78,14 +89,12 @@ struct StepOutcome {
 // group's backward launches the allreduce as its gradients become ready.
 // The reducer's collectives run even when this rank's batch has no
 // labelled voxel, so every rank makes the same calls.
-absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const Batch& batch,
-                                            int channels, const std::vector<at::Tensor>& params,
-                                            std::vector<at::Tensor>& accum,
-                                            const SplitOptions& options, MemoryModel* predictor,
-                                            int64_t budget_bytes, at::ScalarType dtype = at::kFloat,
-                                            int64_t* run_peak = nullptr, double height = 0,
-                                            bool baseline = false,
-                                            const DataParallel* parallel = nullptr);
+absl::StatusOr<StepOutcome> ForwardBackward(
+    sparse::MinkUNetImpl& model, const Batch& batch, int channels,
+    const std::vector<at::Tensor>& params, std::vector<at::Tensor>& accum,
+    const SplitOptions& options, MemoryModel* predictor, int64_t budget_bytes,
+    at::ScalarType dtype = at::kFloat, int64_t* run_peak = nullptr, double height = 0,
+    bool baseline = false, const DataParallel* parallel = nullptr, const StepFaults& faults = {});
 
 // Bytes of optimizer state that its first step allocates for `params`: SGD
 // with momentum keeps one buffer per parameter, AdamW two.

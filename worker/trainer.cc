@@ -128,24 +128,35 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
     BroadcastWeights(/*parameters=*/false,
                      absl::StrCat("running statistics from rank 0 for step ", step_ + 1));
   }
+  step_applied_ = true;
+  // The forward moves BatchNorm's running statistics; a step the guard
+  // does not apply puts them back (after rank 0's broadcast: every rank
+  // puts back the same).
+  for (size_t i = 0; i < buffers_.size(); ++i) saved_buffers_[i].copy_(buffers_[i]);
   reducer_->BeginStep(&accum_, step_);
-  absl::StatusOr<StepOutcome> outcome =
-      ForwardBackward(*model_, batch, channels_, params_, accum_, Splitting(),
-                      spec_.train.predictive_split ? &memory_model_ : nullptr, budget_, at::kFloat,
-                      &run_peak_, height_, /*baseline=*/false, gang ? &parallel : nullptr);
+  absl::StatusOr<StepOutcome> outcome = ForwardBackward(
+      *model_, batch, channels_, params_, accum_, Splitting(),
+      spec_.train.predictive_split ? &memory_model_ : nullptr, budget_, at::kFloat, &run_peak_,
+      height_, /*baseline=*/false, gang ? &parallel : nullptr, FaultsAt(step_ + 1));
   if (!outcome.ok()) return outcome.status();
   const SplitStats* stats = &outcome->stats;
   double loss_sum = outcome->loss;
   int64_t hits = outcome->hits;
   int64_t labelled = outcome->labelled;
+  // The forward moved this rank's BatchNorm statistics (without
+  // sync_batchnorm, each rank's own): whether they are still finite goes
+  // into the sums, so every rank learns of any rank's.
+  double stats_bad = spec_.guard.check_finite && !std::isfinite(NormOf(buffers_)) ? 1 : 0;
   if (gang) {
     // The global batch's loss and accuracy; its gradient is in accum_.
-    at::Tensor sums = at::tensor(
-        {loss_sum, static_cast<double>(hits), static_cast<double>(labelled)}, at::kDouble);
+    at::Tensor sums =
+        at::tensor({loss_sum, static_cast<double>(hits), static_cast<double>(labelled), stats_bad},
+                   at::kDouble);
     gang_->AllreduceSum(sums, absl::StrCat("loss and accuracy of step ", step_ + 1));
     loss_sum = sums[0].item<double>();
     hits = static_cast<int64_t>(sums[1].item<double>());
     labelled = static_cast<int64_t>(sums[2].item<double>());
+    stats_bad = sums[3].item<double>();
   }
   counters_.Add(*stats);
   if (stats->splits > 0 || stats->oom_events > 0 || stats->dropped_pieces > 0) {
@@ -168,10 +179,11 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
                      "; optimizer step skipped"));
     return absl::OkStatus();
   }
+  if (!GuardStep(step_ + 1, loss_sum, stats_bad == 0)) return absl::OkStatus();
   // The optimizer step is outside the splittable region: an OOM here is hard.
   try {
     for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = accum_[i].clone();
-    double lr = LearningRate(spec_.optimizer, step_, total_steps_);
+    double lr = LearningRate(spec_.optimizer, step_, total_steps_) * options_.lr_factor;
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
     optimizer_->step();
     for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
@@ -181,6 +193,59 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
   last_loss_ = loss_sum;
   last_accuracy_ = static_cast<double>(hits) / static_cast<double>(labelled);
   return absl::OkStatus();
+}
+
+double Trainer::NormOf(const std::vector<at::Tensor>& tensors) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> norms;
+  norms.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    if (!t.is_floating_point()) continue;  // num_batches_tracked
+    norms.push_back(at::linalg_vector_norm(t, 2, c10::nullopt, false, at::kDouble));
+  }
+  return norms.empty() ? 0.0 : at::linalg_vector_norm(at::stack(norms), 2).item<double>();
+}
+
+// The loss is the global batch's (allreduced) and accum_ the global
+// gradient (the reducer's allreduce): every rank reads the same values. A
+// NaN or an infinity on any rank reaches every rank's sum whatever the
+// order of the additions, and the norm is taken in float64, where squares
+// of finite floats cannot overflow: the finite-or-not decision cannot
+// differ between ranks, and so no collective is needed for it.
+bool Trainer::GuardStep(int64_t next, double loss, bool stats_finite) {
+  const GuardSpec& g = spec_.guard;
+  if (!g.check_finite && g.spike_factor == 0) return true;
+  const GuardDecision d =
+      guard_.Judge(next, loss, g.check_finite ? NormOf(accum_) : 0.0, stats_finite);
+  if (d.verdict == StepVerdict::kApply) return true;
+  step_applied_ = false;
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(saved_buffers_[i]);
+    for (at::Tensor& a : accum_) a.zero_();
+  }
+  const bool spike = d.verdict == StepVerdict::kSpike;
+  (spike ? counters_.spike_steps : counters_.nonfinite_steps)++;
+  const std::string line =
+      absl::StrCat("step ", next, " not applied (", spike ? "loss spike" : "not finite",
+                   "): ", d.seen, "; weights, optimizer state and BatchNorm statistics kept");
+  Log(line);
+  if (options_.rank == 0) Event(v1::EVENT_KIND_GUARD, -1, line);
+  if (d.diverged) {
+    TrainerResult r = Fail(WorkerExit::kDiverged, d.diverged_message);
+    r.first_bad_step = d.first_bad_step;
+    diverged_ = r;
+  }
+  return false;
+}
+
+StepFaults Trainer::FaultsAt(int64_t next) const {
+  StepFaults f;
+  if (!inject_) return f;
+  f.nan_loss = spec_.testing.nan_loss_at_step == next;
+  f.nan_grad = spec_.testing.nan_grad_at_step == next;
+  if (spec_.testing.loss_spike_at_step == next) f.loss_scale = 100;
+  return f;
 }
 
 TrainerResult Trainer::Run() {
@@ -223,7 +288,13 @@ std::optional<TrainerResult> Trainer::SetUp() {
   std::string memory_settings;
   if (std::optional<TrainerResult> failed = ApplyBudget(&memory_settings)) return failed;
   if (std::optional<TrainerResult> failed = ResumeOrFail()) return failed;
+  at_start_ = counters_;
   if (std::optional<TrainerResult> failed = PrepareLoader()) return failed;
+  if (!skip_windows_.empty() || options_.lr_factor != 1) {
+    Log(absl::StrCat(
+        "skip windows: ", skip_windows_.empty() ? "none" : FormatStepWindows(skip_windows_),
+        " (steps whose batches are not trained on); learning rate x", options_.lr_factor));
+  }
   Log(absl::StrCat(
       "training ", spec_.model.arch, " (", model_->NumParameters(), " parameters, ", num_classes_,
       " classes, ", channels_, " input channels) on ", train_->size(), " training and ",
@@ -314,6 +385,8 @@ void Trainer::BuildModel() {
   model_->train();
   params_ = model_->parameters();
   for (const at::Tensor& p : params_) accum_.push_back(torch::zeros_like(p));
+  buffers_ = model_->buffers();
+  for (const at::Tensor& b : buffers_) saved_buffers_.push_back(b.clone());
   // Every rank starts from rank 0's weights (the same seed makes the same
   // ones, but a rank must never rely on that).
   BroadcastWeights(/*parameters=*/true, "initial weights from rank 0");
@@ -503,15 +576,28 @@ std::optional<TrainerResult> Trainer::TrainOneStep(TrainerResult* result) {
     if (std::optional<TrainerResult> failed = CheckpointOrExit(nullptr)) return failed;
   }
   const auto t0 = Clock::now();
-  absl::Status s = Step(*batch, control[0].item<int64_t>());
-  if (!s.ok()) {
-    if (s.code() == absl::StatusCode::kResourceExhausted) {
-      return Fail(WorkerExit::kOom,
-                  absl::StrCat("hard out-of-memory at step ", next, ": ", s.message()));
+  bool trained = false;
+  if (InStepWindows(skip_windows_, next)) {
+    // The same on every rank (the windows are the spec's and the
+    // launch's): the batch is drawn, so the data order goes on as it
+    // would, and not trained on.
+    counters_.window_skipped_steps++;
+    if (!InStepWindows(skip_windows_, next - 1)) {
+      Log(absl::StrCat("step ", next, ": a skip window starts; its batches are not trained on"));
     }
-    return Crash("error", std::string(s.message()));
+  } else {
+    absl::Status s = Step(*batch, control[0].item<int64_t>());
+    if (!s.ok()) {
+      if (s.code() == absl::StatusCode::kResourceExhausted) {
+        return Fail(WorkerExit::kOom,
+                    absl::StrCat("hard out-of-memory at step ", next, ": ", s.message()));
+      }
+      return Crash("error", std::string(s.message()));
+    }
+    if (diverged_) return diverged_;
+    trained = step_applied_;
   }
-  AfterStep(*batch, std::chrono::duration<double>(Clock::now() - t0).count(), next);
+  AfterStep(*batch, std::chrono::duration<double>(Clock::now() - t0).count(), next, trained);
   LogStep(iteration_start);
   // The same on every rank (the steps are); the timed and requested ones
   // were agreed on before the step.
@@ -531,8 +617,9 @@ std::optional<TrainerResult> Trainer::TrainOneStep(TrainerResult* result) {
 
 // The bookkeeping of a step that ran: class counts, speed, the position in
 // the data, the heartbeat's counter, the cache release.
-void Trainer::AfterStep(const Batch& batch, double step_seconds, int64_t next) {
+void Trainer::AfterStep(const Batch& batch, double step_seconds, int64_t next, bool trained) {
   for (const VoxelScene& scene : batch.scenes) {
+    if (!trained) break;
     for (int32_t l : scene.labels) {
       if (l >= 0 && l < num_classes_) class_counts_[l]++;
     }
@@ -576,7 +663,22 @@ void Trainer::LogStep(Clock::time_point iteration_start) {
                    run_peak_ >> 20, " MiB", collectives));
 }
 
+// FNV-1a over the bytes of every parameter and buffer, in order: equal on
+// every rank of a gang whose weights agree.
+std::string Trainer::WeightsDigest() const {
+  uint64_t h = 1469598103934665603ull;
+  for (const auto* list : {&params_, &buffers_}) {
+    for (const at::Tensor& t : *list) {
+      const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+      const auto* b = static_cast<const unsigned char*>(c.data_ptr());
+      for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+    }
+  }
+  return absl::StrFormat("%016x", h);
+}
+
 TrainerResult Trainer::Completed(TrainerResult result) {
+  Log(absl::StrCat("weights digest ", WeightsDigest(), " (rank ", options_.rank, ")"));
   result.exit_code = ExitStatus(WorkerExit::kCompleted);
   result.reason = ToString(WorkerExit::kCompleted);
   result.last_step = step_;

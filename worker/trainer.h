@@ -58,6 +58,11 @@ struct TrainerOptions {
   // every data file and folder is confined to them as it is opened. Unset:
   // no confinement.
   std::optional<std::vector<std::string>> data_roots;
+  // A rollback's (TRAINSUP_SKIP_WINDOWS, TRAINSUP_LR_FACTOR; docs/guard.md):
+  // steps skipped besides the spec's data.skip_windows, and the learning
+  // rate's factor.
+  std::vector<StepWindow> skip_windows;
+  double lr_factor = 1;
   // Where checkpoints are written and read; null: the POSIX file system
   // (tests pass a fault-injecting one).
   ckpt::FileSystem* file_system = nullptr;
@@ -85,6 +90,7 @@ struct TrainerResult {
   std::string reason;   // completed | stopped | usage | data | oom | ...
   std::string message;  // for people
   int64_t last_step = -1;
+  int64_t first_bad_step = -1;  // diverged (79): the first bad step (docs/guard.md)
   // Final evaluation on the validation split (when there is one).
   double val_miou = -1;
   double baseline_miou = -1;  // predicting the training split's majority class

@@ -23,8 +23,10 @@
 #include "sparse/minkunet.h"
 #include "worker/dataset.h"
 #include "worker/distributed.h"
+#include "worker/guard.h"
 #include "worker/loader.h"
 #include "worker/split.h"
+#include "worker/step.h"
 #include "worker/trainer.h"
 
 namespace trainsup::worker::internal {
@@ -41,6 +43,10 @@ struct Counters {
   int64_t dropped_pieces = 0;
   int64_t dropped_voxels = 0;
   int64_t skipped_steps = 0;
+  // The guard's (docs/guard.md): steps not applied, and steps of a skip window.
+  int64_t nonfinite_steps = 0;
+  int64_t spike_steps = 0;
+  int64_t window_skipped_steps = 0;
 
   void Add(const SplitStats& s) {
     splits += s.splits;
@@ -59,7 +65,10 @@ struct Counters {
             {"wasted_forwards", wasted_forwards},
             {"dropped_pieces", dropped_pieces},
             {"dropped_voxels", dropped_voxels},
-            {"skipped_steps", skipped_steps}};
+            {"skipped_steps", skipped_steps},
+            {"nonfinite_steps", nonfinite_steps},
+            {"spike_steps", spike_steps},
+            {"window_skipped_steps", window_skipped_steps}};
   }
   void FromJson(const nlohmann::json& j) {
     splits = j.value("splits", int64_t{0});
@@ -70,6 +79,9 @@ struct Counters {
     dropped_pieces = j.value("dropped_pieces", int64_t{0});
     dropped_voxels = j.value("dropped_voxels", int64_t{0});
     skipped_steps = j.value("skipped_steps", int64_t{0});
+    nonfinite_steps = j.value("nonfinite_steps", int64_t{0});
+    spike_steps = j.value("spike_steps", int64_t{0});
+    window_skipped_steps = j.value("window_skipped_steps", int64_t{0});
   }
 };
 
@@ -81,7 +93,12 @@ class Trainer {
         hooks_(hooks),
         store_(RunLayout(options.run_dir).CheckpointRoot(options.rank, options.world_size),
                options.file_system != nullptr ? options.file_system : ckpt::FileSystem::Default(),
-               ckpt::StoreOptions{static_cast<int>(spec.train.keep_checkpoints), 0}) {}
+               ckpt::StoreOptions{static_cast<int>(spec.train.keep_checkpoints), 0}),
+        guard_(spec.guard) {
+    skip_windows_ = spec.data.skip_windows;
+    skip_windows_.insert(skip_windows_.end(), options.skip_windows.begin(),
+                         options.skip_windows.end());
+  }
 
   // Run's body; a CollectiveError (a peer lost) becomes exit 76.
   TrainerResult Run();
@@ -100,9 +117,11 @@ class Trainer {
   std::optional<TrainerResult> InjectFaults(int64_t next);
   std::optional<TrainerResult> CheckpointOrExit(const char* must);
   std::optional<TrainerResult> TrainOneStep(TrainerResult* result);
-  void AfterStep(const Batch& batch, double step_seconds, int64_t next);
+  // `trained`: false for a step the guard did not apply or a skip window's.
+  void AfterStep(const Batch& batch, double step_seconds, int64_t next, bool trained);
   void LogStep(Clock::time_point iteration_start);
   TrainerResult Completed(TrainerResult result);
+  std::string WeightsDigest() const;
   TrainerResult DataFailure(const absl::Status& s);
   void Log(const std::string& line) {
     if (hooks_.log) hooks_.log(line);
@@ -133,6 +152,11 @@ class Trainer {
     p.set_baseline_miou(baseline_miou_);
     p.set_checkpoint_failures(checkpoint_failures_);
     p.set_last_checkpoint_error(last_checkpoint_error_);
+    // In this attempt, as checkpoint_failures: the run's totals are the
+    // checkpoint's counters.
+    p.set_nonfinite_steps(counters_.nonfinite_steps - at_start_.nonfinite_steps);
+    p.set_spike_steps(counters_.spike_steps - at_start_.spike_steps);
+    p.set_window_skipped_steps(counters_.window_skipped_steps - at_start_.window_skipped_steps);
     hooks_.progress(p);
   }
   // A data error's message for the exit file and the supervisor, which
@@ -183,7 +207,19 @@ class Trainer {
   absl::Status Calibrate(const LoaderOptions& loader);
   // One optimizer step over `batch`, part of a global batch of
   // `global_labelled` labelled voxels; ResourceExhausted = hard OOM.
+  // Sets step_applied_; a step the guard does not apply leaves weights,
+  // optimizer state and BatchNorm statistics as they were, and a diverged
+  // one sets diverged_.
   absl::Status Step(const Batch& batch, int64_t global_labelled);
+  // The guard's view of step `next` after its forward and backward: judge
+  // it, and undo and report it when it is not applied. True: apply it.
+  bool GuardStep(int64_t next, double loss, bool stats_finite);
+  // The 2-norm of the floating-point tensors of `tensors` together, in
+  // float64 (NaN or infinite when any element is): of accum_, the global
+  // gradient (summed over the ranks).
+  static double NormOf(const std::vector<at::Tensor>& tensors);
+  // The step's faults from [testing] (this attempt's and rank's).
+  StepFaults FaultsAt(int64_t next) const;
   void Evaluate(TrainerResult* result);
 
   RunSpec spec_;
@@ -202,6 +238,7 @@ class Trainer {
   std::vector<at::Tensor> accum_;
   MemoryModel memory_model_;
   Counters counters_;
+  Counters at_start_;  // as resumed: the heartbeat reports this attempt's
   int num_classes_ = 0;
   int channels_ = 0;   // model input channels (the data's, plus the height)
   double height_ = 0;  // > 0: the height channel's scale (the voxel size)
@@ -213,6 +250,11 @@ class Trainer {
   int64_t cursor_ = 0;
   int64_t total_steps_ = 0;
   bool inject_ = false;  // the spec's fault injection applies to this attempt and rank
+  StepGuard guard_;
+  std::vector<StepWindow> skip_windows_;             // the spec's and the rollbacks'
+  std::vector<at::Tensor> buffers_, saved_buffers_;  // BatchNorm statistics, and a copy
+  bool step_applied_ = true;                         // false: the guard did not apply the last step
+  std::optional<TrainerResult> diverged_;
   Clock::time_point last_checkpoint_time_;  // of the last periodic checkpoint
   int64_t last_checkpoint_ = -1;
   int64_t checkpoint_failures_ = 0;    // failed saves in this attempt

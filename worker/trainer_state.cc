@@ -21,6 +21,7 @@ nlohmann::json Trainer::RankState() const {
           {"memory_model", memory_model_.Serialize()},
           {"counters", counters_.ToJson()},
           {"last_loss", last_loss_},
+          {"guard", guard_.ToJson()},
           {"class_counts", class_counts_},
           {"cpu_rng_state", ckpt::ToHex(ckpt::CpuGeneratorState())}};
 }
@@ -35,6 +36,9 @@ absl::Status Trainer::ApplyRankState(const nlohmann::json& r, bool restore_rng) 
   }
   if (r.contains("counters")) counters_.FromJson(r["counters"]);
   last_loss_ = r.value("last_loss", 0.0);
+  if (r.contains("guard")) {
+    if (absl::Status s = guard_.FromJson(r["guard"]); !s.ok()) return s;
+  }
   if (r.contains("class_counts")) {
     std::vector<int64_t> counts = r["class_counts"].get<std::vector<int64_t>>();
     if (counts.size() == class_counts_.size()) class_counts_ = counts;
@@ -55,6 +59,9 @@ absl::Status Trainer::ApplyRankState(const nlohmann::json& r, bool restore_rng) 
 
 absl::Status Trainer::Checkpoint() {
   Report(v1::PHASE_CHECKPOINTING);
+  // A rollback's target outlives keep_checkpoints while the guard counts a
+  // bad step (docs/guard.md).
+  store_.set_keep_before(guard_.oldest_bad_step());
   const int world = gang_->world_size();
   const std::string name = absl::StrCat("checkpoint step-", step_);
   ckpt::TrainerState state;
@@ -79,7 +86,7 @@ absl::Status Trainer::Checkpoint() {
     // writes the one checkpoint, with every rank's state in it, and tells
     // the others how it went.
     std::vector<std::string> ranks = gang_->AllGather(RankState().dump(), name + ": rank states");
-    at::Tensor result = at::zeros({2}, at::kLong);  // [written, out of space]
+    at::Tensor result = at::zeros({3}, at::kLong);  // [written, out of space, refused]
     if (options_.rank == 0) {
       nlohmann::json all = nlohmann::json::array();
       for (const std::string& r : ranks) all.push_back(nlohmann::json::parse(r));
@@ -90,6 +97,7 @@ absl::Status Trainer::Checkpoint() {
       s = ckpt::SaveState(store_, *model_, *optimizer_, state);
       result[0] = s.ok() ? 1 : 0;
       result[1] = absl::IsResourceExhausted(s) ? 1 : 0;
+      result[2] = absl::IsFailedPrecondition(s) ? 1 : 0;
     }
     // The others wait while rank 0 writes to what may be slow shared
     // storage: distributed.checkpoint_timeout_s, not the collective timeout.
@@ -100,8 +108,9 @@ absl::Status Trainer::Checkpoint() {
       } else {
         const std::string why =
             absl::StrCat("rank 0 could not write ", name, " (its log says why)");
-        s = result[1].item<int64_t>() == 1 ? absl::ResourceExhaustedError(why)
-                                           : absl::UnavailableError(why);
+        s = result[1].item<int64_t>() == 1   ? absl::ResourceExhaustedError(why)
+            : result[2].item<int64_t>() == 1 ? absl::FailedPreconditionError(why)
+                                             : absl::UnavailableError(why);
       }
     }
   }
@@ -124,6 +133,16 @@ absl::Status Trainer::Checkpoint() {
 }
 
 TrainerResult Trainer::CheckpointFailed(const absl::Status& s, const std::string& when) {
+  if (absl::IsFailedPrecondition(s)) {
+    // Refused: the weights or the optimizer state are not finite. The
+    // steps were judged finite, so the last applied step's update made
+    // them: that step is the first bad one.
+    TrainerResult r =
+        Fail(WorkerExit::kDiverged, absl::StrCat("diverged at step ", step_, ": checkpoint step-",
+                                                 step_, " ", when, " refused: ", s.message()));
+    r.first_bad_step = step_;
+    return r;
+  }
   if (!absl::IsResourceExhausted(s)) {
     return Crash("checkpoint_failed", std::string(s.message()));
   }

@@ -80,6 +80,20 @@ absl::StatusOr<WorkerEnv> ParseWorkerEnv(const std::map<std::string, std::string
   w.data_roots = *roots;
   if (const std::string* id = get("TRAINSUP_RUN_ID")) w.run_id = *id;
   if (const std::string* token = get("TRAINSUP_TOKEN")) w.token = *token;
+  if (const std::string* windows = get("TRAINSUP_SKIP_WINDOWS")) {
+    absl::StatusOr<std::vector<StepWindow>> parsed = ParseStepWindows(*windows);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TRAINSUP_SKIP_WINDOWS: ", parsed.status().message()));
+    }
+    w.skip_windows = std::move(*parsed);
+  }
+  if (const std::string* factor = get("TRAINSUP_LR_FACTOR")) {
+    if (!absl::SimpleAtod(*factor, &w.lr_factor) || !(w.lr_factor > 0 && w.lr_factor <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TRAINSUP_LR_FACTOR: must be a number in (0, 1], got \"", *factor, "\""));
+    }
+  }
   return w;
 }
 

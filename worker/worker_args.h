@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "contracts/spec.h"
 
 namespace trainsup::worker {
 
@@ -42,8 +43,10 @@ absl::Status CheckResume(const std::string& resume);
 // The launch environment the worker reads, by name (absent names are
 // absent from the map).
 inline constexpr const char* kWorkerEnvNames[] = {
-    "MASTER_ADDR",     "MASTER_PORT",    "TRAINSUP_MEMORY_BUDGET_MB", "TRAINSUP_DATA_ROOTS",
-    "TRAINSUP_RUN_ID", "TRAINSUP_TOKEN", "TRAINSUP_NODE_ADDR",        "GLOO_SOCKET_IFNAME"};
+    "MASTER_ADDR",         "MASTER_PORT",        "TRAINSUP_MEMORY_BUDGET_MB",
+    "TRAINSUP_DATA_ROOTS", "TRAINSUP_RUN_ID",    "TRAINSUP_TOKEN",
+    "TRAINSUP_NODE_ADDR",  "GLOO_SOCKET_IFNAME", "TRAINSUP_SKIP_WINDOWS",
+    "TRAINSUP_LR_FACTOR"};
 
 struct WorkerEnv {
   std::string master_addr = "127.0.0.1";
@@ -54,11 +57,18 @@ struct WorkerEnv {
   std::string token;
   std::string node_addr;    // TRAINSUP_NODE_ADDR: this node's advertised address
   std::string gloo_ifname;  // GLOO_SOCKET_IFNAME: the interfaces Gloo binds to
+  // A rollback's (docs/guard.md): TRAINSUP_SKIP_WINDOWS "40-59,80-99", the
+  // steps whose batches are skipped besides the spec's, and
+  // TRAINSUP_LR_FACTOR, the learning rate's factor in (0, 1].
+  std::vector<StepWindow> skip_windows;
+  double lr_factor = 1;
 };
 
 // InvalidArgument "MASTER_PORT: not a port: X", or the data roots' error
 // (contracts/data_roots.h). A TRAINSUP_MEMORY_BUDGET_MB that is not a
-// number is ignored (the spec's budget holds).
+// number is ignored (the spec's budget holds). A TRAINSUP_SKIP_WINDOWS or
+// TRAINSUP_LR_FACTOR that does not parse is InvalidArgument naming it: a
+// rollback must never train on what it was told to skip.
 absl::StatusOr<WorkerEnv> ParseWorkerEnv(const std::map<std::string, std::string>& env);
 
 }  // namespace trainsup::worker

@@ -58,6 +58,7 @@ void Line(const std::string& text) { std::cout << text << std::endl; }
     f.reason = r.reason;
     f.message = r.message;
     f.last_step = r.last_step;
+    f.first_bad_step = r.first_bad_step;
     f.time_ms = UnixMillis();
     absl::Status s = trainsup::WriteExitFile(run_dir, attempt, rank, f);
     if (!s.ok()) std::cerr << "cannot write the exit file: " << s.message() << std::endl;
@@ -68,6 +69,7 @@ void Line(const std::string& text) { std::cout << text << std::endl; }
     report.set_reason(r.reason);
     report.set_message(r.message);
     report.set_last_step(r.last_step);
+    report.set_first_bad_step(r.first_bad_step);
     link->ReportExit(report, 2.0);
     link->Stop();
   }
@@ -147,6 +149,8 @@ Launch LaunchOrExit(int argc, char** argv) {
   options.node_addr = env->node_addr;
   options.gloo_ifname = env->gloo_ifname;
   options.memory_budget_mb_override = env->memory_budget_mb;
+  options.skip_windows = env->skip_windows;
+  options.lr_factor = env->lr_factor;
   options.data_roots = env->data_roots;
   launch.supervisor = args->supervisor;
   launch.run_id = env->run_id.value_or(std::filesystem::path(options.run_dir).filename().string());

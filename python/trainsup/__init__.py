@@ -39,13 +39,14 @@ from trainsup import _store  # noqa: E402
 __all__ = [
     "progress", "phase", "checkpoint", "save_checkpoint", "resume_path", "resume_step",
     "load_checkpoint", "exit_on_oom", "exit", "stop_requested", "checkpoint_requested",
-    "handle_sigterm", "stop_deadline_s", "supervised", "EXIT_CODES",
+    "handle_sigterm", "stop_deadline_s", "supervised", "EXIT_CODES", "Guard", "skip_windows",
+    "skip_step", "lr_factor",
 ]
 
 # The worker contract's exit codes and their exit-file reasons
 # (contracts/exit_codes.h).
 EXIT_CODES = {0: "completed", 64: "usage", 65: "data", 74: "no_space", 75: "oom",
-              76: "peer_lost", 143: "stopped"}
+              76: "peer_lost", 79: "diverged", 143: "stopped"}
 _PHASES = ("loading", "training", "checkpointing", "evaluating")
 _REPORT_EXIT_TIMEOUT_S = 2.0
 _OOM_MESSAGES = ("out of memory", "DefaultCPUAllocator: can't allocate memory")
@@ -129,18 +130,37 @@ class _Client:
         event.error = error
         self.link.send_event(event)
 
-    def report_exit(self, code, reason, message):
+    def report_exit(self, code, reason, message, first_bad_step=-1):
         """Exit file first (it survives a daemon restart), then ExitReport."""
         if self.run_dir:
             try:
                 _store.write_exit_file(self.run_dir, self.attempt, self.rank, code, reason, message,
-                                       self.last_step)
+                                       self.last_step, first_bad_step)
             except OSError as e:
                 print("trainsup: cannot write the exit file: %s" % e, file=sys.stderr)
         if self.link is not None:
             report = self.link._wpb.ExitReport(code=code, reason=reason, message=message,
-                                               last_step=self.last_step)
+                                               last_step=self.last_step,
+                                               first_bad_step=first_bad_step)
             self.link.report_exit(report, _REPORT_EXIT_TIMEOUT_S)
+
+    def send_guard_step(self, step, spike, line):
+        """A step the script's Guard did not apply: counted in the
+        heartbeat's Progress and sent as a GUARD event."""
+        if self.link is None:
+            return
+        with self.lock:
+            if spike:
+                self.progress.spike_steps += 1
+            else:
+                self.progress.nonfinite_steps += 1
+            self.publish()
+        event = self.link._wpb.WorkerEvent()
+        event.kind = self.link._pb.EVENT_KIND_GUARD
+        event.step = int(step)
+        event.checkpoint_step = -1
+        event.message = line
+        self.link.send_event(event)
 
 
 # Set to the pid of the process whose client talks to the daemon; a child
@@ -361,6 +381,20 @@ class exit_on_oom(contextlib.ContextDecorator):
         return False
 
 
+def _exit_with(code, reason, message, first_bad_step):
+    c = _client()
+    if c is not None:
+        c.report_exit(code, reason, message, first_bad_step)
+        if c.link is not None:
+            c.link.stop()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
 def exit(code, reason=None, message=""):
     """Writes the exit file (under trainsupd) and sends the ExitReport, then
     ends the process with os._exit(code) after flushing stdout and stderr:
@@ -372,17 +406,129 @@ def exit(code, reason=None, message=""):
         raise ValueError("trainsup.exit: code must be in [0, 255], got %d" % code)
     if reason is None:
         reason = EXIT_CODES.get(code, "error")
-    c = _client()
-    if c is not None:
-        c.report_exit(code, reason, message)
-        if c.link is not None:
-            c.link.stop()
-    for stream in (sys.stdout, sys.stderr):
+    _exit_with(code, reason, message, -1)
+
+
+def skip_windows():
+    """The windows of steps whose batches this attempt must skip, as
+    [(first, last), ...] (inclusive; the steps you pass to progress()):
+    TRAINSUP_SKIP_WINDOWS, which trainsupd sets after a rollback
+    (docs/guard.md). [] when none. ValueError when it does not parse."""
+    text = os.environ.get("TRAINSUP_SKIP_WINDOWS", "")
+    windows = []
+    for entry in filter(None, text.split(",")):
+        first, sep, last = entry.partition("-")
         try:
-            stream.flush()
-        except Exception:
-            pass
-    os._exit(code)
+            first, last = int(first), int(last)
+        except ValueError:
+            first = last = 0
+        if not sep or first < 1 or last < first:
+            raise ValueError("trainsup: TRAINSUP_SKIP_WINDOWS: %r is not FIRST-LAST" % entry)
+        windows.append((first, last))
+    return windows
+
+
+def skip_step(step):
+    """True when step `step`'s batch is in a skip window: draw it (so the
+    data order goes on) and do not train on it."""
+    return any(first <= step <= last for first, last in skip_windows())
+
+
+def lr_factor():
+    """The learning rate's factor after rollbacks (TRAINSUP_LR_FACTOR,
+    guard.lr_factor_on_rollback to the number of rollbacks); 1.0 when none."""
+    text = os.environ.get("TRAINSUP_LR_FACTOR", "")
+    if not text:
+        return 1.0
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError("trainsup: TRAINSUP_LR_FACTOR must be in (0, 1], got %r" % text)
+    return value
+
+
+def _finite(x):
+    return x == x and x not in (float("inf"), float("-inf"))
+
+
+class Guard:
+    """The worker's training guard for a script (docs/guard.md):
+
+        guard = trainsup.Guard()
+        ...
+        loss.backward()
+        if guard.check(step, loss, model):   # False: do not apply this step
+            optimizer.step()
+        optimizer.zero_grad()
+
+    check() is False when the loss or the gradient norm of `model`'s
+    parameters is NaN or infinite, or the loss is above spike_factor times
+    the median of the last spike_window applied losses (after spike_warmup
+    applied steps; spike_factor 0: off). Each such step is reported (a
+    GUARD event, the heartbeat's counters). max_bad_steps of them within
+    the last bad_window steps end the process with exit 79 ("diverged"),
+    naming the first: trainsupd then resumes from the newest checkpoint
+    before it and skips a window of batches (skip_step())."""
+
+    def __init__(self, max_bad_steps=3, bad_window=100, spike_factor=6.0, spike_window=50,
+                 spike_warmup=20):
+        if not 1 <= max_bad_steps <= bad_window:
+            raise ValueError("trainsup.Guard: need 1 <= max_bad_steps <= bad_window")
+        if spike_factor != 0 and spike_factor < 1.5:
+            raise ValueError("trainsup.Guard: spike_factor must be 0 (off) or >= 1.5")
+        self.max_bad_steps, self.bad_window = int(max_bad_steps), int(bad_window)
+        self.spike_factor, self.spike_window = float(spike_factor), int(spike_window)
+        self.spike_warmup = int(spike_warmup)
+        self._losses = []
+        self._applied = 0
+        self._bad = []  # (step, what was seen)
+
+    def median(self):
+        v = sorted(self._losses)
+        if not v:
+            return 0.0
+        mid = len(v) // 2
+        return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+    @staticmethod
+    def _grad_norm(model):
+        parameters = model.parameters() if hasattr(model, "parameters") else model
+        import torch
+        norms = [p.grad.detach().double().norm() for p in parameters if p.grad is not None]
+        return float(torch.stack(norms).norm()) if norms else 0.0
+
+    def check(self, step, loss, model=None):
+        """Judges step `step`: True to apply it. `loss` a number or a
+        one-element tensor; `model` a module or parameters whose .grad
+        backward() filled (None: the loss only)."""
+        loss = float(loss)
+        seen, spike = None, False
+        if not _finite(loss):
+            seen = "loss %s" % ("nan" if loss != loss else loss)
+        elif model is not None and not _finite(self._grad_norm(model)):
+            seen = "gradient norm not finite (loss %g)" % loss
+        elif self.spike_factor > 0 and self._applied >= self.spike_warmup:
+            median = self.median()
+            if median > 0 and loss > self.spike_factor * median:
+                seen, spike = "loss %g is %.1f times the median %g" % (loss, loss / median,
+                                                                        median), True
+        if seen is None:
+            self._losses = (self._losses + [loss])[-self.spike_window:]
+            self._applied += 1
+            return True
+        self._bad = [b for b in self._bad if b[0] > step - self.bad_window] + [(step, seen)]
+        line = "step %d not applied (%s): %s" % (step, "loss spike" if spike else "not finite",
+                                                seen)
+        print("trainsup: " + line, file=sys.stderr)
+        c = _client()
+        if c is not None:
+            c.send_guard_step(step, spike, line)
+        if len(self._bad) >= self.max_bad_steps:
+            first = self._bad[0][0]
+            message = "diverged at step %d: %d bad steps within %d (%s)" % (
+                first, len(self._bad), self.bad_window,
+                "; ".join("step %d: %s" % b for b in self._bad))
+            _exit_with(79, "diverged", message, first)
+        return False
 
 
 def handle_sigterm():

@@ -211,16 +211,18 @@ def exit_file_path(run_dir, attempt, rank):
     return os.path.join(run_dir, "attempts", str(attempt), "rank-%d.exit.json" % rank)
 
 
-def write_exit_file(run_dir, attempt, rank, code, reason, message, last_step):
+def write_exit_file(run_dir, attempt, rank, code, reason, message, last_step, first_bad_step=-1):
     """Writes the exit file atomically (temporary file in the same
-    directory, fsynced, renamed, directory fsynced), as WriteExitFile."""
+    directory, fsynced, renamed, directory fsynced), as WriteExitFile.
+    `first_bad_step`: a diverged exit's (79) first bad step, -1 otherwise."""
     if not 0 <= code <= 255:
         raise ValueError("exit code must be in [0, 255], got %r" % (code,))
     path = exit_file_path(run_dir, attempt, rank)
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     body = {"code": int(code), "reason": str(reason), "message": str(message),
-            "last_step": int(last_step), "time_ms": int(time.time() * 1000)}
+            "last_step": int(last_step), "time_ms": int(time.time() * 1000),
+            "first_bad_step": int(first_bad_step)}
     tmp = "%s.tmp.%d" % (path, os.getpid())
     try:
         _write_durably(tmp, (json.dumps(body, indent=2) + "\n").encode("utf-8", "replace"))

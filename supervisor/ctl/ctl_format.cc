@@ -302,8 +302,34 @@ std::string DescribeProgress(const v1::Run& run, int64_t now_ms) {
                                                        " dropped pieces, ", p.wasted_forwards(),
                                                        " wasted forwards")));
   }
-  absl::StrAppend(&out, Field("Restarts", absl::StrCat(run.restarts(), " (", run.oom_restarts(),
-                                                       " after OOM)")));
+  if (p.nonfinite_steps() > 0 || p.spike_steps() > 0 || p.window_skipped_steps() > 0) {
+    absl::StrAppend(
+        &out, Field("Guard", absl::StrCat(p.nonfinite_steps(), " non-finite and ", p.spike_steps(),
+                                          " spiking steps not applied, ", p.window_skipped_steps(),
+                                          " steps of skip windows (this attempt)")));
+  }
+  absl::StrAppend(
+      &out, Field("Restarts",
+                  absl::StrCat(
+                      run.restarts(), " (", run.oom_restarts(), " after OOM)",
+                      run.rollbacks() > 0 ? absl::StrCat(", rollbacks ", run.rollbacks()) : "")));
+  for (const v1::SkipWindow& w : run.skip_windows()) {
+    std::string where =
+        w.attempt() > 0
+            ? absl::StrCat(
+                  "after attempt ", w.attempt(), " diverged, ",
+                  run.attempts_size() <= w.attempt()
+                      ? absl::StrCat("the next attempt resumes before step ", w.first_step())
+                  : w.resumed_from_step() >= 0
+                      ? absl::StrCat("resumed from step ", w.resumed_from_step())
+                      : std::string("resumed from scratch"))
+            : std::string("from the spec");
+    absl::StrAppend(&out, Field("Skip window", absl::StrCat("steps ", w.first_step(), "..",
+                                                            w.last_step(), " (", where, ")",
+                                                            w.reason().empty() || w.attempt() == 0
+                                                                ? ""
+                                                                : absl::StrCat(": ", w.reason()))));
+  }
   if (run.state() == v1::RUN_STATE_RESTARTING && run.next_restart_ms() > 0) {
     absl::StrAppend(
         &out,
@@ -534,6 +560,10 @@ void ApplyEvent(const v1::RunEvent& e, v1::Run* run) {
       *run->mutable_progress() = e.progress();
       break;
     case v1::EVENT_KIND_RESTART:
+      if (e.exit_class() == v1::EXIT_CLASS_DIVERGED) {
+        run->set_rollbacks(run->rollbacks() + 1);
+        break;
+      }
       run->set_restarts(run->restarts() + 1);
       if (e.exit_class() == v1::EXIT_CLASS_OOM) run->set_oom_restarts(run->oom_restarts() + 1);
       run->set_next_restart_ms(e.time_ms() + std::llround(e.delay_s() * 1000));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "contracts/data_roots.h"
 #include "contracts/run_layout.h"
 
@@ -41,6 +42,8 @@ LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
   if (w.memory_budget_mb > 0) {
     spec.env["TRAINSUP_MEMORY_BUDGET_MB"] = std::to_string(w.memory_budget_mb);
   }
+  if (!w.skip_windows.empty()) spec.env["TRAINSUP_SKIP_WINDOWS"] = w.skip_windows;
+  if (w.lr_factor < 1) spec.env["TRAINSUP_LR_FACTOR"] = absl::StrCat(w.lr_factor);
   spec.working_dir = w.run_dir;
   spec.log_path = RunLayout(w.run_dir).LogPath(w.attempt, w.rank);
   if (w.command != nullptr) {

@@ -42,7 +42,12 @@ struct WorkerLaunch {
   // Gloo there (TRAINSUP_NODE_ADDR).
   std::string node_addr;
   int master_port = 0;
-  int64_t memory_budget_mb = 0;                   // > 0: TRAINSUP_MEMORY_BUDGET_MB
+  int64_t memory_budget_mb = 0;  // > 0: TRAINSUP_MEMORY_BUDGET_MB
+  // The run's rollbacks (docs/guard.md): "40-59,80-99", the steps whose
+  // batches every attempt skips (TRAINSUP_SKIP_WINDOWS, set when not
+  // empty), and the learning rate's factor (TRAINSUP_LR_FACTOR, set when < 1).
+  std::string skip_windows;
+  double lr_factor = 1;
   std::vector<std::string> data_roots;            // TRAINSUP_DATA_ROOTS, ':'-joined
   std::map<std::string, std::string> daemon_env;  // the daemon's environment
   // A command run: `program` (AllowedProgram's path for command->argv[0])
@@ -58,7 +63,8 @@ struct WorkerLaunch {
 // TRAINSUP_RUN_ID, TRAINSUP_ATTEMPT, CUDA_VISIBLE_DEVICES, RANK, LOCAL_RANK,
 // WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TRAINSUP_DATA_ROOTS (always: empty
 // when no root is configured, which lets the worker read no data file) and
-// TRAINSUP_MEMORY_BUDGET_MB (when lowered). Working
+// TRAINSUP_MEMORY_BUDGET_MB (when lowered), TRAINSUP_SKIP_WINDOWS and
+// TRAINSUP_LR_FACTOR (after a rollback). Working
 // directory: the run directory; log: RunLayout's rank log.
 //
 // A command run (w.command set): `program` with argv[1..] as its arguments,

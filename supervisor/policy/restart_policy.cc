@@ -21,6 +21,7 @@ constexpr struct {
     {ExitClass::kHung, "hung"},           {ExitClass::kGang, "gang"},
     {ExitClass::kCancelled, "cancelled"}, {ExitClass::kLost, "lost"},
     {ExitClass::kNoSpace, "no_space"},    {ExitClass::kPeerLost, "peer_lost"},
+    {ExitClass::kDiverged, "diverged"},
 };
 
 constexpr struct {
@@ -57,7 +58,8 @@ bool IsStop(const AttemptEnd& end) {
 // An end that would be restarted if the budgets allowed (rule 4b).
 bool IsFailure(const AttemptEnd& end) {
   return end.cls != ExitClass::kSuccess && end.cls != ExitClass::kUsage &&
-         end.cls != ExitClass::kData && end.cls != ExitClass::kNoSpace && !IsStop(end);
+         end.cls != ExitClass::kData && end.cls != ExitClass::kNoSpace &&
+         end.cls != ExitClass::kDiverged && !IsStop(end);
 }
 
 double Backoff(const RestartPolicy& policy, int streak, double jitter_unit) {
@@ -92,7 +94,7 @@ int ToProto(ExitClass cls) { return static_cast<int>(cls); }
 
 std::optional<ExitClass> ExitClassFromProto(int value) {
   if (value < static_cast<int>(ExitClass::kSuccess) ||
-      value > static_cast<int>(ExitClass::kPeerLost)) {
+      value > static_cast<int>(ExitClass::kDiverged)) {
     return std::nullopt;
   }
   return static_cast<ExitClass>(value);
@@ -115,6 +117,8 @@ ExitClass ClassifyExit(bool exited, int code_or_signal) {
       return ExitClass::kOom;
     case WorkerExit::kPeerLost:
       return ExitClass::kPeerLost;
+    case WorkerExit::kDiverged:
+      return ExitClass::kDiverged;
     case WorkerExit::kStopped:
       return ExitClass::kStopped;
   }
@@ -212,6 +216,21 @@ RestartDecision DecideRestart(const RestartPolicy& policy, const std::vector<Att
     d.delay_s = Backoff(policy, streak, jitter_unit);
     d.reason = absl::StrCat("exit 74: no space left for checkpoints", detail_suffix,
                             "; restart once there is space, backoff ", Seconds(d.delay_s), " s");
+    return d;
+  }
+  if (last.cls == ExitClass::kDiverged) {
+    for (const AttemptEnd& e : history) d.rollbacks += e.cls == ExitClass::kDiverged && !IsStop(e);
+    if (d.rollbacks > policy.max_rollbacks) {
+      d.action = Action::kFail;
+      d.reason = absl::StrCat("diverged at step ", last.first_bad_step, " after ", d.rollbacks - 1,
+                              " rollback", d.rollbacks - 1 == 1 ? "" : "s", " (max ",
+                              policy.max_rollbacks, ")", detail_suffix);
+      return d;
+    }
+    d.action = Action::kRestart;
+    d.rollback = true;
+    d.delay_s = policy.initial_backoff_s;
+    d.reason = absl::StrCat(what, "; rollback ", d.rollbacks, " of ", policy.max_rollbacks);
     return d;
   }
 

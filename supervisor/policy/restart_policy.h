@@ -6,6 +6,7 @@
 #ifndef TRAINSUP_SUPERVISOR_POLICY_RESTART_POLICY_H_
 #define TRAINSUP_SUPERVISOR_POLICY_RESTART_POLICY_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,10 +35,11 @@ enum class ExitClass {
   kLost = 12,       // gone while the daemon was down, no exit file
   kNoSpace = 13,    // exit 74: the run directory's file system is full
   kPeerLost = 14,   // exit 76: a peer rank died or stopped answering in a collective
+  kDiverged = 15,   // exit 79: training diverged (non-finite or spiking steps; docs/guard.md)
 };
 
 // "success", "usage", "data", "oom", "stopped", "crash", "signal", "frozen",
-// "hung", "gang", "cancelled", "lost", "no_space", "peer_lost".
+// "hung", "gang", "cancelled", "lost", "no_space", "peer_lost", "diverged".
 std::string ToString(ExitClass cls);
 // The inverse of ToString; nullopt for any other string.
 std::optional<ExitClass> ExitClassFromString(absl::string_view name);
@@ -47,7 +49,7 @@ int ToProto(ExitClass cls);
 std::optional<ExitClass> ExitClassFromProto(int value);
 
 // Classifies a waitpid() result: `exited` (WIFEXITED) with code
-// 0/64/65/74/75/76/143 (contracts/exit_codes.h) or other, or killed by signal
+// 0/64/65/74/75/76/79/143 (contracts/exit_codes.h) or other, or killed by signal
 // `code_or_signal`. Classes that
 // depend on why we killed the process (frozen, hung, gang, cancelled) or on
 // the daemon having been down (lost) are assigned by the caller instead.
@@ -64,6 +66,9 @@ struct RestartPolicy {
   double restart_window_s = 3600;
   int max_oom_restarts = 5;     // OOM restarts allowed per window
   int crash_loop_attempts = 3;  // non-OOM failures in a row without progress (0: off)
+  // Rollbacks after diverged ends over the whole run (the run spec's
+  // guard.max_rollbacks; docs/guard.md); counted apart from every budget.
+  int max_rollbacks = 3;
 };
 
 // OK, or InvalidArgument naming the first field out of range (non-finite,
@@ -77,6 +82,7 @@ struct AttemptEnd {
   bool made_progress = false;   // the training loop advanced during the attempt
   bool stop_requested = false;  // we had asked the run to stop (cancel, shutdown)
   std::string detail;           // what happened, e.g. DescribeExit(); may be empty
+  int64_t first_bad_step = -1;  // diverged: the first bad step its exit file names
 };
 
 enum class Action {
@@ -98,6 +104,10 @@ struct RestartDecision {
   // again (the deciding attempt ended no_space), not merely after delay_s.
   bool wait_for_space = false;
   int consecutive_failures = 0;  // the backoff streak, the deciding attempt included
+  // kRestart after a diverged end: the caller resumes from the newest
+  // checkpoint before the first bad step and skips a window of data.
+  bool rollback = false;
+  int rollbacks = 0;  // diverged ends of the run, the deciding one included
 };
 
 // Decides what follows the last element of `history` (every attempt end of
@@ -117,6 +127,11 @@ struct RestartDecision {
 //     backoff 4.0 s". A full disk is not the run's fault: no_space ends count
 //     against no budget and in no crash-loop or backoff streak of the other
 //     classes; their own backoff grows over consecutive no_space ends.
+//  4a. diverged (exit 79) → kRestart with rollback, delay initial_backoff_s,
+//     reason "<what>; rollback 1 of 3", while the run's diverged ends number
+//     at most max_rollbacks; past it kFail "diverged at step 37 after 3
+//     rollbacks (max 3): <detail>". Diverged ends count against no other
+//     budget and in no crash-loop or backoff streak.
 //  4b. Everything else is a failure: crash, signal, frozen, hung, lost, gang,
 //     peer_lost (exit 76: restarted like a crash, same budget and crash-loop
 //     count, named as itself), and stopped (143) that we did not ask for

@@ -10,13 +10,13 @@
 
 namespace trainsup::supervisor {
 
-ResumeChoice ChooseResume(const std::string& run_dir) {
+ResumeChoice ChooseResume(const std::string& run_dir, int64_t before_step) {
   ResumeChoice c;
   const std::string root = RunLayout(run_dir).CheckpointsDir();
   if (!ckpt::FileSystem::Default()->IsDir(root)) return c;
   ckpt::CheckpointStore store(root);
   std::vector<ckpt::QuarantineReport> quarantined;
-  absl::StatusOr<ckpt::CheckpointInfo> latest = store.ChooseLatest(&quarantined);
+  absl::StatusOr<ckpt::CheckpointInfo> latest = store.ChooseLatest(&quarantined, before_step);
   for (const auto& q : quarantined) {
     c.notes.push_back(absl::StrCat("checkpoint step ", q.step, " quarantined: ", q.reason));
   }

@@ -33,7 +33,9 @@ struct ResumeChoice {
   std::optional<ckpt::StoreOwner> owner;
 };
 
-ResumeChoice ChooseResume(const std::string& run_dir);
+// `before_step` >= 0: the newest that verifies of those below it (a
+// rollback past a diverged attempt's first bad step, docs/guard.md).
+ResumeChoice ChooseResume(const std::string& run_dir, int64_t before_step = -1);
 
 // A multi-node run's choice (docs/distributed.md): the run directory's
 // checkpoints/ is made a symlink to `shared_dir` (created when missing, but

@@ -308,9 +308,13 @@ void RunUnit::Start(const std::vector<int>& slots, const std::vector<std::string
   const std::string dir = run_.run_dir();
   const bool shared = Clustered();
   const std::string shared_dir = spec_.cluster.checkpoint_dir;
-  auto done = Guarded([this](ResumeChoice c) { OnPrepared(std::move(c)); });
-  env_.timers->OffLoop([dir, shared, shared_dir, done]() mutable -> std::function<void()> {
-    ResumeChoice c = shared ? ChooseResumeShared(dir, shared_dir) : ChooseResume(dir);
+  const int64_t before = RollbackBefore();
+  auto done = Guarded([this, before](ResumeChoice c) {
+    NoteRollbackResume(before, c.step);
+    OnPrepared(std::move(c));
+  });
+  env_.timers->OffLoop([dir, shared, shared_dir, before, done]() mutable -> std::function<void()> {
+    ResumeChoice c = shared ? ChooseResumeShared(dir, shared_dir) : ChooseResume(dir, before);
     return [done, c]() mutable { done(std::move(c)); };
   });
 }
@@ -397,6 +401,8 @@ void RunUnit::StartAttempt(ResumeChoice c, int64_t generation) {
   attempt_.set_generation(generation);
   ranks_.clear();
   ends_seen_ = 0;
+  diverged_at_ = diverged_through_ = -1;
+  diverged_seen_.clear();
   StoreBatch b;
   b.what = absl::StrCat("attempt ", number, " started");
   b.attempts.push_back(attempt_);
@@ -472,6 +478,8 @@ void RunUnit::LaunchRanks() {
     w.gpu = r.gpu;
     w.master_port = port;
     w.memory_budget_mb = budget;
+    w.skip_windows = SkipWindowsText();
+    w.lr_factor = LearningRateFactor();
     w.data_roots = cfg().daemon.data_roots;
     w.daemon_env = daemon_env;
     if (spec_.has_command) {
@@ -570,6 +578,7 @@ void RunUnit::OnProcessExit(int attempt, int rank) {
   f.forced = r.forced;
   f.forced_reason = r.forced_reason;
   const RankEnd end = ClassifyRankEnd(f);
+  if (end.cls == ExitClass::kDiverged) NoteDiverged(r, f.report);
   if (r.end_order < 0) r.end_order = r.died_unwatched ? 0 : ++ends_seen_;
   // The exit report is newer than any heartbeat (a short run may never have
   // sent one): what clients read ends at the step the worker reached.
@@ -644,6 +653,7 @@ void RunUnit::EndAttempt() {
   end.made_progress = o.made_progress;
   end.stop_requested = stop_requested;
   end.detail = o.detail;
+  end.first_bad_step = o.cls == ExitClass::kDiverged ? diverged_at_ : -1;
   history_.push_back(end);
   if (o.cls == ExitClass::kOom) oom_exits_++;
   StoreBatch b;
@@ -682,8 +692,8 @@ void RunUnit::EndAttempt() {
         }));
     return;
   }
-  const RestartDecision d =
-      DecideRestart(RestartPolicyFrom(cfg().restart), history_, env_.host->JitterUnit());
+  const RestartDecision d = DecideRestart(Policy(), history_, env_.host->JitterUnit());
+  if (d.rollback) AddRollbackWindow(b, d);
   ApplyDecision(std::move(b), o.cls, d);
 }
 
@@ -703,7 +713,10 @@ void RunUnit::ApplyDecision(StoreBatch b, ExitClass cls, const RestartDecision& 
     case Action::kRestart:
       break;
   }
-  run_.set_restarts(restarts >= 0 ? static_cast<int32_t>(restarts) : run_.restarts() + 1);
+  // A rollback counts in run_.rollbacks (AddRollbackWindow), not here.
+  if (!d.rollback) {
+    run_.set_restarts(restarts >= 0 ? static_cast<int32_t>(restarts) : run_.restarts() + 1);
+  }
   if (d.oom) run_.set_oom_restarts(run_.oom_restarts() + 1);
   not_before_s_ = env_.clock->NowS() + d.delay_s;
   run_.set_next_restart_ms(env_.clock->WallMs() + static_cast<int64_t>(d.delay_s * 1000));

@@ -213,6 +213,23 @@ class RunUnit {
   absl::StatusOr<std::string> AllowedCommand() const;
   void EndAttempt();
   void AfterDecision(const RestartDecision& d);
+  // The training guard's rollbacks (run_unit_guard.cc, docs/guard.md).
+  // The restart policy with the spec's guard.max_rollbacks.
+  RestartPolicy Policy() const;
+  // A rank ended diverged: its exit report's first bad step (or, without
+  // one, the step after the last it reached) and what it saw.
+  void NoteDiverged(const RankState& r, const std::optional<ExitFile>& report);
+  // A rollback was decided: the window from the first bad step goes into
+  // the run (stored with `b`), with its event.
+  void AddRollbackWindow(StoreBatch& b, const RestartDecision& d);
+  // The step the next attempt must resume below (the newest window's first
+  // step when the attempt that just ended diverged), or -1.
+  int64_t RollbackBefore() const;
+  // After the choice: the rollback's window names the step resumed from.
+  void NoteRollbackResume(int64_t before, int64_t resumed_step);
+  // TRAINSUP_SKIP_WINDOWS and TRAINSUP_LR_FACTOR of the run's windows.
+  std::string SkipWindowsText() const;
+  double LearningRateFactor() const;
   void WaitForSpace();
   void ReleaseSlots();
 
@@ -239,6 +256,11 @@ class RunUnit {
   // that died while no daemon watched all get 0, before any end seen live.
   int ends_seen_ = 0;
   int oom_exits_ = 0;
+  // The current attempt's divergence (NoteDiverged): the first bad step,
+  // the step it ended on, and what was seen; -1 when none.
+  int64_t diverged_at_ = -1;
+  int64_t diverged_through_ = -1;
+  std::string diverged_seen_;
   ProgressLearning learning_;
   double learning_saved_s_ = 0;
   UnitTimers::TimerId restart_timer_ = 0;

@@ -324,6 +324,13 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
     const int64_t failed_saves =
         hb.progress().checkpoint_failures() - r.status.progress().checkpoint_failures();
     if (failed_saves > 0) env_.host->CountCheckpointFailures(id(), failed_saves);
+    // Steps the guard did not apply, counted per attempt by the worker; one
+    // rank's count is the gang's (every rank skips the same steps).
+    if (rank == rank_base_) {
+      env_.host->CountGuardSteps(
+          id(), hb.progress().nonfinite_steps() - r.status.progress().nonfinite_steps(),
+          hb.progress().spike_steps() - r.status.progress().spike_steps());
+    }
     *r.status.mutable_progress() = hb.progress();
     if (spec_.has_command && hb.progress().total_steps() <= 0) {
       // The program did not say how far it goes: the spec's guess, if any.
@@ -382,6 +389,7 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
     f.reason = m.exit().reason();
     f.message = m.exit().message();
     f.last_step = m.exit().last_step();
+    f.first_bad_step = m.exit().first_bad_step();
     r.exit_report = f;
   }
 }

@@ -223,6 +223,10 @@ class UnitHost {
   virtual void RemoveWorkerMetrics(const std::string& run_id, int rank) = 0;
   // `n` more checkpoint saves of the run failed (a worker's heartbeat said).
   virtual void CountCheckpointFailures(const std::string& run_id, int64_t n) = 0;
+  // The training guard (docs/guard.md): steps not applied (rank 0's
+  // heartbeats said), and a rollback decided.
+  virtual void CountGuardSteps(const std::string& run_id, int64_t nonfinite, int64_t spikes) = 0;
+  virtual void CountRollback(const std::string& run_id) = 0;
   // The coordination of multi-node run `run` (spec.cluster.present), or an
   // error that fails the run (InvalidArgument: etcd endpoints unusable).
   virtual absl::StatusOr<std::unique_ptr<UnitCluster>> JoinCluster(const v1::Run& run,

@@ -89,9 +89,10 @@ using store_internal::SqliteError;
 
 namespace {
 
-// Version 3 (version 1 lacked attempts.stop_requested, version 2
-// attempts.generation; Initialize migrates them). A later version adds a migration from each older
-// one in Initialize and bumps kSchemaVersion; nothing is ever renumbered.
+// Version 5 (version 1 lacked attempts.stop_requested, version 2
+// attempts.generation, version 3 runs.cluster_submission, version 4
+// runs.rollbacks and runs.skip_windows; Initialize migrates them). A later version adds a migration
+// from each older one in Initialize and bumps kSchemaVersion; nothing is ever renumbered.
 constexpr char kSchema[] = R"sql(
 CREATE TABLE runs (
   run_id          TEXT PRIMARY KEY NOT NULL,
@@ -113,7 +114,9 @@ CREATE TABLE runs (
   next_restart_ms INTEGER NOT NULL DEFAULT 0,
   slowest_step_s  REAL NOT NULL DEFAULT 0,
   steps_observed  INTEGER NOT NULL DEFAULT 0,
-  cluster_submission TEXT NOT NULL DEFAULT ''
+  cluster_submission TEXT NOT NULL DEFAULT '',
+  rollbacks       INTEGER NOT NULL DEFAULT 0,
+  skip_windows    BLOB
 );
 CREATE INDEX runs_by_state ON runs (state, seq);
 CREATE TABLE attempts (
@@ -305,6 +308,18 @@ absl::Status StateStore::Initialize() {
                                   absl::StrCat("migrating the schema from version ", version));
             !s.ok()) {
           return s;
+        }
+      }
+      if (version < 5) {
+        // 4 -> 5: runs.rollbacks and runs.skip_windows (the guard's
+        // rollbacks, docs/guard.md).
+        for (const char* sql : {"ALTER TABLE runs ADD COLUMN rollbacks INTEGER NOT NULL DEFAULT 0",
+                                "ALTER TABLE runs ADD COLUMN skip_windows BLOB"}) {
+          if (absl::Status s =
+                  Exec(sql, absl::StrCat("migrating the schema from version ", version));
+              !s.ok()) {
+            return s;
+          }
         }
       }
       absl::StatusOr<Query> q =

@@ -66,7 +66,7 @@ class StateStore {
  public:
   // The schema this build reads and writes (meta.schema_version).
   // A file of an older version is migrated on Open.
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 5;
   static constexpr int kDefaultPageSize = 50;
   static constexpr int kMaxPageSize = 500;
   // How long a call waits for a lock held by another connection.

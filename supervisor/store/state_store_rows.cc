@@ -15,6 +15,18 @@ using store_internal::kSelectRun;
 using store_internal::PageToken;
 using store_internal::ParsePageToken;
 
+namespace {
+
+// runs.skip_windows: the run's windows as a Run message holding only them
+// (a BLOB, as runs.progress is).
+v1::Run SkipWindowsOf(const v1::Run& run) {
+  v1::Run windows;
+  *windows.mutable_skip_windows() = run.skip_windows();
+  return windows;
+}
+
+}  // namespace
+
 absl::Status StateStore::CreateRun(const v1::Run& run, const std::string& request_id) {
   const std::string op = absl::StrCat("CreateRun ", run.run_id());
   if (run.run_id().empty()) return absl::InvalidArgumentError("CreateRun: empty run_id");
@@ -24,8 +36,8 @@ absl::Status StateStore::CreateRun(const v1::Run& run, const std::string& reques
     absl::StatusOr<Query> q = Prepare(
         "INSERT INTO runs (run_id, seq, request_id, name, state, priority, world_size, created_ms,"
         " updated_ms, ended_ms, spec_toml, reason, restarts, oom_restarts, progress, run_dir,"
-        " next_restart_ms, cluster_submission) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,"
-        " ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+        " next_restart_ms, cluster_submission, rollbacks, skip_windows) VALUES (?1, ?2, ?3, ?4,"
+        " ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
         op);
     if (!q.ok()) return q.status();
     q->BindText(run.run_id())
@@ -45,7 +57,9 @@ absl::Status StateStore::CreateRun(const v1::Run& run, const std::string& reques
         .BindMessage(run.has_progress(), run.progress())
         .BindText(run.run_dir())
         .BindInt(run.next_restart_ms())
-        .BindText(run.cluster_submission());
+        .BindText(run.cluster_submission())
+        .BindInt(run.rollbacks())
+        .BindMessage(run.skip_windows_size() > 0, SkipWindowsOf(run));
     return q->Run();
   });
 }
@@ -68,7 +82,8 @@ absl::Status StateStore::UpdateRun(const v1::Run& run) {
       "UPDATE runs SET name = ?2, state = ?3, priority = ?4, world_size = ?5, updated_ms = ?6,"
       " ended_ms = ?7, reason = ?8, restarts = ?9, oom_restarts = ?10, progress = ?11, run_dir = "
       "?12,"
-      " next_restart_ms = ?13, cluster_submission = ?14 WHERE run_id = ?1",
+      " next_restart_ms = ?13, cluster_submission = ?14, rollbacks = ?15, skip_windows = ?16"
+      " WHERE run_id = ?1",
       op);
   if (!q.ok()) return q.status();
   q->BindText(run.run_id())
@@ -84,7 +99,9 @@ absl::Status StateStore::UpdateRun(const v1::Run& run) {
       .BindMessage(run.has_progress(), run.progress())
       .BindText(run.run_dir())
       .BindInt(run.next_restart_ms())
-      .BindText(run.cluster_submission());
+      .BindText(run.cluster_submission())
+      .BindInt(run.rollbacks())
+      .BindMessage(run.skip_windows_size() > 0, SkipWindowsOf(run));
   if (absl::Status s = q->Run(); !s.ok()) return s;
   if (q->Changes() == 0) return absl::NotFoundError(absl::StrCat(op, ": no such run"));
   return absl::OkStatus();
@@ -106,6 +123,13 @@ absl::Status StateStore::RunFromRow(const Query& q, v1::Run* run) {
   run->set_next_restart_ms(q.Int(kNextRestartMs));
   run->set_spec_toml(q.Text(kSpecToml));
   run->set_cluster_submission(q.Text(kClusterSubmission));
+  run->set_rollbacks(static_cast<int32_t>(q.Int(kRollbacks)));
+  {
+    v1::Run windows;
+    bool present = false;
+    if (absl::Status s = q.Message(kSkipWindows, &windows, &present); !s.ok()) return s;
+    if (present) *run->mutable_skip_windows() = std::move(*windows.mutable_skip_windows());
+  }
   v1::Progress progress;
   bool present = false;
   if (absl::Status s = q.Message(kProgress, &progress, &present); !s.ok()) return s;

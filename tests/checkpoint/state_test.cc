@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -251,6 +252,51 @@ TEST(LoadState, AnInvalidGeneratorStateChangesNothing) {
   absl::Status s = LoadState(store, *store.ChooseLatest(nullptr), fresh, fresh_sgd, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_TRUE(at::equal(fresh.w1, before));
+  FileSystem::Default()->DeleteTree(dir).IgnoreError();
+}
+
+// A NaN or an infinity in the weights or the optimizer state: the save is
+// refused naming the tensor, and nothing is written (no step directory, no
+// leftover).
+TEST(WriteSnapshot, RefusesANonFiniteValueAndWritesNothing) {
+  const std::string dir = TempDir();
+  CheckpointStore store(dir + "/checkpoints");
+  TinyNet net;
+  torch::optim::SGD sgd(net.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  TrainerState t;
+  t.step = 3;
+  auto snap = Snapshot(net, sgd, t);
+  ASSERT_TRUE(snap.ok());
+  ASSERT_TRUE(CheckFinite(*snap).ok());
+  {
+    torch::NoGradGuard no_grad;
+    net.w1[0][1][2] = std::numeric_limits<float>::quiet_NaN();
+  }
+  snap = Snapshot(net, sgd, t);
+  absl::Status s = WriteSnapshot(store, *snap);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("model tensor enc_conv_weight has 1 non-finite value of"),
+            std::string::npos)
+      << s;
+  // Refused before the store was touched: not even its directory exists.
+  EXPECT_FALSE(FileSystem::Default()->Exists(dir + "/checkpoints"));
+  // The optimizer's state too: a momentum buffer with an infinity.
+  {
+    torch::NoGradGuard no_grad;
+    net.w1[0][1][2] = 0.5f;
+  }
+  for (auto& p : net.parameters()) p.mutable_grad() = torch::ones_like(p);
+  sgd.step();
+  for (auto& [key, state] : sgd.state()) {
+    static_cast<torch::optim::SGDParamState&>(*state).momentum_buffer().fill_(
+        std::numeric_limits<float>::infinity());
+    break;
+  }
+  snap = Snapshot(net, sgd, t);
+  s = WriteSnapshot(store, *snap);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("optimizer tensor param."), std::string::npos) << s;
+  EXPECT_FALSE(FileSystem::Default()->Exists(dir + "/checkpoints"));
   FileSystem::Default()->DeleteTree(dir).IgnoreError();
 }
 

@@ -346,6 +346,25 @@ TEST_F(StoreTest, ACrashWhileReplacingAStepKeepsTheOldCopy) {
   EXPECT_EQ(*FileSystem::Default()->ListDir(root_), (std::vector<std::string>{"step-4", "step-5"}));
 }
 
+// A guard's bad step at 5: the newest checkpoint before it (step-4) is a
+// rollback's target and outlives keep_last while the guard counts step 5.
+TEST_F(StoreTest, RetentionKeepsTheNewestCheckpointBeforeKeepBefore) {
+  CheckpointStore store(root_, FileSystem::Default(), {/*keep_last=*/2, 0});
+  for (int64_t step = 1; step <= 4; ++step) ASSERT_TRUE(Save(store, step).ok());
+  store.set_keep_before(5);
+  for (int64_t step = 5; step <= 8; ++step) ASSERT_TRUE(Save(store, step).ok());
+  auto steps = [&] {
+    std::vector<int64_t> out;
+    const absl::StatusOr<std::vector<CheckpointInfo>> list = store.List();
+    for (const auto& c : *list) out.push_back(c.step);
+    return out;
+  };
+  EXPECT_EQ(steps(), (std::vector<int64_t>{4, 7, 8}));
+  store.set_keep_before(-1);
+  ASSERT_TRUE(Save(store, 9).ok());
+  EXPECT_EQ(steps(), (std::vector<int64_t>{8, 9}));
+}
+
 TEST_F(StoreTest, RetentionNeverDeletesTheCheckpointJustCommitted) {
   CheckpointStore store(root_, FileSystem::Default(), {/*keep_last=*/2, 0});
   ASSERT_TRUE(Save(store, 100).ok());

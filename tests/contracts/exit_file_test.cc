@@ -34,6 +34,23 @@ TEST(WriteExitFile, GoesThroughTheFileSystemItIsGiven) {
   EXPECT_EQ(back->code, 143);
 }
 
+// A diverged exit names its first bad step; older files without the field
+// read as -1.
+TEST(ExitFile, FirstBadStepRoundTripsAndDefaultsToNone) {
+  trainsup::testing::TempDir dir;
+  ExitFile f;
+  f.code = 79;
+  f.reason = "diverged";
+  f.first_bad_step = 37;
+  ASSERT_TRUE(WriteExitFile(dir.path(), 2, 1, f).ok());
+  absl::StatusOr<ExitFile> back = ReadExitFile(ExitFilePath(dir.path(), 2, 1));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->first_bad_step, 37);
+  const std::string path = dir.path() + "/old.json";
+  ASSERT_TRUE(FileSystem::Default()->WriteSmallFile(path, R"({"code": 1})").ok());
+  EXPECT_EQ(ReadExitFile(path)->first_bad_step, -1);
+}
+
 // The content of a fresh exit file `json`, read back.
 absl::StatusOr<ExitFile> ReadBack(const std::string& json) {
   trainsup::testing::TempDir dir;
@@ -54,6 +71,8 @@ TEST(ReadExitFile, NumbersOutsideTheirRangeAreDataLossNamingTheField) {
       {R"({"code": 0, "last_step": -2})", "\"last_step\""},
       {R"({"code": 0, "time_ms": 9223372036854775808})", "\"time_ms\""},
       {R"({"code": 0, "time_ms": -5})", "\"time_ms\""},
+      {R"({"code": 79, "first_bad_step": -2})", "\"first_bad_step\""},
+      {R"({"code": 79, "first_bad_step": "5"})", "\"first_bad_step\""},
   };
   for (const auto& [json, field] : bad) {
     absl::StatusOr<ExitFile> f = ReadBack(json);

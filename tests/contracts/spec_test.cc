@@ -102,7 +102,7 @@ TEST(RunSpec, ErrorsNameTheField) {
   EXPECT_EQ(Error("[model]\narhc = \"x\"\n"), "model.arhc: unknown key");
   EXPECT_EQ(Error("colour = 1\n"), "colour: unknown key");
   EXPECT_EQ(Error("[trian]\nsteps = 1\n"), "trian: unknown key");
-  EXPECT_EQ(Error("[optimizer]\nlr = 0\n"), "optimizer.lr: must be in (0, 10], got 0");
+  EXPECT_EQ(Error("[optimizer]\nlr = 0\n"), "optimizer.lr: must be in (0, 1e+06], got 0");
   EXPECT_EQ(Error("[optimizer]\nlr = \"fast\"\n"), "optimizer.lr: must be a number");
   EXPECT_EQ(Error("[optimizer]\nmomentum = 1.0\n"), "optimizer.momentum: must be in [0, 1), got 1");
   EXPECT_EQ(Error("world_size = 65\n"), "world_size: must be in [1, 64], got 65");
@@ -114,7 +114,7 @@ TEST(RunSpec, ErrorsNameTheField) {
   EXPECT_EQ(Error("[model]\narch = \"resnet\"\n"),
             "model.arch: must be one of minkunet14, minkunet18, minkunet34, minkunet50; got "
             "\"resnet\"");
-  EXPECT_EQ(Error("[optimizer]\nlr = nan\n"), "optimizer.lr: must be in (0, 10], got nan");
+  EXPECT_EQ(Error("[optimizer]\nlr = nan\n"), "optimizer.lr: must be in (0, 1e+06], got nan");
   EXPECT_EQ(Error("[train]\ndevice = \"gpu\"\n"),
             "train.device: must be one of auto, cpu, cuda; got \"gpu\"");
   EXPECT_EQ(Error("[train]\nempty_cache_every_steps = -1\n"),
@@ -339,6 +339,96 @@ TEST(RunSpec, CommandCwdStaysInsideDataRoots) {
   EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(outside.message().rfind("command.cwd: ", 0), 0u) << outside.message();
   fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace trainsup
+
+namespace trainsup {
+namespace {
+
+absl::StatusOr<RunSpec> ParseWith(const std::string& tables) {
+  return ParseRunSpec("name = \"g\"\n" + tables);
+}
+
+std::string GuardError(const std::string& tables) {
+  absl::StatusOr<RunSpec> s = ParseWith(tables);
+  return s.ok() ? "" : std::string(s.status().message());
+}
+
+TEST(RunSpecGuard, DefaultsAndEveryKey) {
+  absl::StatusOr<RunSpec> d = ParseWith("");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->guard.check_finite);
+  EXPECT_EQ(d->guard.spike_factor, 6);
+  EXPECT_EQ(d->guard.max_bad_steps, 3);
+  EXPECT_TRUE(d->data.skip_windows.empty());
+  absl::StatusOr<RunSpec> s = ParseWith(
+      "[guard]\ncheck_finite = false\nspike_factor = 0\nspike_window = 10\nspike_warmup = 7\n"
+      "max_bad_steps = 2\nbad_window = 9\nmax_rollbacks = 0\nskip_batches = 4\n"
+      "lr_factor_on_rollback = 0.5\n[data]\nskip_windows = [[3, 5], [9, 9]]\n"
+      "[testing]\nnan_loss_at_step = 2\nnan_grad_at_step = 3\nloss_spike_at_step = 4\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(s->guard.check_finite);
+  EXPECT_EQ(s->guard.spike_factor, 0);
+  EXPECT_EQ(s->guard.spike_window, 10);
+  EXPECT_EQ(s->guard.spike_warmup, 7);
+  EXPECT_EQ(s->guard.max_bad_steps, 2);
+  EXPECT_EQ(s->guard.bad_window, 9);
+  EXPECT_EQ(s->guard.max_rollbacks, 0);
+  EXPECT_EQ(s->guard.skip_batches, 4);
+  EXPECT_EQ(s->guard.lr_factor_on_rollback, 0.5);
+  EXPECT_EQ(s->data.skip_windows, (std::vector<StepWindow>{{3, 5}, {9, 9}}));
+  EXPECT_EQ(s->testing.nan_loss_at_step, 2);
+  EXPECT_EQ(s->testing.nan_grad_at_step, 3);
+  EXPECT_EQ(s->testing.loss_spike_at_step, 4);
+}
+
+TEST(RunSpecGuard, ErrorsNameTheField) {
+  EXPECT_EQ(GuardError("[guard]\nspike_factor = 1.2\n"),
+            "guard.spike_factor: must be 0 (off) or in [1.5, 1000000], got 1.2");
+  EXPECT_EQ(GuardError("[guard]\nmax_bad_steps = 5\nbad_window = 4\n"),
+            "guard.max_bad_steps: 5 bad steps can never fit in guard.bad_window = 4");
+  EXPECT_EQ(GuardError("[guard]\nlr_factor_on_rollback = 0\n"),
+            "guard.lr_factor_on_rollback: must be in (0, 1], got 0");
+  EXPECT_EQ(GuardError("[guard]\nspike_windw = 3\n"), "guard.spike_windw: unknown key");
+  EXPECT_EQ(GuardError("[data]\nskip_windows = [[5, 3]]\n"),
+            "data.skip_windows[0]: must have 1 <= first <= last <= 1000000000, got [5, 3]");
+  EXPECT_EQ(GuardError("[data]\nskip_windows = [[1, 2], [3]]\n"),
+            "data.skip_windows[1]: must be a pair of integers [first, last]");
+  EXPECT_EQ(GuardError("[data]\nskip_windows = [[1.5, 2]]\n"),
+            "data.skip_windows[0]: must be a pair of integers [first, last]");
+  EXPECT_EQ(GuardError("[data]\nskip_windows = 3\n"),
+            "data.skip_windows: must be an array of at most 1000 [first, last] step pairs");
+}
+
+TEST(RunSpecGuard, ACommandRunTakesTheRollbackKeys) {
+  absl::StatusOr<RunSpec> s = ParseWith(
+      "[command]\nargv = [\"python3\", \"train.py\"]\n[guard]\nmax_rollbacks = 2\n"
+      "skip_batches = 50\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->guard.max_rollbacks, 2);
+  EXPECT_EQ(s->guard.skip_batches, 50);
+}
+
+TEST(StepWindows, FormatAndParseRoundTripAndBadEntriesAreNamed) {
+  const std::vector<StepWindow> w = {{40, 59}, {80, 80}};
+  EXPECT_EQ(FormatStepWindows(w), "40-59,80-80");
+  absl::StatusOr<std::vector<StepWindow>> back = ParseStepWindows("40-59,80-80");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, w);
+  EXPECT_TRUE(ParseStepWindows("")->empty());
+  for (const char* bad : {"40", "40-", "0-3", "9-3", "1-2,x", "1-2-3", "-1-2"}) {
+    absl::StatusOr<std::vector<StepWindow>> p = ParseStepWindows(bad);
+    EXPECT_FALSE(p.ok()) << bad;
+  }
+  EXPECT_EQ(ParseStepWindows("1-2,9-3").status().message(),
+            "skip windows: \"9-3\" is not FIRST-LAST with 1 <= FIRST <= LAST");
+  EXPECT_TRUE(InStepWindows(w, 40));
+  EXPECT_TRUE(InStepWindows(w, 59));
+  EXPECT_TRUE(InStepWindows(w, 80));
+  EXPECT_FALSE(InStepWindows(w, 60));
+  EXPECT_FALSE(InStepWindows(w, 39));
 }
 
 }  // namespace

@@ -109,6 +109,45 @@ TEST(CommandRun, ClientScriptCrashesResumesFromItsCheckpointAndEndsAsAnUninterru
       << "the resumed run's weights differ from the uninterrupted run's";
 }
 
+// The client's Guard in a real script (docs/guard.md): a NaN loss at step
+// 7 on attempt 1 exits 79 naming the step; the daemon resumes attempt 2
+// from the checkpoint before it (step 6) with TRAINSUP_SKIP_WINDOWS 7-9
+// (guard.skip_batches = 3), and the run ends with the weights of a run that
+// skipped steps 7..9 from the start.
+TEST(CommandRun, ClientGuardDivergesAndTheDaemonRollsTheScriptBackPastTheBadStep) {
+  if (!PythonReady()) GTEST_SKIP() << kPython << " lacks torch or grpc (deploy/bootstrap.sh)";
+  DaemonHarness h;
+  AllowPython(h);
+  ASSERT_TRUE(h.Start());
+  const std::string guard = "[guard]\nskip_batches = 3\n";
+  const std::string ref_id = h.Submit(
+      ScriptSpec("skipped", "train_guard.py", true, "EXTRA_SKIP = \"7-9\"", 1, 16) + guard);
+  v1::Run ref;
+  ASSERT_TRUE(h.WaitForEnd(ref_id, Seconds(180), &ref));
+  ASSERT_EQ(ref.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ref) << RankLog(ref, 1, 0);
+
+  const std::string id =
+      h.Submit(ScriptSpec("nan", "train_guard.py", true, "NAN_AT_STEP = \"7\"", 1, 16) + guard);
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run) << RankLog(run, 1, 0);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_DIVERGED) << Describe(run);
+  EXPECT_THAT(run.attempts(0).exit_reason(), HasSubstr("diverged at step 7")) << Describe(run);
+  EXPECT_EQ(run.attempts(1).resumed_from_step(), 6) << Describe(run);
+  EXPECT_EQ(run.rollbacks(), 1);
+  EXPECT_EQ(run.restarts(), 0);
+  ASSERT_EQ(run.skip_windows_size(), 1) << Describe(run);
+  EXPECT_EQ(run.skip_windows(0).first_step(), 7);
+  EXPECT_EQ(run.skip_windows(0).last_step(), 9);
+  EXPECT_EQ(run.skip_windows(0).attempt(), 1);
+  EXPECT_EQ(run.skip_windows(0).resumed_from_step(), 6);
+  EXPECT_THAT(RankLog(run, 1, 0), HasSubstr("step 7 not applied (not finite): loss nan"));
+  EXPECT_THAT(RankLog(run, 2, 0), HasSubstr("resumed from step 6; skip windows [(7, 9)]"));
+  EXPECT_TRUE(SameWeights(ref.run_dir() + "/final.pt", run.run_dir() + "/final.pt"))
+      << "the rolled-back run's weights differ from the run that skipped the window";
+}
+
 TEST(CommandRun, ScriptWithoutTheClientIsSupervisedByItsExitCode) {
   if (!PythonReady()) GTEST_SKIP() << kPython << " lacks torch or grpc (deploy/bootstrap.sh)";
   DaemonHarness h;

@@ -33,12 +33,15 @@ inline std::string LogPath(const std::string& dir, int attempt) {
   return dir + "/attempt-" + std::to_string(attempt) + ".log";
 }
 
-// Starts the worker on run directory `dir` as attempt `attempt`, with `env`
-// (NAME, VALUE) added to its environment.
-inline pid_t Launch(const std::string& dir, int attempt, const std::string& resume = "latest",
-                    const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  std::string log = LogPath(dir, attempt);
-  std::string attempt_arg = std::to_string(attempt);
+// Starts rank `rank` of `world` of the worker on run directory `dir` as
+// attempt `attempt`, with `env` (NAME, VALUE) added to its environment and
+// its output in `log`.
+inline pid_t LaunchRank(const std::string& dir, int attempt, int rank, int world,
+                        const std::string& resume,
+                        const std::vector<std::pair<std::string, std::string>>& env,
+                        const std::string& log) {
+  const std::string attempt_arg = std::to_string(attempt), rank_arg = std::to_string(rank),
+                    world_arg = std::to_string(world);
   pid_t pid = fork();
   if (pid == 0) {
     int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -48,12 +51,18 @@ inline pid_t Launch(const std::string& dir, int attempt, const std::string& resu
       close(fd);
     }
     for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
-    execl(TRAINSUP_WORKER_BIN, TRAINSUP_WORKER_BIN, "--run-dir", dir.c_str(), "--rank", "0",
-          "--world-size", "1", "--attempt", attempt_arg.c_str(), "--supervisor", "", "--resume",
-          resume.c_str(), static_cast<char*>(nullptr));
+    execl(TRAINSUP_WORKER_BIN, TRAINSUP_WORKER_BIN, "--run-dir", dir.c_str(), "--rank",
+          rank_arg.c_str(), "--world-size", world_arg.c_str(), "--attempt", attempt_arg.c_str(),
+          "--supervisor", "", "--resume", resume.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   return pid;
+}
+
+// Rank 0 of 1, its output in LogPath(dir, attempt).
+inline pid_t Launch(const std::string& dir, int attempt, const std::string& resume = "latest",
+                    const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  return LaunchRank(dir, attempt, 0, 1, resume, env, LogPath(dir, attempt));
 }
 
 // Waits for `pid`; a worker still running after `limit` is killed (a hang

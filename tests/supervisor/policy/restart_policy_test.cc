@@ -15,7 +15,7 @@ constexpr ExitClass kAllClasses[] = {
     ExitClass::kSuccess, ExitClass::kUsage,    ExitClass::kData,      ExitClass::kOom,
     ExitClass::kStopped, ExitClass::kCrash,    ExitClass::kSignal,    ExitClass::kFrozen,
     ExitClass::kHung,    ExitClass::kGang,     ExitClass::kCancelled, ExitClass::kLost,
-    ExitClass::kNoSpace, ExitClass::kPeerLost,
+    ExitClass::kNoSpace, ExitClass::kPeerLost, ExitClass::kDiverged,
 };
 
 AttemptEnd End(double t, ExitClass cls, bool progress = false, bool stop = false,
@@ -43,7 +43,9 @@ TEST(ExitClass, StringAndProtoRoundTrip) {
   EXPECT_EQ(ToProto(ExitClass::kNoSpace), 13);
   EXPECT_EQ(ToProto(ExitClass::kPeerLost), 14);
   EXPECT_EQ(ToString(ExitClass::kPeerLost), "peer_lost");
-  EXPECT_FALSE(ExitClassFromProto(15).has_value());
+  EXPECT_EQ(ToProto(ExitClass::kDiverged), 15);
+  EXPECT_EQ(ToString(ExitClass::kDiverged), "diverged");
+  EXPECT_FALSE(ExitClassFromProto(16).has_value());
 }
 
 TEST(Action, StringRoundTrip) {
@@ -61,6 +63,7 @@ TEST(ClassifyExit, CodesAndSignals) {
   EXPECT_EQ(ClassifyExit(true, 143), ExitClass::kStopped);
   EXPECT_EQ(ClassifyExit(true, 74), ExitClass::kNoSpace);
   EXPECT_EQ(ClassifyExit(true, 76), ExitClass::kPeerLost);
+  EXPECT_EQ(ClassifyExit(true, 79), ExitClass::kDiverged);
   EXPECT_EQ(ClassifyExit(true, 1), ExitClass::kCrash);
   EXPECT_EQ(ClassifyExit(true, 134), ExitClass::kCrash);
   EXPECT_EQ(ClassifyExit(false, 9), ExitClass::kSignal);
@@ -127,13 +130,14 @@ TEST(DecideRestart, EveryExitClassWithoutStopRequest) {
     ExitClass cls;
     Action action;
   } cases[] = {
-      {ExitClass::kSuccess, Action::kSucceed}, {ExitClass::kUsage, Action::kFail},
-      {ExitClass::kData, Action::kFail},       {ExitClass::kOom, Action::kRestart},
-      {ExitClass::kStopped, Action::kRestart}, {ExitClass::kCrash, Action::kRestart},
-      {ExitClass::kSignal, Action::kRestart},  {ExitClass::kFrozen, Action::kRestart},
-      {ExitClass::kHung, Action::kRestart},    {ExitClass::kGang, Action::kRestart},
-      {ExitClass::kCancelled, Action::kStop},  {ExitClass::kLost, Action::kRestart},
-      {ExitClass::kNoSpace, Action::kRestart}, {ExitClass::kPeerLost, Action::kRestart},
+      {ExitClass::kSuccess, Action::kSucceed},  {ExitClass::kUsage, Action::kFail},
+      {ExitClass::kData, Action::kFail},        {ExitClass::kOom, Action::kRestart},
+      {ExitClass::kStopped, Action::kRestart},  {ExitClass::kCrash, Action::kRestart},
+      {ExitClass::kSignal, Action::kRestart},   {ExitClass::kFrozen, Action::kRestart},
+      {ExitClass::kHung, Action::kRestart},     {ExitClass::kGang, Action::kRestart},
+      {ExitClass::kCancelled, Action::kStop},   {ExitClass::kLost, Action::kRestart},
+      {ExitClass::kNoSpace, Action::kRestart},  {ExitClass::kPeerLost, Action::kRestart},
+      {ExitClass::kDiverged, Action::kRestart},
   };
   for (const auto& c : cases) {
     RestartDecision d = DecideRestart(p, {End(10, c.cls)}, 0.5);
@@ -145,6 +149,55 @@ TEST(DecideRestart, EveryExitClassWithoutStopRequest) {
       EXPECT_EQ(d.delay_s, 0) << ToString(c.cls);
     }
   }
+}
+
+AttemptEnd Diverged(double t, int64_t first_bad_step) {
+  AttemptEnd e = End(t, ExitClass::kDiverged, /*progress=*/true, false,
+                     "rank 0 exited 79: diverged at step " + std::to_string(first_bad_step));
+  e.first_bad_step = first_bad_step;
+  return e;
+}
+
+// Exit 79: a rollback while the run has had at most max_rollbacks diverged
+// ends, then FAILED naming the step and the rollbacks; diverged ends count
+// in no other budget, crash loop or backoff streak.
+TEST(DecideRestart, DivergedRollsBackWithinItsOwnBudgetThenFails) {
+  RestartPolicy p = NoJitter();
+  p.max_rollbacks = 2;
+  p.max_restarts = 1;
+  p.crash_loop_attempts = 2;
+  std::vector<AttemptEnd> h = {Diverged(10, 37)};
+  RestartDecision d = DecideRestart(p, h, 0.5);
+  EXPECT_EQ(d.action, Action::kRestart) << d.reason;
+  EXPECT_TRUE(d.rollback);
+  EXPECT_EQ(d.rollbacks, 1);
+  EXPECT_DOUBLE_EQ(d.delay_s, 1.0);
+  EXPECT_EQ(d.reason, "rank 0 exited 79: diverged at step 37 (diverged); rollback 1 of 2");
+  // A crash between them: its own budget (1) holds, and the diverged ends
+  // before it are no failures of the crash loop.
+  h.push_back(End(20, ExitClass::kCrash));
+  d = DecideRestart(p, h, 0.5);
+  EXPECT_EQ(d.action, Action::kRestart) << d.reason;
+  EXPECT_FALSE(d.rollback);
+  EXPECT_EQ(d.consecutive_failures, 1);
+  h.push_back(Diverged(30, 45));
+  d = DecideRestart(p, h, 0.5);
+  EXPECT_EQ(d.action, Action::kRestart) << d.reason;
+  EXPECT_EQ(d.rollbacks, 2);
+  h.push_back(Diverged(40, 52));
+  d = DecideRestart(p, h, 0.5);
+  EXPECT_EQ(d.action, Action::kFail);
+  EXPECT_EQ(d.reason,
+            "diverged at step 52 after 2 rollbacks (max 2): rank 0 exited 79: diverged at step 52");
+  p.max_rollbacks = 0;
+  d = DecideRestart(p, {Diverged(10, 5)}, 0.5);
+  EXPECT_EQ(d.action, Action::kFail);
+  EXPECT_EQ(d.reason,
+            "diverged at step 5 after 0 rollbacks (max 0): rank 0 exited 79: diverged at step 5");
+  // A stop we asked for is a stop, whatever the code.
+  AttemptEnd stopped = Diverged(10, 5);
+  stopped.stop_requested = true;
+  EXPECT_EQ(DecideRestart(p, {stopped}, 0.5).action, Action::kStop);
 }
 
 // Exit 76: restarted like a crash, against the same budget and crash-loop

@@ -166,6 +166,11 @@ class FakeEnv final : public FakeLoop,
   void CountRestart(const std::string&) override {}
   void RemoveWorkerMetrics(const std::string&, int) override {}
   void CountCheckpointFailures(const std::string&, int64_t n) override { checkpoint_failures += n; }
+  void CountGuardSteps(const std::string&, int64_t nonfinite, int64_t spikes) override {
+    guard_nonfinite += nonfinite;
+    guard_spikes += spikes;
+  }
+  void CountRollback(const std::string&) override { ++rollbacks; }
   absl::StatusOr<std::unique_ptr<UnitCluster>> JoinCluster(const v1::Run&, const RunSpec&,
                                                            ClusterEvents events) override {
     if (!make_cluster) return absl::UnimplementedError("no cluster in this test");
@@ -221,6 +226,9 @@ class FakeEnv final : public FakeLoop,
   int64_t checkpoint_bytes = 0;
   int space_checks = 0;
   int64_t checkpoint_failures = 0;
+  int64_t guard_nonfinite = 0;
+  int64_t guard_spikes = 0;
+  int rollbacks = 0;
 
  private:
   int next_pid_ = 4000;

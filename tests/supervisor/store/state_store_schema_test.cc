@@ -25,6 +25,8 @@ TEST_F(StateStoreTest, VersionTwoStoreIsMigrated) {
   }
   ASSERT_EQ(RawSql("ALTER TABLE attempts DROP COLUMN generation;"
                    " ALTER TABLE runs DROP COLUMN cluster_submission;"
+                   " ALTER TABLE runs DROP COLUMN rollbacks;"
+                   " ALTER TABLE runs DROP COLUMN skip_windows;"
                    " UPDATE meta SET value = 2 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "2");
@@ -52,12 +54,15 @@ TEST_F(StateStoreTest, VersionThreeStoreIsMigrated) {
     ASSERT_TRUE(store->CreateRun(MakeRun("three"), "").ok());
   }
   ASSERT_EQ(RawSql("ALTER TABLE runs DROP COLUMN cluster_submission;"
+                   " ALTER TABLE runs DROP COLUMN rollbacks;"
+                   " ALTER TABLE runs DROP COLUMN skip_windows;"
                    " UPDATE meta SET value = 3 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "3");
   absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(path_);
   ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"), "4");
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"),
+            absl::StrCat(StateStore::kSchemaVersion));
   absl::StatusOr<v1::Run> run = (*store)->GetRun("three");
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->cluster_submission(), "");
@@ -68,6 +73,53 @@ TEST_F(StateStoreTest, VersionThreeStoreIsMigrated) {
 
 // A version-1 store (no attempts.stop_requested) opens, keeps its rows and
 // is migrated to the current version.
+// 4 -> 5: a run's rollbacks and skip windows (docs/guard.md) start empty
+// and are stored from then on.
+TEST_F(StateStoreTest, VersionFourStoreIsMigrated) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->CreateRun(MakeRun("four"), "").ok());
+  }
+  ASSERT_EQ(RawSql("ALTER TABLE runs DROP COLUMN rollbacks;"
+                   " ALTER TABLE runs DROP COLUMN skip_windows;"
+                   " UPDATE meta SET value = 4 WHERE key = 'schema_version';"
+                   " SELECT value FROM meta WHERE key = 'schema_version'"),
+            "4");
+  absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"), "5");
+  absl::StatusOr<v1::Run> run = (*store)->GetRun("four");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->rollbacks(), 0);
+  EXPECT_EQ(run->skip_windows_size(), 0);
+  run->set_rollbacks(2);
+  v1::SkipWindow* w = run->add_skip_windows();
+  w->set_first_step(37);
+  w->set_last_step(56);
+  w->set_attempt(2);
+  w->set_resumed_from_step(30);
+  w->set_reason("step 37: loss nan");
+  ASSERT_TRUE((*store)->UpdateRun(*run).ok());
+  store->reset();
+  store = StateStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<v1::Run> back = (*store)->GetRun("four");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->rollbacks(), 2);
+  ASSERT_EQ(back->skip_windows_size(), 1);
+  EXPECT_EQ(back->skip_windows(0).first_step(), 37);
+  EXPECT_EQ(back->skip_windows(0).last_step(), 56);
+  EXPECT_EQ(back->skip_windows(0).attempt(), 2);
+  EXPECT_EQ(back->skip_windows(0).resumed_from_step(), 30);
+  EXPECT_EQ(back->skip_windows(0).reason(), "step 37: loss nan");
+  // ListRuns carries them too.
+  absl::StatusOr<RunPage> list = (*store)->ListRuns({}, 10, "");
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->runs.size(), 1u);
+  EXPECT_EQ(list->runs[0].rollbacks(), 2);
+}
+
 TEST_F(StateStoreTest, VersionOneStoreIsMigrated) {
   {
     auto store = OpenStore();
@@ -84,6 +136,8 @@ TEST_F(StateStoreTest, VersionOneStoreIsMigrated) {
   ASSERT_EQ(RawSql("ALTER TABLE attempts DROP COLUMN stop_requested;"
                    " ALTER TABLE attempts DROP COLUMN generation;"
                    " ALTER TABLE runs DROP COLUMN cluster_submission;"
+                   " ALTER TABLE runs DROP COLUMN rollbacks;"
+                   " ALTER TABLE runs DROP COLUMN skip_windows;"
                    " UPDATE meta SET value = 1 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "1");

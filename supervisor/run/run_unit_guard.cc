@@ -1,0 +1,78 @@
+// The run unit's side of the training guard (docs/guard.md): a diverged
+// attempt is rolled back to the newest checkpoint before its first bad step,
+// and every later attempt skips a window of data from there.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "contracts/spec.h"
+#include "supervisor/run/run_unit.h"
+
+namespace trainsup::supervisor {
+
+RestartPolicy RunUnit::Policy() const {
+  RestartPolicy p = RestartPolicyFrom(cfg().restart);
+  p.max_rollbacks = static_cast<int>(spec_.guard.max_rollbacks);
+  return p;
+}
+
+void RunUnit::NoteDiverged(const RankState& r, const std::optional<ExitFile>& report) {
+  const int64_t reached =
+      report && report->last_step >= 0 ? report->last_step : r.status.progress().step();
+  const int64_t first = report && report->first_bad_step > 0 ? report->first_bad_step : reached + 1;
+  if (diverged_at_ < 0 || first < diverged_at_) {
+    diverged_at_ = first;
+    diverged_seen_ = report ? report->message : "exit 79 without an exit file";
+  }
+  diverged_through_ = std::max(diverged_through_, reached + 1);
+}
+
+void RunUnit::AddRollbackWindow(StoreBatch& b, const RestartDecision& d) {
+  const int64_t first = std::max<int64_t>(diverged_at_, 1);
+  const int64_t last = std::max(first + spec_.guard.skip_batches - 1, diverged_through_);
+  v1::SkipWindow* w = run_.add_skip_windows();
+  w->set_first_step(first);
+  w->set_last_step(last);
+  w->set_attempt(attempt_.number());
+  w->set_resumed_from_step(-1);
+  w->set_reason(diverged_seen_);
+  run_.set_rollbacks(d.rollbacks);
+  env_.host->CountRollback(id());
+  const std::string line =
+      absl::StrCat("rollback ", d.rollbacks, " of ", spec_.guard.max_rollbacks,
+                   ": the next attempt resumes from the newest checkpoint before step ", first,
+                   " and skips the batches of steps ", first, " to ", last,
+                   spec_.guard.lr_factor_on_rollback < 1
+                       ? absl::StrCat(", learning rate x", LearningRateFactor())
+                       : std::string());
+  Log(LogLevel::kWarn, line);
+  b.events.push_back(Event(v1::EVENT_KIND_GUARD, -1, line));
+}
+
+int64_t RunUnit::RollbackBefore() const {
+  if (run_.skip_windows_size() == 0 || attempt_.number() == 0) return -1;
+  const v1::SkipWindow& w = run_.skip_windows(run_.skip_windows_size() - 1);
+  if (w.attempt() != attempt_.number() || attempt_.exit_class() != v1::EXIT_CLASS_DIVERGED) {
+    return -1;
+  }
+  return w.first_step();
+}
+
+void RunUnit::NoteRollbackResume(int64_t before, int64_t resumed_step) {
+  if (before < 0 || run_.skip_windows_size() == 0) return;
+  run_.mutable_skip_windows(run_.skip_windows_size() - 1)->set_resumed_from_step(resumed_step);
+}
+
+std::string RunUnit::SkipWindowsText() const {
+  std::vector<StepWindow> windows;
+  for (const v1::SkipWindow& w : run_.skip_windows()) {
+    windows.push_back({w.first_step(), w.last_step()});
+  }
+  return FormatStepWindows(windows);
+}
+
+double RunUnit::LearningRateFactor() const {
+  return std::pow(spec_.guard.lr_factor_on_rollback, run_.rollbacks());
+}
+
+}  // namespace trainsup::supervisor
