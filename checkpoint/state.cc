@@ -1,5 +1,7 @@
 #include "checkpoint/state.h"
 
+#include <cmath>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -202,11 +204,33 @@ absl::Status SaveState(CheckpointStore& store, const torch::nn::Module& model,
   return WriteSnapshot(store, *snapshot);
 }
 
+namespace {
+
+// Non-finite elements of `t`, reading it in place: a save under a tight
+// memory budget must not allocate a mask the size of its largest tensor.
+template <typename T>
+int64_t NonFiniteIn(const at::Tensor& t) {
+  const T* p = t.data_ptr<T>();
+  int64_t bad = 0;
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) bad += !std::isfinite(p[i]);
+  return bad;
+}
+
+int64_t NonFinite(const at::Tensor& tensor) {
+  const at::Tensor t = tensor.is_contiguous() && tensor.is_cpu() ? tensor
+                                                                 : tensor.contiguous().cpu();
+  if (t.scalar_type() == at::kFloat) return NonFiniteIn<float>(t);
+  if (t.scalar_type() == at::kDouble) return NonFiniteIn<double>(t);
+  return t.numel() - at::isfinite(t).sum().item<int64_t>();  // half, bfloat16
+}
+
+}  // namespace
+
 absl::Status CheckFinite(const StateSnapshot& snapshot) {
   for (const auto* list : {&snapshot.model, &snapshot.optimizer}) {
     for (const auto& [name, t] : *list) {
       if (!t.is_floating_point()) continue;
-      const int64_t bad = t.numel() - at::isfinite(t).sum().item<int64_t>();
+      const int64_t bad = NonFinite(t);
       if (bad > 0) {
         return absl::FailedPreconditionError(
             absl::StrCat(list == &snapshot.model ? "model tensor " : "optimizer tensor ", name,

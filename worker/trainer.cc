@@ -201,16 +201,20 @@ double Trainer::NormOf(const std::vector<at::Tensor>& tensors) {
   norms.reserve(tensors.size());
   for (const at::Tensor& t : tensors) {
     if (!t.is_floating_point()) continue;  // num_batches_tracked
-    norms.push_back(at::linalg_vector_norm(t, 2, c10::nullopt, false, at::kDouble));
+    // In the tensor's own type: a float64 norm would allocate a float64
+    // copy of every gradient under the memory budget. A float32 norm
+    // overflows only past 1.8e19, which is a diverged gradient anyway.
+    norms.push_back(at::linalg_vector_norm(t, 2));
   }
-  return norms.empty() ? 0.0 : at::linalg_vector_norm(at::stack(norms), 2).item<double>();
+  return norms.empty() ? 0.0
+                       : at::linalg_vector_norm(at::stack(norms).to(at::kDouble), 2).item<double>();
 }
 
 // The loss is the global batch's (allreduced) and accum_ the global
-// gradient (the reducer's allreduce): every rank reads the same values. A
-// NaN or an infinity on any rank reaches every rank's sum whatever the
-// order of the additions, and the norm is taken in float64, where squares
-// of finite floats cannot overflow: the finite-or-not decision cannot
+// gradient (the reducer's allreduce): every rank reads the same bytes, and
+// runs the same norm kernel on them with the same thread count, so it gets
+// the same norm. A NaN or an infinity on any rank reaches every rank's sum
+// whatever the order of the additions: the finite-or-not decision cannot
 // differ between ranks, and so no collective is needed for it.
 bool Trainer::GuardStep(int64_t next, double loss, bool stats_finite) {
   const GuardSpec& g = spec_.guard;

@@ -214,9 +214,9 @@ class Trainer {
   // The guard's view of step `next` after its forward and backward: judge
   // it, and undo and report it when it is not applied. True: apply it.
   bool GuardStep(int64_t next, double loss, bool stats_finite);
-  // The 2-norm of the floating-point tensors of `tensors` together, in
-  // float64 (NaN or infinite when any element is): of accum_, the global
-  // gradient (summed over the ranks).
+  // The 2-norm of the floating-point tensors of `tensors` together (NaN or
+  // infinite when any element is): of accum_, the global gradient (summed
+  // over the ranks).
   static double NormOf(const std::vector<at::Tensor>& tensors);
   // The step's faults from [testing] (this attempt's and rank's).
   StepFaults FaultsAt(int64_t next) const;

@@ -35,7 +35,8 @@ except ImportError as e:  # the message says what is missing
 PYTHON = sys.executable
 ENV_VARS = ("TRAINSUP_SUPERVISOR", "TRAINSUP_TOKEN", "TRAINSUP_RUN_ID", "TRAINSUP_ATTEMPT",
             "TRAINSUP_RUN_DIR", "TRAINSUP_CHECKPOINT_DIR", "TRAINSUP_RESUME_FROM",
-            "TRAINSUP_CLIENT_PID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+            "TRAINSUP_CLIENT_PID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+            "TRAINSUP_SKIP_WINDOWS", "TRAINSUP_LR_FACTOR")
 
 
 def clean_env(**extra):
@@ -159,6 +160,69 @@ class NoOpOutsideTrainsupd(unittest.TestCase):
             """, clean_env(), self.dir)
         self.assertEqual(r.returncode, 1)
         self.assertIn("shape mismatch", r.stderr)
+
+    def test_guard_rejects_non_finite_and_spikes_then_diverges_with_79(self):
+        # A real torch model: a NaN loss, a NaN gradient under a finite loss,
+        # a spike after the warm-up, and the third bad step within the
+        # window ends the process with exit 79 and the exit file's
+        # first_bad_step (TRAINSUP_RUN_DIR set, as trainsupd sets it).
+        r = run_script("""
+            import math, torch, trainsup
+            model = torch.nn.Linear(2, 1)
+            guard = trainsup.Guard(max_bad_steps=3, bad_window=10, spike_factor=4,
+                                   spike_window=5, spike_warmup=5)
+            def step(loss_value):
+                model.zero_grad()
+                loss = model(torch.ones(1, 2)).sum() * 0 + loss_value
+                loss.backward()
+                return loss
+            for s in range(1, 6):
+                assert guard.check(s, step(1.0), model), s
+            assert not guard.check(6, step(float("nan")), model)
+            loss = torch.tensor(1.0)
+            model.weight.grad = torch.full_like(model.weight, float("nan"))
+            assert not guard.check(7, loss, model)
+            assert guard.check(8, 3.9)
+            print("before the third", flush=True)
+            guard.check(9, 50.0)
+            print("not reached", flush=True)
+            """, clean_env(TRAINSUP_RUN_DIR=self.dir, TRAINSUP_ATTEMPT=1), self.dir)
+        self.assertEqual(r.returncode, 79, r.stderr)
+        self.assertIn("before the third", r.stdout)
+        self.assertNotIn("not reached", r.stdout)
+        self.assertIn("step 6 not applied (not finite): loss nan", r.stderr)
+        self.assertIn("step 7 not applied (not finite): gradient norm not finite", r.stderr)
+        self.assertIn("step 9 not applied (loss spike): loss 50 is 50.0 times the median 1", r.stderr)
+        with open(os.path.join(self.dir, "attempts", "1", "rank-0.exit.json")) as f:
+            exit_file = json.load(f)
+        self.assertEqual(exit_file["code"], 79)
+        self.assertEqual(exit_file["reason"], "diverged")
+        self.assertEqual(exit_file["first_bad_step"], 6)
+        self.assertTrue(exit_file["message"].startswith(
+            "diverged at step 6: 3 bad steps within 10 (step 6: loss nan; "), exit_file["message"])
+
+    def test_skip_windows_and_lr_factor_come_from_the_environment(self):
+        r = run_script("""
+            import trainsup
+            assert trainsup.skip_windows() == [(6, 8), (20, 20)], trainsup.skip_windows()
+            assert [s for s in range(1, 25) if trainsup.skip_step(s)] == [6, 7, 8, 20]
+            assert trainsup.lr_factor() == 0.25
+            print("ok")
+            """, clean_env(TRAINSUP_SKIP_WINDOWS="6-8,20-20", TRAINSUP_LR_FACTOR="0.25"),
+            self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = run_script("""
+            import trainsup
+            assert trainsup.skip_windows() == [] and not trainsup.skip_step(3)
+            assert trainsup.lr_factor() == 1.0
+            """, clean_env(), self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = run_script("""
+            import trainsup
+            trainsup.skip_windows()
+            """, clean_env(TRAINSUP_SKIP_WINDOWS="8-6"), self.dir)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("TRAINSUP_SKIP_WINDOWS: '8-6' is not FIRST-LAST", r.stderr)
 
     def test_rank_1_writes_nothing(self):
         r = run_script("""
