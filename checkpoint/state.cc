@@ -1,11 +1,10 @@
 #include "checkpoint/state.h"
 
-#include <cmath>
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -217,8 +216,8 @@ int64_t NonFiniteIn(const at::Tensor& t) {
 }
 
 int64_t NonFinite(const at::Tensor& tensor) {
-  const at::Tensor t = tensor.is_contiguous() && tensor.is_cpu() ? tensor
-                                                                 : tensor.contiguous().cpu();
+  const at::Tensor t =
+      tensor.is_contiguous() && tensor.is_cpu() ? tensor : tensor.contiguous().cpu();
   if (t.scalar_type() == at::kFloat) return NonFiniteIn<float>(t);
   if (t.scalar_type() == at::kDouble) return NonFiniteIn<double>(t);
   return t.numel() - at::isfinite(t).sum().item<int64_t>();  // half, bfloat16

@@ -50,7 +50,9 @@ GuardDecision StepGuard::Judge(int64_t step, double loss, double grad_norm, bool
     }
   }
   if (d.verdict == StepVerdict::kApply) {
-    losses_.push_back(loss);
+    // With check_finite off a non-finite loss is applied, but never enters
+    // the window (its median, and the checkpoint's JSON, need numbers).
+    if (std::isfinite(loss)) losses_.push_back(loss);
     while (static_cast<int64_t>(losses_.size()) > spec_.spike_window) losses_.pop_front();
     ++applied_;
   } else {

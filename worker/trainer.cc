@@ -173,6 +173,11 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
   if (labelled == 0) {
     // labelled is the global batch's: every rank skips the same steps.
     counters_.skipped_steps++;
+    if (stats_bad != 0) {
+      // Nothing to judge, but the forward's statistics must not stay.
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(saved_buffers_[i]);
+    }
     Log(absl::StrCat("step ", step_, ": ",
                      stats->dropped_labelled > 0 ? "no labelled voxel fitted in memory"
                                                  : "the batch has no labelled voxel",

@@ -275,7 +275,7 @@ def checkpoint(step, root=None, keep_last=3, keep_every=0):
             shutil.rmtree(scratch, ignore_errors=True)
         return
     store = _store.CheckpointStore(_checkpoint_root(c, root), keep_last=keep_last,
-                                   keep_every=keep_every)
+                                   keep_every=keep_every, keep_before=_keep_before)
     previous_phase = None
     if c is not None and c.link is not None:
         with c.lock:
@@ -446,6 +446,11 @@ def lr_factor():
     return value
 
 
+# The oldest bad step a Guard still counts (None: none): checkpoint()'s
+# retention keeps the newest checkpoint below it, a rollback's target.
+_keep_before = None
+
+
 def _finite(x):
     return x == x and x not in (float("inf"), float("-inf"))
 
@@ -499,7 +504,9 @@ class Guard:
     def check(self, step, loss, model=None):
         """Judges step `step`: True to apply it. `loss` a number or a
         one-element tensor; `model` a module or parameters whose .grad
-        backward() filled (None: the loss only)."""
+        backward() filled (None: the loss only). In a DDP script, pass the
+        loss every rank sees (all-reduced): each rank must decide alike."""
+        global _keep_before
         loss = float(loss)
         seen, spike = None, False
         if not _finite(loss):
@@ -514,8 +521,11 @@ class Guard:
         if seen is None:
             self._losses = (self._losses + [loss])[-self.spike_window:]
             self._applied += 1
+            self._bad = [b for b in self._bad if b[0] > step - self.bad_window]
+            _keep_before = self._bad[0][0] if self._bad else None
             return True
         self._bad = [b for b in self._bad if b[0] > step - self.bad_window] + [(step, seen)]
+        _keep_before = self._bad[0][0]
         line = "step %d not applied (%s): %s" % (step, "loss spike" if spike else "not finite",
                                                 seen)
         print("trainsup: " + line, file=sys.stderr)

@@ -87,10 +87,11 @@ class CheckpointStore:
 
     keep_last: the newest committed checkpoints kept (None: all);
     keep_every: also keep every step that is a multiple (0: none). The
-    checkpoint just committed is never removed.
+    checkpoint just committed is never removed, nor, with keep_before set,
+    the newest below that step (a rollback's target, docs/guard.md).
     """
 
-    def __init__(self, root, keep_last=3, keep_every=0):
+    def __init__(self, root, keep_last=3, keep_every=0, keep_before=None):
         if keep_last is not None and keep_last < 1:
             raise ValueError("keep_last must be >= 1 or None, got %r" % (keep_last,))
         if keep_every < 0:
@@ -98,6 +99,7 @@ class CheckpointStore:
         self.root = root
         self.keep_last = keep_last
         self.keep_every = keep_every
+        self.keep_before = keep_before
 
     def begin(self, step):
         """Removes leftovers of interrupted saves and creates step-N.tmp;
@@ -178,8 +180,14 @@ class CheckpointStore:
         if self.keep_last is None:
             return
         committed = self.list()
+        target = None
+        if self.keep_before is not None:
+            below = [step for step, _ in committed if step < self.keep_before]
+            target = max(below) if below else None
         for step, path in committed[:max(0, len(committed) - self.keep_last)]:
             if self.keep_every > 0 and step % self.keep_every == 0:
+                continue
+            if step == target:
                 continue
             if step == keep_step:
                 continue

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "contracts/data_roots.h"
 #include "contracts/run_layout.h"
 
@@ -43,7 +44,7 @@ LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
     spec.env["TRAINSUP_MEMORY_BUDGET_MB"] = std::to_string(w.memory_budget_mb);
   }
   if (!w.skip_windows.empty()) spec.env["TRAINSUP_SKIP_WINDOWS"] = w.skip_windows;
-  if (w.lr_factor < 1) spec.env["TRAINSUP_LR_FACTOR"] = absl::StrCat(w.lr_factor);
+  if (w.lr_factor < 1) spec.env["TRAINSUP_LR_FACTOR"] = absl::StrFormat("%.17g", w.lr_factor);
   spec.working_dir = w.run_dir;
   spec.log_path = RunLayout(w.run_dir).LogPath(w.attempt, w.rank);
   if (w.command != nullptr) {

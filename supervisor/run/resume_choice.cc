@@ -16,6 +16,27 @@ ResumeChoice ChooseResume(const std::string& run_dir, int64_t before_step) {
   if (!ckpt::FileSystem::Default()->IsDir(root)) return c;
   ckpt::CheckpointStore store(root);
   std::vector<ckpt::QuarantineReport> quarantined;
+  if (before_step >= 0) {
+    // A rollback: the diverged timeline's checkpoints from the first bad
+    // step on are moved aside, so that no later attempt (after a crash of
+    // this one, say) resumes from them and undoes the rollback, and
+    // retention does not keep them over the new timeline's.
+    absl::StatusOr<std::vector<ckpt::CheckpointInfo>> all = store.List();
+    if (!all.ok()) {
+      c.error = all.status();
+      return c;
+    }
+    for (const ckpt::CheckpointInfo& info : *all) {
+      if (info.step < before_step) continue;
+      absl::StatusOr<ckpt::QuarantineReport> q = store.Quarantine(
+          info, absl::StrCat("superseded: the run rolled back past step ", before_step));
+      if (!q.ok()) {
+        c.error = q.status();
+        return c;
+      }
+      quarantined.push_back(*q);
+    }
+  }
   absl::StatusOr<ckpt::CheckpointInfo> latest = store.ChooseLatest(&quarantined, before_step);
   for (const auto& q : quarantined) {
     c.notes.push_back(absl::StrCat("checkpoint step ", q.step, " quarantined: ", q.reason));

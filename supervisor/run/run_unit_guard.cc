@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "contracts/run_layout.h"
 #include "contracts/spec.h"
 #include "supervisor/run/run_unit.h"
 
@@ -28,6 +29,20 @@ void RunUnit::NoteDiverged(const RankState& r, const std::optional<ExitFile>& re
 }
 
 void RunUnit::AddRollbackWindow(StoreBatch& b, const RestartDecision& d) {
+  if (diverged_at_ < 0) {
+    // The ranks ended while no daemon watched (adopted after a restart):
+    // their exit files say where; without any, the step after rank 0's
+    // last, never step 1 (which would send the run back to scratch).
+    for (const RankState& r : ranks_) {
+      if (r.status.exit_class() != v1::EXIT_CLASS_DIVERGED) continue;
+      NoteDiverged(r, env_.launcher->ReadExitFile(
+                          RunLayout(run_.run_dir()).ExitFilePath(attempt_.number(), r.rank)));
+    }
+    if (diverged_at_ < 0) {
+      diverged_at_ = diverged_through_ = run_.progress().step() + 1;
+      diverged_seen_ = "exit 79; no exit file said where";
+    }
+  }
   const int64_t first = std::max<int64_t>(diverged_at_, 1);
   const int64_t last = std::max(first + spec_.guard.skip_batches - 1, diverged_through_);
   v1::SkipWindow* w = run_.add_skip_windows();
@@ -72,7 +87,8 @@ std::string RunUnit::SkipWindowsText() const {
 }
 
 double RunUnit::LearningRateFactor() const {
-  return std::pow(spec_.guard.lr_factor_on_rollback, run_.rollbacks());
+  // Never 0 (the worker refuses it): 1e-12 at the least.
+  return std::max(1e-12, std::pow(spec_.guard.lr_factor_on_rollback, run_.rollbacks()));
 }
 
 }  // namespace trainsup::supervisor

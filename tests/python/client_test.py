@@ -201,6 +201,21 @@ class NoOpOutsideTrainsupd(unittest.TestCase):
         self.assertTrue(exit_file["message"].startswith(
             "diverged at step 6: 3 bad steps within 10 (step 6: loss nan; "), exit_file["message"])
 
+    def test_retention_keeps_the_checkpoint_before_a_counted_bad_step(self):
+        # keep_last=2: a bad step at 5 keeps step-4, a rollback's target,
+        # past the newest two.
+        r = run_script("""
+            import os, trainsup
+            guard = trainsup.Guard(max_bad_steps=3, bad_window=100)
+            for step in range(1, 11):
+                guard.check(step, float("nan") if step == 5 else 1.0)
+                with trainsup.checkpoint(step, root="ckpt", keep_last=2) as d:
+                    open(os.path.join(d, "x"), "w").write(str(step))
+            print(sorted(int(n.split("-")[1]) for n in os.listdir("ckpt")))
+            """, clean_env(), self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("[4, 9, 10]", r.stdout)
+
     def test_skip_windows_and_lr_factor_come_from_the_environment(self):
         r = run_script("""
             import trainsup

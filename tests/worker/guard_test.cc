@@ -67,6 +67,12 @@ TEST(StepGuard, SpikesOffWithFactorZeroAndFiniteChecksOffWithCheckFinite) {
   for (int i = 1; i <= 6; ++i) guard.Judge(i, 1.0, 1.0);
   EXPECT_EQ(guard.Judge(7, 1e9, 1.0).verdict, StepVerdict::kApply);
   EXPECT_EQ(guard.Judge(8, 1.0, kNan).verdict, StepVerdict::kApply);
+  // An applied NaN never enters the loss window: the median stays a
+  // number, and the state round-trips (JSON has no NaN).
+  EXPECT_EQ(guard.Judge(9, kNan, 1.0).verdict, StepVerdict::kApply);
+  EXPECT_EQ(guard.Median(), 1.0);
+  StepGuard back(g);
+  EXPECT_TRUE(back.FromJson(nlohmann::json::parse(guard.ToJson().dump())).ok());
 }
 
 TEST(StepGuard, MaxBadStepsWithinTheWindowDivergeNamingTheFirst) {

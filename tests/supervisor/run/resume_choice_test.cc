@@ -76,3 +76,31 @@ TEST(ChooseResume, TheNewestVerifiedCheckpointOfTheOneStoreQuarantiningCorruptOn
 
 }  // namespace
 }  // namespace trainsup::supervisor
+
+namespace trainsup::supervisor {
+namespace {
+
+// A rollback past step 40 (docs/guard.md): the newest checkpoint below 40 is
+// chosen, and the diverged timeline's 40 and 50 are moved aside, so that a
+// later attempt's plain choice cannot resume from them.
+TEST(ChooseResume, ARollbackResumesBelowItsStepAndMovesTheNewerCheckpointsAside) {
+  trainsup::testing::TempDir dir("resume_choice_test");
+  ckpt::CheckpointStore store(RunLayout(dir.path()).CheckpointsDir(), ckpt::FileSystem::Default(),
+                              ckpt::StoreOptions{5});
+  for (int64_t step : {20, 30, 40, 50}) Commit(store, step);
+  ResumeChoice c = ChooseResume(dir.path(), 40);
+  EXPECT_TRUE(c.error.ok()) << c.error;
+  EXPECT_EQ(c.step, 30);
+  ASSERT_EQ(c.notes.size(), 2u);
+  EXPECT_NE(c.notes[0].find("superseded: the run rolled back past step 40"), std::string::npos)
+      << c.notes[0];
+  c = ChooseResume(dir.path());
+  EXPECT_EQ(c.step, 30);
+  // Nothing below the step: from scratch, the newer ones aside.
+  c = ChooseResume(dir.path(), 20);
+  EXPECT_TRUE(c.error.ok()) << c.error;
+  EXPECT_EQ(c.step, -1);
+}
+
+}  // namespace
+}  // namespace trainsup::supervisor
