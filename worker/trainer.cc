@@ -132,7 +132,7 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
   // The forward moves BatchNorm's running statistics; a step the guard
   // does not apply puts them back (after rank 0's broadcast: every rank
   // puts back the same).
-  for (size_t i = 0; i < buffers_.size(); ++i) saved_buffers_[i].copy_(buffers_[i]);
+  CopyBuffers(buffers_, saved_buffers_);
   reducer_->BeginStep(&accum_, step_);
   absl::StatusOr<StepOutcome> outcome = ForwardBackward(
       *model_, batch, channels_, params_, accum_, Splitting(),
@@ -173,11 +173,8 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
   if (labelled == 0) {
     // labelled is the global batch's: every rank skips the same steps.
     counters_.skipped_steps++;
-    if (stats_bad != 0) {
-      // Nothing to judge, but the forward's statistics must not stay.
-      at::NoGradGuard no_grad;
-      for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(saved_buffers_[i]);
-    }
+    // Nothing to judge, but the forward's statistics must not stay.
+    if (stats_bad != 0) CopyBuffers(saved_buffers_, buffers_);
     Log(absl::StrCat("step ", step_, ": ",
                      stats->dropped_labelled > 0 ? "no labelled voxel fitted in memory"
                                                  : "the batch has no labelled voxel",
@@ -198,6 +195,11 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
   last_loss_ = loss_sum;
   last_accuracy_ = static_cast<double>(hits) / static_cast<double>(labelled);
   return absl::OkStatus();
+}
+
+void Trainer::CopyBuffers(const std::vector<at::Tensor>& from, std::vector<at::Tensor>& to) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
 }
 
 double Trainer::NormOf(const std::vector<at::Tensor>& tensors) {
@@ -228,9 +230,9 @@ bool Trainer::GuardStep(int64_t next, double loss, bool stats_finite) {
       guard_.Judge(next, loss, g.check_finite ? NormOf(accum_) : 0.0, stats_finite);
   if (d.verdict == StepVerdict::kApply) return true;
   step_applied_ = false;
+  CopyBuffers(saved_buffers_, buffers_);
   {
     at::NoGradGuard no_grad;
-    for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(saved_buffers_[i]);
     for (at::Tensor& a : accum_) a.zero_();
   }
   const bool spike = d.verdict == StepVerdict::kSpike;

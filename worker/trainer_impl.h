@@ -218,6 +218,9 @@ class Trainer {
   // infinite when any element is): of accum_, the global gradient (summed
   // over the ranks).
   static double NormOf(const std::vector<at::Tensor>& tensors);
+  // BatchNorm statistics into their copy before a step, and back when it
+  // is not applied (buffers_ and saved_buffers_, element by element).
+  static void CopyBuffers(const std::vector<at::Tensor>& from, std::vector<at::Tensor>& to);
   // The step's faults from [testing] (this attempt's and rank's).
   StepFaults FaultsAt(int64_t next) const;
   void Evaluate(TrainerResult* result);

@@ -227,7 +227,8 @@ class RunUnit {
   int64_t RollbackBefore() const;
   // After the choice: the rollback's window names the step resumed from.
   void NoteRollbackResume(int64_t before, int64_t resumed_step);
-  // TRAINSUP_SKIP_WINDOWS and TRAINSUP_LR_FACTOR of the run's windows.
+  // TRAINSUP_SKIP_WINDOWS (the rollbacks' windows; the spec's stay in the
+  // spec) and TRAINSUP_LR_FACTOR.
   std::string SkipWindowsText() const;
   double LearningRateFactor() const;
   void WaitForSpace();

@@ -79,9 +79,11 @@ void RunUnit::NoteRollbackResume(int64_t before, int64_t resumed_step) {
 }
 
 std::string RunUnit::SkipWindowsText() const {
+  // The rollbacks' windows: the spec's (attempt 0) the worker reads from
+  // the spec itself.
   std::vector<StepWindow> windows;
   for (const v1::SkipWindow& w : run_.skip_windows()) {
-    windows.push_back({w.first_step(), w.last_step()});
+    if (w.attempt() > 0) windows.push_back({w.first_step(), w.last_step()});
   }
   return FormatStepWindows(windows);
 }

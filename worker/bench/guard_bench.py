@@ -31,6 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 STEP = re.compile(r"^step (\d+)/\d+ epoch \d+ loss (\S+) .*; iteration ([0-9.]+) ms", re.M)
 THREADS = re.compile(r", (\d+) threads, on (\S+)")
 
+# deploy/demo.sh's run spec without its [testing] fault, checkpoints or
+# evaluation (keep the two in step).
 SPEC = """name = "guard-bench"
 [model]
 arch = "minkunet14"
