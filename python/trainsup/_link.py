@@ -7,13 +7,17 @@ Everything runs on daemon threads; nothing here blocks the training loop
 (report_exit waits only as long as it is told to). When the stream breaks
 the link reconnects with a backoff that doubles from reconnect_initial_s to
 reconnect_max_s (back to the initial one after a welcomed connection),
-forever, while training goes on: the daemon may be restarting.
+forever, while training goes on: the daemon may be restarting. An
+unexpected exception on the link thread is written to stderr and the link
+reconnects the same way.
 """
 
 import collections
 import os
+import sys
 import threading
 import time
+import traceback
 
 MAX_QUEUED_EVENTS = 1000
 # How long a stopping link waits for the daemon to end the half-closed
@@ -178,7 +182,17 @@ class Link:
         backoff_s = self._reconnect_initial_s
         try:
             while True:
-                if self._run_connection():
+                try:
+                    welcomed = self._run_connection()
+                except Exception:
+                    # A bug here or a surprise from grpc or protobuf must not
+                    # end the thread: the script would train on without
+                    # heartbeats until the daemon killed it as frozen.
+                    welcomed = False
+                    sys.stderr.write("trainsup: the link to trainsupd failed, reconnecting:\n" +
+                                     traceback.format_exc())
+                    sys.stderr.flush()
+                if welcomed:
                     backoff_s = self._reconnect_initial_s
                 with self._cv:
                     if self._cv.wait_for(lambda: self._stopping, backoff_s):

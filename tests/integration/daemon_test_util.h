@@ -84,6 +84,19 @@ inline std::string RankLog(const v1::Run& run, int attempt, int rank) {
   return ReadFileText(RunLayout(run.run_dir()).LogPath(attempt, rank));
 }
 
+// Every attempt's log of every rank, headed by attempt and rank: for a
+// failure message (a frozen or hung rank's log ends with its stacks).
+inline std::string EveryRankLog(const v1::Run& run) {
+  std::string out;
+  for (const v1::Attempt& a : run.attempts()) {
+    for (const v1::RankStatus& r : a.ranks()) {
+      out += "---- attempt " + std::to_string(a.number()) + " rank " + std::to_string(r.rank()) +
+             " log ----\n" + RankLog(run, a.number(), r.rank());
+    }
+  }
+  return out;
+}
+
 struct FakeGpu {
   std::string uuid;
   int64_t used_mb = 0;

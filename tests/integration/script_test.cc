@@ -92,15 +92,15 @@ TEST(CommandRun, ClientScriptCrashesResumesFromItsCheckpointAndEndsAsAnUninterru
       h.Submit(ScriptSpec("reference", "train_small.py", true, common, 1, 30));
   v1::Run ref;
   ASSERT_TRUE(h.WaitForEnd(ref_id, Seconds(180), &ref));
-  ASSERT_EQ(ref.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ref) << RankLog(ref, 1, 0);
-  ASSERT_EQ(ref.attempts_size(), 1);
+  ASSERT_EQ(ref.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ref) << EveryRankLog(ref);
+  ASSERT_EQ(ref.attempts_size(), 1) << Describe(ref) << EveryRankLog(ref);
 
   const std::string id = h.Submit(
       ScriptSpec("crashes", "train_small.py", true, common + ", CRASH_AT_STEP = \"12\"", 1, 30));
   v1::Run run;
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
-  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run) << EveryRankLog(run);
   EXPECT_EQ(run.attempts(0).ranks(0).signal(), SIGABRT) << Describe(run);
   EXPECT_EQ(run.attempts(1).resumed_from_step(), 10) << Describe(run);
   EXPECT_THAT(RankLog(run, 2, 0), HasSubstr("resumed from step 10"));
@@ -131,7 +131,7 @@ TEST(CommandRun, ClientGuardDivergesAndTheDaemonRollsTheScriptBackPastTheBadStep
   v1::Run run;
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run) << RankLog(run, 1, 0);
-  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run) << EveryRankLog(run);
   EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_DIVERGED) << Describe(run);
   EXPECT_THAT(run.attempts(0).exit_reason(), HasSubstr("diverged at step 7")) << Describe(run);
   EXPECT_EQ(run.attempts(1).resumed_from_step(), 6) << Describe(run);
@@ -158,7 +158,7 @@ TEST(CommandRun, ScriptWithoutTheClientIsSupervisedByItsExitCode) {
   v1::Run run;
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
-  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run) << EveryRankLog(run);
   EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_SIGNAL) << Describe(run);
   EXPECT_EQ(run.attempts(1).ranks(0).exit_class(), v1::EXIT_CLASS_SUCCESS) << Describe(run);
   EXPECT_THAT(RankLog(run, 2, 0), HasSubstr("done"));
@@ -203,7 +203,7 @@ TEST(CommandRun, HungScriptGetsPythonStacksInItsLogAndIsRelaunched) {
   v1::Run run;
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
-  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run) << EveryRankLog(run);
   EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_HUNG) << Describe(run);
   const std::string log = RankLog(run, 1, 0);
   EXPECT_THAT(log, HasSubstr("hanging at step 6"));
@@ -232,7 +232,7 @@ TEST(CommandRun, TwoRankDdpScriptWithOneRankKilledRestartsAsAGang) {
   ASSERT_EQ(kill(run.attempts(0).ranks(1).pid(), SIGKILL), 0);
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(300), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
-  ASSERT_GE(run.attempts_size(), 2) << Describe(run);
+  ASSERT_GE(run.attempts_size(), 2) << Describe(run) << EveryRankLog(run);
   EXPECT_EQ(run.attempts(0).ranks(1).signal(), SIGKILL) << Describe(run);
   EXPECT_GE(run.attempts(1).resumed_from_step(), 5) << Describe(run);
   for (int r = 0; r < 2; ++r) {
@@ -254,7 +254,7 @@ TEST(CommandRun, OutOfMemoryThroughTheHelperIsExit75AndAnOomRestart) {
   v1::Run run;
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
-  ASSERT_EQ(run.attempts_size(), 2) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 2) << Describe(run) << EveryRankLog(run);
   EXPECT_EQ(run.attempts(0).ranks(0).exit_code(), 75) << Describe(run);
   EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_OOM) << Describe(run);
   EXPECT_EQ(run.oom_restarts(), 1) << Describe(run);

@@ -475,6 +475,38 @@ class Channel(unittest.TestCase):
             script.kill()
             script.communicate()
 
+    def test_an_unexpected_error_in_the_link_thread_reconnects(self):
+        # The link thread must outlive a bug or a library's surprise: a dead
+        # thread leaves the script training without heartbeats, and the
+        # daemon kills it as frozen with nothing but a traceback to show.
+        script = subprocess.Popen([PYTHON, "-c", textwrap.dedent("""
+            import time, trainsup
+            from trainsup import _link
+            handle = _link.Link._handle_command
+            failed = []
+
+            def fail_once(self, conn, command):
+                if not failed:
+                    failed.append(1)
+                    raise RuntimeError("injected link failure")
+                return handle(self, conn, command)
+            _link.Link._handle_command = fail_once
+            for step in range(1, 1000):
+                trainsup.progress(step)
+                time.sleep(0.02)
+            """)], env=self.env(), cwd=self.dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        try:
+            seen = self.wait_for(lambda m: m.HasField("heartbeat"))
+            hellos = [m for m in seen if m.HasField("hello")]
+            self.assertEqual(len(hellos), 2, seen)
+            self.assertEqual(self.daemon.connections, 2)
+        finally:
+            script.kill()
+            _, err = script.communicate()
+        self.assertIn("trainsup: the link to trainsupd failed", err)
+        self.assertIn("RuntimeError: injected link failure", err)
+
     def test_sigusr1_dumps_python_stacks(self):
         script = subprocess.Popen([PYTHON, "-c", textwrap.dedent("""
             import time, trainsup
