@@ -124,13 +124,13 @@ TEST(CommandRun, ClientGuardDivergesAndTheDaemonRollsTheScriptBackPastTheBadStep
       ScriptSpec("skipped", "train_guard.py", true, "EXTRA_SKIP = \"7-9\"", 1, 16) + guard);
   v1::Run ref;
   ASSERT_TRUE(h.WaitForEnd(ref_id, Seconds(180), &ref));
-  ASSERT_EQ(ref.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ref) << RankLog(ref, 1, 0);
+  ASSERT_EQ(ref.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ref) << EveryRankLog(ref);
 
   const std::string id =
       h.Submit(ScriptSpec("nan", "train_guard.py", true, "NAN_AT_STEP = \"7\"", 1, 16) + guard);
   v1::Run run;
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(180), &run));
-  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run) << RankLog(run, 1, 0);
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run) << EveryRankLog(run);
   ASSERT_EQ(run.attempts_size(), 2) << Describe(run) << EveryRankLog(run);
   EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_DIVERGED) << Describe(run);
   EXPECT_THAT(run.attempts(0).exit_reason(), HasSubstr("diverged at step 7")) << Describe(run);
