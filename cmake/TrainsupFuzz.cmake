@@ -77,6 +77,7 @@ ExternalProject_Add(trainsup_fuzz
     -DTRAINSUP_DATA_SOURCES=${data_sources}
     -DTRAINSUP_CHECKPOINT_SOURCES=${checkpoint_sources}
     -DTRAINSUP_SPEC_SOURCES=${spec_sources}
+    -DTRAINSUP_VERSION=${PROJECT_VERSION}
     -DTRAINSUP_SAFETENSORS_SOURCES=${PROJECT_SOURCE_DIR}/checkpoint/safetensors.cc
     -DTRAINSUP_CLUSTER_SOURCES=${PROJECT_SOURCE_DIR}/supervisor/cluster/cluster_protocol.cc|${PROJECT_SOURCE_DIR}/supervisor/policy/restart_policy.cc
   BUILD_COMMAND ${CMAKE_COMMAND} --build ${fuzz_dir} -j ${TRAINSUP_FUZZ_BUILD_JOBS}

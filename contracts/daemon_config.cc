@@ -615,6 +615,11 @@ absl::Status CheckEtcdTransport(const ClusterSection& cluster,
   return absl::OkStatus();
 }
 
+std::string WorkerBinaryPath(const DaemonSection& daemon, const std::string& daemon_exe) {
+  if (!daemon.worker_binary.empty()) return daemon.worker_binary;
+  return (fs::path(daemon_exe).parent_path() / "trainsup-worker").string();
+}
+
 absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {

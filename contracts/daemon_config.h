@@ -202,6 +202,12 @@ std::string FormatConfig(const DaemonConfig& config);
 // the [[auth.tokens]] list compares as one key, "auth.tokens".
 std::vector<std::string> ChangedKeys(const DaemonConfig& a, const DaemonConfig& b);
 
+// The worker program a daemon whose own binary is `daemon_exe` launches:
+// daemon.worker_binary, or trainsup-worker beside `daemon_exe` when that is
+// "" (`trainsupd --print-worker-binary`; deploy/build-worker.sh installs
+// the worker there).
+std::string WorkerBinaryPath(const DaemonSection& daemon, const std::string& daemon_exe);
+
 // Reads `path` and parses it with its directory as base_dir. NotFound if
 // the file does not exist; errors name the file.
 absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path);

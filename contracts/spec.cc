@@ -207,6 +207,7 @@ absl::Status ReadTesting(const toml::table* t, TestingSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.Int("nan_loss_at_step", &s->nan_loss_at_step, -1, kBillion));
   TRAINSUP_RETURN_IF_ERROR(r.Int("nan_grad_at_step", &s->nan_grad_at_step, -1, kBillion));
   TRAINSUP_RETURN_IF_ERROR(r.Int("loss_spike_at_step", &s->loss_spike_at_step, -1, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.String("report_version", &s->report_version));
   TRAINSUP_RETURN_IF_ERROR(r.Int("only_attempt", &s->only_attempt, 0, 1000000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("only_rank", &s->only_rank, -1, 63));
   TRAINSUP_RETURN_IF_ERROR(

@@ -174,6 +174,9 @@ struct TestingSpec {
   int64_t nan_loss_at_step = -1;
   int64_t nan_grad_at_step = -1;
   int64_t loss_spike_at_step = -1;
+  // The worker's Hello carries this version instead of its own (a worker
+  // the daemon cannot serve); "" = its own.
+  std::string report_version;
   int64_t only_attempt = 0;  // 0: faults on every attempt; N: only on attempt N
   int64_t only_rank = -1;    // -1: faults on every rank; R: only on rank R
 };

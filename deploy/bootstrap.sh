@@ -7,7 +7,18 @@
 #
 # TRAINSUP_VENV (default /opt/trainsup/venv) is where torch goes; the build
 # finds it there by itself (cmake/TrainsupLibTorch.cmake).
+#
+# bootstrap.sh --worker-build-deps installs only what building
+# trainsup-worker against the machine's own torch needs
+# (deploy/build-worker.sh): no torch, no daemon libraries, no test tools.
 set -euo pipefail
+
+worker_only=0
+case "${1:-}" in
+  "") ;;
+  --worker-build-deps) worker_only=1 ;;
+  *) echo "bootstrap.sh: unknown argument '$1' (--worker-build-deps or nothing)" >&2; exit 64 ;;
+esac
 
 if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null 2>&1; then exec sudo -E bash "$0" "$@"; fi
@@ -15,15 +26,22 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-packages=(
+worker_packages=(
   # toolchain
   build-essential cmake ninja-build ccache pkg-config git
   # engine and worker: LibTorch is the torch wheel's (below); Gloo's headers
   # for ProcessGroupGloo.hpp (the wheel ships none; its code is the wheel's),
-  # OpenBLAS for the engine's products; the virtual environment for torch
-  libgloo-dev libopenblas0-pthread libopenblas-dev python3-venv
-  # API and daemon
+  # OpenBLAS for the engine's products
+  libgloo-dev libopenblas0-pthread libopenblas-dev
+  # the worker channel and the contracts
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
+)
+packages=(
+  "${worker_packages[@]}"
+  # the virtual environment for torch
+  python3-venv
+  # API and daemon
   libboost1.81-dev libboost-filesystem1.81-dev
   libsqlite3-dev libsystemd-dev prometheus-cpp-dev
   # multi-node jobs: etcd (the tests start their own on loopback) and the
@@ -33,7 +51,7 @@ packages=(
   # the reason, where it cannot make them) and the TLS test's certificates
   iproute2 openssl
   # shared libraries
-  libspdlog-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
+  libspdlog-dev libcli11-dev
   # tests and benchmarks; clang's libFuzzer and sanitizers for fuzz/
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
   # the style test (tests/style): the sources as clang-format 14 formats them
@@ -49,8 +67,12 @@ packages=(
   python3-xxhash
   # docs/plots: the benchmark plots of docs/benchmarks.md (pngcairo)
   gnuplot-nox
+  # the Debian package (tests/package): manual pages from --help, lintian,
+  # and a clean Debian 12 root to install it into
+  help2man lintian debootstrap
 )
 
+if [ "$worker_only" -eq 1 ]; then packages=("${worker_packages[@]}"); fi
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -65,6 +87,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
   echo "bootstrap: all ${#packages[@]} packages already installed"
+fi
+
+if [ "$worker_only" -eq 1 ]; then
+  echo "bootstrap: the worker's build dependencies are installed (deploy/build-worker.sh)"
+  exit 0
 fi
 
 # The pinned torch wheel in the project's virtual environment. The venv sees

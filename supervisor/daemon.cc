@@ -27,6 +27,7 @@
 #include "checkpoint/store.h"
 #include "contracts/free_port.h"
 #include "contracts/run_layout.h"
+#include "contracts/version.h"
 #include "supervisor/api/api_service.h"
 #include "supervisor/api/servers.h"
 #include "supervisor/api/watch_hub.h"
@@ -42,10 +43,6 @@
 #include "supervisor/store/store_thread.h"
 #include "supervisor/sys/exit_watcher.h"
 #include "supervisor/sys/slots.h"
-
-#ifndef TRAINSUP_VERSION
-#define TRAINSUP_VERSION "unknown"
-#endif
 
 namespace trainsup::supervisor {
 namespace {
@@ -120,7 +117,8 @@ absl::Status DaemonImpl::Init() {
   started_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
                     std::chrono::system_clock::now().time_since_epoch())
                     .count();
-  metrics_->SetDaemonInfo(TRAINSUP_VERSION, static_cast<double>(started_ms_) / 1000.0);
+  metrics_->SetDaemonInfo(std::string(trainsup::Version()),
+                          static_cast<double>(started_ms_) / 1000.0);
   env_ = std::make_unique<LoopEnv>(io_, pool_, store_.get(), &exits_);
   etcd_timers_ = std::make_unique<PoolTimers>(*env_, io_, etcd_pool_);
   std::unique_ptr<GpuMonitor> gpus;
@@ -309,9 +307,8 @@ void DaemonImpl::StoreFailed(const std::string& run_id, const std::string& what,
 }
 
 std::string DaemonImpl::WorkerBinary() {
-  if (!config_.daemon.worker_binary.empty()) return config_.daemon.worker_binary;
   std::error_code ec;
-  return (fs::read_symlink("/proc/self/exe", ec).parent_path() / "trainsup-worker").string();
+  return WorkerBinaryPath(config_.daemon, fs::read_symlink("/proc/self/exe", ec).string());
 }
 
 std::map<std::string, std::string> DaemonImpl::DaemonEnvironment() {

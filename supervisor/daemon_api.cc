@@ -6,6 +6,7 @@
 #include "checkpoint/file_system.h"
 #include "checkpoint/store.h"
 #include "contracts/run_layout.h"
+#include "contracts/version.h"
 #include "supervisor/cluster/job_connect.h"
 #include "supervisor/daemon_impl.h"
 #include "supervisor/policy/auth.h"
@@ -221,7 +222,7 @@ void DaemonImpl::Node(std::function<void(v1::Node)> done) {
   asio::post(io_, [this, done] {
     v1::Node out;
     out.set_hostname(hostname_);
-    out.set_version(TRAINSUP_VERSION);
+    out.set_version(std::string(trainsup::Version()));
     out.set_started_ms(started_ms_);
     out.set_uptime_s((env_->WallMs() - started_ms_) / 1000);
     out.set_nvml(slots_->nvml());
@@ -299,8 +300,9 @@ void DaemonImpl::OnMessage(std::shared_ptr<WorkerStream> stream, wv1::WorkerMess
           u == nullptr ? absl::UnauthenticatedError("unknown run, attempt or rank, or wrong token")
                        : u->OnHello(h, stream);
       if (!s.ok()) {
-        log_->warn("rejected worker hello: run={} attempt={} rank={} pid={}", h.run_id(),
-                   h.attempt(), h.rank(), h.pid());
+        log_->warn("rejected worker hello: run={} attempt={} rank={} pid={} version={}: {}",
+                   h.run_id(), h.attempt(), h.rank(), h.pid(), h.version(),
+                   std::string(s.message()));
         stream->Close(s);
         return;
       }

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <memory>
 
+#include "contracts/version.h"
+
 namespace trainsup::worker {
 namespace {
 
@@ -104,7 +106,17 @@ void SupervisorLink::Stop() {
 void SupervisorLink::Run() {
   double backoff_s = options_.reconnect_initial_s;
   for (;;) {
-    if (RunConnection()) backoff_s = options_.reconnect_initial_s;
+    const Outcome outcome = RunConnection();
+    if (outcome == Outcome::kRefused) {
+      std::string message;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        message = refusal_;
+      }
+      if (options_.on_refused) options_.on_refused(message);
+      break;
+    }
+    if (outcome == Outcome::kWelcomed) backoff_s = options_.reconnect_initial_s;
     std::unique_lock<std::mutex> lock(mu_);
     if (cv_.wait_for(lock, Seconds(backoff_s), [&] { return stopping_; })) break;
     backoff_s = std::min(backoff_s * 2, options_.reconnect_max_s);
@@ -114,7 +126,7 @@ void SupervisorLink::Run() {
   cv_.notify_all();
 }
 
-bool SupervisorLink::RunConnection() {
+SupervisorLink::Outcome SupervisorLink::RunConnection() {
   // A channel per connection, with its own subchannel pool and our backoff:
   // gRPC's shared subchannels would otherwise impose their own reconnect
   // delays (up to two minutes) on top of ours.
@@ -129,7 +141,7 @@ bool SupervisorLink::RunConnection() {
   grpc::ClientContext context;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return false;
+    if (stopping_) return Outcome::kFailed;
     context_ = &context;
     welcomed_ = false;
     stream_ended_ = false;
@@ -143,6 +155,7 @@ bool SupervisorLink::RunConnection() {
   hello->set_pid(static_cast<int32_t>(::getpid()));
   hello->set_token(options_.token);
   hello->set_world_size(options_.world_size);
+  hello->set_version(options_.version.empty() ? std::string(Version()) : options_.version);
   bool ok = stream->Write(hello_message);
 
   std::thread reader([&] {
@@ -220,14 +233,26 @@ bool SupervisorLink::RunConnection() {
       cv_.wait_for(lock, kHalfCloseGrace, [&] { return stream_ended_; });
     }
   }
-  context.TryCancel();
+  // A stream the daemon ended has its status already; cancelling it now
+  // would replace that status (a refusal's reason) with CANCELLED.
+  bool ended = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended = stream_ended_;
+  }
+  if (!ended) context.TryCancel();
   reader.join();
-  stream->Finish().IgnoreError();
+  const grpc::Status finish = stream->Finish();
   std::lock_guard<std::mutex> lock(mu_);
   context_ = nullptr;
   welcomed_ = false;
   connected_ = false;
-  return welcomed;
+  if (welcomed) return Outcome::kWelcomed;
+  if (finish.error_code() == grpc::StatusCode::FAILED_PRECONDITION && !stopping_) {
+    refusal_ = finish.error_message();
+    return Outcome::kRefused;
+  }
+  return Outcome::kFailed;
 }
 
 void SupervisorLink::HandleCommand(const SupervisorCommand& command) {

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -42,6 +43,15 @@ struct LinkOptions {
   double heartbeat_interval_s = 1;
   double reconnect_initial_s = 0.1;
   double reconnect_max_s = 5;
+  // Sent in the Hello; empty: this build's (contracts/version.h). Tests set
+  // another to see the daemon refuse it.
+  std::string version;
+  // Called once, on the link's thread, when the daemon refuses the Hello
+  // for a reason that no reconnect can mend (FailedPrecondition: a version
+  // it cannot serve), with the daemon's message; the link then stops
+  // reconnecting. trainsup-worker exits 64 with the message. Unset: the
+  // link stops quietly.
+  std::function<void(const std::string& message)> on_refused;
 };
 
 class SupervisorLink {
@@ -56,11 +66,12 @@ class SupervisorLink {
   SupervisorLink& operator=(const SupervisorLink&) = delete;
 
   // Starts the background thread: connect, send Hello (token, run, rank,
-  // attempt, pid, world size), and once the daemon's Welcome arrives send
+  // attempt, pid, world size, version), and once the daemon's Welcome arrives send
   // queued events and a Heartbeat every interval. Any stream error closes
   // the stream and reconnects after a backoff that doubles from
   // reconnect_initial_s to reconnect_max_s (back to initial after a
-  // welcomed connection). No-op for an empty endpoint or a second call.
+  // welcomed connection), except a refusal (on_refused). No-op for an
+  // empty endpoint or a second call.
   void Start();
 
   // The snapshot sent with the following heartbeats; its time_ms is set
@@ -101,11 +112,12 @@ class SupervisorLink {
 
  private:
   void Run();
-  // One connection: returns when the stream ended or Stop was called;
-  // whether the daemon welcomed it.
-  bool RunConnection();
+  // One connection: returns when the stream ended or Stop was called.
+  enum class Outcome { kWelcomed, kFailed, kRefused };
+  Outcome RunConnection();
   void HandleCommand(const trainsup::worker::v1::SupervisorCommand& command);
   trainsup::worker::v1::WorkerMessage MakeHeartbeat();
+  std::string refusal_;  // the daemon's message when Outcome::kRefused, under mu_
 
   const LinkOptions options_;
   std::thread thread_;

@@ -2,6 +2,7 @@
 //
 //   trainsup-worker --run-dir DIR --rank R --world-size W --attempt A
 //       --supervisor ENDPOINT [--resume latest|none|STEP]
+//   trainsup-worker --version
 //
 // with TRAINSUP_TOKEN in the environment, and TRAINSUP_DATA_ROOTS when the
 // data files must stay inside the supervisor's data roots. Trains from DIR/spec.toml, sends
@@ -11,6 +12,7 @@
 // step, checkpoint, exit 143.
 #include <signal.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -29,6 +31,7 @@
 #include "contracts/exit_file.h"
 #include "contracts/run_layout.h"
 #include "contracts/spec.h"
+#include "contracts/version.h"
 #include "sparse/runtime.h"
 #include "worker/link.h"
 #include "worker/trainer.h"
@@ -204,9 +207,10 @@ void WatchStopSignals(const trainsup::RunSpec& spec, const trainsup::worker::Tra
   }
 }
 
-std::unique_ptr<trainsup::worker::SupervisorLink> StartLink(const Launch& launch) {
+std::unique_ptr<trainsup::worker::SupervisorLink> StartLink(const Launch& launch,
+                                                            const trainsup::RunSpec& spec) {
   if (launch.supervisor.empty()) return nullptr;
-  const trainsup::worker::TrainerOptions& o = launch.options;
+  const trainsup::worker::TrainerOptions o = launch.options;
   trainsup::worker::LinkOptions lo;
   lo.endpoint = launch.supervisor;
   lo.run_id = launch.run_id;
@@ -214,6 +218,18 @@ std::unique_ptr<trainsup::worker::SupervisorLink> StartLink(const Launch& launch
   lo.attempt = o.attempt;
   lo.world_size = o.world_size;
   lo.token = launch.token;
+  const trainsup::TestingSpec& t = spec.testing;
+  if ((t.only_attempt == 0 || t.only_attempt == o.attempt) &&
+      (t.only_rank < 0 || t.only_rank == o.rank)) {
+    lo.version = t.report_version;
+  }
+  // A daemon that cannot serve this worker's version: no reconnect mends
+  // that, and training on unsupervised would end in a frozen-worker kill
+  // and a restart into the same refusal. The usage exit fails the run once,
+  // with the daemon's message.
+  lo.on_refused = [o](const std::string& message) {
+    UsageExit(o, absl::StrCat("trainsupd refused this worker: ", message));
+  };
   auto link = std::make_unique<trainsup::worker::SupervisorLink>(lo);
   link->Start();
   return link;
@@ -258,14 +274,24 @@ trainsup::worker::TrainerHooks HooksOver(trainsup::worker::SupervisorLink* l) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--version") {
+    std::cout << "trainsup-worker " << trainsup::Version() << " (LibTorch " << TORCH_VERSION << ")"
+              << std::endl;
+    return 0;
+  }
   RestartWithStopSignalsBlocked(argv);
   trainsup::sparse::EnsureFastBlasKernels(argc, argv);
   const Launch launch = LaunchOrExit(argc, argv);
   const trainsup::worker::TrainerOptions& options = launch.options;
   const trainsup::RunSpec spec = SpecOrExit(options);
+  // Which program this is, first in the rank's log: a box may hold workers
+  // built against several torches (deploy/build-worker.sh).
+  std::error_code ec;
+  Line(absl::StrCat("trainsup-worker ", trainsup::Version(), " (LibTorch ", TORCH_VERSION, ") at ",
+                    std::filesystem::read_symlink("/proc/self/exe", ec).string()));
   at::set_num_threads(static_cast<int>(spec.train.threads));
   WatchStopSignals(spec, options);
-  std::unique_ptr<trainsup::worker::SupervisorLink> link = StartLink(launch);
+  std::unique_ptr<trainsup::worker::SupervisorLink> link = StartLink(launch, spec);
   const trainsup::worker::TrainerHooks hooks = HooksOver(link.get());
   TrainerResult result;
   try {

@@ -2,10 +2,11 @@
 """A dashboard's view of trainsupd, in Python: the node, the runs, one run,
 and a run's event stream, over the daemon's gRPC API (docs/api.md).
 
-Needs Debian's python3-grpcio and python3-protobuf, and the Python stubs the
-build generates from proto/trainsup/v1/supervisor.proto (build/python):
+Needs the trainsup Python client installed (Debian's trainsup package for
+/usr/bin/python3, or `pip install ./python`): its trainsup.v1 package
+holds the stubs of proto/trainsup/v1/supervisor.proto.
 
-  PYTHONPATH=build/python docs/examples/dashboard_client.py \
+  docs/examples/dashboard_client.py \
       --target unix:$HOME/.local/state/trainsup/run/trainsupd.sock \
       --token-file $HOME/.local/state/trainsup/auth/viewer.token list
 

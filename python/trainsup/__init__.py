@@ -28,19 +28,14 @@ import tempfile
 import threading
 import traceback
 
-from pkgutil import extend_path
-
-# The generated stubs live in build/python/trainsup/v1: make that directory
-# part of this package when it is on sys.path after python/.
-__path__ = extend_path(__path__, __name__)
-
-from trainsup import _store  # noqa: E402
+from trainsup import _store
+from trainsup._version import __version__
 
 __all__ = [
     "progress", "phase", "checkpoint", "save_checkpoint", "resume_path", "resume_step",
     "load_checkpoint", "exit_on_oom", "exit", "stop_requested", "checkpoint_requested",
     "handle_sigterm", "stop_deadline_s", "supervised", "EXIT_CODES", "Guard", "skip_windows",
-    "skip_step", "lr_factor",
+    "skip_step", "lr_factor", "__version__",
 ]
 
 # The worker contract's exit codes and their exit-file reasons
@@ -87,7 +82,8 @@ class _Client:
         if self.supervised:
             from trainsup import _link
             self.link = _link.Link(self.endpoint, self.run_id or os.path.basename(self.run_dir),
-                                   self.rank, self.attempt, self.world_size, self.token)
+                                   self.rank, self.attempt, self.world_size, self.token,
+                                   __version__, on_refused=self.refused)
             self.progress = self.link._pb.Progress()
             self.progress.last_checkpoint_step = -1
             self.progress.val_miou = -1
@@ -95,6 +91,26 @@ class _Client:
             self.link.update_progress(self.progress)
             self.link.start()
             atexit.register(self.at_exit)
+
+    def refused(self, message):
+        """The daemon refused this client for good (a version it cannot
+        serve). Training on unsupervised would end in a frozen kill and a
+        restart into the same refusal, so the process ends now with the
+        usage exit (64): the run fails once, with the daemon's message."""
+        message = "trainsupd refused this client (trainsup %s): %s" % (__version__, message)
+        print("trainsup: " + message, file=sys.stderr)
+        if self.run_dir:
+            try:
+                _store.write_exit_file(self.run_dir, self.attempt, self.rank, 64, "usage", message,
+                                       self.last_step, -1)
+            except OSError as e:
+                print("trainsup: cannot write the exit file: %s" % e, file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(64)
 
     def at_exit(self):
         """A script that returns normally: its last progress is flushed to

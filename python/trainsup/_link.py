@@ -9,7 +9,9 @@ the link reconnects with a backoff that doubles from reconnect_initial_s to
 reconnect_max_s (back to the initial one after a welcomed connection),
 forever, while training goes on: the daemon may be restarting. An
 unexpected exception on the link thread is written to stderr and the link
-reconnects the same way.
+reconnects the same way. The one refusal no reconnect mends, a version the
+daemon cannot serve (FAILED_PRECONDITION before the Welcome), ends the
+thread and calls on_refused with the daemon's message.
 """
 
 import collections
@@ -31,8 +33,9 @@ def _stubs():
         from trainsup.v1 import supervisor_pb2, worker_pb2, worker_pb2_grpc
     except ImportError as e:
         raise ImportError(
-            "trainsup: the generated worker-channel stubs are not importable (%s); build the "
-            "trainsup_python_stubs target and put build/python on PYTHONPATH after python/" % e) from e
+            "trainsup: the generated worker-channel stubs are not importable (%s); install the "
+            "client as a package (pip install ./python, or Debian's trainsup package), which "
+            "generates them" % e) from e
     return supervisor_pb2, worker_pb2, worker_pb2_grpc
 
 
@@ -43,11 +46,13 @@ class _Connection:
         self.welcomed = False
         self.ended = False
         self.call = None
+        self.refusal = None  # the daemon's message when it refused the Hello for good
 
 
 class Link:
-    def __init__(self, endpoint, run_id, rank, attempt, world_size, token,
-                 heartbeat_interval_s=1.0, reconnect_initial_s=0.1, reconnect_max_s=5.0):
+    def __init__(self, endpoint, run_id, rank, attempt, world_size, token, version,
+                 heartbeat_interval_s=1.0, reconnect_initial_s=0.1, reconnect_max_s=5.0,
+                 on_refused=None):
         import grpc  # only under trainsupd: the no-op client needs no grpc
         self._grpc = grpc
         self._pb, self._wpb, self._wgrpc = _stubs()
@@ -57,6 +62,8 @@ class Link:
         self._attempt = attempt
         self._world_size = world_size
         self._token = token
+        self._version = version
+        self._on_refused = on_refused
         self._interval_s = heartbeat_interval_s
         self._reconnect_initial_s = reconnect_initial_s
         self._reconnect_max_s = reconnect_max_s
@@ -182,8 +189,9 @@ class Link:
         backoff_s = self._reconnect_initial_s
         try:
             while True:
+                refusal = None
                 try:
-                    welcomed = self._run_connection()
+                    welcomed, refusal = self._run_connection()
                 except Exception:
                     # A bug here or a surprise from grpc or protobuf must not
                     # end the thread: the script would train on without
@@ -192,6 +200,10 @@ class Link:
                     sys.stderr.write("trainsup: the link to trainsupd failed, reconnecting:\n" +
                                      traceback.format_exc())
                     sys.stderr.flush()
+                if refusal is not None:
+                    if self._on_refused is not None:
+                        self._on_refused(refusal)
+                    break
                 if welcomed:
                     backoff_s = self._reconnect_initial_s
                 with self._cv:
@@ -217,7 +229,7 @@ class Link:
         conn = _Connection()
         with self._cv:
             if self._stopping:
-                return False
+                return False, None
             self._conn = conn
         channel = self._grpc.insecure_channel(self._endpoint, options=self._channel_options())
         try:
@@ -226,8 +238,12 @@ class Link:
             try:
                 for command in conn.call:
                     self._handle_command(conn, command)
-            except self._grpc.RpcError:
-                pass
+            except self._grpc.RpcError as e:
+                code = e.code() if hasattr(e, "code") else None
+                with self._cv:
+                    if (code == self._grpc.StatusCode.FAILED_PRECONDITION and not conn.welcomed
+                            and not self._stopping):
+                        conn.refusal = e.details() or str(code)
         finally:
             with self._cv:
                 conn.ended = True
@@ -237,7 +253,7 @@ class Link:
             if conn.call is not None:
                 conn.call.cancel()
             channel.close()
-        return welcomed
+        return welcomed, conn.refusal
 
     def _requests(self, conn):
         """The stream's messages. gRPC asks for the next one only after the
@@ -249,6 +265,7 @@ class Link:
         hello.hello.pid = os.getpid()
         hello.hello.token = self._token
         hello.hello.world_size = self._world_size
+        hello.hello.version = self._version
         yield hello
         next_heartbeat = time.monotonic()
         while True:

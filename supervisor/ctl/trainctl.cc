@@ -19,8 +19,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "contracts/spec.h"
+#include "contracts/version.h"
+#include "supervisor/ctl/completion.h"
 #include "supervisor/ctl/ctl_format.h"
 #include "trainsup/v1/supervisor.grpc.pb.h"
 
@@ -448,6 +451,7 @@ int Main(int argc, char** argv) {
   CLI::App app("trainctl: submit, watch and inspect training runs of trainsupd");
   app.fallthrough();
   app.require_subcommand(1);
+  app.set_version_flag("--version", absl::StrCat("trainctl ", Version()));
   Options o;
   o.socket = Env("TRAINSUP_SOCKET");
   app.add_option(
@@ -503,12 +507,22 @@ int Main(int argc, char** argv) {
 
   CLI::App* node = app.add_subcommand("node", "this machine: GPUs, slots, runs");
 
+  std::string shell;
+  CLI::App* completion = app.add_subcommand("completion",
+                                            "print the shell completion script (bash), e.g. into "
+                                            "/etc/bash_completion.d/trainctl");
+  completion->add_option("shell", shell, "shell")->required()->check(CLI::IsMember({"bash"}));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? kExitOk : kExitUsage;
   }
 
+  if (*completion) {
+    std::cout << BashCompletion(app, "trainctl");
+    return kExitOk;
+  }
   std::unique_ptr<Client> client;
   if (int rc = Connect(o, &client); rc != kExitOk) return rc;
   if (*submit) return Submit(*client, spec_path, request_id, watch, o);

@@ -124,7 +124,9 @@ class RunUnit {
   void OnProcessExit(int attempt, int rank);
 
   // Worker channel. OK, or Unauthenticated when the hello does not name a
-  // live rank of the current attempt with its token.
+  // live rank of the current attempt with its token, or FailedPrecondition
+  // when it does but its version is one this daemon cannot serve
+  // (contracts/version.h).
   absl::Status OnHello(const worker::v1::Hello& hello, std::shared_ptr<WorkerLink> link);
   void OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
                        const worker::v1::WorkerMessage& message);

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "contracts/version.h"
 #include "supervisor/policy/auth.h"
 #include "supervisor/run/run_unit.h"
 
@@ -270,6 +271,9 @@ absl::Status RunUnit::OnHello(const wv1::Hello& h, std::shared_ptr<WorkerLink> l
   }
   RankState& r = *At(h.rank());
   if (!r.alive || r.died_unwatched || !ConstantTimeEquals(r.token, h.token())) return reject;
+  // After the token: a stranger learns nothing, a rank of the run learns
+  // why it is refused (it exits 64 with the message, and the run fails).
+  if (absl::Status v = CheckPeerVersion(Version(), h.version()); !v.ok()) return v;
   if (r.link && r.link != link) r.link->Close(absl::AbortedError("replaced by a new stream"));
   r.link = std::move(link);
   r.last_heartbeat_s = env_.clock->NowS();

@@ -367,7 +367,8 @@ TEST(RunSpecGuard, DefaultsAndEveryKey) {
       "[guard]\ncheck_finite = false\nspike_factor = 0\nspike_window = 10\nspike_warmup = 7\n"
       "max_bad_steps = 2\nbad_window = 9\nmax_rollbacks = 0\nskip_batches = 4\n"
       "lr_factor_on_rollback = 0.5\n[data]\nskip_windows = [[3, 5], [9, 9]]\n"
-      "[testing]\nnan_loss_at_step = 2\nnan_grad_at_step = 3\nloss_spike_at_step = 4\n");
+      "[testing]\nnan_loss_at_step = 2\nnan_grad_at_step = 3\nloss_spike_at_step = 4\n"
+      "report_version = \"9.1.0\"\n");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_FALSE(s->guard.check_finite);
   EXPECT_EQ(s->guard.spike_factor, 0);
@@ -382,6 +383,7 @@ TEST(RunSpecGuard, DefaultsAndEveryKey) {
   EXPECT_EQ(s->testing.nan_loss_at_step, 2);
   EXPECT_EQ(s->testing.nan_grad_at_step, 3);
   EXPECT_EQ(s->testing.loss_spike_at_step, 4);
+  EXPECT_EQ(s->testing.report_version, "9.1.0");
 }
 
 TEST(RunSpecGuard, ErrorsNameTheField) {

@@ -15,8 +15,8 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(ApiClient, ThePythonDashboardExampleReadsNodeRunsAndEvents) {
-#ifndef TRAINSUP_SYSTEM_PYTHON
-  GTEST_SKIP() << "python3-grpcio or grpc_python_plugin is not installed (deploy/bootstrap.sh)";
+#ifndef TRAINSUP_CLIENT_PYTHON
+  GTEST_SKIP() << "the Python client is not built (python/CMakeLists.txt; deploy/bootstrap.sh)";
 #else
   DaemonHarness h;
   ASSERT_TRUE(h.Start());
@@ -26,8 +26,9 @@ TEST(ApiClient, ThePythonDashboardExampleReadsNodeRunsAndEvents) {
 
   auto client = [&](const std::vector<std::string>& args, const std::string& token_file) {
     std::vector<std::string> argv = {"/usr/bin/env",
-                                     "PYTHONPATH=" TRAINSUP_PYTHON_STUBS,
-                                     TRAINSUP_SYSTEM_PYTHON,
+                                     "-u",
+                                     "PYTHONPATH",
+                                     TRAINSUP_CLIENT_PYTHON,
                                      TRAINSUP_DASHBOARD_CLIENT,
                                      "--target",
                                      "unix:" + h.socket_path(),

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/daemon_test_util.h"
 #include "trainsup/v1/worker.grpc.pb.h"
@@ -142,6 +143,41 @@ TEST(Daemon, ExitCodesAreClassifiedAndRestartedPerContract) {
     EXPECT_EQ(run.attempts(1).exit_class(), v1::EXIT_CLASS_SUCCESS);
     EXPECT_EQ(run.oom_restarts(), r.first == v1::EXIT_CLASS_OOM ? 1 : 0);
   }
+}
+
+// A worker of a version the daemon cannot serve is refused at its Hello; it
+// exits 64 with the daemon's message, and the run fails once, naming both
+// versions, instead of restarting into the same refusal. A patch release
+// of the daemon's own minor version is served.
+TEST(Daemon, AWorkerOfAVersionTheDaemonCannotServeFailsTheRunOnce) {
+  DaemonHarness h;
+  h.Set("slots.cpu_slots", "2");
+  ASSERT_TRUE(h.Start());
+  v1::Node node;
+  auto ctx = h.Context(h.viewer_token());
+  ASSERT_TRUE(h.stub().GetNode(ctx.get(), v1::GetNodeRequest(), &node).ok());
+  const std::vector<std::string> parts = absl::StrSplit(node.version(), '.');
+  ASSERT_EQ(parts.size(), 3u) << node.version();
+  const std::string patch_release = parts[0] + "." + parts[1] + ".99";
+  const std::string other_major = std::to_string(std::stoi(parts[0]) + 1) + ".0.0";
+
+  const std::string refused =
+      h.Submit(Spec("refused", 10, 20, 2, "report_version = \"" + other_major + "\""));
+  const std::string served =
+      h.Submit(Spec("served", 6, 20, 2, "report_version = \"" + patch_release + "\""));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForEnd(refused, kRunLimit, &run));
+  EXPECT_EQ(run.state(), v1::RUN_STATE_FAILED) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 1) << Describe(run);
+  EXPECT_EQ(run.restarts(), 0);
+  EXPECT_EQ(run.attempts(0).exit_class(), v1::EXIT_CLASS_USAGE);
+  EXPECT_EQ(run.attempts(0).ranks(0).exit_code(), 64);
+  EXPECT_THAT(run.reason(), HasSubstr("worker version " + other_major +
+                                      " cannot be served by trainsupd " + node.version()));
+
+  ASSERT_TRUE(h.WaitForEnd(served, kRunLimit, &run));
+  EXPECT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  EXPECT_EQ(run.attempts_size(), 1) << Describe(run);
 }
 
 // --- 3, 4. frozen and hung workers ---------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -27,6 +28,7 @@
 
 #include "checkpoint/store.h"
 #include "contracts/exit_file.h"
+#include "contracts/version.h"
 #include "tests/common/fault_open.h"
 #include "tests/common/small_fs.h"
 
@@ -62,6 +64,13 @@ class FakeSupervisor final : public trainsup::worker::v1::WorkerChannel::Service
  public:
   explicit FakeSupervisor(int welcome_interval_ms) : welcome_interval_ms_(welcome_interval_ms) {}
 
+  // Every Hello is answered with `status` instead of a Welcome (as trainsupd
+  // answers a version it cannot serve, or a wrong token).
+  void RefuseWith(grpc::Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    refusal_ = std::move(status);
+  }
+
   grpc::Status Connect(
       grpc::ServerContext*,
       grpc::ServerReaderWriter<SupervisorCommand, WorkerMessage>* stream) override {
@@ -69,6 +78,7 @@ class FakeSupervisor final : public trainsup::worker::v1::WorkerChannel::Service
     while (stream->Read(&message)) {
       std::lock_guard<std::mutex> lock(mu_);
       messages_.push_back(message);
+      if (message.has_hello() && !refusal_.ok()) return refusal_;
       if (message.has_hello()) {
         stream_ = stream;
         SupervisorCommand welcome;
@@ -104,6 +114,7 @@ class FakeSupervisor final : public trainsup::worker::v1::WorkerChannel::Service
  private:
   const int welcome_interval_ms_;
   std::mutex mu_;
+  grpc::Status refusal_ = grpc::Status::OK;
   std::vector<WorkerMessage> messages_;
   grpc::ServerReaderWriter<SupervisorCommand, WorkerMessage>* stream_ = nullptr;
 };
@@ -183,7 +194,51 @@ TEST_F(LinkTest, HelloCarriesIdentityAndToken) {
   EXPECT_EQ(hello.attempt(), 3);
   EXPECT_EQ(hello.world_size(), 2);
   EXPECT_EQ(hello.pid(), ::getpid());
+  EXPECT_EQ(hello.version(), std::string(Version()));
   EXPECT_EQ(server.service().Messages().front().body_case(), WorkerMessage::kHello);
+}
+
+TEST_F(LinkTest, AVersionRefusalEndsTheLinkAndReachesTheWorker) {
+  TestServer server(address_);
+  server.service().RefuseWith(
+      grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "worker version 9.1.0 cannot be served"));
+  LinkOptions options = Options();
+  options.version = "9.1.0";
+  std::mutex mu;
+  std::vector<std::string> refusals;
+  options.on_refused = [&](const std::string& message) {
+    std::lock_guard<std::mutex> lock(mu);
+    refusals.push_back(message);
+  };
+  SupervisorLink link(options);
+  link.Start();
+  ASSERT_TRUE(Eventually([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return !refusals.empty();
+  }));
+  // No reconnect mends a refusal: the link stops after one Hello, which
+  // carried the version it was given.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto hellos = server.service().Of(WorkerMessage::kHello);
+  ASSERT_EQ(hellos.size(), 1u);
+  EXPECT_EQ(hellos[0].hello().version(), "9.1.0");
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(refusals, std::vector<std::string>{"worker version 9.1.0 cannot be served"});
+  EXPECT_EQ(link.connects(), 0);
+}
+
+TEST_F(LinkTest, AWrongTokenIsRetriedNotTakenForARefusal) {
+  // UNAUTHENTICATED (a daemon that restarted and does not know the attempt
+  // yet, say) is retried with backoff as before.
+  TestServer server(address_);
+  server.service().RefuseWith(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong token"));
+  LinkOptions options = Options();
+  std::atomic<int> refused{0};
+  options.on_refused = [&](const std::string&) { refused.fetch_add(1); };
+  SupervisorLink link(options);
+  link.Start();
+  ASSERT_TRUE(Eventually([&] { return server.service().Count(WorkerMessage::kHello) >= 3; }));
+  EXPECT_EQ(refused.load(), 0);
 }
 
 TEST_F(LinkTest, HeartbeatsFollowWelcomeIntervalWithIncreasingSeq) {

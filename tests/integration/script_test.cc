@@ -27,7 +27,9 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-// The interpreter whose torch the build uses (the venv's: torch 2.x).
+// The python3 of the tests' virtual environment: the client installed from
+// its wheel, torch 2.x of the build's environment (python/CMakeLists.txt).
+// Scripts import trainsup as users' scripts do, with no PYTHONPATH.
 constexpr char kPython[] = TRAINSUP_TEST_PYTHON;
 
 std::string Scripts() { return std::string(TRAINSUP_SOURCE_DIR) + "/tests/integration/scripts"; }
@@ -50,23 +52,17 @@ bool PythonReady() {
 // The hang test still hangs after progress has started (progress timeout).
 void AllowPython(DaemonHarness& h) {
   h.Set("commands.allowed_programs", std::string("[\"") + kPython + "\"]");
-  // ScriptSpec finds the client through PYTHONPATH, which command.env may
-  // only set where the operator allows it.
-  h.Set("commands.allow_env", "[\"PYTHONPATH\"]");
   h.Set("progress.startup_grace_s", "60");
 }
 
 // A [command] spec running `script` with `env` (TOML inline-table body).
 std::string ScriptSpec(const std::string& name, const std::string& script, bool heartbeats,
                        const std::string& env, int world = 1, int total_steps = 0) {
-  const std::string pythonpath =
-      std::string(TRAINSUP_SOURCE_DIR) + "/python:" + TRAINSUP_PYTHON_STUBS;
   std::string spec = "name = \"" + name + "\"\nworld_size = " + std::to_string(world) +
                      "\n[command]\nargv = [\"" + kPython + "\", \"" + Scripts() + "/" + script +
                      "\"]\nheartbeats = " + (heartbeats ? "true" : "false") + "\n";
   if (total_steps > 0) spec += "total_steps = " + std::to_string(total_steps) + "\n";
-  spec += "env = { PYTHONPATH = \"" + pythonpath + "\", PYTHONUNBUFFERED = \"1\"" +
-          (env.empty() ? "" : ", " + env) + " }\n";
+  spec += "env = { PYTHONUNBUFFERED = \"1\"" + (env.empty() ? "" : ", " + env) + " }\n";
   return spec;
 }
 

@@ -203,6 +203,22 @@ class TestWorker {
     o.world_size = args_.world_size;
     const char* token = std::getenv("TRAINSUP_TOKEN");
     o.token = token != nullptr ? token : "";
+    const TestingSpec& t = spec_.testing;
+    if ((t.only_attempt == 0 || t.only_attempt == args_.attempt) &&
+        (t.only_rank == -1 || t.only_rank == args_.rank)) {
+      o.version = t.report_version;
+    }
+    // As trainsup-worker: a refusal ends the worker with the usage exit.
+    const std::string run_dir = args_.run_dir;
+    const int attempt = args_.attempt;
+    const int rank = args_.rank;
+    o.on_refused = [run_dir, attempt, rank](const std::string& message) {
+      const std::string text = "trainsupd refused this worker: " + message;
+      std::fprintf(stderr, "trainsup-test-worker: %s\n", text.c_str());
+      ExitFile exit_file{kExitUsage, "usage", text, -1, UnixMillis()};
+      WriteExitFile(run_dir, attempt, rank, exit_file).IgnoreError();
+      std::_Exit(kExitUsage);
+    };
     return o;
   }
 

@@ -1,7 +1,8 @@
 """Tests of python/trainsup (docs/python-client.md). Run by ctest with
-/usr/bin/python3 and PYTHONPATH=python:build/python:
+the python3 of the tests' virtual environment, where the client is installed
+from its wheel (python/CMakeLists.txt), with no PYTHONPATH:
 
-  /usr/bin/python3 -m unittest discover -s tests/python -p '*_test.py'
+  build/python/venv/bin/python3 -m unittest discover -s tests/python -p '*_test.py'
 
 Each scenario runs a real script in a child python3 process, as trainsupd
 would start it; the channel tests serve WorkerChannel from this process with
@@ -24,15 +25,15 @@ import time
 import unittest
 from concurrent import futures
 
-try:
-    import grpc
-    from trainsup.v1 import worker_pb2, worker_pb2_grpc, supervisor_pb2
-    HAVE_GRPC = True
-except ImportError as e:  # the message says what is missing
-    HAVE_GRPC = False
-    GRPC_MISSING = str(e)
+import grpc
+import trainsup
+from trainsup.v1 import worker_pb2, worker_pb2_grpc, supervisor_pb2
 
 PYTHON = sys.executable
+# The installed client's version is the repository's (VERSION, read by the
+# package's build).
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "VERSION")) as _f:
+    REPO_VERSION = _f.read().strip()
 ENV_VARS = ("TRAINSUP_SUPERVISOR", "TRAINSUP_TOKEN", "TRAINSUP_RUN_ID", "TRAINSUP_ATTEMPT",
             "TRAINSUP_RUN_DIR", "TRAINSUP_CHECKPOINT_DIR", "TRAINSUP_RESUME_FROM",
             "TRAINSUP_CLIENT_PID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
@@ -40,10 +41,8 @@ ENV_VARS = ("TRAINSUP_SUPERVISOR", "TRAINSUP_TOKEN", "TRAINSUP_RUN_ID", "TRAINSU
 
 
 def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
-    # The scripts run in other directories: PYTHONPATH made absolute.
-    env["PYTHONPATH"] = os.pathsep.join(
-        os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+    # The installed client, never a source tree on PYTHONPATH.
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS + ("PYTHONPATH",)}
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -101,6 +100,17 @@ class NoOpOutsideTrainsupd(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("ok ['step-3'] ['MANIFEST.json', 'w.bin']", r.stdout)
         self.assertFalse(os.path.exists(os.path.join(self.dir, "attempts")))
+
+    def test_the_installed_package_has_the_repository_version(self):
+        r = run_script("""
+            import trainsup, trainsup.v1.worker_pb2
+            print(trainsup.__version__, trainsup.__file__)
+            """, clean_env(), self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        version, path = r.stdout.split()
+        self.assertEqual(version, REPO_VERSION)
+        # Installed, not the source tree's python/trainsup.
+        self.assertIn("site-packages", path)
 
     def test_failed_block_leaves_nothing(self):
         r = run_script("""
@@ -251,47 +261,46 @@ class NoOpOutsideTrainsupd(unittest.TestCase):
         self.assertEqual(r.stdout.strip(), "False")
 
 
-if HAVE_GRPC:
-    class FakeDaemon(worker_pb2_grpc.WorkerChannelServicer):
-        """Records every message; sends Welcome, then whatever commands the
-        test puts into `commands`."""
+class FakeDaemon(worker_pb2_grpc.WorkerChannelServicer):
+    """Records every message; sends Welcome, then whatever commands the
+    test puts into `commands`."""
 
-        def __init__(self, token, heartbeat_interval_ms=50):
-            self.token = token
-            self.interval = heartbeat_interval_ms
-            self.messages = queue.Queue()
-            self.commands = queue.Queue()
-            self.connections = 0
+    def __init__(self, token, heartbeat_interval_ms=50):
+        self.token = token
+        self.refuse = None  # a message: refuse every Hello as trainsupd refuses a version
+        self.interval = heartbeat_interval_ms
+        self.messages = queue.Queue()
+        self.commands = queue.Queue()
+        self.connections = 0
 
-        def Connect(self, request_iterator, context):
-            first = next(request_iterator)
-            self.messages.put(first)
-            if first.hello.token != self.token:
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
-            self.connections += 1
-            yield worker_pb2.SupervisorCommand(
-                welcome=worker_pb2.Welcome(heartbeat_interval_ms=self.interval))
-            done = threading.Event()
+    def Connect(self, request_iterator, context):
+        first = next(request_iterator)
+        self.messages.put(first)
+        if first.hello.token != self.token:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad token")
+        if self.refuse is not None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.refuse)
+        self.connections += 1
+        yield worker_pb2.SupervisorCommand(
+            welcome=worker_pb2.Welcome(heartbeat_interval_ms=self.interval))
+        done = threading.Event()
 
-            def read():
-                try:
-                    for m in request_iterator:
-                        self.messages.put(m)
-                except grpc.RpcError:
-                    pass
-                done.set()
+        def read():
+            try:
+                for m in request_iterator:
+                    self.messages.put(m)
+            except grpc.RpcError:
+                pass
+            done.set()
 
-            threading.Thread(target=read, daemon=True).start()
-            while not done.is_set():
-                try:
-                    yield self.commands.get(timeout=0.05)
-                except queue.Empty:
-                    pass
+        threading.Thread(target=read, daemon=True).start()
+        while not done.is_set():
+            try:
+                yield self.commands.get(timeout=0.05)
+            except queue.Empty:
+                pass
 
 
-@unittest.skipUnless(HAVE_GRPC, "/usr/bin/python3 lacks grpc or the generated stubs "
-                     "(python3-grpcio, python3-protobuf, build/python): %s"
-                     % (None if HAVE_GRPC else GRPC_MISSING))
 class Channel(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="trainsup-py-")
@@ -367,7 +376,8 @@ class Channel(unittest.TestCase):
             seen = self.wait_for(third_quiet_beat)
             hello = seen[0].hello
             self.assertEqual((hello.run_id, hello.rank, hello.attempt, hello.pid, hello.token,
-                              hello.world_size), ("run-7", 0, 2, script.pid, "secret", 1))
+                              hello.world_size, hello.version),
+                             ("run-7", 0, 2, script.pid, "secret", 1, REPO_VERSION))
             self.assertEqual([b.progress.phase for b in quiet], [supervisor_pb2.PHASE_TRAINING] * 3)
             self.assertEqual(quiet[-1].progress.step, 3)
             self.assertEqual(quiet[-1].progress.total_steps, 10)
@@ -448,6 +458,28 @@ class Channel(unittest.TestCase):
                          (75, "oom", 4))
         with open(os.path.join(self.run_dir, "attempts", "2", "rank-0.exit.json")) as f:
             self.assertEqual(json.load(f)["reason"], "oom")
+
+    def test_a_version_the_daemon_refuses_ends_the_script_with_64(self):
+        # trainsupd answers a Hello of a version it cannot serve with
+        # FAILED_PRECONDITION: no reconnect mends it, so the client ends
+        # the script with the usage exit and the daemon's message, instead
+        # of training on unsupervised into a frozen kill.
+        self.daemon.refuse = "worker version %s cannot be served by trainsupd 9.0.0" % REPO_VERSION
+        r = run_script("""
+            import time, trainsup
+            trainsup.progress(2)
+            time.sleep(60)
+            print("still training")
+            """, self.env(), self.dir, timeout=30)
+        self.assertEqual(r.returncode, 64, r.stderr)
+        self.assertNotIn("still training", r.stdout)
+        self.assertIn("cannot be served by trainsupd 9.0.0", r.stderr)
+        with open(os.path.join(self.run_dir, "attempts", "2", "rank-0.exit.json")) as f:
+            exit_file = json.load(f)
+        self.assertEqual((exit_file["code"], exit_file["reason"]), (64, "usage"))
+        self.assertIn("trainsupd refused this client (trainsup %s): worker version" % REPO_VERSION,
+                      exit_file["message"])
+        self.assertEqual(self.daemon.connections, 0)
 
     def test_reconnects_when_the_daemon_comes_back(self):
         self.server.stop(0).wait()

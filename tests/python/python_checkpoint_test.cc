@@ -1,6 +1,7 @@
 // Checkpoints written by the Python client (python/trainsup) are accepted by
-// the C++ store the daemon chooses them with: each test runs Debian's
-// /usr/bin/python3 to write checkpoints, then verifies them with
+// the C++ store the daemon chooses them with: each test runs the python3 of
+// the tests' virtual environment, where the client is installed from its
+// wheel (python/CMakeLists.txt), to write checkpoints, then verifies them with
 // CheckpointStore::Verify and ChooseLatest (checkpoint/store.h).
 #include <sys/wait.h>
 
@@ -20,13 +21,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Runs `script` with the client importable, in `dir`, outside trainsupd.
+// Runs `script` with the installed client, in `dir`, outside trainsupd.
 int RunPython(const std::string& dir, const std::string& script) {
   const std::string path = dir + "/writer.py";
   std::ofstream(path) << script;
   const std::string command = "cd '" + dir + "' && env -u TRAINSUP_SUPERVISOR -u RANK " +
-                              "PYTHONPATH='" TRAINSUP_PYTHON_CLIENT ":" TRAINSUP_PYTHON_STUBS
-                              "' " TRAINSUP_SYSTEM_PYTHON " writer.py";
+                              "-u PYTHONPATH " TRAINSUP_CLIENT_PYTHON " writer.py";
   return std::system(command.c_str());
 }
 

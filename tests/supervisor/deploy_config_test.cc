@@ -52,7 +52,7 @@ TEST(DeployConfig, UnitProvidesWhatThePackagedConfigNeeds) {
   ASSERT_TRUE(config.ok()) << config.status();
   std::map<std::string, std::string> unit = ReadUnit(kDeployDir + "/trainsupd.service");
 
-  EXPECT_EQ(unit["ExecStart"], "/usr/local/bin/trainsupd --config /etc/trainsup/trainsupd.toml");
+  EXPECT_EQ(unit["ExecStart"], "/usr/bin/trainsupd --config /etc/trainsup/trainsupd.toml");
   EXPECT_EQ("/var/lib/" + unit["StateDirectory"], config->daemon.state_dir);
   EXPECT_EQ("/run/" + unit["RuntimeDirectory"] + "/trainsupd.sock", config->daemon.socket_path);
   EXPECT_EQ(unit["RuntimeDirectoryPreserve"], "yes");

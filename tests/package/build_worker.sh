@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# deploy/build-worker.sh as an operator runs it: the worker built against a
+# given torch (TRAINSUP_PYTHON's) and installed where a daemon's
+# configuration points (worker_binary, read back with
+# `trainsupd --print-worker-binary`); then that daemon trains a small run
+# with the installed worker.
+# Usage: build_worker.sh SOURCE_DIR BUILD_DIR PYTHON
+set -euo pipefail
+src=$1
+build=$2
+python=$3
+fail() { echo "build_worker: FAIL: $*" >&2; exit 1; }
+work="$build/build-worker-test"
+rm -rf "$work"
+mkdir -p "$work/state"
+dest="$work/local/bin/trainsup-worker"
+cat >"$work/trainsupd.toml" <<CONF
+[daemon]
+state_dir = "$work/state"
+worker_binary = "$dest"
+CONF
+PATH="$build/bin:$PATH" bash "$src/deploy/build-worker.sh" --python "$python" \
+  --config "$work/trainsupd.toml" --build-dir "$build/worker-only" >"$work/build.log" 2>&1 ||
+  { tail -40 "$work/build.log"; fail "deploy/build-worker.sh failed"; }
+tail -3 "$work/build.log"
+torch=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
+"$dest" --version | grep -qx "trainsup-worker $(cat "$src/VERSION") (LibTorch $torch)" ||
+  fail "the installed worker says: $("$dest" --version)"
+
+cat >"$work/spec.toml" <<SPEC
+name = "built-worker"
+[model]
+arch = "minkunet14"
+in_channels = 3
+voxel_size = 0.1
+[data]
+format = "synthetic"
+scenes = 4
+scene_size = "small"
+[train]
+steps = 3
+batch_size = 1
+threads = 1
+checkpoint_every_steps = 3
+SPEC
+"$build/bin/trainsupd" --config "$work/trainsupd.toml" >"$work/trainsupd.log" 2>&1 &
+daemon=$!
+trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT
+socket="$work/state/run/trainsupd.sock"
+for _ in $(seq 1 100); do
+  [ -S "$socket" ] && [ -s "$work/state/auth/operator.token" ] && break
+  sleep 0.1
+done
+ctl() { "$build/bin/trainctl" --socket "$socket" --timeout 30 "$@"; }
+id=$(ctl --token-file "$work/state/auth/operator.token" submit "$work/spec.toml")
+ctl --token-file "$work/state/auth/viewer.token" watch "$id" ||
+  { cat "$work/trainsupd.log" "$work"/state/runs/"$id"/attempts/*/rank-0.log; fail "the run failed"; }
+# The worker names itself at the top of its log.
+grep -q "^trainsup-worker .* at $dest\$" "$work"/state/runs/"$id"/attempts/1/rank-0.log ||
+  fail "the daemon did not launch $dest: $(head -3 "$work"/state/runs/"$id"/attempts/1/rank-0.log)"
+rm -rf "$work"
+echo "build_worker: OK"
