@@ -19,8 +19,13 @@ cat >"$work/trainsupd.toml" <<CONF
 state_dir = "$work/state"
 worker_binary = "$dest"
 CONF
+# The worker's build tree sits beside BUILD_DIR, as deploy/build-worker.sh's
+# default (build-worker/) sits beside build/: the same paths relative to
+# the sources, so ccache (cmake/Ccache.cmake) serves the compiles the main
+# build already made.
+worker_build="$(dirname "$build")/$(basename "$build")-worker"
 PATH="$build/bin:$PATH" bash "$src/deploy/build-worker.sh" --python "$python" \
-  --config "$work/trainsupd.toml" --build-dir "$build/worker-only" >"$work/build.log" 2>&1 ||
+  --config "$work/trainsupd.toml" --build-dir "$worker_build" >"$work/build.log" 2>&1 ||
   { tail -40 "$work/build.log"; fail "deploy/build-worker.sh failed"; }
 tail -3 "$work/build.log"
 torch=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
