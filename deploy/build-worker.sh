@@ -61,7 +61,8 @@ else
   torch_version=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null) ||
     die "$python cannot import torch; pass the python of the environment that has it, or --libtorch"
   echo "build-worker.sh: torch $torch_version of $python"
-  torch_args=(-DTRAINSUP_PYTHON="$python")
+  # Clear a LibTorch an earlier run of this build tree named: it would win.
+  torch_args=(-DTRAINSUP_PYTHON="$python" -DTRAINSUP_TORCH_DIR=)
 fi
 
 # Where the daemon launches the worker from.

@@ -147,16 +147,7 @@ SupervisorLink::Outcome SupervisorLink::RunConnection() {
     stream_ended_ = false;
   }
   auto stream = stub->Connect(&context);
-  WorkerMessage hello_message;
-  auto* hello = hello_message.mutable_hello();
-  hello->set_run_id(options_.run_id);
-  hello->set_rank(options_.rank);
-  hello->set_attempt(options_.attempt);
-  hello->set_pid(static_cast<int32_t>(::getpid()));
-  hello->set_token(options_.token);
-  hello->set_world_size(options_.world_size);
-  hello->set_version(options_.version.empty() ? std::string(Version()) : options_.version);
-  bool ok = stream->Write(hello_message);
+  bool ok = stream->Write(MakeHello());
 
   std::thread reader([&] {
     SupervisorCommand command;
@@ -280,6 +271,19 @@ void SupervisorLink::HandleCommand(const SupervisorCommand& command) {
     case SupervisorCommand::BODY_NOT_SET:
       break;
   }
+}
+
+WorkerMessage SupervisorLink::MakeHello() const {
+  WorkerMessage message;
+  auto* hello = message.mutable_hello();
+  hello->set_run_id(options_.run_id);
+  hello->set_rank(options_.rank);
+  hello->set_attempt(options_.attempt);
+  hello->set_pid(static_cast<int32_t>(::getpid()));
+  hello->set_token(options_.token);
+  hello->set_world_size(options_.world_size);
+  hello->set_version(options_.version.empty() ? std::string(Version()) : options_.version);
+  return message;
 }
 
 WorkerMessage SupervisorLink::MakeHeartbeat() {

@@ -116,6 +116,7 @@ class SupervisorLink {
   enum class Outcome { kWelcomed, kFailed, kRefused };
   Outcome RunConnection();
   void HandleCommand(const trainsup::worker::v1::SupervisorCommand& command);
+  trainsup::worker::v1::WorkerMessage MakeHello() const;
   trainsup::worker::v1::WorkerMessage MakeHeartbeat();
   std::string refusal_;  // the daemon's message when Outcome::kRefused, under mu_
 

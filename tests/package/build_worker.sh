@@ -32,6 +32,23 @@ torch=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
 "$dest" --version | grep -qx "trainsup-worker $(cat "$src/VERSION") (LibTorch $torch)" ||
   fail "the installed worker says: $("$dest" --version)"
 
+# The other way to name a torch: its LibTorch directory, installed to --dest.
+libtorch=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+bash "$src/deploy/build-worker.sh" --libtorch "$libtorch" --dest "$work/other/trainsup-worker" \
+  --build-dir "$worker_build" >"$work/build-libtorch.log" 2>&1 ||
+  { tail -40 "$work/build-libtorch.log"; fail "deploy/build-worker.sh --libtorch failed"; }
+"$work/other/trainsup-worker" --version | grep -qx "trainsup-worker $(cat "$src/VERSION") (LibTorch $torch)" ||
+  fail "the worker built with --libtorch says: $("$work/other/trainsup-worker" --version)"
+# Bad input is refused by name, and nothing is installed.
+for bad in "--libtorch /nonexistent" "--python /bin/false" "--python $python --libtorch $libtorch"; do
+  # shellcheck disable=SC2086
+  if bash "$src/deploy/build-worker.sh" $bad --dest "$work/bad/trainsup-worker" >"$work/bad.log" 2>&1; then
+    fail "build-worker.sh $bad succeeded"
+  fi
+  grep -q "^build-worker.sh: " "$work/bad.log" || fail "build-worker.sh $bad: no message: $(cat "$work/bad.log")"
+  [ ! -e "$work/bad" ] || fail "build-worker.sh $bad installed something"
+done
+
 cat >"$work/spec.toml" <<SPEC
 name = "built-worker"
 [model]

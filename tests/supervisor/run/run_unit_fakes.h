@@ -13,6 +13,7 @@
 #include <set>
 
 #include "contracts/run_layout.h"
+#include "contracts/version.h"
 #include "supervisor/run/run_unit.h"
 #include "tests/common/temp_dir.h"
 #include "tests/supervisor/fake_loop.h"
@@ -326,6 +327,7 @@ class RunUnitTest : public ::testing::Test {
     h.set_attempt(u.attempt_number());
     h.set_rank(rank);
     h.set_token(u.ranks()[rank].token);
+    h.set_version(std::string(Version()));
     EXPECT_TRUE(u.OnHello(h, link).ok());
     env_.Settle();
     return link;

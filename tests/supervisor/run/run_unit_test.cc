@@ -51,10 +51,24 @@ TEST_F(RunUnitTest, HelloWithTheTokenRunsWrongTokenIsRefused) {
   h.set_attempt(1);
   h.set_rank(0);
   h.set_token("wrong");
+  h.set_version(std::string(Version()));
   EXPECT_EQ(u->OnHello(h, link).code(), absl::StatusCode::kUnauthenticated);
   h.set_attempt(2);
   h.set_token(u->ranks()[0].token);
   EXPECT_EQ(u->OnHello(h, link).code(), absl::StatusCode::kUnauthenticated);
+  // A version the daemon cannot serve: a stranger learns nothing of it
+  // (the token is checked first), the rank itself learns why.
+  h.set_attempt(1);
+  h.set_version("99.0.0");
+  h.set_token("wrong");
+  EXPECT_EQ(u->OnHello(h, link).code(), absl::StatusCode::kUnauthenticated);
+  h.set_token(u->ranks()[0].token);
+  const absl::Status refused = u->OnHello(h, link);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("worker version 99.0.0 cannot be served"), std::string::npos)
+      << refused;
+  EXPECT_TRUE(link->sent.empty()) << "no Welcome to a refused rank";
+  EXPECT_EQ(u->run().state(), v1::RUN_STATE_STARTING);
   auto good = Hello(*u, 0);
   ASSERT_FALSE(good->sent.empty());
   EXPECT_TRUE(good->sent[0].has_welcome());
