@@ -106,6 +106,7 @@ absl::Status ReadData(const toml::table* t, DataSpec* d) {
   TRAINSUP_RETURN_IF_ERROR(
       r.String("size_distribution", &d->size_distribution, {"uniform", "heavy_tailed"}));
   TRAINSUP_RETURN_IF_ERROR(ReadStepWindows(r, "skip_windows", &d->skip_windows));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("log_samples", &d->log_samples));
   TRAINSUP_RETURN_IF_ERROR(r.Finish());
   if (d->format != "synthetic" && d->path.empty()) {
     return absl::InvalidArgumentError(
@@ -188,6 +189,13 @@ absl::Status ReadDistributed(const toml::table* t, DistributedSpec* s) {
   return r.Finish();
 }
 
+absl::Status ReadElastic(const toml::table* t, ElasticSpec* e) {
+  TableReader r(t, "elastic");
+  TRAINSUP_RETURN_IF_ERROR(r.Double("wait_s", &e->wait_s, 0, 86400));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("grow_after_s", &e->grow_after_s, 0, 86400));
+  return r.Finish();
+}
+
 absl::Status ReadTesting(const toml::table* t, TestingSpec* s) {
   s->present = t != nullptr;
   TableReader r(t, "testing");
@@ -233,6 +241,8 @@ absl::Status ReadCluster(const toml::table* t, ClusterSpec* c) {
   }
   TRAINSUP_RETURN_IF_ERROR(r.Int("nodes", &c->nodes, 1, 64));
   TRAINSUP_RETURN_IF_ERROR(r.Int("ranks_per_node", &c->ranks_per_node, 1, 64));
+  c->min_nodes = c->nodes;
+  TRAINSUP_RETURN_IF_ERROR(r.Int("min_nodes", &c->min_nodes, 1, c->nodes));
   TRAINSUP_RETURN_IF_ERROR(r.StringArray("etcd_endpoints", &c->etcd_endpoints, 16));
   if (c->etcd_endpoints.empty()) {
     return absl::InvalidArgumentError("cluster.etcd_endpoints: required (host:port of etcd)");
@@ -325,10 +335,16 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
   TRAINSUP_RETURN_IF_ERROR(r.Int("priority", &spec.priority, -1000, 1000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("world_size", &spec.world_size, 1, 64));
   const bool world_size_given = root.get("world_size") != nullptr;
+  const bool min_world_size_given = root.get("min_world_size") != nullptr;
   {
     absl::StatusOr<const toml::table*> cluster = r.Table("cluster");
     if (!cluster.ok()) return cluster.status();
     TRAINSUP_RETURN_IF_ERROR(ReadCluster(*cluster, &spec.cluster));
+  }
+  {
+    absl::StatusOr<const toml::table*> elastic = r.Table("elastic");
+    if (!elastic.ok()) return elastic.status();
+    TRAINSUP_RETURN_IF_ERROR(ReadElastic(*elastic, &spec.elastic));
   }
   if (spec.cluster.present) {
     const int64_t world = spec.cluster.nodes * spec.cluster.ranks_per_node;
@@ -343,6 +359,20 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
                        " ranks = ", world, "; drop world_size or make them agree"));
     }
     spec.world_size = world;
+  }
+  // The smallest gang: min_world_size, or from the [cluster] table's
+  // min_nodes; default world_size (no elasticity).
+  spec.min_world_size = spec.world_size;
+  TRAINSUP_RETURN_IF_ERROR(r.Int("min_world_size", &spec.min_world_size, 1, spec.world_size));
+  if (spec.cluster.present) {
+    const int64_t min_world = spec.cluster.min_nodes * spec.cluster.ranks_per_node;
+    if (min_world_size_given && spec.min_world_size != min_world) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("min_world_size: ", spec.min_world_size, " but the [cluster] table makes ",
+                       spec.cluster.min_nodes, " nodes x ", spec.cluster.ranks_per_node,
+                       " ranks = ", min_world, " (min_nodes); drop min_world_size or make them agree"));
+    }
+    spec.min_world_size = min_world;
   }
   struct Section {
     const char* key;
@@ -384,6 +414,19 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
   }
   TRAINSUP_RETURN_IF_ERROR(r.Finish());
   return spec;
+}
+
+int64_t GlobalBatch(const RunSpec& spec) { return spec.world_size * spec.train.batch_size; }
+
+absl::Status CheckGangSize(const RunSpec& spec, int64_t world) {
+  if (world >= spec.min_world_size && world <= spec.world_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      spec.min_world_size == spec.world_size
+          ? absl::StrCat("a gang of ", world, " ranks, but the spec says world_size = ",
+                         spec.world_size)
+          : absl::StrCat("a gang of ", world, " ranks, but the spec allows ",
+                         spec.min_world_size, " (min_world_size) to ", spec.world_size,
+                         " (world_size)"));
 }
 
 std::string FormatStepWindows(const std::vector<StepWindow>& windows) {

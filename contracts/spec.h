@@ -70,6 +70,9 @@ struct DataSpec {
   // [[first, last], ...]: steps whose batches are skipped (drawn, not
   // trained on), as a rollback skips them; up to 1000 windows.
   std::vector<StepWindow> skip_windows;
+  // Rank 0 logs every step's global batch: "samples of step N (epoch E):
+  // INDEX:AUGMENT_SEED ..." (docs/distributed.md, "Elastic").
+  bool log_samples = false;
 };
 
 // The training guard (the [guard] table; docs/guard.md). The worker checks
@@ -209,6 +212,10 @@ struct ClusterSpec {
   std::string job;
   int64_t nodes = 2;           // 1..64
   int64_t ranks_per_node = 1;  // 1..64; world_size = nodes * ranks_per_node
+  // The job goes on with this many nodes or more when some are lost past
+  // the rendezvous timeout; 1..nodes, default nodes (no elasticity).
+  // min_world_size = min_nodes * ranks_per_node.
+  int64_t min_nodes = 0;
   // host:port of etcd's client API, 1..16; required.
   std::vector<std::string> etcd_endpoints;
   // Where global rank 0 writes the job's checkpoints and every node reads
@@ -237,10 +244,28 @@ inline constexpr const char* kCommandReservedEnv[] = {
     "RANK",        "LOCAL_RANK",  "WORLD_SIZE",          "LOCAL_WORLD_SIZE",
     "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"};
 
+// An elastic gang (docs/distributed.md, "Elastic"): how a run whose
+// min_world_size is below its world_size shrinks and grows.
+struct ElasticSpec {
+  // A gang that restarts with fewer than world_size slots free waits this
+  // long for them, then starts with as many as are free (at least
+  // min_world_size). [0, 86400] seconds.
+  double wait_s = 60;
+  // A gang running smaller grows back once free slots have stayed free
+  // this long: a checkpoint, a graceful stop, a restart at the larger size.
+  // [0, 86400] seconds.
+  double grow_after_s = 10;
+};
+
 struct RunSpec {
   std::string name = "run";  // 1..64 of [A-Za-z0-9._-]
   int64_t priority = 0;      // -1000..1000, higher first
-  int64_t world_size = 1;    // 1..64
+  // The ranks wanted. A gang may run with fewer, down to min_world_size
+  // (default: world_size, no elasticity), training the same global
+  // batches (GlobalBatch).
+  int64_t world_size = 1;      // 1..64
+  int64_t min_world_size = 1;  // 1..world_size
+  ElasticSpec elastic;
   // A [command] table: the run executes `command`; model, data, optimizer,
   // train, distributed and testing keep their defaults and are unused.
   bool has_command = false;
@@ -279,6 +304,17 @@ absl::Status CheckSpecPaths(const RunSpec& spec, const std::vector<std::string>&
 // The total number of optimizer steps the run takes (steps, or epochs times
 // steps per epoch when that is known: `steps_per_epoch` > 0).
 int64_t TotalSteps(const RunSpec& spec, int64_t steps_per_epoch);
+
+// The samples of one optimizer step over all ranks: world_size *
+// train.batch_size. train.batch_size is what each rank trains when the
+// gang has all its world_size ranks (today's meaning); a smaller gang
+// trains the same global batch, each rank a larger share
+// (docs/distributed.md, "Elastic").
+int64_t GlobalBatch(const RunSpec& spec);
+
+// Whether a gang of `world` ranks may run `spec`: min_world_size <= world
+// <= world_size. InvalidArgument naming the range otherwise.
+absl::Status CheckGangSize(const RunSpec& spec, int64_t world);
 
 }  // namespace trainsup
 

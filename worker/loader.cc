@@ -27,25 +27,21 @@ int64_t BatchesPerEpoch(int64_t n, int64_t batch_size) {
   return (n + batch_size - 1) / batch_size;
 }
 
-int64_t ShardSize(int64_t n, int world_size) {
-  if (n <= 0 || world_size < 1) return 0;
-  return n / world_size;
+BatchShare RankShare(int64_t count, int rank, int world_size) {
+  if (count <= 0 || world_size < 1 || rank < 0 || rank >= world_size) return {};
+  const int64_t base = count / world_size;
+  const int64_t extra = count % world_size;
+  BatchShare share;
+  share.begin = rank * base + std::min<int64_t>(rank, extra);
+  share.end = share.begin + base + (rank < extra ? 1 : 0);
+  return share;
 }
 
-std::vector<int64_t> EpochShard(int64_t n, uint64_t seed, int64_t epoch, int rank, int world_size,
-                                bool shuffle) {
-  std::vector<int64_t> order;
-  if (shuffle) {
-    order = EpochOrder(n, seed, epoch);
-  } else {
-    order.resize(std::max<int64_t>(n, 0));
-    for (int64_t i = 0; i < n; ++i) order[i] = i;
-  }
-  if (world_size <= 1) return order;
-  const int64_t m = ShardSize(n, world_size);
-  std::vector<int64_t> shard(m);
-  for (int64_t i = 0; i < m; ++i) shard[i] = order[rank + i * world_size];
-  return shard;
+std::vector<int64_t> VisitOrder(int64_t n, uint64_t seed, int64_t epoch, bool shuffle) {
+  if (shuffle) return EpochOrder(n, seed, epoch);
+  std::vector<int64_t> order(std::max<int64_t>(n, 0));
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  return order;
 }
 
 bool operator==(const VoxelScene& a, const VoxelScene& b) {
@@ -56,7 +52,7 @@ bool operator==(const VoxelScene& a, const VoxelScene& b) {
 
 bool operator==(const Batch& a, const Batch& b) {
   return a.epoch == b.epoch && a.cursor_begin == b.cursor_begin && a.cursor_end == b.cursor_end &&
-         a.scenes == b.scenes;
+         a.samples == b.samples && a.scenes == b.scenes;
 }
 
 absl::StatusOr<VoxelScene> VoxelizeSample(const Sample& sample, double voxel_size) {
@@ -107,7 +103,7 @@ absl::StatusOr<VoxelScene> PrepareScene(const Dataset& dataset, int64_t index, i
 
 Loader::Loader(const Dataset* dataset, LoaderOptions options, int64_t epoch, int64_t cursor)
     : dataset_(dataset), options_(std::move(options)), epoch_(epoch), cursor_(cursor) {
-  const int64_t n = shard_size();
+  const int64_t n = dataset_ == nullptr ? 0 : dataset_->size();
   if (dataset_ == nullptr) {
     error_ = absl::InvalidArgumentError("Loader: no dataset");
   } else if (options_.batch_size < 1) {
@@ -122,16 +118,12 @@ Loader::Loader(const Dataset* dataset, LoaderOptions options, int64_t epoch, int
   } else if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size) {
     error_ = absl::InvalidArgumentError(absl::StrCat(
         "Loader: rank ", options_.rank, " is outside a world of ", options_.world_size));
-  } else if (dataset_->size() == 0) {
-    error_ = absl::FailedPreconditionError(
-        absl::StrCat("Loader: dataset ", dataset_->name(), " has no scenes"));
   } else if (n == 0) {
     error_ = absl::FailedPreconditionError(
-        absl::StrCat("Loader: dataset ", dataset_->name(), " has ", dataset_->size(),
-                     " scenes, fewer than the ", options_.world_size, " ranks"));
+        absl::StrCat("Loader: dataset ", dataset_->name(), " has no scenes"));
   } else if (epoch_ < 0 || cursor_ < 0 || cursor_ > n) {
     error_ = absl::InvalidArgumentError(absl::StrCat(
-        "Loader: position (epoch ", epoch_, ", cursor ", cursor_, ") is outside a shard of ", n));
+        "Loader: position (epoch ", epoch_, ", cursor ", cursor_, ") is outside an epoch of ", n));
   }
   if (!error_.ok()) return;
   if (cursor_ == n) {
@@ -151,11 +143,7 @@ Loader::~Loader() {
 }
 
 int64_t Loader::batches_per_epoch() const {
-  return BatchesPerEpoch(shard_size(), options_.batch_size);
-}
-
-int64_t Loader::shard_size() const {
-  return dataset_ == nullptr ? 0 : ShardSize(dataset_->size(), options_.world_size);
+  return dataset_ == nullptr ? 0 : BatchesPerEpoch(dataset_->size(), options_.batch_size);
 }
 
 absl::StatusOr<Batch> Loader::Next() {
@@ -171,7 +159,7 @@ absl::StatusOr<Batch> Loader::Next() {
 }
 
 void Loader::Run() {
-  const int64_t n = shard_size();
+  const int64_t n = dataset_->size();
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
   while (true) {
@@ -183,8 +171,7 @@ void Loader::Run() {
       if (stop_) return;
     }
     if (order_epoch != epoch_) {
-      order = EpochShard(dataset_->size(), options_.seed, epoch_, options_.rank,
-                         options_.world_size, options_.shuffle);
+      order = VisitOrder(n, options_.seed, epoch_, options_.shuffle);
       order_epoch = epoch_;
     }
     absl::StatusOr<Batch> batch = MakeBatch(epoch_, cursor_, order);
@@ -212,7 +199,10 @@ absl::StatusOr<Batch> Loader::MakeBatch(int64_t epoch, int64_t cursor,
   batch.epoch = epoch;
   batch.cursor_begin = cursor;
   batch.cursor_end = std::min(cursor + options_.batch_size, n);
-  for (int64_t k = batch.cursor_begin; k < batch.cursor_end; ++k) {
+  batch.samples.assign(order.begin() + batch.cursor_begin, order.begin() + batch.cursor_end);
+  const BatchShare share =
+      RankShare(batch.cursor_end - batch.cursor_begin, options_.rank, options_.world_size);
+  for (int64_t k = batch.cursor_begin + share.begin; k < batch.cursor_begin + share.end; ++k) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return absl::CancelledError("Loader: stopped");

@@ -30,24 +30,31 @@ std::vector<int64_t> EpochOrder(int64_t n, uint64_t seed, int64_t epoch);
 // Batches of `batch_size` in an epoch of `n` samples: ceil(n / batch_size).
 int64_t BatchesPerEpoch(int64_t n, int64_t batch_size);
 
-// Samples each of `world_size` ranks visits per epoch of `n`: n / world_size
-// (PyTorch's DistributedSampler with drop_last: the n % world_size samples
-// at the end of the epoch's order are left out, a different few each epoch).
-int64_t ShardSize(int64_t n, int world_size);
+// Rank `rank`'s share of a global batch of `count` samples over
+// `world_size` ranks: offsets [begin, end) into the batch. Contiguous, in
+// rank order, as even as the count allows (the first count % world_size
+// ranks take one more); a rank gets none when count < world_size and its
+// rank is count or more.
+struct BatchShare {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+BatchShare RankShare(int64_t count, int rank, int world_size);
 
-// What rank `rank` of `world_size` visits in epoch `epoch`, in order:
-// entries rank, rank + world_size, ... of the epoch's order (EpochOrder, or
-// 0..n-1 without `shuffle`), ShardSize(n, world_size) of them. A pure
-// function of its arguments; the shards of one epoch are disjoint, and for
-// world_size 1 the shard is the whole order. With batch size B, batch k of
-// every rank together are entries [k*B*W, (k+1)*B*W) of the order, the
-// batch one rank with batch size B*W trains at step k (when B*W divides
-// the shard sizes' total).
-std::vector<int64_t> EpochShard(int64_t n, uint64_t seed, int64_t epoch, int rank, int world_size,
-                                bool shuffle = true);
+// The samples of epoch `epoch`, in the order it visits them: EpochOrder,
+// or 0..n-1 without `shuffle` (validation).
+std::vector<int64_t> VisitOrder(int64_t n, uint64_t seed, int64_t epoch, bool shuffle);
 
+// The data of a gang does not depend on its size (docs/distributed.md,
+// "Data"): global batch k of an epoch is entries [k*G, min((k+1)*G, n)) of
+// the epoch's order, every sample once per epoch (the last batch is
+// smaller when G does not divide n), and each of the W ranks trains its
+// RankShare of it. Which samples a step trains, and how each is augmented
+// (AugmentSeed(seed, epoch, sample)), is the same at every W.
 struct LoaderOptions {
-  int64_t batch_size = 2;    // >= 1
+  // The global batch G: samples per step over all ranks, >= 1.
+  int64_t batch_size = 2;
   uint64_t seed = 0;         // the run's train.seed
   double voxel_size = 0.05;  // metres, > 0 (model.voxel_size)
   bool augment = true;       // data.augment
@@ -55,8 +62,9 @@ struct LoaderOptions {
   bool shuffle = true;
   // Batches prepared ahead of the one Next() returns, >= 1.
   int prefetch = 2;
-  // This loader yields rank `rank`'s shard of every epoch (EpochShard);
-  // cursors count within the shard. 0 <= rank < world_size.
+  // This loader yields rank `rank`'s share (RankShare) of every global
+  // batch; cursors count positions in the epoch's order, the same on every
+  // rank and at every world size. 0 <= rank < world_size.
   int rank = 0;
   int world_size = 1;
   AugmentOptions augment_options;
@@ -75,14 +83,16 @@ struct VoxelScene {
   int64_t voxels() const { return static_cast<int64_t>(labels.size()); }
 };
 
-// Scenes [cursor_begin, cursor_end) of epoch `epoch`'s shard (the whole
-// order for world_size 1). After training it, checkpoint (epoch,
-// cursor_end): a loader constructed there continues with the next batch
-// (cursor_end == the shard size means the next epoch).
+// The global batch at positions [cursor_begin, cursor_end) of epoch
+// `epoch`'s order: `samples` all of it (dataset indices), `scenes` this
+// rank's share of it, prepared. After training it, checkpoint (epoch,
+// cursor_end): a loader constructed there, at any world size, continues
+// with the next global batch (cursor_end == n means the next epoch).
 struct Batch {
   int64_t epoch = 0;
   int64_t cursor_begin = 0;
   int64_t cursor_end = 0;
+  std::vector<int64_t> samples;
   std::vector<VoxelScene> scenes;
 };
 
@@ -101,18 +111,19 @@ absl::StatusOr<VoxelScene> VoxelizeSample(const Sample& sample, double voxel_siz
 absl::StatusOr<VoxelScene> PrepareScene(const Dataset& dataset, int64_t index, int64_t epoch,
                                         const LoaderOptions& options);
 
-// Yields batches in order, starting at (epoch, cursor): batch_size scenes
-// of the epoch's order (EpochOrder, or 0..n-1 without shuffle), the last
-// batch of an epoch smaller when batch_size does not divide the size;
-// batches never span epochs, and after an epoch's last batch the next
-// epoch begins. A background thread keeps up to `prefetch` batches ready.
-// Not thread-safe: call Next() from one thread.
+// Yields this rank's share of the global batches in order, starting at
+// (epoch, cursor): global batches of batch_size scenes of the epoch's
+// order (VisitOrder), the last of an epoch smaller when batch_size does
+// not divide the dataset's size; batches never span epochs, and after an
+// epoch's last batch the next epoch begins. A rank whose share of a (last,
+// small) batch is empty gets a Batch without scenes. A background thread
+// keeps up to `prefetch` batches ready. Not thread-safe: call Next() from
+// one thread.
 class Loader {
  public:
-  // `dataset` must outlive the loader. `cursor` in [0, shard size];
-  // cursor == shard size means (epoch + 1, 0). Bad options, an empty dataset
-  // (or fewer scenes than ranks) or a cursor out of range are reported by
-  // Next().
+  // `dataset` must outlive the loader. `cursor` in [0, dataset size];
+  // cursor == size means (epoch + 1, 0). Bad options, an empty dataset or
+  // a cursor out of range are reported by Next().
   Loader(const Dataset* dataset, LoaderOptions options, int64_t epoch, int64_t cursor);
   // Stops the thread (after the scene it is preparing) and joins it.
   ~Loader();
@@ -127,10 +138,8 @@ class Loader {
   // call returns it again.
   absl::StatusOr<Batch> Next();
 
-  // Batches per epoch (of this rank's shard).
+  // Global batches per epoch: BatchesPerEpoch(dataset size, batch_size).
   int64_t batches_per_epoch() const;
-  // Scenes this rank visits per epoch: ShardSize(dataset size, world_size).
-  int64_t shard_size() const;
 
  private:
   void Run();

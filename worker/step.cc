@@ -197,7 +197,16 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
                                             int64_t* run_peak, double height, bool baseline,
                                             const DataParallel* parallel,
                                             const StepFaults& faults) {
-  const std::vector<SceneView> views = SceneViews(batch);
+  const bool unsplit = parallel != nullptr && parallel->unsplit;
+  // A rank without a share of the global batch (the last, small batch of
+  // an epoch, over more ranks than scenes) adds nothing, but takes part in
+  // every collective: its gradient buckets go out (zeros) in Finish(), and
+  // with synchronised BatchNorm it runs the forward and backward of an
+  // empty scene, whose statistics count no row, for the layers' allreduces.
+  Batch empty_share;
+  const Batch& work = batch.scenes.empty() && unsplit ? empty_share : batch;
+  if (&work == &empty_share) empty_share.scenes.emplace_back();
+  const std::vector<SceneView> views = SceneViews(work);
   for (at::Tensor& a : accum) a.zero_();
   const c10::Device device = ParamsDevice(params);
   const int64_t local_labelled = BatchLabelled(views);
@@ -209,11 +218,10 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
       parallel != nullptr && parallel->global_labelled > 0
           ? static_cast<double>(local_labelled) / static_cast<double>(parallel->global_labelled)
           : 1.0;
-  const bool unsplit = parallel != nullptr && parallel->unsplit;
   StepOutcome outcome;
   RunGroup run = [&](const Group& group, double weight) -> absl::Status {
     absl::StatusOr<int64_t> peak =
-        RunGroupOnce(model, batch, group, channels, params, accum, weight * scale, dtype, height,
+        RunGroupOnce(model, work, group, channels, params, accum, weight * scale, dtype, height,
                      device, &outcome, reducer, local_labelled - outcome.labelled, faults);
     if (!peak.ok()) {
       if (unsplit && absl::IsResourceExhausted(peak.status())) {

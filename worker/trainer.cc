@@ -311,10 +311,12 @@ std::optional<TrainerResult> Trainer::SetUp() {
       " classes, ", channels_, " input channels) on ", train_->size(), " training and ",
       val_ ? val_->size() : 0, " validation scenes, ", total_steps_, " steps, ", memory_settings,
       ", ", at::get_num_threads(), " threads, on ", device_.str(),
-      options_.world_size > 1 ? absl::StrCat(", rank ", options_.rank, " of ", options_.world_size,
-                                             " (", shard_size_, " scenes per rank and epoch, ",
-                                             reducer_->num_buckets(), " gradient buckets)")
-                              : std::string()));
+      options_.world_size > 1
+          ? absl::StrCat(", rank ", options_.rank, " of ", options_.world_size, " (global batch ",
+                         GlobalBatch(spec_), ", this rank's share ",
+                         RankShare(GlobalBatch(spec_), options_.rank, options_.world_size).size(),
+                         ", ", reducer_->num_buckets(), " gradient buckets)")
+          : absl::StrCat(", global batch ", GlobalBatch(spec_))));
   return std::nullopt;
 }
 
@@ -460,20 +462,18 @@ std::optional<TrainerResult> Trainer::ResumeOrFail() {
 }
 
 std::optional<TrainerResult> Trainer::PrepareLoader() {
-  shard_size_ = ShardSize(train_->size(), options_.world_size);
-  if (shard_size_ == 0) {
-    return Fail(WorkerExit::kData,
-                absl::StrCat("the training split has ", train_->size(), " scenes, fewer than the ",
-                             options_.world_size, " ranks"));
-  }
-  const int64_t batch_size = spec_.train.batch_size;
-  total_steps_ = TotalSteps(spec_, BatchesPerEpoch(shard_size_, batch_size));
-  if (cursor_ >= shard_size_) {
+  // Nothing about the data depends on the gang's size: the global batches
+  // are the same at every world size, each rank trains its share.
+  train_size_ = train_->size();
+  if (train_size_ == 0) return Fail(WorkerExit::kData, "the training split has no scenes");
+  const int64_t global_batch = GlobalBatch(spec_);
+  total_steps_ = TotalSteps(spec_, BatchesPerEpoch(train_size_, global_batch));
+  if (cursor_ >= train_size_) {
     epoch_++;
     cursor_ = 0;
   }
   LoaderOptions lo;
-  lo.batch_size = batch_size;
+  lo.batch_size = global_batch;
   lo.seed = static_cast<uint64_t>(spec_.train.seed);
   lo.voxel_size = spec_.model.voxel_size;
   lo.augment = spec_.data.augment;
@@ -564,6 +564,17 @@ std::optional<TrainerResult> Trainer::TrainOneStep(TrainerResult* result) {
   const auto iteration_start = Clock::now();
   absl::StatusOr<Batch> batch = loader_->Next();
   if (!batch.ok()) return Fail(WorkerExit::kData, DataMessage(batch.status()));
+  if (spec_.data.log_samples && options_.rank == 0) {
+    // The whole global batch, with each sample's augmentation seed: the
+    // same at every world size (docs/distributed.md, "Elastic").
+    std::string line = absl::StrCat("samples of step ", next, " (epoch ", batch->epoch, "):");
+    for (int64_t index : batch->samples) {
+      absl::StrAppendFormat(&line, " %d:%016x", index,
+                            AugmentSeed(static_cast<uint64_t>(spec_.train.seed), batch->epoch,
+                                        index));
+    }
+    Log(line);
+  }
   // What the ranks agree on before the step (one collective; with one
   // rank, the local values): the global batch's labelled voxels, and
   // whether any rank was asked to stop or to checkpoint (rank 0's clock
@@ -639,7 +650,7 @@ void Trainer::AfterStep(const Batch& batch, double step_seconds, int64_t next, b
   step_ = next;
   epoch_ = batch.epoch;
   cursor_ = batch.cursor_end;
-  if (cursor_ >= shard_size_) {
+  if (cursor_ >= train_size_) {
     epoch_++;
     cursor_ = 0;
   }

@@ -48,6 +48,23 @@ struct Counters {
   int64_t spike_steps = 0;
   int64_t window_skipped_steps = 0;
 
+  // The counters each rank keeps of its own batches (the splits), added up
+  // over a gang; and the ones every rank of a gang has the same, copied.
+  void AddRankCounters(const Counters& c) {
+    splits += c.splits;
+    predicted_splits += c.predicted_splits;
+    retries += c.retries;
+    oom_events += c.oom_events;
+    wasted_forwards += c.wasted_forwards;
+    dropped_pieces += c.dropped_pieces;
+    dropped_voxels += c.dropped_voxels;
+  }
+  void CopyGangCounters(const Counters& c) {
+    skipped_steps = c.skipped_steps;
+    nonfinite_steps = c.nonfinite_steps;
+    spike_steps = c.spike_steps;
+    window_skipped_steps = c.window_skipped_steps;
+  }
   void Add(const SplitStats& s) {
     splits += s.splits;
     predicted_splits += s.predicted_splits;
@@ -84,6 +101,10 @@ struct Counters {
     window_skipped_steps = j.value("window_skipped_steps", int64_t{0});
   }
 };
+
+// The "format" of a checkpoint's "extra" object that any gang size
+// resumes from (GangState).
+inline constexpr char kGangStateFormat[] = "trainsup-gang-state-1";
 
 class Trainer {
  public:
@@ -194,10 +215,18 @@ class Trainer {
   // file system is full (ResourceExhausted: ENOSPC, EDQUOT), else 1.
   TrainerResult CheckpointFailed(const absl::Status& s, const std::string& when);
   absl::Status Resume();
-  // This rank's own part of a checkpoint (data position, memory model,
-  // counters, RNG), and its restoration.
+  // A checkpoint's training state does not depend on the gang's size
+  // (docs/checkpoints.md): RankState is what a rank sends rank 0, GangState
+  // merges every rank's into the checkpoint's "extra" object.
   nlohmann::json RankState() const;
-  absl::Status ApplyRankState(const nlohmann::json& rank_state, bool restore_rng);
+  nlohmann::json GangState(const std::vector<nlohmann::json>& ranks) const;
+  // A checkpoint's "extra" object as GangState writes it: as it is, or
+  // converted from the formats of before elastic gangs (which also
+  // converts epoch_ and cursor_ to the epoch's order). InvalidArgument for
+  // a checkpoint this run cannot resume (another global batch).
+  absl::StatusOr<nlohmann::json> ResumableGangState(const nlohmann::json& extra);
+  // This rank's state from the gang's: rank 0 takes the totals.
+  absl::Status ApplyGangState(const nlohmann::json& gang);
   // Every rank gets rank 0's buffers (BatchNorm running statistics) and,
   // with `parameters`, its parameters; `what` names the collectives.
   void BroadcastWeights(bool parameters, const std::string& what);
@@ -234,7 +263,7 @@ class Trainer {
   std::unique_ptr<Gang> gang_;  // world size 1 too: collectives are then the identity
   std::unique_ptr<GradientReducer> reducer_;
   bool sync_batchnorm_ = false;
-  int64_t shard_size_ = 0;  // scenes this rank visits per epoch
+  int64_t train_size_ = 0;  // scenes of the training split: every epoch visits each once
   sparse::MinkUNet model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<at::Tensor> params_;

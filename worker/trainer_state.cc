@@ -14,47 +14,121 @@
 
 namespace trainsup::worker::internal {
 
+// What a rank sends rank 0 for the checkpoint (GangState merges them).
 nlohmann::json Trainer::RankState() const {
   return {{"rank", options_.rank},
-          {"epoch", epoch_},
-          {"cursor", cursor_},
           {"memory_model", memory_model_.Serialize()},
           {"counters", counters_.ToJson()},
           {"last_loss", last_loss_},
           {"guard", guard_.ToJson()},
-          {"class_counts", class_counts_},
-          {"cpu_rng_state", ckpt::ToHex(ckpt::CpuGeneratorState())}};
+          {"class_counts", class_counts_}};
 }
 
-absl::Status Trainer::ApplyRankState(const nlohmann::json& r, bool restore_rng) {
-  if (!r.is_object()) return absl::DataLossError("a rank's state is not a JSON object");
-  if (r.contains("epoch")) epoch_ = r["epoch"].get<int64_t>();
-  if (r.contains("cursor")) cursor_ = r["cursor"].get<int64_t>();
-  if (r.contains("memory_model")) {
-    absl::StatusOr<MemoryModel> m = MemoryModel::Deserialize(r["memory_model"].get<std::string>());
+absl::StatusOr<nlohmann::json> Trainer::ResumableGangState(const nlohmann::json& extra) {
+  if (!extra.is_object()) return absl::DataLossError("trainer.json's extra is not a JSON object");
+  if (extra.value("format", std::string()) == kGangStateFormat) {
+    const int64_t written = extra.value("global_batch", int64_t{0});
+    if (written != GlobalBatch(spec_)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "written with a global batch of ", written, " scenes; this run's is ",
+          GlobalBatch(spec_), " (world_size x train.batch_size)"));
+    }
+    return extra;
+  }
+  // Before elastic gangs (issue 26): the cursor counted within a rank's
+  // shard of n / W scenes, W = the gang that wrote it, which is the spec's
+  // world_size. Its global batches were the same as now (W times the
+  // per-rank batch), so position cursor of every shard is position
+  // cursor * W of the epoch's order.
+  std::vector<nlohmann::json> ranks;
+  int64_t written_by = 1;
+  if (extra.contains("ranks")) {
+    written_by = extra.value("world_size", int64_t{1});
+    for (const nlohmann::json& r : extra["ranks"]) ranks.push_back(r);
+  } else {
+    ranks.push_back(extra);
+  }
+  if (written_by != spec_.world_size || static_cast<int64_t>(ranks.size()) != written_by) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "written by a gang of ", written_by, " rank", written_by == 1 ? "" : "s",
+        " before elastic gangs, with ", ranks.size(), " rank states; this run's world_size is ",
+        spec_.world_size));
+  }
+  for (const nlohmann::json& r : ranks) {
+    if (!r.is_object() || !r.contains("counters") || !r.contains("class_counts")) {
+      return absl::DataLossError("a rank's state lacks its counters or class counts");
+    }
+  }
+  const int64_t shard = train_->size() / written_by;
+  if (cursor_ >= shard) {
+    ++epoch_;
+    cursor_ = 0;
+  }
+  cursor_ *= written_by;
+  Log(absl::StrCat("checkpoint of a gang of ", written_by,
+                   " from before elastic gangs: its position is epoch ", epoch_, ", scene ",
+                   cursor_, " of the epoch's order"));
+  return GangState(ranks);
+}
+
+absl::Status Trainer::ApplyGangState(const nlohmann::json& g) {
+  if (g.contains("memory_model") && g["memory_model"].is_string()) {
+    absl::StatusOr<MemoryModel> m = MemoryModel::Deserialize(g["memory_model"].get<std::string>());
     if (m.ok()) memory_model_ = *m;
   }
-  if (r.contains("counters")) counters_.FromJson(r["counters"]);
-  last_loss_ = r.value("last_loss", 0.0);
-  if (r.contains("guard")) {
-    if (absl::Status s = guard_.FromJson(r["guard"]); !s.ok()) return s;
+  // The gang's totals stay with rank 0, so that the next checkpoint's sums
+  // count them once; the others start from the counters every rank shares.
+  Counters counters;
+  if (g.contains("counters")) counters.FromJson(g["counters"]);
+  if (options_.rank == 0) {
+    counters_ = counters;
+  } else {
+    counters_ = Counters();
+    counters_.CopyGangCounters(counters);
   }
-  if (r.contains("class_counts")) {
-    std::vector<int64_t> counts = r["class_counts"].get<std::vector<int64_t>>();
+  last_loss_ = g.value("last_loss", 0.0);
+  if (g.contains("guard")) {
+    if (absl::Status s = guard_.FromJson(g["guard"]); !s.ok()) return s;
+  }
+  if (g.contains("class_counts") && options_.rank == 0) {
+    std::vector<int64_t> counts = g["class_counts"].get<std::vector<int64_t>>();
     if (counts.size() == class_counts_.size()) class_counts_ = counts;
   }
-  if (restore_rng && r.contains("cpu_rng_state")) {
-    std::string bytes;
-    if (!ckpt::FromHex(r["cpu_rng_state"].get<std::string>(), &bytes)) {
-      return absl::DataLossError(
-          absl::StrCat("rank ", options_.rank, "'s CPU generator state is not hex"));
-    }
-    absl::Status set = ckpt::SetCpuGeneratorState(bytes);
-    if (!set.ok()) {
-      return absl::DataLossError(absl::StrCat("rank ", options_.rank, ": ", set.message()));
+  return absl::OkStatus();
+}
+
+// The checkpoint's "extra" object, from every rank's RankState (in rank
+// order), in a form that does not depend on the gang's size
+// (docs/checkpoints.md, "Training state"): the global batch and the gang's
+// totals (class counts and the split counters summed over the ranks; the
+// guard's counters, the loss and the guard as every rank has them, rank
+// 0's), rank 0's memory model, and the size of the gang that wrote it
+// (informational). The position in the data (epoch, cursor) is the
+// trainer state's own and global.
+nlohmann::json Trainer::GangState(const std::vector<nlohmann::json>& ranks) const {
+  Counters total;
+  std::vector<int64_t> class_counts(class_counts_.size(), 0);
+  for (const nlohmann::json& r : ranks) {
+    Counters c;
+    c.FromJson(r["counters"]);
+    total.AddRankCounters(c);
+    const std::vector<int64_t> counts = r["class_counts"].get<std::vector<int64_t>>();
+    for (size_t k = 0; k < counts.size() && k < class_counts.size(); ++k) {
+      class_counts[k] += counts[k];
     }
   }
-  return absl::OkStatus();
+  Counters gang;
+  gang.FromJson(ranks[0]["counters"]);
+  total.CopyGangCounters(gang);
+  return {{"format", kGangStateFormat},
+          {"num_classes", num_classes_},
+          {"global_batch", GlobalBatch(spec_)},
+          {"world_size", static_cast<int64_t>(ranks.size())},
+          {"memory_model", ranks[0]["memory_model"]},
+          {"counters", total.ToJson()},
+          {"last_loss", ranks[0]["last_loss"]},
+          {"guard", ranks[0]["guard"]},
+          {"class_counts", class_counts}};
 }
 
 absl::Status Trainer::Checkpoint() {
@@ -68,8 +142,6 @@ absl::Status Trainer::Checkpoint() {
   state.step = step_;
   state.epoch = epoch_;
   state.cursor = cursor_;
-  nlohmann::json extra = RankState();
-  extra["num_classes"] = num_classes_;
   absl::Status s;
   // testing.checkpoint_delay_ms: the write is slow, as on busy shared storage.
   auto slow_storage = [this] {
@@ -77,28 +149,23 @@ absl::Status Trainer::Checkpoint() {
       std::this_thread::sleep_for(std::chrono::milliseconds(spec_.testing.checkpoint_delay_ms));
     }
   };
-  if (world == 1) {
-    state.extra_json = extra.dump();
+  // Every rank has finished the step (in a gang this gather is the
+  // barrier); rank 0 writes the one checkpoint, in a form any gang size
+  // resumes from (GangState), and tells the others how it went.
+  std::vector<std::string> ranks = {RankState().dump()};
+  if (world > 1) ranks = gang_->AllGather(ranks[0], name + ": rank states");
+  at::Tensor result = at::zeros({3}, at::kLong);  // [written, out of space, refused]
+  if (options_.rank == 0) {
+    std::vector<nlohmann::json> all;
+    for (const std::string& r : ranks) all.push_back(nlohmann::json::parse(r));
+    state.extra_json = GangState(all).dump();
     slow_storage();
     s = ckpt::SaveState(store_, *model_, *optimizer_, state);
-  } else {
-    // Every rank has finished the step (this gather is the barrier); rank 0
-    // writes the one checkpoint, with every rank's state in it, and tells
-    // the others how it went.
-    std::vector<std::string> ranks = gang_->AllGather(RankState().dump(), name + ": rank states");
-    at::Tensor result = at::zeros({3}, at::kLong);  // [written, out of space, refused]
-    if (options_.rank == 0) {
-      nlohmann::json all = nlohmann::json::array();
-      for (const std::string& r : ranks) all.push_back(nlohmann::json::parse(r));
-      nlohmann::json gang_extra = {
-          {"num_classes", num_classes_}, {"world_size", world}, {"ranks", all}};
-      state.extra_json = gang_extra.dump();
-      slow_storage();
-      s = ckpt::SaveState(store_, *model_, *optimizer_, state);
-      result[0] = s.ok() ? 1 : 0;
-      result[1] = absl::IsResourceExhausted(s) ? 1 : 0;
-      result[2] = absl::IsFailedPrecondition(s) ? 1 : 0;
-    }
+    result[0] = s.ok() ? 1 : 0;
+    result[1] = absl::IsResourceExhausted(s) ? 1 : 0;
+    result[2] = absl::IsFailedPrecondition(s) ? 1 : 0;
+  }
+  if (world > 1) {
     // The others wait while rank 0 writes to what may be slow shared
     // storage: distributed.checkpoint_timeout_s, not the collective timeout.
     gang_->Broadcast(result, 0, name + ": written", spec_.distributed.checkpoint_timeout_s);
@@ -205,25 +272,15 @@ absl::Status Trainer::Resume() {
   cursor_ = state.cursor;
   last_checkpoint_ = state.step;
   nlohmann::json extra = nlohmann::json::parse(state.extra_json, nullptr, false);
-  const int world = options_.world_size;
-  const int64_t written_by =
-      extra.is_object() && extra.contains("world_size") ? extra["world_size"].get<int64_t>() : 1;
-  if (written_by != world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint step-", chosen->step, " was written by a gang of ", written_by,
-                     " rank", written_by == 1 ? "" : "s", "; this run has world_size = ", world,
-                     " (a run resumes with the world size it was written with)"));
+  absl::StatusOr<nlohmann::json> gang = ResumableGangState(extra);
+  if (!gang.ok()) {
+    return absl::Status(gang.status().code(),
+                        absl::StrCat("checkpoint step-", chosen->step, ": ", gang.status().message()));
   }
-  if (extra.is_object()) {
-    // One rank: its state is the extra object itself; a gang: each rank's
-    // own entry (rank 0's RNG was restored by LoadState already).
-    const bool gang = extra.contains("ranks");
-    const nlohmann::json& mine = gang ? extra["ranks"][options_.rank] : extra;
-    absl::Status applied = ApplyRankState(mine, gang && options_.rank != 0);
-    if (!applied.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint step-", chosen->step, ": ", applied.message()));
-    }
+  absl::Status applied = ApplyGangState(*gang);
+  if (!applied.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint step-", chosen->step, ": ", applied.message()));
   }
   Log(absl::StrCat("resumed from step ", step_, " (epoch ", epoch_, ", cursor ", cursor_, ")"));
   Event(v1::EVENT_KIND_LOG, -1, absl::StrCat("resumed from step ", step_));

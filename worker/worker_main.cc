@@ -169,9 +169,9 @@ trainsup::RunSpec SpecOrExit(const trainsup::worker::TrainerOptions& o) {
   text << in.rdbuf();
   absl::StatusOr<trainsup::RunSpec> spec = trainsup::ParseRunSpec(text.str());
   if (!spec.ok()) UsageExit(o, std::string(spec.status().message()));
-  if (spec->world_size != o.world_size) {
-    UsageExit(o, absl::StrCat("--world-size ", o.world_size,
-                              " but the spec says world_size = ", spec->world_size));
+  // An elastic gang runs with min_world_size to world_size ranks.
+  if (absl::Status gang = trainsup::CheckGangSize(*spec, o.world_size); !gang.ok()) {
+    UsageExit(o, absl::StrCat("--world-size ", o.world_size, ": ", gang.message()));
   }
   return *spec;
 }

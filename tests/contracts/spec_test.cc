@@ -314,6 +314,53 @@ TEST(RunSpec, ClusterErrorsNameTheField) {
   EXPECT_EQ(Error("[cluster]\njob = \"j\"\nnode = 1\n" + ok_rest), "cluster.node: unknown key");
 }
 
+// Elastic gangs (docs/distributed.md, "Elastic"): the range of gang sizes,
+// the [elastic] table, the global batch and the check the worker makes.
+TEST(RunSpec, ElasticRangeAndGlobalBatch) {
+  absl::StatusOr<RunSpec> fixed = ParseRunSpec("world_size = 4\n[train]\nbatch_size = 3\n");
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_EQ(fixed->min_world_size, 4) << "no elasticity unless asked";
+  EXPECT_EQ(GlobalBatch(*fixed), 12) << "today's specs keep their global batch";
+  EXPECT_EQ(fixed->elastic.wait_s, 60);
+  EXPECT_EQ(fixed->elastic.grow_after_s, 10);
+  EXPECT_TRUE(CheckGangSize(*fixed, 4).ok());
+  EXPECT_EQ(CheckGangSize(*fixed, 3).message(),
+            "a gang of 3 ranks, but the spec says world_size = 4");
+
+  absl::StatusOr<RunSpec> elastic = ParseRunSpec(
+      "world_size = 4\nmin_world_size = 2\n[elastic]\nwait_s = 5\ngrow_after_s = 0.5\n");
+  ASSERT_TRUE(elastic.ok()) << elastic.status();
+  EXPECT_EQ(elastic->min_world_size, 2);
+  EXPECT_EQ(elastic->elastic.wait_s, 5);
+  EXPECT_EQ(elastic->elastic.grow_after_s, 0.5);
+  EXPECT_EQ(GlobalBatch(*elastic), 8);
+  for (int w : {2, 3, 4}) EXPECT_TRUE(CheckGangSize(*elastic, w).ok()) << w;
+  EXPECT_EQ(CheckGangSize(*elastic, 1).message(),
+            "a gang of 1 ranks, but the spec allows 2 (min_world_size) to 4 (world_size)");
+  EXPECT_FALSE(CheckGangSize(*elastic, 5).ok());
+
+  EXPECT_EQ(Error("world_size = 4\nmin_world_size = 5\n"),
+            "min_world_size: must be in [1, 4], got 5");
+  EXPECT_EQ(Error("min_world_size = 0\n"), "min_world_size: must be in [1, 1], got 0");
+  EXPECT_EQ(Error("[elastic]\nwait_s = -1\n"), "elastic.wait_s: must be in [0, 86400], got -1");
+  EXPECT_EQ(Error("[elastic]\ngrow = 1\n"), "elastic.grow: unknown key");
+
+  // Several machines: min_nodes gives min_world_size.
+  absl::StatusOr<RunSpec> cluster = ParseRunSpec(std::string(kCluster) + "min_nodes = 1\n");
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_EQ(cluster->cluster.min_nodes, 1);
+  EXPECT_EQ(cluster->min_world_size, 3);
+  absl::StatusOr<RunSpec> whole = ParseRunSpec(kCluster);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole->cluster.min_nodes, 2);
+  EXPECT_EQ(whole->min_world_size, 6);
+  EXPECT_EQ(Error(std::string(kCluster) + "min_nodes = 3\n"),
+            "cluster.min_nodes: must be in [1, 2], got 3");
+  EXPECT_EQ(Error("min_world_size = 2\n" + std::string(kCluster) + "min_nodes = 1\n"),
+            "min_world_size: 2 but the [cluster] table makes 1 nodes x 3 ranks = 3 (min_nodes); "
+            "drop min_world_size or make them agree");
+}
+
 TEST(RunSpec, ClusterCheckpointDirStaysInsideDataRoots) {
   RunSpec spec;
   spec.cluster.present = true;

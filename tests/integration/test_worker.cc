@@ -528,10 +528,8 @@ int Main(int argc, char** argv) {
   auto spec = ParseRunSpec(*text);
   if (!spec.ok())
     return UsageError(args, true, "spec.toml: " + std::string(spec.status().message()));
-  if (spec->world_size != args.world_size) {
-    return UsageError(args, true,
-                      absl::StrCat("--world-size ", args.world_size,
-                                   " differs from the spec's world_size ", spec->world_size));
+  if (absl::Status gang = CheckGangSize(*spec, args.world_size); !gang.ok()) {
+    return UsageError(args, true, absl::StrCat("--world-size ", args.world_size, ": ", gang.message()));
   }
 
   // Before any thread exists: the grandchild must not inherit threads, and

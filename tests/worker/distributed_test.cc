@@ -49,7 +49,8 @@ namespace fs = std::filesystem;
 
 constexpr int kChannels = 3;
 constexpr int kClasses = 4;
-constexpr int kScenes = 4;  // the global batch
+constexpr int kScenes = 4;         // the global batch, unless a test says otherwise
+constexpr int kDatasetScenes = 8;  // the synthetic dataset the batches are drawn from
 
 std::string g_self;  // this binary
 
@@ -63,6 +64,7 @@ struct RoleArgs {
   bool split = false;         // a budget that makes this rank's batch split
   bool host_group = false;    // an NCCL gang's layout, Gloo in both groups
   std::string unlabelled;     // "i,j": these scenes' labels are all erased (-1)
+  int scenes = kScenes;       // the global batch: scenes 0..scenes-1
   std::string out;
 };
 
@@ -82,7 +84,7 @@ void Unlabel(const std::string& list, Batch* batch) {
 Batch ScenesOf(const std::vector<int64_t>& indices) {
   DataSpec data;
   data.format = "synthetic";
-  data.scenes = kScenes;
+  data.scenes = kDatasetScenes;
   data.scene_size = "small";
   data.val_fraction = 0;
   ModelSpec model;
@@ -114,8 +116,11 @@ sparse::MinkUNetConfig QuarterMinkUNet14() {
 int RunRole(const RoleArgs& a) {
   at::set_num_threads(1);
   sparse::InstallCountingAllocator();
-  // The rank's shard of the global batch, as the loader cuts it.
-  Batch batch = ScenesOf(EpochShard(kScenes, 0, 0, a.rank, a.world, /*shuffle=*/false));
+  // The rank's share of the global batch, as the loader cuts it.
+  const BatchShare share = RankShare(a.scenes, a.rank, a.world);
+  std::vector<int64_t> mine;
+  for (int64_t i = share.begin; i < share.end; ++i) mine.push_back(i);
+  Batch batch = ScenesOf(mine);
   Unlabel(a.unlabelled, &batch);
   sparse::MinkUNetConfig plan = QuarterMinkUNet14();
   torch::manual_seed(3);
@@ -235,7 +240,7 @@ struct RankResult {
 // labels. Returns each rank's result.
 std::vector<RankResult> RunGang(int world, const std::string& mode,
                                 const std::vector<int>& split_ranks = {}, bool host_group = false,
-                                const std::string& unlabelled = "") {
+                                const std::string& unlabelled = "", int scenes = kScenes) {
   const std::string dir = ::testing::TempDir() + "/distributed_test_" + std::to_string(getpid());
   fs::create_directories(dir);
   const int port = FreeLoopbackPort();
@@ -251,6 +256,7 @@ std::vector<RankResult> RunGang(int world, const std::string& mode,
         "--split",      split ? "1" : "0",
         "--host-group", host_group ? "1" : "0",
         "--unlabelled", unlabelled.empty() ? "," : unlabelled,
+        "--scenes",     std::to_string(scenes),
         "--out",        dir + "/" + mode + std::to_string(world) + "-" + std::to_string(r)};
     pids.push_back(SpawnSelf(std::move(args)));
   }
@@ -293,32 +299,37 @@ size_t GradientSize() {
   return n;
 }
 
-void ExpectSameGradient(const std::vector<RankResult>& one, const std::vector<RankResult>& two,
+// Every rank of `gang` ends with the gradient (and, `with_running_stats`,
+// the BatchNorm running statistics) of one rank with the whole batch
+// (`one`), within 1e-10 relative in float64.
+void ExpectSameGradient(const std::vector<RankResult>& one, const std::vector<RankResult>& gang,
                         bool with_running_stats) {
   ASSERT_EQ(one.size(), 1u);
-  ASSERT_EQ(two.size(), 2u);
+  ASSERT_GE(gang.size(), 2u);
+  const int world = static_cast<int>(gang.size());
   const size_t n = GradientSize();
   ASSERT_GE(one[0].values.size(), n);
-  for (const RankResult& r : two) ASSERT_EQ(r.values.size(), one[0].values.size());
+  for (const RankResult& r : gang) ASSERT_EQ(r.values.size(), one[0].values.size());
   // Every rank ends with the same, global, gradient.
-  for (int r = 0; r < 2; ++r) {
-    const double e = RelativeDifference(two[r].values, one[0].values, 0, n);
-    std::printf("rank %d of 2 vs one rank with both batches: gradient relative difference %.3g\n",
-                r, e);
-    EXPECT_LT(e, 1e-10) << "rank " << r;
+  for (int r = 0; r < world; ++r) {
+    const double e = RelativeDifference(gang[r].values, one[0].values, 0, n);
+    std::printf("rank %d of %d vs one rank with the whole batch: gradient relative difference %.3g\n",
+                r, world, e);
+    EXPECT_LT(e, 1e-10) << "rank " << r << " of " << world;
   }
   double norm = 0;
   for (size_t i = 0; i < n; ++i) norm = std::max(norm, std::abs(one[0].values[i]));
   EXPECT_GT(norm, 0) << "a zero gradient proves nothing";
   if (with_running_stats) {
-    for (int r = 0; r < 2; ++r) {
-      const double e = RelativeDifference(two[r].values, one[0].values, n, one[0].values.size());
-      std::printf("rank %d of 2: running statistics relative difference %.3g\n", r, e);
-      EXPECT_LT(e, 1e-10) << "rank " << r;
+    for (int r = 0; r < world; ++r) {
+      const double e = RelativeDifference(gang[r].values, one[0].values, n, one[0].values.size());
+      std::printf("rank %d of %d: running statistics relative difference %.3g\n", r, world, e);
+      EXPECT_LT(e, 1e-10) << "rank " << r << " of " << world;
     }
   }
-  EXPECT_EQ(two[0].stats.value("labelled", -1) + two[1].stats.value("labelled", -1),
-            one[0].stats.value("labelled", -2));
+  int64_t labelled = 0;
+  for (const RankResult& r : gang) labelled += r.stats.value("labelled", int64_t{-1000000});
+  EXPECT_EQ(labelled, one[0].stats.value("labelled", int64_t{-2}));
 }
 
 TEST(DataParallel, TwoRanksGiveTheGradientOfOneRankWithTwiceTheBatch) {
@@ -355,7 +366,8 @@ TEST(DataParallel, SyncBatchNormInTrainingModeMatchesOneRankWithTheWholeBatch) {
 // summed with BatchNorm statistics (or time out).
 TEST(DataParallel, SyncBatchNormWithARankWithoutLabelsMatchesOneRankWithTheWholeBatch) {
   std::string rank1_scenes;
-  for (int64_t i : EpochShard(kScenes, 0, 0, /*rank=*/1, /*world_size=*/2, /*shuffle=*/false)) {
+  const BatchShare share = RankShare(kScenes, /*rank=*/1, /*world_size=*/2);
+  for (int64_t i = share.begin; i < share.end; ++i) {
     absl::StrAppend(&rank1_scenes, rank1_scenes.empty() ? "" : ",", i);
   }
   std::vector<RankResult> one = RunGang(1, "sync", {}, false, rank1_scenes);
@@ -434,41 +446,55 @@ TEST(GroupFor, HostTensorsGoBesideNcclDeviceTensorsStay) {
   EXPECT_EQ(GroupFor(false, cuda), GroupKind::kDevice);
 }
 
-TEST(EpochShard, RanksTogetherVisitWhatOneRankWithTheirBatchesVisits) {
-  const int64_t n = 23;
-  for (int world : {1, 2, 3, 4}) {
-    std::vector<int64_t> all;
-    for (int r = 0; r < world; ++r) {
-      std::vector<int64_t> shard = EpochShard(n, 9, 5, r, world);
-      EXPECT_EQ(static_cast<int64_t>(shard.size()), ShardSize(n, world));
-      EXPECT_EQ(shard, EpochShard(n, 9, 5, r, world)) << "a pure function";
-      all.insert(all.end(), shard.begin(), shard.end());
-    }
-    // Disjoint, and with drop_last exactly the first W * (n / W) entries of
-    // the epoch's order.
-    std::vector<int64_t> order = EpochOrder(n, 9, 5);
-    std::vector<int64_t> want(order.begin(), order.begin() + world * (n / world));
-    std::sort(all.begin(), all.end());
-    std::sort(want.begin(), want.end());
-    EXPECT_EQ(all, want) << "world " << world;
-    // Batch k of all ranks together (batch size 2) is batch k of one rank
-    // with batch size 2 * W.
-    for (int64_t k = 0; k < ShardSize(n, world) / 2; ++k) {
-      std::vector<int64_t> global;
-      for (int r = 0; r < world; ++r) {
-        std::vector<int64_t> shard = EpochShard(n, 9, 5, r, world);
-        global.push_back(shard[2 * k]);
-        global.push_back(shard[2 * k + 1]);
-      }
-      std::vector<int64_t> single(order.begin() + 2 * world * k,
-                                  order.begin() + 2 * world * (k + 1));
-      std::sort(global.begin(), global.end());
-      std::sort(single.begin(), single.end());
-      EXPECT_EQ(global, single) << "world " << world << " batch " << k;
+// The "one step, different gangs": the same global batch gives the
+// same step at W = 4, 3, 2 and 1, in float64, with uneven shares (7 scenes:
+// 2+2+2+1, 3+2+2, 4+3), BatchNorm in eval mode and synchronised.
+TEST(DataParallel, TheSameGlobalBatchGivesTheSameStepAtEveryWorldSize) {
+  for (const std::string mode : {"eval", "sync"}) {
+    SCOPED_TRACE(mode);
+    std::vector<RankResult> one = RunGang(1, mode, {}, false, "", /*scenes=*/7);
+    for (int world : {4, 3, 2}) {
+      SCOPED_TRACE("world " + std::to_string(world));
+      ExpectSameGradient(one, RunGang(world, mode, {}, false, "", 7),
+                         /*with_running_stats=*/mode == "sync");
     }
   }
-  EXPECT_NE(EpochShard(n, 9, 5, 0, 2), EpochShard(n, 9, 6, 0, 2)) << "epochs differ";
-  EXPECT_EQ(ShardSize(3, 4), 0);
+}
+
+// The last global batch of an epoch may hold fewer scenes than the gang
+// has ranks: the ranks without a share still take part in every
+// collective (gradient buckets; with synchronised BatchNorm, each layer's
+// statistics, forward and backward) and add nothing.
+TEST(DataParallel, RanksWithoutAShareAddNothingAndKeepTheCollectivesInStep) {
+  for (const std::string mode : {"eval", "sync"}) {
+    SCOPED_TRACE(mode);
+    std::vector<RankResult> one = RunGang(1, mode, {}, false, "", /*scenes=*/3);
+    std::vector<RankResult> four = RunGang(4, mode, {}, false, "", 3);
+    ASSERT_EQ(four.size(), 4u);
+    EXPECT_EQ(four[3].stats.value("labelled", -1), 0) << "rank 3 has no share of 3 scenes";
+    ExpectSameGradient(one, four, /*with_running_stats=*/mode == "sync");
+  }
+}
+
+TEST(RankShare, SharesAreContiguousInRankOrderAndEvenWithinOne) {
+  for (int64_t count : {0, 1, 3, 7, 8, 23}) {
+    for (int world : {1, 2, 3, 4, 8}) {
+      int64_t next = 0, smallest = count, largest = 0;
+      for (int r = 0; r < world; ++r) {
+        const BatchShare s = RankShare(count, r, world);
+        EXPECT_EQ(s.begin, next) << count << " over " << world << ", rank " << r;
+        next = s.end;
+        smallest = std::min(smallest, s.size());
+        largest = std::max(largest, s.size());
+      }
+      EXPECT_EQ(next, count) << count << " over " << world;
+      EXPECT_LE(largest - smallest, 1) << count << " over " << world;
+    }
+  }
+  EXPECT_EQ(RankShare(7, 0, 4).size(), 2);
+  EXPECT_EQ(RankShare(7, 3, 4).size(), 1);
+  EXPECT_EQ(RankShare(3, 3, 4).size(), 0);
+  EXPECT_EQ(RankShare(5, 4, 4).size(), 0) << "a rank outside the world";
 }
 
 // A rank that only joins a gang of two with GLOO_SOCKET_IFNAME's value
@@ -561,6 +587,7 @@ int main(int argc, char** argv) {
       if (k == "--split") a.split = v == "1";
       if (k == "--host-group") a.host_group = v == "1";
       if (k == "--unlabelled") a.unlabelled = v;
+      if (k == "--scenes") a.scenes = std::atoi(v.c_str());
       if (k == "--out") a.out = v;
     }
     try {

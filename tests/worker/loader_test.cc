@@ -174,6 +174,63 @@ TEST(Loader, ResumingAtAnyCheckpointYieldsTheUninterruptedBatches) {
   EXPECT_TRUE(*next == want[3]);
 }
 
+// Issue 26, "an epoch at any W": the gang's size changes between steps
+// (a loader per step, as a restart at a new size builds one at the
+// checkpoint's cursor) and still every sample is trained exactly once per
+// epoch, each voxelized (augmented) exactly as a one-rank run does it, and
+// the ranks' shares of every step together are that step's global batch.
+TEST(Loader, EverySampleOnceAnEpochWithTheSameAugmentationWhateverTheWorldSizeDoes) {
+  FakeDataset data(11);
+  const int64_t global_batch = 4;  // 3 steps an epoch: 4, 4, 3 samples
+  Loader one_rank(&data, Options(global_batch), 0, 0);
+  const std::vector<Batch> want = Take(one_rank, 9);  // 3 epochs
+  ASSERT_EQ(want.size(), 9u);
+  const int worlds[] = {3, 2, 4, 1, 4, 3, 2, 2, 5};
+  int64_t epoch = 0, cursor = 0;
+  std::vector<int64_t> seen_this_epoch;
+  for (size_t step = 0; step < want.size(); ++step) {
+    const int world = worlds[step];
+    std::vector<VoxelScene> gathered;
+    std::vector<int64_t> samples;
+    int64_t cursor_end = -1;
+    for (int rank = 0; rank < world; ++rank) {
+      LoaderOptions o = Options(global_batch);
+      o.rank = rank;
+      o.world_size = world;
+      Loader loader(&data, o, epoch, cursor);
+      absl::StatusOr<Batch> b = loader.Next();
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_EQ(b->epoch, want[step].epoch) << "step " << step << " rank " << rank;
+      EXPECT_EQ(b->samples, want[step].samples) << "step " << step << " rank " << rank;
+      const BatchShare share = RankShare(static_cast<int64_t>(b->samples.size()), rank, world);
+      EXPECT_EQ(static_cast<int64_t>(b->scenes.size()), share.size());
+      for (const VoxelScene& s : b->scenes) gathered.push_back(s);
+      cursor_end = b->cursor_end;
+    }
+    // The shares, in rank order, are the one-rank batch, scene for scene
+    // (the same sample, the same augmentation).
+    ASSERT_EQ(gathered.size(), want[step].scenes.size()) << "step " << step << " at W=" << world;
+    for (size_t k = 0; k < gathered.size(); ++k) {
+      EXPECT_TRUE(gathered[k] == want[step].scenes[k]) << "step " << step << " scene " << k;
+      samples.push_back(gathered[k].index);
+    }
+    seen_this_epoch.insert(seen_this_epoch.end(), samples.begin(), samples.end());
+    // The checkpoint after this step: a global position, whatever W.
+    cursor = cursor_end;
+    if (cursor == data.size()) {
+      std::vector<int64_t> sorted = seen_this_epoch;
+      std::sort(sorted.begin(), sorted.end());
+      std::vector<int64_t> all(11);
+      for (int64_t i = 0; i < 11; ++i) all[i] = i;
+      EXPECT_EQ(sorted, all) << "epoch " << epoch << " did not train every sample once";
+      seen_this_epoch.clear();
+      epoch++;
+      cursor = 0;
+    }
+  }
+  EXPECT_EQ(epoch, 3);
+}
+
 TEST(Loader, WithoutShuffleVisitsScenesInOrder) {
   FakeDataset data(5);
   LoaderOptions o = Options(2);
