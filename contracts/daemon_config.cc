@@ -172,6 +172,7 @@ void VisitSlots(Visitor& v, Section& s) {
   v.Bool("use_gpus", &s.use_gpus);
   v.Double("gpu_release_timeout_s", &s.gpu_release_timeout_s, 0, 3600, /*open_low=*/true);
   v.Int("gpu_idle_memory_mb", &s.gpu_idle_memory_mb, 0, 10'000'000);
+  v.Double("drain_stranded_after_s", &s.drain_stranded_after_s, 0, 1e6);
   v.Finish();
 }
 

@@ -50,6 +50,9 @@ struct SlotsSection {
   bool use_gpus = true;               // one slot per GPU NVML reports
   double gpu_release_timeout_s = 30;  // (0, 3600]: wait for a dead worker's GPU memory
   int64_t gpu_idle_memory_mb = 1024;  // 0..10^7: used memory that counts as released
+  // [0, 10^6]: a slot STRANDED this long is drained (docs/distributed.md,
+  // "Elastic"); 0: never.
+  double drain_stranded_after_s = 300;
 };
 
 // [workers]

@@ -136,26 +136,18 @@ absl::Status DaemonImpl::Init() {
   hooks.stranded = [this](const Slot& s) {
     log_->error("slot {} STRANDED: {}", s.index, s.reason);
     metrics_->CountGpuStranded(s.gpu_uuid.empty() ? std::to_string(s.index) : s.gpu_uuid);
-    v1::RunEvent e;
-    e.set_run_id(s.run_id);
-    e.set_kind(v1::EVENT_KIND_GPU);
-    e.set_rank(s.rank);
-    e.set_time_ms(env_->WallMs());
-    e.set_reason(absl::StrCat("slot ", s.index, " stranded: ", s.reason));
-    if (s.run_id.empty()) return;
     // Stored even when the run has ended: its history records the stranding.
-    StoreBatch b;
-    b.events.push_back(e);
-    env_->Write(s.run_id, std::move(b), [this, id = s.run_id](absl::Status st, StoreBatch done) {
-      if (!st.ok()) {
-        log_->error("run={} cannot store event: {}", id, std::string(st.message()));
-        return;
-      }
-      for (const v1::RunEvent& ev : done.events) hub_.Publish(ev);
-    });
+    if (!s.run_id.empty()) {
+      StoreRunEvent(s.run_id, v1::EVENT_KIND_GPU, s.rank,
+                    absl::StrCat("slot ", s.index, " stranded: ", s.reason));
+    }
   };
+  hooks.wall_ms = [this] { return env_->WallMs(); };
+  hooks.drained = [this](const Slot& s) { OnSlotDrained(s); };
+  hooks.undrained = [this](const Slot& s, const std::string& why) { OnSlotUndrained(s, why); };
   slots_ = std::make_unique<SlotTable>(std::move(gpus), static_cast<int>(config_.slots.cpu_slots),
                                        std::move(hooks));
+  slots_->set_drain_stranded_after_s(config_.slots.drain_stranded_after_s);
   log_->info("{} slots ({})", slots_->slots().size(), slots_->gpu_slots() ? "GPU" : "CPU");
   PublishPolicy(*tokens);
   unix_api_ = std::make_unique<SupervisorService>(
@@ -194,6 +186,7 @@ absl::Status DaemonImpl::LoadRuns() {
     if (page->next_page_token.empty()) break;
     token = page->next_page_token;
   }
+  if (absl::Status s = LoadDrains(store); !s.ok()) return unreadable(s);
   absl::StatusOr<std::vector<v1::Run>> runs = store.LoadUnfinishedRuns();
   if (!runs.ok()) return unreadable(runs.status());
   struct Loaded {
@@ -342,6 +335,102 @@ void DaemonImpl::MeasureSpace(const std::string& run_dir,
   });
 }
 
+// --- drains (docs/distributed.md, "Elastic") -----------------------------------------------
+
+absl::Status DaemonImpl::LoadDrains(StateStore& store) {
+  absl::StatusOr<std::vector<StoredDrain>> drains = store.ListDrains();
+  if (!drains.ok()) return drains.status();
+  for (const StoredDrain& d : *drains) {
+    bool found = false;
+    for (const Slot& s : slots_->slots()) {
+      if (slots_->DrainKey(s.index) != d.slot) continue;
+      slots_->Drain(s.index, SlotDrain{d.reason, kDrainOperator, d.drained_ms});
+      log_->info("slot {} drained by an operator: {}", s.name, d.reason);
+      found = true;
+    }
+    if (!found) {
+      log_->warn("a drain of {} is stored, but no slot of this node is {} (kept: trainctl undrain "
+                 "cannot reach it; it applies again if the slot comes back)",
+                 d.slot, d.slot);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void DaemonImpl::StoreRunEvent(const std::string& run_id, v1::EventKind kind, int rank,
+                               const std::string& reason) {
+  v1::RunEvent e;
+  e.set_run_id(run_id);
+  e.set_kind(kind);
+  e.set_rank(rank);
+  e.set_time_ms(env_->WallMs());
+  e.set_reason(reason);
+  StoreBatch b;
+  b.events.push_back(e);
+  env_->Write(run_id, std::move(b), [this, run_id](absl::Status st, StoreBatch done) {
+    if (!st.ok()) {
+      log_->error("run={} cannot store event: {}", run_id, std::string(st.message()));
+      return;
+    }
+    for (const v1::RunEvent& ev : done.events) hub_.Publish(ev);
+  });
+}
+
+void DaemonImpl::OnSlotDrained(const Slot& s) {
+  const std::string line =
+      absl::StrCat("slot ", s.name, " drained (", s.drain ? s.drain->reason : "", ")");
+  log_->warn("{}", line);
+  if (s.run_id.empty() || s.state != SlotState::kBusy) return;
+  RunUnit* u = Find(s.run_id);
+  if (u == nullptr) return;
+  StoreRunEvent(s.run_id, s.gpu_index >= 0 ? v1::EVENT_KIND_GPU : v1::EVENT_KIND_LOG, s.rank,
+                absl::StrCat(line, ": its rank is stopped after a checkpoint"));
+  u->Resize(line);
+}
+
+void DaemonImpl::OnSlotUndrained(const Slot& s, const std::string& why) {
+  const std::string line = absl::StrCat("slot ", s.name, " offered again: ", why);
+  log_->info("{}", line);
+  // The runs that may take it: those waiting for slots, and elastic gangs
+  // running smaller.
+  for (const auto& [id, u] : units_) {
+    const v1::RunState st = u->run().state();
+    const bool waiting = st == v1::RUN_STATE_PENDING || st == v1::RUN_STATE_RESTARTING;
+    const int running = u->running_world_size();
+    if (waiting || (running > 0 && running < u->run().world_size())) {
+      StoreRunEvent(id, s.gpu_index >= 0 ? v1::EVENT_KIND_GPU : v1::EVENT_KIND_LOG, -1, line);
+    }
+  }
+  Reschedule();
+}
+
+void DaemonImpl::GrowElasticGangs() {
+  const double now = env_->NowS();
+  bool queued = false;
+  for (const auto& [id, u] : units_) {
+    if (std::optional<QueuedRun> q = u->Queued(); q && q->not_before_s <= now) queued = true;
+  }
+  std::vector<std::string> free;
+  for (const Slot& s : slots_->slots()) {
+    if (s.state == SlotState::kFree && !s.drain) free.push_back(s.name);
+  }
+  for (auto& [id, u] : units_) {
+    const int running = u->running_world_size();
+    if (queued || free.empty() || u->spec().cluster.present ||
+        u->run().state() != v1::RUN_STATE_RUNNING || running == 0 ||
+        running >= u->run().world_size()) {
+      grow_since_s_.erase(id);
+      continue;
+    }
+    auto [it, fresh] = grow_since_s_.emplace(id, now);
+    if (now - it->second < u->spec().elastic.grow_after_s) continue;
+    grow_since_s_.erase(it);
+    u->Resize(absl::StrCat(free.size() == 1 ? "slot " : "slots ", absl::StrJoin(free, ", "),
+                           free.size() == 1 ? " is" : " are", " free again"));
+    return;  // one at a time: the next looks again once this one has restarted
+  }
+}
+
 // --- scheduling ------------------------------------------------------------------------------
 
 void DaemonImpl::Schedule() {
@@ -414,6 +503,7 @@ void DaemonImpl::SlowTick() {
   }
   UpdateMetrics();
   Schedule();
+  GrowElasticGangs();
   slow_tick_.expires_after(std::chrono::seconds(1));
   slow_tick_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) SlowTick();
@@ -448,13 +538,16 @@ void DaemonImpl::UpdateMetrics() {
     if (u->last_checkpoint_ms() > 0) {
       metrics_->SetCheckpointAge(id, static_cast<double>(wall - u->last_checkpoint_ms()) / 1000.0);
     }
+    metrics_->SetRunWorldSize(id, u->running_world_size());
     if (v1::ClusterStatus c; u->FillCluster(&c)) {
       metrics_->SetCluster(id, c.job(), c.etcd_reachable(), c.generation());
     }
   }
   metrics_->SetRunsByState(counts);
   metrics_->SetRunsWaitingForSpace(waiting);
-  for (const Slot& s : slots_->slots()) metrics_->SetSlot(s.index, s.gpu_uuid, ToString(s.state));
+  for (const Slot& s : slots_->slots()) {
+    metrics_->SetSlot(s.index, s.gpu_uuid, s.drain ? "DRAINED" : ToString(s.state));
+  }
 }
 
 void DaemonImpl::Watchdog() {

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/file_system.h"
 #include "checkpoint/store.h"
 #include "contracts/run_layout.h"
@@ -218,6 +219,89 @@ void DaemonImpl::Cancel(const v1::CancelRunRequest& req,
   });
 }
 
+void DaemonImpl::FillSlot(const Slot& s, v1::Slot* slot) const {
+  slot->set_index(s.index);
+  slot->set_name(s.name);
+  slot->set_gpu(s.gpu_index >= 0);
+  slot->set_gpu_index(s.gpu_index);
+  slot->set_state(s.drain ? v1::SLOT_STATE_DRAINED : ToProto(s.state));
+  slot->set_run_id(s.run_id);
+  slot->set_rank(s.rank);
+  slot->set_reason(s.reason);
+  if (s.drain) {
+    slot->set_drain_reason(s.drain->reason);
+    slot->set_drain_source(s.drain->source);
+    slot->set_drained_ms(s.drain->since_ms);
+  }
+}
+
+void DaemonImpl::Drain(const v1::DrainSlotRequest& req,
+                       std::function<void(absl::StatusOr<v1::Slot>)> done) {
+  asio::post(io_, [this, req, done] {
+    const int index = slots_->Find(req.slot());
+    if (index < 0) {
+      return done(absl::NotFoundError(absl::StrCat("no slot ", req.slot(), " on this node (",
+                                                   SlotNames(), ")")));
+    }
+    StoredDrain stored{slots_->DrainKey(index), req.reason(), env_->WallMs()};
+    // Stored first: a drain the daemon forgets on restart would put ranks
+    // back on a slot the operator took away.
+    store_->Write([this, stored, index, done](StateStore& st) {
+      absl::Status s = st.SetDrain(stored);
+      asio::post(io_, [this, s, stored, index, done] {
+        if (!s.ok()) {
+          return done(absl::Status(s.code(), absl::StrCat("cannot store the drain: ", s.message())));
+        }
+        slots_->Drain(index, SlotDrain{stored.reason, kDrainOperator, stored.drained_ms});
+        OnSlotDrained(slots_->slots()[index]);
+        v1::Slot out;
+        FillSlot(slots_->slots()[index], &out);
+        done(out);
+      });
+    });
+  });
+}
+
+void DaemonImpl::Undrain(const v1::UndrainSlotRequest& req,
+                         std::function<void(absl::StatusOr<v1::Slot>)> done) {
+  asio::post(io_, [this, req, done] {
+    const int index = slots_->Find(req.slot());
+    if (index < 0) {
+      return done(absl::NotFoundError(absl::StrCat("no slot ", req.slot(), " on this node (",
+                                                   SlotNames(), ")")));
+    }
+    const Slot& slot = slots_->slots()[index];
+    if (!slot.drain || slot.drain->source != kDrainOperator) {
+      return done(absl::FailedPreconditionError(
+          slot.drain ? absl::StrCat("slot ", slot.name, " is drained by trainsupd (",
+                                    slot.drain->source, ": ", slot.drain->reason,
+                                    "); it is offered again when that clears")
+                     : absl::StrCat("slot ", slot.name, " is not drained")));
+    }
+    const std::string key = slots_->DrainKey(index);
+    store_->Write([this, key, index, done](StateStore& st) {
+      absl::Status s = st.ClearDrain(key);
+      asio::post(io_, [this, s, index, done] {
+        if (!s.ok()) {
+          return done(absl::Status(s.code(), absl::StrCat("cannot store the undrain: ", s.message())));
+        }
+        const Slot before = slots_->slots()[index];
+        slots_->Undrain(index);
+        OnSlotUndrained(before, "undrained by an operator");
+        v1::Slot out;
+        FillSlot(slots_->slots()[index], &out);
+        done(out);
+      });
+    });
+  });
+}
+
+std::string DaemonImpl::SlotNames() const {
+  std::vector<std::string> names;
+  for (const Slot& s : slots_->slots()) names.push_back(s.name);
+  return names.empty() ? "no slots" : absl::StrJoin(names, ", ");
+}
+
 void DaemonImpl::Node(std::function<void(v1::Node)> done) {
   asio::post(io_, [this, done] {
     v1::Node out;
@@ -226,16 +310,7 @@ void DaemonImpl::Node(std::function<void(v1::Node)> done) {
     out.set_started_ms(started_ms_);
     out.set_uptime_s((env_->WallMs() - started_ms_) / 1000);
     out.set_nvml(slots_->nvml());
-    for (const Slot& s : slots_->slots()) {
-      v1::Slot* slot = out.add_slots();
-      slot->set_index(s.index);
-      slot->set_gpu(s.gpu_index >= 0);
-      slot->set_gpu_index(s.gpu_index);
-      slot->set_state(ToProto(s.state));
-      slot->set_run_id(s.run_id);
-      slot->set_rank(s.rank);
-      slot->set_reason(s.reason);
-    }
+    for (const Slot& s : slots_->slots()) FillSlot(s, out.add_slots());
     for (const GpuInfo& g : slots_->gpus()) {
       v1::Gpu* gpu = out.add_gpus();
       gpu->set_index(g.index);
@@ -248,6 +323,12 @@ void DaemonImpl::Node(std::function<void(v1::Node)> done) {
         if (s.gpu_index == g.index && s.state == SlotState::kStranded) {
           stranded = true;
           gpu->set_reason(s.reason);
+        }
+      }
+      for (const Slot& s : slots_->slots()) {
+        if (s.gpu_index == g.index && s.drain && s.drain->source == kDrainGpuHealth) {
+          stranded = true;
+          gpu->set_reason(s.drain->reason);
         }
       }
       gpu->set_healthy(!stranded);

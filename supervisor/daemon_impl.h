@@ -97,6 +97,9 @@ class DaemonImpl final : public Daemon,
     metrics_->CountGuardSteps(id, nonfinite, spikes);
   }
   void CountRollback(const std::string& id) override { metrics_->CountRollback(id); }
+  void CountResize(const std::string& id, const std::string& direction) override {
+    metrics_->CountResize(id, direction);
+  }
   void CountCheckpointFailures(const std::string& id, int64_t n) override {
     metrics_->CountCheckpointFailures(id, n);
   }
@@ -113,6 +116,10 @@ class DaemonImpl final : public Daemon,
   void Cancel(const v1::CancelRunRequest& req,
               std::function<void(absl::StatusOr<v1::Run>)> done) override;
   void Node(std::function<void(v1::Node)> done) override;
+  void Drain(const v1::DrainSlotRequest& req,
+             std::function<void(absl::StatusOr<v1::Slot>)> done) override;
+  void Undrain(const v1::UndrainSlotRequest& req,
+               std::function<void(absl::StatusOr<v1::Slot>)> done) override;
   void CountApiCall(const std::string& method, int code) override {
     metrics_->CountApiCall(method, std::to_string(code));
   }
@@ -128,6 +135,23 @@ class DaemonImpl final : public Daemon,
     return it == units_.end() ? nullptr : it->second.get();
   }
   absl::Status LoadRuns();
+  // The operators' stored drains, put back on their slots at start-up.
+  absl::Status LoadDrains(StateStore& store);
+  void FillSlot(const Slot& s, v1::Slot* out) const;
+  std::string SlotNames() const;
+  // A slot was drained (by an operator, its GPU's health, or stranded too
+  // long): the rank running there, if any, is stopped and its elastic gang
+  // resized; the run hears why. A drain ended: runs waiting for slots hear
+  // it, and the scheduler looks again.
+  void OnSlotDrained(const Slot& s);
+  void OnSlotUndrained(const Slot& s, const std::string& why);
+  // Stores and publishes one event of run `run_id` (also a finished run's).
+  void StoreRunEvent(const std::string& run_id, v1::EventKind kind, int rank,
+                     const std::string& reason);
+  // Elastic gangs running smaller than their world_size grow back once
+  // free usable slots have stayed free for elastic.grow_after_s and no
+  // other run is queued (docs/distributed.md, "Elastic").
+  void GrowElasticGangs();
   void OnProcessExit(const std::string& id, int attempt, int rank) {
     if (RunUnit* u = Find(id)) u->OnProcessExit(attempt, rank);
   }
@@ -178,6 +202,7 @@ class DaemonImpl final : public Daemon,
   std::map<v1::RunState, int> terminal_counts_;
   std::vector<std::string> restart_needed_;
   int64_t store_failures_ = 0;
+  std::map<std::string, double> grow_since_s_;  // run -> since when it could grow
   std::string store_error_;
 };
 

@@ -34,8 +34,9 @@ using prometheus::Labels;
 // without their prefixes.
 const char* const kRunStates[] = {"PENDING",   "STARTING", "RUNNING",  "RESTARTING",
                                   "SUCCEEDED", "FAILED",   "CANCELLED"};
-const char* const kSlotStates[] = {"FREE", "BUSY", "RELEASING", "STRANDED"};
+const char* const kSlotStates[] = {"FREE", "BUSY", "RELEASING", "STRANDED", "DRAINED"};
 constexpr char kStranded[] = "STRANDED";
+constexpr char kDrained[] = "DRAINED";
 const char* const kMemoryKinds[] = {"current", "peak", "budget"};
 
 Family<Gauge>& NewGauge(prometheus::Registry& registry, const std::string& name,
@@ -141,6 +142,14 @@ struct Metrics::Impl {
   Family<Counter>& rollbacks = NewCounter(
       *registry, "trainsup_rollbacks_total",
       "Rollbacks of diverged attempts to a checkpoint before the first bad step, by run.");
+  Family<Counter>& resizes =
+      NewCounter(*registry, "trainsup_resizes_total",
+                 "Elastic gangs that started an attempt at another size, by run and direction "
+                 "(shrink, grow).");
+  Family<Gauge>& run_world_size =
+      NewGauge(*registry, "trainsup_run_world_size",
+               "The ranks of the run's running gang (below the spec's world_size when an "
+               "elastic gang runs smaller; 0 while none runs).");
   Family<Gauge>& etcd_reachable =
       NewGauge(*registry, "trainsup_cluster_etcd_reachable",
                "Multi-node runs: 1 while the job's etcd answers this daemon, 0 while it does not.");
@@ -299,6 +308,8 @@ void Metrics::RemoveRun(const std::string& run_id) {
   RemoveSeries(impl_->nonfinite_steps, {{"run", run_id}});
   RemoveSeries(impl_->spike_steps, {{"run", run_id}});
   RemoveSeries(impl_->rollbacks, {{"run", run_id}});
+  for (const char* d : {"shrink", "grow"}) RemoveSeries(impl_->resizes, {{"run", run_id}, {"direction", d}});
+  RemoveSeries(impl_->run_world_size, {{"run", run_id}});
   const auto run = impl_->workers.find(run_id);
   if (run == impl_->workers.end()) return;
   for (int rank : run->second) impl_->RemoveWorkerLocked(run_id, rank);
@@ -326,7 +337,8 @@ void Metrics::SetSlot(int slot, const std::string& gpu, const std::string& state
     impl_->slot_state.Add({{"slot", slot_label}, {"gpu", gpu}, {"state", s}})
         .Set(s == current ? 1 : 0);
   }
-  impl_->slot_healthy.Add({{"slot", slot_label}, {"gpu", gpu}}).Set(current == kStranded ? 0 : 1);
+  impl_->slot_healthy.Add({{"slot", slot_label}, {"gpu", gpu}})
+      .Set(current == kStranded || current == kDrained ? 0 : 1);
   series.gpu = gpu;
   series.states = std::move(states);
 }
@@ -350,6 +362,16 @@ void Metrics::CountGuardSteps(const std::string& run_id, int64_t nonfinite, int6
     impl_->nonfinite_steps.Add({{"run", run_id}}).Increment(static_cast<double>(nonfinite));
   }
   if (spikes > 0) impl_->spike_steps.Add({{"run", run_id}}).Increment(static_cast<double>(spikes));
+}
+
+void Metrics::CountResize(const std::string& run_id, const std::string& direction) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->resizes.Add({{"run", run_id}, {"direction", direction}}).Increment();
+}
+
+void Metrics::SetRunWorldSize(const std::string& run_id, int world_size) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->run_world_size.Add({{"run", run_id}}).Set(world_size);
 }
 
 void Metrics::CountRollback(const std::string& run_id) {

@@ -14,7 +14,7 @@
 //   trainsup_worker_step{run,rank}                        gauge
 //   trainsup_checkpoint_age_seconds{run}                  gauge
 //   trainsup_slot_state{slot,gpu,state}                   gauge, 1 for the current state
-//   trainsup_slot_healthy{slot,gpu}                       gauge, 0 while STRANDED
+//   trainsup_slot_healthy{slot,gpu}                       gauge, 0 while STRANDED or DRAINED
 //   trainsup_gpu_stranded_total{gpu}                      counter
 //   trainsup_daemon_info{version}                         gauge, always 1
 //   trainsup_daemon_start_time_seconds                    gauge, unix time
@@ -25,6 +25,8 @@
 //   trainsup_nonfinite_steps_total{run}                   counter
 //   trainsup_spike_steps_total{run}                       counter
 //   trainsup_rollbacks_total{run}                         counter
+//   trainsup_resizes_total{run,direction}                 counter, direction = shrink|grow
+//   trainsup_run_world_size{run}                          gauge, ranks of the running gang
 //   trainsup_cluster_etcd_reachable{run,job}              gauge, 1/0
 //   trainsup_cluster_generation{run,job}                  gauge
 //
@@ -115,8 +117,8 @@ class Metrics {
                   int64_t generation);
 
   // trainsup_slot_state{slot,gpu,state}: one-hot, 1 for `state` and 0 for
-  // each other of FREE, BUSY, RELEASING, STRANDED; trainsup_slot_healthy
-  // {slot,gpu}: 0 while STRANDED, else 1. `state` is matched case-
+  // each other of FREE, BUSY, RELEASING, STRANDED, DRAINED;
+  // trainsup_slot_healthy{slot,gpu}: 0 while STRANDED or DRAINED, else 1. `state` is matched case-
   // insensitively and exported in upper case; any other name gets a series
   // of its own (1) beside the four (0). `gpu` is the GPU's identifier
   // ("" for a CPU slot); when a slot's gpu changes, the old series go.
@@ -140,6 +142,11 @@ class Metrics {
   // drops them.
   void CountGuardSteps(const std::string& run_id, int64_t nonfinite, int64_t spikes);
   void CountRollback(const std::string& run_id);
+  // Elastic gangs (docs/distributed.md, "Elastic"): an attempt started at
+  // another size than the last (direction "shrink" or "grow"), and the
+  // size of the running gang (0 while none runs).
+  void CountResize(const std::string& run_id, const std::string& direction);
+  void SetRunWorldSize(const std::string& run_id, int world_size);
 
   // trainsup_daemon_info{version} = 1 (only the latest version has a
   // series) and trainsup_daemon_start_time_seconds = start_time_s (unix

@@ -205,6 +205,43 @@ grpc::ServerUnaryReactor* SupervisorService::GetNode(grpc::CallbackServerContext
   return reactor;
 }
 
+grpc::ServerUnaryReactor* SupervisorService::DrainSlot(grpc::CallbackServerContext* ctx,
+                                                       const v1::DrainSlotRequest* req,
+                                                       v1::Slot* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status s = Authorize(ctx, TokenRole::kOperator, "DrainSlot", *policy_(), nullptr);
+  if (s.ok() && req->reason().empty()) {
+    s = absl::InvalidArgumentError("reason: required (why the slot is drained)");
+  } else if (s.ok() && req->reason().size() > 1024) {
+    s = absl::InvalidArgumentError("reason: longer than 1024 bytes");
+  }
+  if (!s.ok()) {
+    Finish(reactor, "DrainSlot", s);
+    return reactor;
+  }
+  backend_->Drain(*req, [this, reactor, resp](absl::StatusOr<v1::Slot> slot) {
+    if (slot.ok()) *resp = std::move(*slot);
+    Finish(reactor, "DrainSlot", slot.status());
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* SupervisorService::UndrainSlot(grpc::CallbackServerContext* ctx,
+                                                         const v1::UndrainSlotRequest* req,
+                                                         v1::Slot* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (absl::Status s = Authorize(ctx, TokenRole::kOperator, "UndrainSlot", *policy_(), nullptr);
+      !s.ok()) {
+    Finish(reactor, "UndrainSlot", s);
+    return reactor;
+  }
+  backend_->Undrain(*req, [this, reactor, resp](absl::StatusOr<v1::Slot> slot) {
+    if (slot.ok()) *resp = std::move(*slot);
+    Finish(reactor, "UndrainSlot", slot.status());
+  });
+  return reactor;
+}
+
 bool WatcherCounts::Acquire(const std::string& client, int max) {
   std::lock_guard<std::mutex> lock(mu_);
   int& n = counts_[client];

@@ -54,6 +54,12 @@ class ApiBackend {
   virtual void Cancel(const v1::CancelRunRequest& request,
                       std::function<void(absl::StatusOr<v1::Run>)> done) = 0;
   virtual void Node(std::function<void(v1::Node)> done) = 0;
+  // Drains a slot, or ends an operator's drain (DrainSlot, UndrainSlot);
+  // the slot as GetNode shows it afterwards.
+  virtual void Drain(const v1::DrainSlotRequest& request,
+                     std::function<void(absl::StatusOr<v1::Slot>)> done) = 0;
+  virtual void Undrain(const v1::UndrainSlotRequest& request,
+                       std::function<void(absl::StatusOr<v1::Slot>)> done) = 0;
   virtual void CountApiCall(const std::string& method, int grpc_code) = 0;
 };
 
@@ -94,6 +100,10 @@ class SupervisorService final : public v1::Supervisor::CallbackService {
                                       const v1::CancelRunRequest* req, v1::Run* resp) override;
   grpc::ServerUnaryReactor* GetNode(grpc::CallbackServerContext* ctx, const v1::GetNodeRequest* req,
                                     v1::Node* resp) override;
+  grpc::ServerUnaryReactor* DrainSlot(grpc::CallbackServerContext* ctx,
+                                      const v1::DrainSlotRequest* req, v1::Slot* resp) override;
+  grpc::ServerUnaryReactor* UndrainSlot(grpc::CallbackServerContext* ctx,
+                                        const v1::UndrainSlotRequest* req, v1::Slot* resp) override;
 
  private:
   // OK, or the refusal; `client` gets the key watchers are counted under.

@@ -242,13 +242,23 @@ std::string ShellQuoted(const std::string& arg) {
 
 namespace {
 
+// "4", or for an elastic spec "4 (elastic: 2 to 4)" (the spec's range).
+std::string WorldSizeText(const v1::Run& run) {
+  std::string out = absl::StrCat(run.world_size());
+  absl::StatusOr<RunSpec> spec = ParseRunSpec(run.spec_toml());
+  if (spec.ok() && spec->min_world_size < spec->world_size) {
+    absl::StrAppend(&out, " (elastic: ", spec->min_world_size, " to ", spec->world_size, ")");
+  }
+  return out;
+}
+
 // describe's first block: who, when, where, and a command run's command.
 std::string DescribeRun(const v1::Run& run, int64_t now_ms) {
   std::string out = Field("Run", run.run_id());
   absl::StrAppend(&out, Field("Name", run.name()), Field("State", ToString(run.state())));
   if (!run.reason().empty()) absl::StrAppend(&out, Field("Reason", run.reason()));
   absl::StrAppend(&out, Field("Priority", absl::StrCat(run.priority())),
-                  Field("World size", absl::StrCat(run.world_size())),
+                  Field("World size", WorldSizeText(run)),
                   Field("Created", absl::StrCat(FormatTimestamp(run.created_ms()), " (",
                                                 Ago(run.created_ms(), now_ms), ")")),
                   Field("Updated", FormatTimestamp(run.updated_ms())));
@@ -354,6 +364,13 @@ std::string DescribeAttempts(const v1::Run& run, int64_t now_ms) {
     absl::StrAppend(&out, "  #", a.number(), "  ", FormatTimestamp(a.started_ms()), " .. ", ended,
                     a.started_ms() > 0 ? absl::StrCat(" (", FormatDuration(took), ")") : "", ", ");
     if (a.generation() > 0) absl::StrAppend(&out, "job generation ", a.generation(), ", ");
+    if (a.world_size() > 0) {
+      absl::StrAppend(&out, a.world_size(), a.world_size() == 1 ? " rank" : " ranks",
+                      a.world_size() < run.world_size()
+                          ? absl::StrCat(" of ", run.world_size(), " (elastic, smaller)")
+                          : "",
+                      ", ");
+    }
     if (a.resumed_from_step() >= 0) {
       absl::StrAppend(&out, "resumed from step ", a.resumed_from_step(),
                       a.resumed_from().empty() ? "" : absl::StrCat(" (", a.resumed_from(), ")"),
@@ -599,9 +616,15 @@ std::string FormatNode(const v1::Node& node) {
         {"SLOT", "DEVICE", "STATE", "RUN", "RANK", "REASON"}};
     for (const v1::Slot& s : node.slots()) {
       const bool busy = !s.run_id().empty();
-      rows.push_back({absl::StrCat(s.index()),
+      // A drained slot says why, and who drained it; a rank still there is
+      // being stopped.
+      std::string reason = s.reason();
+      if (s.state() == v1::SLOT_STATE_DRAINED) {
+        reason = absl::StrCat(s.drain_reason(), " (", s.drain_source(), ")");
+      }
+      rows.push_back({s.name().empty() ? absl::StrCat(s.index()) : s.name(),
                       s.gpu() ? absl::StrCat("gpu ", s.gpu_index()) : "cpu", ToString(s.state()),
-                      busy ? s.run_id() : "-", busy ? absl::StrCat(s.rank()) : "-", s.reason()});
+                      busy ? s.run_id() : "-", busy ? absl::StrCat(s.rank()) : "-", reason});
     }
     absl::StrAppend(&out, "\n", FormatTable(rows));
   }

@@ -330,6 +330,31 @@ int Cancel(const Client& client, const std::string& run_id, const std::string& r
   return kExitOk;
 }
 
+// trainctl drain SLOT --reason TEXT / trainctl undrain SLOT.
+int DrainOrUndrain(const Client& client, bool drain, const std::string& slot,
+                   const std::string& reason, const Options& o) {
+  grpc::ClientContext ctx;
+  client.Prepare(&ctx, true);
+  v1::Slot out;
+  grpc::Status status;
+  if (drain) {
+    v1::DrainSlotRequest req;
+    req.set_slot(slot);
+    req.set_reason(reason);
+    status = client.stub().DrainSlot(&ctx, req, &out);
+  } else {
+    v1::UndrainSlotRequest req;
+    req.set_slot(slot);
+    status = client.stub().UndrainSlot(&ctx, req, &out);
+  }
+  if (!status.ok()) return client.Fail(status);
+  if (o.json()) return PrintJson(out);
+  std::cout << out.name() << " " << ToString(out.state());
+  if (!out.run_id().empty()) std::cout << " (rank " << out.rank() << " of " << out.run_id() << " is being stopped)";
+  std::cout << "\n";
+  return kExitOk;
+}
+
 int Node(const Client& client, const Options& o) {
   grpc::ClientContext ctx;
   client.Prepare(&ctx, true);
@@ -507,6 +532,14 @@ int Main(int argc, char** argv) {
 
   CLI::App* node = app.add_subcommand("node", "this machine: GPUs, slots, runs");
 
+  std::string slot, drain_reason;
+  CLI::App* drain = app.add_subcommand(
+      "drain", "take a slot out of service: its rank checkpoints and stops, none is placed there");
+  drain->add_option("slot", slot, "gpu:N, cpu:N or the slot's index (trainctl node)")->required();
+  drain->add_option("--reason", drain_reason, "why (shown in trainctl node)")->required();
+  CLI::App* undrain = app.add_subcommand("undrain", "offer a drained slot again");
+  undrain->add_option("slot", slot, "gpu:N, cpu:N or the slot's index")->required();
+
   std::string shell;
   CLI::App* completion = app.add_subcommand("completion",
                                             "print the shell completion script (bash), e.g. into "
@@ -532,6 +565,8 @@ int Main(int argc, char** argv) {
   if (*logs) return Logs(*client, run_id, rank, attempt, follow);
   if (*cancel) return Cancel(*client, run_id, reason, o);
   if (*node) return Node(*client, o);
+  if (*drain) return DrainOrUndrain(*client, true, slot, drain_reason, o);
+  if (*undrain) return DrainOrUndrain(*client, false, slot, "", o);
   return kExitUsage;
 }
 

@@ -62,13 +62,27 @@ std::vector<Placement> Schedule(std::vector<QueuedRun> queue, const std::vector<
   std::sort(free.begin(), free.end());
   free.erase(std::unique(free.begin(), free.end()), free.end());
 
+  size_t usable = 0;
+  for (const SlotView& s : slots) usable += s.usable ? 1 : 0;
+
   std::vector<Placement> placements;
   for (QueuedRun& run : queue) {
     if (!Eligible(run, slots.size(), now_s)) continue;
-    if (static_cast<size_t>(run.world_size) > free.size()) break;
-    Placement p{std::move(run.run_id),
-                std::vector<int>(free.begin(), free.begin() + run.world_size)};
-    free.erase(free.begin(), free.begin() + run.world_size);
+    const size_t want = static_cast<size_t>(run.world_size);
+    const size_t least =
+        run.min_world_size >= 1 ? std::min(want, static_cast<size_t>(run.min_world_size)) : want;
+    if (least > usable) continue;  // waits for drained slots, blocking no one
+    const size_t target = std::min(want, usable);
+    size_t n = 0;
+    if (free.size() >= target) {
+      n = target;
+    } else if (free.size() >= least && now_s >= run.shrink_at_s) {
+      n = free.size();
+    } else {
+      break;
+    }
+    Placement p{std::move(run.run_id), std::vector<int>(free.begin(), free.begin() + n)};
+    free.erase(free.begin(), free.begin() + n);
     placements.push_back(std::move(p));
   }
   return placements;

@@ -11,16 +11,22 @@ namespace trainsup::supervisor {
 
 struct SlotView {
   int index = 0;
-  bool free = false;  // idle and healthy: not busy, releasing or stranded
+  bool free = false;    // idle and healthy: not busy, releasing, stranded or drained
+  bool usable = true;   // not drained: free, or will be once its rank ends
 };
 
 struct QueuedRun {
   std::string run_id;
   int priority = 0;         // higher goes first
   int64_t seq = 0;          // submit order: lower goes first within a priority
-  int world_size = 1;       // slots the gang needs, all at once
+  int world_size = 1;       // slots the gang wants, all at once
   double not_before_s = 0;  // in backoff: not eligible before this time
   std::string job;          // a multi-node run's job ("" for a local run)
+  // An elastic gang (docs/distributed.md, "Elastic"): it may start with
+  // min_world_size..world_size slots (0: world_size, not elastic), with
+  // fewer than there are usable slots only from shrink_at_s on.
+  int min_world_size = 0;
+  double shrink_at_s = 0;
 };
 
 struct Placement {
@@ -35,14 +41,18 @@ struct Placement {
 void OrderQueue(std::vector<QueuedRun>& queue);
 
 // Places runs in the queue's order (OrderQueue).
-// An eligible run is placed on the lowest-numbered free slots once
-// world_size of them are free; no slot is given out twice. Head-of-line
-// blocking: the first eligible run that does not fit stops the pass, so
-// the runs behind it (of lower or equal priority) cannot overtake it and big
-// gangs are not starved. Skipped without blocking: runs in backoff
-// (not_before_s > now_s), and runs that can never fit (world_size < 1 or
-// more than slots.size(); the caller fails those). Placements come in the
-// order they were made.
+// An eligible run wants T = min(world_size, usable slots) slots. It is
+// placed on the lowest-numbered free slots once T of them are free; an
+// elastic run also on fewer, as many as are free, once at least
+// min_world_size are free and now_s >= shrink_at_s. No slot is given out
+// twice. Head-of-line blocking: the first eligible run that does not fit
+// stops the pass, so the runs behind it (of lower or equal priority)
+// cannot overtake it and big gangs are not starved. Skipped without
+// blocking: runs in backoff (not_before_s > now_s), runs whose smallest
+// gang needs more slots than are usable (drained slots must come back
+// first), and runs that can never fit (world_size < 1 or more than
+// slots.size(); the caller fails those). Placements come in the order they
+// were made.
 std::vector<Placement> Schedule(std::vector<QueuedRun> queue, const std::vector<SlotView>& slots,
                                 double now_s);
 

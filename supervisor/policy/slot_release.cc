@@ -7,6 +7,21 @@
 
 namespace trainsup::supervisor {
 
+std::string GpuHealthProblem(const GpuInfo& gpu) {
+  if (gpu.lost) return "lost (fell off the bus)";
+  if (gpu.ecc_uncorrected > 0) {
+    return absl::StrCat("uncorrectable ECC errors (", gpu.ecc_uncorrected, ")");
+  }
+  if (gpu.retired_pages_pending) return "page retirement pending";
+  static constexpr int kResetXids[] = {48, 63, 64, 74, 79, 92, 94, 95, 119, 120};
+  for (int xid : gpu.xids) {
+    for (int reset : kResetXids) {
+      if (xid == reset) return absl::StrCat("Xid ", xid, " (needs a GPU reset)");
+    }
+  }
+  return "";
+}
+
 ReleaseCheck CheckReleased(const GpuInfo& gpu, int64_t idle_bytes) {
   ReleaseCheck check;
   constexpr int64_t kMiB = 1 << 20;

@@ -23,7 +23,27 @@ struct GpuInfo {
   // Pids of processes with a compute context on this GPU, ascending. Pids
   // are as NVML sees them: in a container they may be the host's.
   std::vector<int> compute_pids;
+  // Health (GpuHealthProblem), each read only where the driver offers it:
+  // the GPU fell off the bus (NVML_ERROR_GPU_IS_LOST); uncorrectable ECC
+  // errors since the driver loaded (volatile count); pages waiting to be
+  // retired, or rows to be remapped, at the next reset; the Xid events
+  // seen since the previous query.
+  bool lost = false;
+  int64_t ecc_uncorrected = 0;
+  bool retired_pages_pending = false;
+  std::vector<int> xids;
+  // A health query that failed for this GPU (the others are still read).
+  std::string health_error;
 };
+
+// "" for a healthy GPU, else why its slot is drained (docs/distributed.md,
+// "Elastic"), naming the first problem in this order: "lost (fell off the
+// bus)", "uncorrectable ECC errors (N)", "page retirement pending", "Xid N
+// (needs a GPU reset)". Only the Xids that NVIDIA's Xid catalog says need
+// a GPU reset count (48 double-bit ECC, 63/64 page retirement or row
+// remapping, 74 NVLink, 79 fallen off the bus, 92/94/95 ECC, 119/120 GSP);
+// an application's fault (13, 31, 43, ...) does not.
+std::string GpuHealthProblem(const GpuInfo& gpu);
 
 struct ReleaseCheck {
   bool released = false;

@@ -81,8 +81,29 @@ std::optional<QueuedRun> RunUnit::Queued() const {
       !writes_.empty() || AnyAlive()) {
     return std::nullopt;
   }
-  return QueuedRun{id(),         run_.priority(), seq_,
-                   LocalRanks(), not_before_s_,   Clustered() ? spec_.cluster.job : std::string()};
+  QueuedRun q{id(),         run_.priority(), seq_,
+              LocalRanks(), not_before_s_,   Clustered() ? spec_.cluster.job : std::string()};
+  if (!Clustered()) {
+    q.min_world_size = static_cast<int>(spec_.min_world_size);
+    q.shrink_at_s = std::max(not_before_s_, queued_since_s_) + spec_.elastic.wait_s;
+  }
+  return q;
+}
+
+int RunUnit::running_world_size() const {
+  if (run_.state() != v1::RUN_STATE_RUNNING && run_.state() != v1::RUN_STATE_STARTING) return 0;
+  return attempt_.world_size() > 0 ? attempt_.world_size() : static_cast<int>(ranks_.size());
+}
+
+void RunUnit::Resize(const std::string& reason) {
+  if (IsTerminal(run_.state()) || cancel_ || shutdown_stop_) return;
+  resize_reason_ = reason;
+  if (!AnyAlive() || resize_stop_) return;
+  resize_stop_ = true;
+  Log(LogLevel::kInfo, absl::StrCat("resizing the gang: ", reason));
+  for (RankState& r : ranks_) {
+    if (r.alive) StopRank(r, ExitClass::kStopped, "resizing the gang: " + reason, true);
+  }
 }
 
 // --- persistence ---------------------------------------------------------------------
@@ -136,6 +157,9 @@ void RunUnit::SetState(v1::RunState state, const std::string& reason, StoreBatch
   run_.set_state(state);
   run_.set_reason(reason);
   run_.set_updated_ms(env_.clock->WallMs());
+  if ((state == v1::RUN_STATE_PENDING || state == v1::RUN_STATE_RESTARTING) && state != old) {
+    queued_since_s_ = env_.clock->NowS();
+  }
   if (IsTerminal(state)) run_.set_ended_ms(env_.clock->WallMs());
   v1::RunEvent ev = Event(v1::EVENT_KIND_STATE, -1, reason);
   extra.events.push_back(ev);
@@ -393,12 +417,15 @@ void RunUnit::OnPrepared(ResumeChoice c) {
 
 void RunUnit::StartAttempt(ResumeChoice c, int64_t generation) {
   const int number = attempt_.number() + 1;
+  const int previous = attempt_.world_size();  // 0: none, or stored before elastic gangs
   attempt_ = v1::Attempt();
   attempt_.set_number(number);
   attempt_.set_started_ms(env_.clock->WallMs());
   attempt_.set_resumed_from_step(c.step);
   attempt_.set_resumed_from(c.dir);
   attempt_.set_generation(generation);
+  const int world = Clustered() ? run_.world_size() : static_cast<int>(slots_.size());
+  attempt_.set_world_size(world);
   ranks_.clear();
   ends_seen_ = 0;
   diverged_at_ = diverged_through_ = -1;
@@ -409,6 +436,18 @@ void RunUnit::StartAttempt(ResumeChoice c, int64_t generation) {
   for (const std::string& note : c.notes) {
     b.events.push_back(Event(v1::EVENT_KIND_CHECKPOINT, -1, note));
   }
+  // The gang's size changed since the last attempt (docs/distributed.md,
+  // "Elastic"): say so, and why.
+  if (previous > 0 && previous != world) {
+    std::string why = resize_reason_;
+    if (why.empty()) {
+      why = world < previous ? "fewer slots were free" : "slots came back";
+    }
+    b.events.push_back(Event(v1::EVENT_KIND_RESIZE, -1,
+                             absl::StrCat("world size ", previous, " \u2192 ", world, ": ", why)));
+    env_.host->CountResize(id(), world > previous ? "grow" : "shrink");
+  }
+  resize_reason_.clear();
   v1::RunEvent started = Event(v1::EVENT_KIND_ATTEMPT_STARTED, -1,
                                c.step >= 0 ? absl::StrCat("resumed from ", c.dir) : "from scratch");
   started.set_checkpoint_step(c.step);
@@ -467,7 +506,7 @@ void RunUnit::LaunchRanks() {
     w.run_dir = run_.run_dir();
     w.attempt = number;
     w.rank = r.rank;
-    w.world_size = run_.world_size();
+    w.world_size = attempt_.world_size() > 0 ? attempt_.world_size() : run_.world_size();
     w.local_rank = static_cast<int>(i);
     w.local_world_size = static_cast<int>(slots_.size());
     if (!master_addr_.empty()) w.master_addr = master_addr_;
@@ -642,7 +681,9 @@ void RunUnit::EndAttempt() {
                         r.status.exit_reason(), r.progressed, r.end_order});
   }
   const AttemptOutcome o = ClassifyAttemptEnd(outcomes);
-  const bool stop_requested = cancel_ || shutdown_stop_;
+  const bool stop_requested = cancel_ || shutdown_stop_ || resize_stop_;
+  const bool resized = resize_stop_;
+  resize_stop_ = false;
   attempt_.set_ended_ms(env_.clock->WallMs());
   attempt_.set_exit_class(Proto(o.cls));
   attempt_.set_exit_reason(o.detail);
@@ -670,6 +711,13 @@ void RunUnit::EndAttempt() {
   if (shutdown_stop_ && o.cls != ExitClass::kSuccess) {
     SetState(v1::RUN_STATE_PENDING, "daemon shut down; the run resumes when it starts again",
              std::move(b));
+    return;
+  }
+  if (resized && o.cls != ExitClass::kSuccess && !cluster_) {
+    // Queued again at once: no restart counted, no backoff.
+    not_before_s_ = env_.clock->NowS();
+    SetState(v1::RUN_STATE_RESTARTING, absl::StrCat("resizing the gang: ", resize_reason_),
+             std::move(b), [this] { env_.host->Reschedule(); });
     return;
   }
   if (cluster_ && o.cls != ExitClass::kSuccess) {

@@ -115,6 +115,17 @@ class RunUnit {
   // meanwhile (then it simply starts), and is queued again.
   void YieldSlots(const std::string& to_job);
 
+  // An elastic gang changes size (docs/distributed.md, "Elastic"): a slot
+  // it runs on was drained, or slots came back for it to grow into. Its
+  // ranks checkpoint and stop, and the run is queued again at once (no
+  // restart counted, no backoff) for the scheduler to place at the size
+  // the slots allow; the next attempt's RESIZE event says `reason`. A run
+  // that is not running (or is stopping already) only keeps the reason.
+  void Resize(const std::string& reason);
+  // The ranks of the current attempt's gang while it runs (0 when none
+  // runs): below the spec's world_size when an elastic gang runs smaller.
+  int running_world_size() const;
+
   // Placed on `slots` (rank i on slots[i], already marked busy; gpus[i] its
   // CUDA_VISIBLE_DEVICES): chooses the checkpoint (off the loop), stores the
   // new attempt, then launches every rank.
@@ -274,6 +285,13 @@ class RunUnit {
   bool cancel_ = false;
   std::string cancel_reason_;
   bool shutdown_stop_ = false;
+  // Stopping to change the gang's size (Resize), and why; the reason is
+  // kept for the next attempt's RESIZE event.
+  bool resize_stop_ = false;
+  std::string resize_reason_;
+  // Since when the run waits in the queue (PENDING or RESTARTING): an
+  // elastic gang starts smaller only elastic.wait_s after it.
+  double queued_since_s_ = 0;
   bool waiting_for_space_ = false;
   bool space_reported_ = false;
   double space_backoff_s_ = 0;

@@ -227,6 +227,8 @@ class UnitHost {
   // heartbeats said), and a rollback decided.
   virtual void CountGuardSteps(const std::string& run_id, int64_t nonfinite, int64_t spikes) = 0;
   virtual void CountRollback(const std::string& run_id) = 0;
+  // An elastic gang's attempt started at another size ("shrink", "grow").
+  virtual void CountResize(const std::string& run_id, const std::string& direction) = 0;
   // The coordination of multi-node run `run` (spec.cluster.present), or an
   // error that fails the run (InvalidArgument: etcd endpoints unusable).
   virtual absl::StatusOr<std::unique_ptr<UnitCluster>> JoinCluster(const v1::Run& run,

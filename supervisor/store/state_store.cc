@@ -89,9 +89,10 @@ using store_internal::SqliteError;
 
 namespace {
 
-// Version 5 (version 1 lacked attempts.stop_requested, version 2
+// Version 6 (version 1 lacked attempts.stop_requested, version 2
 // attempts.generation, version 3 runs.cluster_submission, version 4
-// runs.rollbacks and runs.skip_windows; Initialize migrates them). A later version adds a migration
+// runs.rollbacks and runs.skip_windows, version 5 attempts.world_size and
+// the drains table; Initialize migrates them). A later version adds a migration
 // from each older one in Initialize and bumps kSchemaVersion; nothing is ever renumbered.
 constexpr char kSchema[] = R"sql(
 CREATE TABLE runs (
@@ -130,7 +131,13 @@ CREATE TABLE attempts (
   exit_reason       TEXT NOT NULL DEFAULT '',
   stop_requested    INTEGER NOT NULL DEFAULT 0,
   generation        INTEGER NOT NULL DEFAULT 0,
+  world_size        INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (run_id, number)
+);
+CREATE TABLE drains (
+  slot       TEXT PRIMARY KEY NOT NULL,
+  reason     TEXT NOT NULL DEFAULT '',
+  drained_ms INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE ranks (
   run_id            TEXT NOT NULL,
@@ -315,6 +322,20 @@ absl::Status StateStore::Initialize() {
         // rollbacks, docs/guard.md).
         for (const char* sql : {"ALTER TABLE runs ADD COLUMN rollbacks INTEGER NOT NULL DEFAULT 0",
                                 "ALTER TABLE runs ADD COLUMN skip_windows BLOB"}) {
+          if (absl::Status s =
+                  Exec(sql, absl::StrCat("migrating the schema from version ", version));
+              !s.ok()) {
+            return s;
+          }
+        }
+      }
+      if (version < 6) {
+        // 5 -> 6: attempts.world_size and the operators' drains (elastic
+        // gangs, docs/distributed.md).
+        for (const char* sql :
+             {"ALTER TABLE attempts ADD COLUMN world_size INTEGER NOT NULL DEFAULT 0",
+              "CREATE TABLE drains (slot TEXT PRIMARY KEY NOT NULL, reason TEXT NOT NULL DEFAULT"
+              " '', drained_ms INTEGER NOT NULL DEFAULT 0)"}) {
           if (absl::Status s =
                   Exec(sql, absl::StrCat("migrating the schema from version ", version));
               !s.ok()) {

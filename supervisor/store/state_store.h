@@ -57,6 +57,15 @@ struct RunLearning {
   int64_t steps_observed = 0;
 };
 
+// A slot an operator drained (trainctl drain): `slot` is the GPU's UUID
+// for a GPU slot (its index may change across reboots), "cpu:N" for a CPU
+// slot.
+struct StoredDrain {
+  std::string slot;
+  std::string reason;
+  int64_t drained_ms = 0;
+};
+
 struct RunPage {
   std::vector<v1::Run> runs;
   std::string next_page_token;  // empty on the last page
@@ -66,7 +75,7 @@ class StateStore {
  public:
   // The schema this build reads and writes (meta.schema_version).
   // A file of an older version is migrated on Open.
-  static constexpr int kSchemaVersion = 5;
+  static constexpr int kSchemaVersion = 6;
   static constexpr int kDefaultPageSize = 50;
   static constexpr int kMaxPageSize = 500;
   // How long a call waits for a lock held by another connection.
@@ -145,6 +154,12 @@ class StateStore {
   // them (limit <= 0: all). NotFound if no such run.
   absl::StatusOr<std::vector<v1::RunEvent>> ListEvents(const std::string& run_id, int64_t after_seq,
                                                        int limit);
+
+  // The operators' drains: stored (replacing one of the same slot),
+  // removed (none is no error), all of them by slot.
+  absl::Status SetDrain(const StoredDrain& drain);
+  absl::Status ClearDrain(const std::string& slot);
+  absl::StatusOr<std::vector<StoredDrain>> ListDrains();
 
   // Runs `fn`, which calls the methods above, as one atomic and durable
   // change: committed when `fn` returns OK, rolled back (nothing of it

@@ -142,7 +142,7 @@ absl::Status StateStore::ReadAttempts(v1::Run* run, const std::string& op) {
   {
     absl::StatusOr<Query> q = Prepare(
         "SELECT number, started_ms, ended_ms, resumed_from_step, resumed_from, exit_class, "
-        "exit_reason, stop_requested, generation"
+        "exit_reason, stop_requested, generation, world_size"
         " FROM attempts WHERE run_id = ?1 ORDER BY number",
         op);
     if (!q.ok()) return q.status();
@@ -158,6 +158,7 @@ absl::Status StateStore::ReadAttempts(v1::Run* run, const std::string& op) {
       a->set_exit_reason(q->Text(6));
       a->set_stop_requested(q->Int(7) != 0);
       a->set_generation(q->Int(8));
+      a->set_world_size(static_cast<int32_t>(q->Int(9)));
       by_number[a->number()] = a;
       return absl::OkStatus();
     });
@@ -298,13 +299,13 @@ absl::Status StateStore::UpsertAttempt(const std::string& run_id, const v1::Atte
     return absl::InvalidArgumentError(absl::StrCat(op, ": number must be >= 1"));
   absl::StatusOr<Query> q = Prepare(
       "INSERT INTO attempts (run_id, number, started_ms, ended_ms, resumed_from_step, resumed_from,"
-      " exit_class, exit_reason, stop_requested, generation)"
-      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+      " exit_class, exit_reason, stop_requested, generation, world_size)"
+      " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
       " ON CONFLICT (run_id, number) DO UPDATE SET started_ms = excluded.started_ms,"
       " ended_ms = excluded.ended_ms, resumed_from_step = excluded.resumed_from_step,"
       " resumed_from = excluded.resumed_from, exit_class = excluded.exit_class,"
       " exit_reason = excluded.exit_reason, stop_requested = excluded.stop_requested,"
-      " generation = excluded.generation",
+      " generation = excluded.generation, world_size = excluded.world_size",
       op);
   if (!q.ok()) return q.status();
   q->BindText(run_id)
@@ -316,7 +317,8 @@ absl::Status StateStore::UpsertAttempt(const std::string& run_id, const v1::Atte
       .BindInt(attempt.exit_class())
       .BindText(attempt.exit_reason())
       .BindInt(attempt.stop_requested() ? 1 : 0)
-      .BindInt(attempt.generation());
+      .BindInt(attempt.generation())
+      .BindInt(attempt.world_size());
   return q->Run();
 }
 
@@ -404,6 +406,39 @@ absl::StatusOr<RunLearning> StateStore::GetLearning(const std::string& run_id) {
   learning.slowest_step_s = q->Double(0);
   learning.steps_observed = q->Int(1);
   return learning;
+}
+
+absl::Status StateStore::SetDrain(const StoredDrain& drain) {
+  const std::string op = absl::StrCat("SetDrain ", drain.slot);
+  if (drain.slot.empty()) return absl::InvalidArgumentError("SetDrain: empty slot");
+  absl::StatusOr<Query> q = Prepare(
+      "INSERT INTO drains (slot, reason, drained_ms) VALUES (?1, ?2, ?3)"
+      " ON CONFLICT (slot) DO UPDATE SET reason = excluded.reason,"
+      " drained_ms = excluded.drained_ms",
+      op);
+  if (!q.ok()) return q.status();
+  q->BindText(drain.slot).BindText(drain.reason).BindInt(drain.drained_ms);
+  return q->Run();
+}
+
+absl::Status StateStore::ClearDrain(const std::string& slot) {
+  absl::StatusOr<Query> q = Prepare("DELETE FROM drains WHERE slot = ?1", "ClearDrain " + slot);
+  if (!q.ok()) return q.status();
+  q->BindText(slot);
+  return q->Run();
+}
+
+absl::StatusOr<std::vector<StoredDrain>> StateStore::ListDrains() {
+  absl::StatusOr<Query> q =
+      Prepare("SELECT slot, reason, drained_ms FROM drains ORDER BY slot", "ListDrains");
+  if (!q.ok()) return q.status();
+  std::vector<StoredDrain> drains;
+  absl::Status rows = q->ForEachRow([&]() -> absl::Status {
+    drains.push_back({q->Text(0), q->Text(1), q->Int(2)});
+    return absl::OkStatus();
+  });
+  if (!rows.ok()) return rows;
+  return drains;
 }
 
 absl::StatusOr<int64_t> StateStore::AppendEvent(v1::RunEvent* event) {

@@ -36,6 +36,24 @@ struct nvmlProcessInfo_t {
   unsigned int gpuInstanceId;
   unsigned int computeInstanceId;
 };
+// Health (nvml.h): nvmlDeviceGetTotalEccErrors(device, errorType,
+// counterType, &count), NVML_MEMORY_ERROR_TYPE_UNCORRECTED and
+// NVML_VOLATILE_ECC; NVML_ERROR_NOT_SUPPORTED where a GPU has no ECC;
+// NVML_ERROR_GPU_IS_LOST once it fell off the bus. Xid events through an
+// event set (nvmlEventTypeXidCriticalError; eventData is the Xid).
+constexpr nvmlReturn_t kNvmlNotSupported = 3;
+constexpr nvmlReturn_t kNvmlGpuIsLost = 15;
+constexpr int kNvmlMemoryErrorUncorrected = 1;
+constexpr int kNvmlVolatileEcc = 0;
+constexpr unsigned long long kNvmlEventTypeXidCriticalError = 0x8ULL;
+using nvmlEventSet_t = struct nvmlEventSet_st*;
+struct nvmlEventData_t {
+  nvmlDevice_t device;
+  unsigned long long eventType;
+  unsigned long long eventData;
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+};
 // For the unversioned nvmlDeviceGetComputeRunningProcesses of old drivers.
 struct nvmlProcessInfo_v1_t {
   unsigned int pid;
@@ -54,6 +72,14 @@ class NvmlMonitor final : public GpuMonitor {
                           Resolve("nvmlDeviceGetUUID", &get_uuid_) &&
                           Resolve("nvmlDeviceGetMemoryInfo", &get_memory_);
     Resolve("nvmlErrorString", &error_string_);
+    // Health (optional: a driver without one of these reports the rest).
+    Resolve("nvmlDeviceGetTotalEccErrors", &get_ecc_);
+    Resolve("nvmlDeviceGetRetiredPagesPendingStatus", &get_pages_pending_);
+    Resolve("nvmlDeviceGetRemappedRows", &get_remapped_rows_);
+    Resolve("nvmlEventSetCreate", &event_set_create_);
+    Resolve("nvmlDeviceRegisterEvents", &register_events_);
+    Resolve("nvmlEventSetWait_v2", &event_set_wait_);
+    Resolve("nvmlEventSetFree", &event_set_free_);
     if (!Resolve("nvmlDeviceGetComputeRunningProcesses_v3", &get_processes_v3_)) {
       Resolve("nvmlDeviceGetComputeRunningProcesses", &get_processes_v1_);
     }
@@ -62,6 +88,7 @@ class NvmlMonitor final : public GpuMonitor {
   }
 
   ~NvmlMonitor() override {
+    if (events_ != nullptr && event_set_free_ != nullptr) event_set_free_(events_);
     if (initialized_) shutdown_();
     if (handle_ != nullptr) dlclose(handle_);
   }
@@ -74,13 +101,22 @@ class NvmlMonitor final : public GpuMonitor {
     if (nvmlReturn_t r = get_count_(&count); r != kNvmlSuccess)
       return Error("nvmlDeviceGetCount", r);
     std::vector<GpuInfo> gpus;
+    // The handles of the GPUs not lost, with their place in `gpus`.
+    std::vector<std::pair<nvmlDevice_t, size_t>> devices;
     for (unsigned i = 0; i < count; ++i) {
       nvmlDevice_t device;
-      if (nvmlReturn_t r = get_handle_(i, &device); r != kNvmlSuccess) {
-        return Error(absl::StrCat("nvmlDeviceGetHandleByIndex(", i, ")"), r);
-      }
       GpuInfo gpu;
       gpu.index = static_cast<int>(i);
+      if (nvmlReturn_t r = get_handle_(i, &device); r != kNvmlSuccess) {
+        if (r == kNvmlGpuIsLost) {
+          // Listed, so that its slot keeps its index and is drained.
+          gpu.lost = true;
+          gpu.name = "lost";
+          gpus.push_back(std::move(gpu));
+          continue;
+        }
+        return Error(absl::StrCat("nvmlDeviceGetHandleByIndex(", i, ")"), r);
+      }
       char text[std::max(kNvmlNameBufferSize, kNvmlUuidBufferSize)] = {};
       if (nvmlReturn_t r = get_name_(device, text, kNvmlNameBufferSize); r != kNvmlSuccess) {
         return Error("nvmlDeviceGetName", r);
@@ -102,12 +138,70 @@ class NvmlMonitor final : public GpuMonitor {
               : ComputePids<nvmlProcessInfo_v1_t>(get_processes_v1_, device);
       if (!pids.ok()) return pids.status();
       gpu.compute_pids = *std::move(pids);
+      ReadHealth(device, &gpu);
+      devices.emplace_back(device, gpus.size());
       gpus.push_back(std::move(gpu));
     }
+    ReadXids(devices, &gpus);
     return gpus;
   }
 
  private:
+  // The GPU's health facts; a failure is noted in the GPU (health_error)
+  // and never fails the query.
+  void ReadHealth(nvmlDevice_t device, GpuInfo* gpu) const {
+    std::vector<std::string> errors;
+    auto note = [&](const char* call, nvmlReturn_t r) {
+      if (r == kNvmlGpuIsLost) gpu->lost = true;
+      if (r != kNvmlSuccess && r != kNvmlNotSupported) errors.push_back(Error(call, r).message().data());
+    };
+    if (get_ecc_ != nullptr) {
+      unsigned long long count = 0;
+      const nvmlReturn_t r = get_ecc_(device, kNvmlMemoryErrorUncorrected, kNvmlVolatileEcc, &count);
+      if (r == kNvmlSuccess) gpu->ecc_uncorrected = static_cast<int64_t>(count);
+      note("nvmlDeviceGetTotalEccErrors", r);
+    }
+    if (get_pages_pending_ != nullptr) {
+      int state = 0;  // nvmlEnableState_t
+      const nvmlReturn_t r = get_pages_pending_(device, &state);
+      if (r == kNvmlSuccess && state == 1) gpu->retired_pages_pending = true;
+      note("nvmlDeviceGetRetiredPagesPendingStatus", r);
+    }
+    if (get_remapped_rows_ != nullptr) {
+      unsigned corrected = 0, uncorrected = 0, pending = 0, failed = 0;
+      const nvmlReturn_t r = get_remapped_rows_(device, &corrected, &uncorrected, &pending, &failed);
+      if (r == kNvmlSuccess && (pending != 0 || failed != 0)) gpu->retired_pages_pending = true;
+      note("nvmlDeviceGetRemappedRows", r);
+    }
+    gpu->health_error = absl::StrJoin(errors, "; ");
+  }
+
+  // The Xid events since the last query, into the GPUs they happened on.
+  // The event set is made (and the devices registered) on the first call.
+  void ReadXids(const std::vector<std::pair<nvmlDevice_t, size_t>>& devices,
+                std::vector<GpuInfo>* gpus) {
+    if (event_set_create_ == nullptr || register_events_ == nullptr || event_set_wait_ == nullptr) {
+      return;
+    }
+    if (events_ == nullptr) {
+      if (event_set_create_(&events_) != kNvmlSuccess) {
+        events_ = nullptr;
+        return;
+      }
+      for (const auto& [d, place] : devices) {
+        register_events_(d, kNvmlEventTypeXidCriticalError, events_);
+      }
+    }
+    for (int i = 0; i < 256; ++i) {  // bounded: a storm of events waits for the next query
+      nvmlEventData_t data{};
+      if (event_set_wait_(events_, &data, 0) != kNvmlSuccess) break;  // NVML_ERROR_TIMEOUT: none
+      if (data.eventType != kNvmlEventTypeXidCriticalError) continue;
+      for (const auto& [d, place] : devices) {
+        if (d == data.device) (*gpus)[place].xids.push_back(static_cast<int>(data.eventData));
+      }
+    }
+  }
+
   template <typename Fn>
   bool Resolve(const char* name, Fn** fn) {
     *fn = reinterpret_cast<Fn*>(dlsym(handle_, name));
@@ -155,6 +249,15 @@ class NvmlMonitor final : public GpuMonitor {
   nvmlReturn_t (*get_processes_v3_)(nvmlDevice_t, unsigned*, nvmlProcessInfo_t*) = nullptr;
   nvmlReturn_t (*get_processes_v1_)(nvmlDevice_t, unsigned*, nvmlProcessInfo_v1_t*) = nullptr;
   const char* (*error_string_)(nvmlReturn_t) = nullptr;
+  nvmlReturn_t (*get_ecc_)(nvmlDevice_t, int, int, unsigned long long*) = nullptr;
+  nvmlReturn_t (*get_pages_pending_)(nvmlDevice_t, int*) = nullptr;
+  nvmlReturn_t (*get_remapped_rows_)(nvmlDevice_t, unsigned*, unsigned*, unsigned*,
+                                     unsigned*) = nullptr;
+  nvmlReturn_t (*event_set_create_)(nvmlEventSet_t*) = nullptr;
+  nvmlReturn_t (*register_events_)(nvmlDevice_t, unsigned long long, nvmlEventSet_t) = nullptr;
+  nvmlReturn_t (*event_set_wait_)(nvmlEventSet_t, nvmlEventData_t*, unsigned) = nullptr;
+  nvmlReturn_t (*event_set_free_)(nvmlEventSet_t) = nullptr;
+  nvmlEventSet_t events_ = nullptr;
 };
 
 class FakeMonitor final : public GpuMonitor {
@@ -204,6 +307,28 @@ class FakeMonitor final : public GpuMonitor {
           gpu.compute_pids.push_back(pid.get<int>());
         }
         std::sort(gpu.compute_pids.begin(), gpu.compute_pids.end());
+      }
+      for (const auto& [key, field] : {std::pair{"lost", &gpu.lost},
+                                       std::pair{"retired_pages_pending",
+                                                 &gpu.retired_pages_pending}}) {
+        if (!entry.contains(key)) continue;
+        if (!entry[key].is_boolean()) return bad(absl::StrCat(where, ".", key, ": expected a boolean"));
+        *field = entry[key].get<bool>();
+      }
+      if (entry.contains("ecc_uncorrected")) {
+        const nlohmann::json& ecc = entry["ecc_uncorrected"];
+        if (!ecc.is_number_integer() || ecc.get<int64_t>() < 0) {
+          return bad(where + ".ecc_uncorrected: expected a non-negative integer");
+        }
+        gpu.ecc_uncorrected = ecc.get<int64_t>();
+      }
+      if (entry.contains("xids")) {
+        const nlohmann::json& xids = entry["xids"];
+        if (!xids.is_array()) return bad(where + ".xids: expected an array");
+        for (const nlohmann::json& xid : xids) {
+          if (!xid.is_number_integer()) return bad(where + ".xids: expected integers");
+          gpu.xids.push_back(xid.get<int>());
+        }
       }
       gpus.push_back(std::move(gpu));
     }

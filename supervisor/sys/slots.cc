@@ -62,10 +62,13 @@ SlotTable::SlotTable(std::unique_ptr<GpuMonitor> gpus, int cpu_slots, Hooks hook
         s.index = static_cast<int>(slots_.size());
         s.gpu_index = g.index;
         s.gpu_uuid = g.uuid;
+        s.name = absl::StrCat("gpu:", g.index);
         slots_.push_back(s);
       }
       gpu_cache_ = *found;
       gpu_refreshed_s_ = hooks_.now();
+      // A GPU that is unhealthy now is drained before any rank is placed.
+      JudgeGpuHealth(*found);
     } else {
       hooks_.log(absl::StrCat("GPU query failed, using CPU slots: ", found.status().message()));
     }
@@ -74,6 +77,7 @@ SlotTable::SlotTable(std::unique_ptr<GpuMonitor> gpus, int cpu_slots, Hooks hook
     for (int i = 0; i < cpu_slots; ++i) {
       Slot s;
       s.index = i;
+      s.name = absl::StrCat("cpu:", i);
       slots_.push_back(s);
     }
   }
@@ -81,8 +85,68 @@ SlotTable::SlotTable(std::unique_ptr<GpuMonitor> gpus, int cpu_slots, Hooks hook
 
 std::vector<SlotView> SlotTable::Views() const {
   std::vector<SlotView> views;
-  for (const Slot& s : slots_) views.push_back({s.index, s.state == SlotState::kFree});
+  for (const Slot& s : slots_) {
+    views.push_back({s.index, s.state == SlotState::kFree && !s.drain, !s.drain});
+  }
   return views;
+}
+
+int SlotTable::Find(const std::string& name) const {
+  for (const Slot& s : slots_) {
+    if (s.name == name || std::to_string(s.index) == name) return s.index;
+  }
+  return -1;
+}
+
+std::string SlotTable::DrainKey(int slot) const {
+  const Slot& s = slots_[slot];
+  return s.gpu_uuid.empty() ? s.name : s.gpu_uuid;
+}
+
+void SlotTable::Drain(int slot, SlotDrain drain) {
+  if (slot < 0 || slot >= static_cast<int>(slots_.size())) return;
+  slots_[slot].drain = std::move(drain);
+}
+
+void SlotTable::Undrain(int slot) {
+  if (slot < 0 || slot >= static_cast<int>(slots_.size())) return;
+  Slot& s = slots_[slot];
+  s.drain.reset();
+  if (s.state == SlotState::kFree && hooks_.freed) hooks_.freed();
+}
+
+void SlotTable::DrainFor(Slot& s, const std::string& source, const std::string& reason) {
+  if (s.drain && s.drain->source == kDrainOperator) return;  // the operator's stays
+  if (s.drain && s.drain->source == source) {
+    s.drain->reason = reason;
+    return;
+  }
+  s.drain = SlotDrain{reason, source, hooks_.wall_ms ? hooks_.wall_ms() : 0};
+  hooks_.log(absl::StrCat("slot ", s.name, " drained: ", reason));
+  if (hooks_.drained) hooks_.drained(s);
+}
+
+void SlotTable::EndDrainFor(Slot& s, const std::string& source, const std::string& why) {
+  if (!s.drain || s.drain->source != source) return;
+  const Slot before = s;
+  s.drain.reset();
+  hooks_.log(absl::StrCat("slot ", s.name, " offered again: ", why));
+  if (hooks_.undrained) hooks_.undrained(before, why);
+}
+
+void SlotTable::JudgeGpuHealth(const std::vector<GpuInfo>& gpus) {
+  for (Slot& s : slots_) {
+    if (s.gpu_index < 0) continue;
+    std::string problem = "lost (not listed by NVML)";
+    for (const GpuInfo& g : gpus) {
+      if (g.index == s.gpu_index) problem = GpuHealthProblem(g);
+    }
+    if (!problem.empty()) {
+      DrainFor(s, kDrainGpuHealth, absl::StrCat("GPU ", s.gpu_index, " ", problem));
+    } else {
+      EndDrainFor(s, kDrainGpuHealth, absl::StrCat("GPU ", s.gpu_index, " is healthy again"));
+    }
+  }
 }
 
 std::string SlotTable::VisibleDevices(int slot) const {
@@ -158,7 +222,10 @@ void SlotTable::StartCheck(int64_t idle_bytes) {
       check_in_flight_ = false;
       if (queried) {
         gpu_refreshed_s_ = hooks_.now();
-        if (answer) gpu_cache_ = *answer;
+        if (answer) {
+          gpu_cache_ = *answer;
+          JudgeGpuHealth(*answer);
+        }
       }
       std::optional<std::vector<GpuInfo>> seen = answer;
       if (queried && !answer) seen = std::vector<GpuInfo>{};
@@ -189,16 +256,24 @@ void SlotTable::StartCheck(int64_t idle_bytes) {
           case ReleaseDecision::kFree:
             if (s.state == SlotState::kStranded)
               hooks_.log(absl::StrCat("slot ", s.index, " recovered"));
-            s = Slot{s.index, s.gpu_index, s.gpu_uuid};
+            EndDrainFor(s, kDrainStranded, "its memory was released");
+            s = Slot{s.index, s.gpu_index, s.gpu_uuid, s.name, s.drain};
             freed = true;
             break;
           case ReleaseDecision::kStrand:
             if (s.state != SlotState::kStranded) {
               s.state = SlotState::kStranded;
               s.reason = d.reason;
+              s.stranded_since_s = hooks_.now();
               hooks_.stranded(s);
             } else {
               s.reason = d.reason;
+              if (drain_stranded_after_s_ > 0 &&
+                  hooks_.now() - s.stranded_since_s >= drain_stranded_after_s_) {
+                DrainFor(s, kDrainStranded,
+                         absl::StrCat("stranded for more than ", drain_stranded_after_s_,
+                                      " s: ", s.reason));
+              }
             }
             break;
           case ReleaseDecision::kWait:

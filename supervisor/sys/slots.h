@@ -26,10 +26,28 @@ enum class SlotState { kFree, kBusy, kReleasing, kStranded };
 std::string ToString(SlotState state);
 v1::SlotState ToProto(SlotState state);
 
+// Why a slot takes no new rank (docs/distributed.md, "Elastic"): an
+// operator said so (trainctl drain; stored), its GPU is unhealthy
+// (GpuHealthProblem: lost, uncorrectable ECC, pending page retirement, an
+// Xid that needs a reset; it ends when the GPU is healthy again), or it
+// stayed STRANDED past slots.drain_stranded_after_s (it ends when the
+// memory is released).
+struct SlotDrain {
+  std::string reason;
+  std::string source;  // kDrainOperator, kDrainGpuHealth, kDrainStranded
+  int64_t since_ms = 0;
+};
+inline constexpr char kDrainOperator[] = "operator";
+inline constexpr char kDrainGpuHealth[] = "gpu_health";
+inline constexpr char kDrainStranded[] = "stranded";
+
 struct Slot {
   int index = 0;
   int gpu_index = -1;  // -1: a CPU slot
   std::string gpu_uuid;
+  std::string name;  // "gpu:N" (N = gpu_index) or "cpu:N"
+  std::optional<SlotDrain> drain;
+  double stranded_since_s = 0;
   SlotState state = SlotState::kFree;
   std::string run_id;
   int rank = -1;
@@ -49,6 +67,11 @@ class SlotTable {
     // A slot was stranded (run_id may name a finished run).
     std::function<void(const Slot& slot)> stranded;
     std::function<void(const std::string& line)> log;
+    std::function<int64_t()> wall_ms;
+    // The table drained a slot itself (its GPU's health, or stranded too
+    // long), or ended such a drain (`why`: what changed).
+    std::function<void(const Slot& slot)> drained;
+    std::function<void(const Slot& slot, const std::string& why)> undrained;
   };
   SlotTable(std::unique_ptr<GpuMonitor> gpus, int cpu_slots, Hooks hooks);
 
@@ -58,6 +81,18 @@ class SlotTable {
   std::vector<SlotView> Views() const;
   // CUDA_VISIBLE_DEVICES of a slot ("" on a CPU slot).
   std::string VisibleDevices(int slot) const;
+
+  // The slot named "gpu:N", "cpu:N" or by its index; -1 when none is.
+  int Find(const std::string& name) const;
+  // How the store keys an operator's drain of `slot`: the GPU's UUID (its
+  // index may change across reboots), else the slot's name.
+  std::string DrainKey(int slot) const;
+  // Drains `slot` (replacing an earlier drain) or ends its drain. A drained
+  // slot keeps its rank until the rank ends, then takes no new one.
+  void Drain(int slot, SlotDrain drain);
+  void Undrain(int slot);
+  // A slot STRANDED this long is drained (kDrainStranded); 0: never.
+  void set_drain_stranded_after_s(double s) { drain_stranded_after_s_ = s; }
 
   void Assign(int slot, const std::string& run_id, int rank);
   // The worker on `slot` ended: its group must be gone (and its GPU
@@ -72,6 +107,12 @@ class SlotTable {
  private:
   struct Facts;
   void StartCheck(int64_t idle_bytes);
+  // After a GPU query: drains a slot whose GPU has a health problem, and
+  // ends the health drain of one whose GPU has none any more.
+  void JudgeGpuHealth(const std::vector<GpuInfo>& gpus);
+  // The table's own drains (not an operator's): set or ended.
+  void DrainFor(Slot& s, const std::string& source, const std::string& reason);
+  void EndDrainFor(Slot& s, const std::string& source, const std::string& why);
 
   std::shared_ptr<GpuMonitor> gpus_;
   std::vector<Slot> slots_;
@@ -80,6 +121,7 @@ class SlotTable {
   bool check_again_ = false;
   std::vector<GpuInfo> gpu_cache_;
   double gpu_refreshed_s_ = -1e9;
+  double drain_stranded_after_s_ = 0;
 };
 
 }  // namespace trainsup::supervisor

@@ -101,6 +101,9 @@ struct FakeGpu {
   std::string uuid;
   int64_t used_mb = 0;
   std::vector<int> compute_pids;
+  // Health (docs/operations.md, "GPU health"): drains the GPU's slot.
+  int64_t ecc_uncorrected = 0;
+  bool lost = false;
 };
 
 // Writes the file of [testing] fake_gpu_file (format of OpenFakeMonitor),
@@ -112,7 +115,9 @@ inline void WriteFakeGpus(const std::string& path, const std::vector<FakeGpu>& g
                     {"name", "Fake GPU"},
                     {"memory_total", int64_t{80} << 30},
                     {"memory_used", g.used_mb << 20},
-                    {"compute_pids", g.compute_pids}});
+                    {"compute_pids", g.compute_pids},
+                    {"ecc_uncorrected", g.ecc_uncorrected},
+                    {"lost", g.lost}});
   }
   WriteFileText(path + ".tmp", nlohmann::json{{"gpus", list}}.dump());
   std::filesystem::rename(path + ".tmp", path);

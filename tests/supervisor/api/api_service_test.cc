@@ -43,6 +43,21 @@ class RecordingBackend final : public ApiBackend {
               std::function<void(absl::StatusOr<v1::Run>)> done) override {
     done(absl::NotFoundError("no run"));
   }
+  void Drain(const v1::DrainSlotRequest& r,
+             std::function<void(absl::StatusOr<v1::Slot>)> done) override {
+    v1::Slot slot;
+    slot.set_name(r.slot());
+    slot.set_state(v1::SLOT_STATE_DRAINED);
+    slot.set_drain_reason(r.reason());
+    done(slot);
+  }
+  void Undrain(const v1::UndrainSlotRequest& r,
+               std::function<void(absl::StatusOr<v1::Slot>)> done) override {
+    v1::Slot slot;
+    slot.set_name(r.slot());
+    slot.set_state(v1::SLOT_STATE_FREE);
+    done(slot);
+  }
   void Node(std::function<void(v1::Node)> done) override { done(v1::Node()); }
   void CountApiCall(const std::string&, int) override {}
 

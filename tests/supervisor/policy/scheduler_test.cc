@@ -145,6 +145,65 @@ TEST(Schedule, RunsThatCanNeverFitDoNotBlock) {
   EXPECT_EQ(Ids(p), (std::vector<std::string>{"ok"}));
 }
 
+// --- elastic gangs (docs/distributed.md, "Elastic") -----------------------------------------
+
+QueuedRun Elastic(std::string id, int world, int min_world, double shrink_at_s, int64_t seq = 1) {
+  QueuedRun q = Queued(std::move(id), 0, seq, world);
+  q.min_world_size = min_world;
+  q.shrink_at_s = shrink_at_s;
+  return q;
+}
+
+// Slots: 'F' free, 'B' busy, 'D' drained (free or not: never handed out).
+std::vector<SlotView> Table(const std::string& states) {
+  std::vector<SlotView> slots;
+  for (size_t i = 0; i < states.size(); ++i) {
+    slots.push_back({static_cast<int>(i), states[i] == 'F', states[i] != 'D'});
+  }
+  return slots;
+}
+
+TEST(Schedule, DrainedSlotsAreNeverHandedOut) {
+  std::vector<Placement> p = Schedule({Queued("a", 0, 1), Queued("b", 0, 2)}, Table("DFD"), 0);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].slots, std::vector<int>{1});
+}
+
+TEST(Schedule, AnElasticGangTakesEveryUsableSlotAtOnceWhenDrainsLeaveFewerThanItWants) {
+  // 4 wanted, 1 drained: 3 usable and free, so it starts with 3 now, long
+  // before its wait for busy slots would end.
+  std::vector<Placement> p = Schedule({Elastic("e", 4, 2, 1000)}, Table("FFDF"), 0);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].slots, (std::vector<int>{0, 1, 3}));
+  // One of the 3 usable slots still releasing: it waits for it (blocking
+  // the runs behind it) rather than start with 2.
+  p = Schedule({Elastic("e", 4, 2, 1000), Queued("behind", 0, 2)}, Table("FBDF"), 0);
+  EXPECT_TRUE(p.empty());
+}
+
+TEST(Schedule, AnElasticGangWaitsForBusySlotsUntilItsShrinkTime) {
+  // 4 usable, 2 busy with another run: before shrink_at_s it waits, then it
+  // starts with the 2 free (min 2), but never with fewer than its minimum.
+  EXPECT_TRUE(Schedule({Elastic("e", 4, 2, 60)}, Table("FBBF"), 59.9).empty());
+  std::vector<Placement> p = Schedule({Elastic("e", 4, 2, 60)}, Table("FBBF"), 60);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].slots, (std::vector<int>{0, 3}));
+  EXPECT_TRUE(Schedule({Elastic("e", 4, 3, 60)}, Table("FBBF"), 600).empty());
+  // All four free: all four, whatever the time.
+  p = Schedule({Elastic("e", 4, 2, 60)}, Table("FFFF"), 0);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].slots.size(), 4u);
+}
+
+TEST(Schedule, AGangWhoseSmallestSizeExceedsTheUsableSlotsWaitsWithoutBlocking) {
+  // Not elastic (min = world = 3) with one of 3 slots drained; and an
+  // elastic one whose minimum is 3: both wait, the run behind starts.
+  for (const QueuedRun& gang : {Queued("fixed", 5, 1, 3), Elastic("min3", 3, 3, 0)}) {
+    std::vector<Placement> p = Schedule({gang, Queued("behind", 0, 2)}, Table("FFD"), 1000);
+    EXPECT_EQ(Ids(p), std::vector<std::string>{"behind"}) << gang.run_id;
+  }
+}
+
 // --- multi-node jobs -------------------------------------------------------------------------
 
 TEST(OrderQueue, MultiNodeRunsOfAPriorityFollowTheirJobNamesInTheirOwnPlaces) {

@@ -172,6 +172,10 @@ class FakeEnv final : public FakeLoop,
     guard_spikes += spikes;
   }
   void CountRollback(const std::string&) override { ++rollbacks; }
+  void CountResize(const std::string&, const std::string& direction) override {
+    resizes[direction]++;
+  }
+  std::map<std::string, int> resizes;
   absl::StatusOr<std::unique_ptr<UnitCluster>> JoinCluster(const v1::Run&, const RunSpec&,
                                                            ClusterEvents events) override {
     if (!make_cluster) return absl::UnimplementedError("no cluster in this test");

@@ -227,6 +227,61 @@ TEST_F(RunUnitTest, GracefulShutdownStoresARequestedStopAndGoesBackToPending) {
   EXPECT_TRUE(stored_stop) << "defect 15: the stop must be stored with the attempt";
 }
 
+// Elastic gangs (docs/distributed.md, "Elastic"): a resize is a graceful
+// stop of the whole gang, queued again at once without counting a
+// restart; the next attempt, at the size the slots allow, says why.
+TEST_F(RunUnitTest, AResizeStopsTheGangGracefullyAndTheNextAttemptSaysWhy) {
+  RunSpec spec;
+  spec.world_size = 3;
+  spec.min_world_size = 2;
+  spec.elastic.wait_s = 30;
+  auto u = NewUnit(spec);
+  std::vector<int> pids = StartAndLaunch(*u);
+  std::vector<std::shared_ptr<FakeLink>> links;
+  for (int r = 0; r < 3; ++r) links.push_back(Hello(*u, r));
+  env_.Settle();
+  ASSERT_EQ(u->run().state(), v1::RUN_STATE_RUNNING);
+  EXPECT_EQ(u->running_world_size(), 3);
+  u->Resize("slot cpu:2 drained (maintenance)");
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_FALSE(links[r]->sent.empty());
+    EXPECT_TRUE(links[r]->sent.back().has_stop()) << "rank " << r;
+  }
+  EXPECT_TRUE(env_.signals.empty()) << "a graceful stop starts with the Stop command";
+  for (int r = 0; r < 3; ++r) {
+    env_.exit_files[RunLayout(dir_.path()).ExitFilePath(1, r)] = ExitFile{143, "stopped", "", 5, 0};
+    env_.Exit(*u, r, pids[r], true, 143);
+  }
+  env_.Settle();
+  ASSERT_EQ(u->run().state(), v1::RUN_STATE_RESTARTING);
+  EXPECT_EQ(u->run().restarts(), 0) << "a resize is not a restart";
+  std::optional<QueuedRun> q = u->Queued();
+  ASSERT_TRUE(q.has_value());
+  EXPECT_LE(q->not_before_s, env_.NowS()) << "no backoff";
+  EXPECT_EQ(q->world_size, 3);
+  EXPECT_EQ(q->min_world_size, 2);
+  EXPECT_DOUBLE_EQ(q->shrink_at_s, env_.NowS() + 30);
+
+  u->Start({0, 1}, {"", ""});
+  env_.Settle();
+  ASSERT_EQ(env_.launches.size(), 5u);
+  for (size_t i = 3; i < 5; ++i) EXPECT_EQ(env_.launches[i].env.at("WORLD_SIZE"), "2");
+  std::vector<std::string> resizes;
+  int32_t stored_world = 0;
+  for (const StoreBatch& b : env_.stored) {
+    for (const v1::RunEvent& e : b.events) {
+      if (e.kind() == v1::EVENT_KIND_RESIZE) resizes.push_back(e.reason());
+    }
+    for (const v1::Attempt& a : b.attempts) {
+      if (a.number() == 2) stored_world = a.world_size();
+    }
+  }
+  EXPECT_EQ(resizes,
+            std::vector<std::string>{"world size 3 \u2192 2: slot cpu:2 drained (maintenance)"});
+  EXPECT_EQ(stored_world, 2);
+  EXPECT_EQ(env_.resizes["shrink"], 1);
+}
+
 TEST_F(RunUnitTest, NoHeartbeatIsFrozenAndKilled) {
   env_.config_.workers.heartbeat_timeout_s = 5;
   auto u = NewUnit();

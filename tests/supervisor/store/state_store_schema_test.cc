@@ -27,6 +27,7 @@ TEST_F(StateStoreTest, VersionTwoStoreIsMigrated) {
                    " ALTER TABLE runs DROP COLUMN cluster_submission;"
                    " ALTER TABLE runs DROP COLUMN rollbacks;"
                    " ALTER TABLE runs DROP COLUMN skip_windows;"
+                   " ALTER TABLE attempts DROP COLUMN world_size; DROP TABLE drains;"
                    " UPDATE meta SET value = 2 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "2");
@@ -56,6 +57,7 @@ TEST_F(StateStoreTest, VersionThreeStoreIsMigrated) {
   ASSERT_EQ(RawSql("ALTER TABLE runs DROP COLUMN cluster_submission;"
                    " ALTER TABLE runs DROP COLUMN rollbacks;"
                    " ALTER TABLE runs DROP COLUMN skip_windows;"
+                   " ALTER TABLE attempts DROP COLUMN world_size; DROP TABLE drains;"
                    " UPDATE meta SET value = 3 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "3");
@@ -83,12 +85,14 @@ TEST_F(StateStoreTest, VersionFourStoreIsMigrated) {
   }
   ASSERT_EQ(RawSql("ALTER TABLE runs DROP COLUMN rollbacks;"
                    " ALTER TABLE runs DROP COLUMN skip_windows;"
+                   " ALTER TABLE attempts DROP COLUMN world_size; DROP TABLE drains;"
                    " UPDATE meta SET value = 4 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "4");
   absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(path_);
   ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"), "5");
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"),
+            absl::StrCat(StateStore::kSchemaVersion));
   absl::StatusOr<v1::Run> run = (*store)->GetRun("four");
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->rollbacks(), 0);
@@ -138,6 +142,7 @@ TEST_F(StateStoreTest, VersionOneStoreIsMigrated) {
                    " ALTER TABLE runs DROP COLUMN cluster_submission;"
                    " ALTER TABLE runs DROP COLUMN rollbacks;"
                    " ALTER TABLE runs DROP COLUMN skip_windows;"
+                   " ALTER TABLE attempts DROP COLUMN world_size; DROP TABLE drains;"
                    " UPDATE meta SET value = 1 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "1");
@@ -213,5 +218,54 @@ TEST_F(StateStoreTest, JournalModeIsWal) {
   EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"),
             absl::StrCat(StateStore::kSchemaVersion));
 }
+// 5 -> 6: an attempt's world size (0 for attempts of before elastic gangs)
+// and the operators' drains, stored and listed by slot.
+TEST_F(StateStoreTest, VersionFiveStoreIsMigratedAndKeepsDrains) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->CreateRun(MakeRun("five"), "").ok());
+    v1::Attempt a;
+    a.set_number(1);
+    ASSERT_TRUE(store->UpsertAttempt("five", a).ok());
+  }
+  ASSERT_EQ(RawSql("ALTER TABLE attempts DROP COLUMN world_size; DROP TABLE drains;"
+                   " UPDATE meta SET value = 5 WHERE key = 'schema_version';"
+                   " SELECT value FROM meta WHERE key = 'schema_version'"),
+            "5");
+  absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"), "6");
+  absl::StatusOr<v1::Run> run = (*store)->GetRun("five");
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->attempts_size(), 1);
+  EXPECT_EQ(run->attempts(0).world_size(), 0);
+  v1::Attempt a = run->attempts(0);
+  a.set_number(2);
+  a.set_world_size(3);
+  ASSERT_TRUE((*store)->UpsertAttempt("five", a).ok());
+  EXPECT_EQ((*store)->GetRun("five")->attempts(1).world_size(), 3);
+
+  ASSERT_TRUE((*store)->SetDrain({"GPU-7f3a", "fan noise", 1000}).ok());
+  ASSERT_TRUE((*store)->SetDrain({"cpu:2", "bios update", 2000}).ok());
+  ASSERT_TRUE((*store)->SetDrain({"cpu:2", "bios update, again", 3000}).ok());
+  store->reset();
+  store = StateStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<std::vector<StoredDrain>> drains = (*store)->ListDrains();
+  ASSERT_TRUE(drains.ok()) << drains.status();
+  ASSERT_EQ(drains->size(), 2u);
+  EXPECT_EQ((*drains)[0].slot, "GPU-7f3a");
+  EXPECT_EQ((*drains)[1].slot, "cpu:2");
+  EXPECT_EQ((*drains)[1].reason, "bios update, again");
+  EXPECT_EQ((*drains)[1].drained_ms, 3000);
+  ASSERT_TRUE((*store)->ClearDrain("cpu:2").ok());
+  ASSERT_TRUE((*store)->ClearDrain("cpu:9").ok()) << "clearing what is not drained is no error";
+  drains = (*store)->ListDrains();
+  ASSERT_TRUE(drains.ok());
+  ASSERT_EQ(drains->size(), 1u);
+  EXPECT_EQ((*drains)[0].slot, "GPU-7f3a");
+}
+
 }  // namespace
 }  // namespace trainsup::supervisor

@@ -96,9 +96,55 @@ TEST(FakeMonitor, MalformedFilesAreInvalidArgument) {
   std::unique_ptr<GpuMonitor> monitor = OpenFakeMonitor(path);
   for (const char* text : {"{", "[]", R"({"gpus": {}})", R"({"gpus": [{"name": "x"}]})",
                            R"({"gpus": [{"uuid": "u", "memory_used": -1}]})",
-                           R"({"gpus": [{"uuid": "u", "compute_pids": ["1"]}]})"}) {
+                           R"({"gpus": [{"uuid": "u", "compute_pids": ["1"]}]})",
+                           R"({"gpus": [{"uuid": "u", "lost": 1}]})",
+                           R"({"gpus": [{"uuid": "u", "ecc_uncorrected": -2}]})",
+                           R"({"gpus": [{"uuid": "u", "retired_pages_pending": "yes"}]})",
+                           R"({"gpus": [{"uuid": "u", "xids": [79, "48"]}]})"}) {
     WriteFile(path, text);
     EXPECT_EQ(monitor->Query().status().code(), absl::StatusCode::kInvalidArgument) << text;
+  }
+}
+
+// The health facts of the fake file (docs/distributed.md, "Elastic"), as
+// the NVML monitor reports them; a lost GPU stays listed.
+TEST(FakeMonitor, ReadsTheHealthFacts) {
+  TempDir dir;
+  const std::string path = dir.path() + "/gpus.json";
+  std::unique_ptr<GpuMonitor> monitor = OpenFakeMonitor(path);
+  WriteFile(path, R"({"gpus": [{"uuid": "a"},
+                               {"uuid": "b", "lost": true},
+                               {"uuid": "c", "ecc_uncorrected": 3, "retired_pages_pending": true,
+                                "xids": [13, 79]}]})");
+  absl::StatusOr<std::vector<GpuInfo>> gpus = monitor->Query();
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
+  ASSERT_EQ(gpus->size(), 3u);
+  EXPECT_FALSE((*gpus)[0].lost);
+  EXPECT_EQ((*gpus)[0].ecc_uncorrected, 0);
+  EXPECT_TRUE((*gpus)[1].lost);
+  EXPECT_EQ((*gpus)[1].index, 1);
+  EXPECT_EQ((*gpus)[2].ecc_uncorrected, 3);
+  EXPECT_TRUE((*gpus)[2].retired_pages_pending);
+  EXPECT_EQ((*gpus)[2].xids, (std::vector<int>{13, 79}));
+}
+
+TEST(GpuHealthProblem, NamesTheFirstProblemInAFixedOrder) {
+  GpuInfo gpu;
+  EXPECT_EQ(GpuHealthProblem(gpu), "");
+  gpu.xids = {13, 31, 43};  // an application's faults
+  EXPECT_EQ(GpuHealthProblem(gpu), "") << "only Xids that need a reset drain a GPU";
+  gpu.xids = {13, 79};
+  EXPECT_EQ(GpuHealthProblem(gpu), "Xid 79 (needs a GPU reset)");
+  gpu.retired_pages_pending = true;
+  EXPECT_EQ(GpuHealthProblem(gpu), "page retirement pending");
+  gpu.ecc_uncorrected = 2;
+  EXPECT_EQ(GpuHealthProblem(gpu), "uncorrectable ECC errors (2)");
+  gpu.lost = true;
+  EXPECT_EQ(GpuHealthProblem(gpu), "lost (fell off the bus)");
+  for (int xid : {48, 63, 64, 74, 92, 94, 95, 119, 120}) {
+    GpuInfo one;
+    one.xids = {xid};
+    EXPECT_NE(GpuHealthProblem(one), "") << "Xid " << xid;
   }
 }
 
