@@ -1,0 +1,322 @@
+// Elastic gangs under the real daemon (docs/distributed.md, "Elastic"):
+//  - CPU slots and the real worker: a gang of 3 (min 2) whose slot cpu:2 an
+//    operator drains mid-run goes on at 2, grows back to 3 when the slot is
+//    undrained, and ends SUCCEEDED having trained exactly the uninterrupted
+//    gang's batches (rank 0's data.log_samples lines), every sample once an
+//    epoch, with weights as close to the uninterrupted gang of 3 as a gang
+//    of 2 all the way is. The drain's latency (DrainSlot to the first step
+//    at the smaller size) is printed.
+//  - Fake GPUs and the test worker: GPU 2 reports uncorrectable ECC errors;
+//    its rank is stopped, the slot drained (DRAINED with the reason), and
+//    the gang goes on at 3 of 4; an operator drain survives a daemon
+//    restart, and undrain refuses a health drain and unknown slots.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/daemon_test_util.h"
+
+#ifdef TRAINSUP_WORKER
+#include "checkpoint/file_system.h"
+#include "checkpoint/safetensors.h"
+#include <ATen/ATen.h>
+#endif
+
+namespace trainsup::integration {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+grpc::Status Drain(DaemonHarness& h, const std::string& slot, const std::string& reason,
+                   v1::Slot* out, const std::string& token = "") {
+  v1::DrainSlotRequest req;
+  req.set_slot(slot);
+  req.set_reason(reason);
+  auto ctx = h.Context(token.empty() ? h.operator_token() : token);
+  return h.stub().DrainSlot(ctx.get(), req, out);
+}
+
+grpc::Status Undrain(DaemonHarness& h, const std::string& slot, v1::Slot* out) {
+  v1::UndrainSlotRequest req;
+  req.set_slot(slot);
+  auto ctx = h.Context(h.operator_token());
+  return h.stub().UndrainSlot(ctx.get(), req, out);
+}
+
+// The newest attempt runs `world` ranks, all alive, and has trained past
+// step `past`.
+bool RunningAt(const v1::Run& r, int world, int64_t past) {
+  if (r.state() != v1::RUN_STATE_RUNNING || r.attempts_size() == 0) return false;
+  const v1::Attempt& a = r.attempts(r.attempts_size() - 1);
+  if (a.world_size() != world || a.ranks_size() != world || a.ended_ms() != 0) return false;
+  for (const v1::RankStatus& rank : a.ranks()) {
+    if (!rank.alive()) return false;
+  }
+  return r.progress().step() > past && a.ranks(0).progress().step() > a.resumed_from_step();
+}
+
+std::vector<std::string> ResizeLines(const std::vector<v1::RunEvent>& events) {
+  std::vector<std::string> out;
+  for (const v1::RunEvent& e : EventsOfKind(events, v1::EVENT_KIND_RESIZE)) {
+    out.push_back(e.reason());
+  }
+  return out;
+}
+
+#ifdef TRAINSUP_WORKER
+
+std::string ElasticSpec(const std::string& name, int world, int min_world, int steps) {
+  std::ostringstream s;
+  s << "name = \"" << name << "\"\nworld_size = " << world << "\nmin_world_size = " << min_world
+    << "\n[elastic]\nwait_s = 60\ngrow_after_s = 1\n"
+    << "[model]\narch = \"minkunet14\"\nin_channels = 3\nvoxel_size = 0.1\nsync_batchnorm = true\n"
+    << "[data]\nformat = \"synthetic\"\nscenes = 10\nscene_size = \"small\"\nlog_samples = true\n"
+    << "[train]\nbatch_size = 1\nsteps = " << steps
+    << "\ncheckpoint_every_steps = 2\nkeep_checkpoints = 3\ndeterministic = true\nthreads = 1\n";
+  return s.str();
+}
+
+// step -> "(epoch E): I:SEED ..." from rank 0's log of every attempt, a
+// later attempt's line replacing an earlier one's (the steps after the
+// last checkpoint of an attempt are trained again by the next).
+std::map<int, std::string> SampleLines(const v1::Run& run) {
+  std::map<int, std::string> lines;
+  static const std::regex kLine("samples of step ([0-9]+) (\\(epoch [0-9]+\\): [^\\n]*)");
+  for (const v1::Attempt& a : run.attempts()) {
+    if (a.ranks_size() == 0) continue;
+    const std::string log = ReadFileText(a.ranks(0).log_path());
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), kLine);
+         it != std::sregex_iterator(); ++it) {
+      lines[std::stoi((*it)[1])] = (*it)[2];
+    }
+  }
+  return lines;
+}
+
+std::map<std::string, at::Tensor> FinalWeights(const v1::Run& run, int step) {
+  absl::StatusOr<ckpt::SafetensorsFile> f = ckpt::ReadSafetensors(
+      ckpt::FileSystem::Default(),
+      RunLayout(run.run_dir()).CheckpointsDir() + "/step-" + std::to_string(step) +
+          "/model.safetensors");
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? f->tensors : std::map<std::string, at::Tensor>();
+}
+
+double Gap(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  double gap = 0;
+  for (const auto& [name, t] : b) {
+    auto it = a.find(name);
+    if (it == a.end() || !t.is_floating_point()) continue;
+    const at::Tensor d = (it->second.to(at::kDouble) - t.to(at::kDouble)).abs() /
+                         (t.to(at::kDouble).abs() + 1.0);
+    gap = std::max(gap, d.max().item<double>());
+  }
+  return gap;
+}
+
+TEST(Elastic, ADrainedSlotShrinksTheGangAndUndrainingItGrowsItBack) {
+  constexpr int kSteps = 30;
+  DaemonHarness h;
+  UseRealWorker(h, 3);
+  ASSERT_TRUE(h.Start());
+
+  // The references, uninterrupted: the gang of 3, and a gang of 2 all the
+  // way (min_world_size 2 with one slot drained before it starts).
+  const std::string ref_id = h.Submit(ElasticSpec("ref", 3, 2, kSteps));
+  v1::Run ref;
+  ASSERT_TRUE(h.WaitForEnd(ref_id, Seconds(300), &ref));
+  ASSERT_EQ(ref.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ref) << EveryRankLog(ref);
+  v1::Slot slot;
+  ASSERT_TRUE(Drain(h, "cpu:2", "the gang of 2", &slot).ok());
+  const std::string two_id = h.Submit(ElasticSpec("two", 3, 2, kSteps));
+  v1::Run two;
+  ASSERT_TRUE(h.WaitForEnd(two_id, Seconds(300), &two));
+  ASSERT_EQ(two.state(), v1::RUN_STATE_SUCCEEDED) << Describe(two) << EveryRankLog(two);
+  ASSERT_EQ(two.attempts(0).world_size(), 2) << Describe(two);
+  ASSERT_TRUE(Undrain(h, "cpu:2", &slot).ok());
+
+  // The elastic run: drained at step > 6, undrained once it trains at 2.
+  const std::string id = h.Submit(ElasticSpec("elastic", 3, 2, kSteps));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return RunningAt(r, 3, 6); }, Seconds(120),
+                        &run))
+      << Describe(run);
+  const auto drained_at = Clock::now();
+  grpc::Status s = Drain(h, "cpu:2", "maintenance", &slot);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(slot.name(), "cpu:2");
+  EXPECT_EQ(slot.state(), v1::SLOT_STATE_DRAINED);
+  EXPECT_EQ(slot.drain_reason(), "maintenance");
+  EXPECT_EQ(slot.drain_source(), "operator");
+  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return RunningAt(r, 2, 0); }, Seconds(120),
+                        &run))
+      << Describe(run) << EveryRankLog(run);
+  const double drain_latency_s =
+      std::chrono::duration<double>(Clock::now() - drained_at).count();
+  v1::Node node = GetNode(h);
+  ASSERT_EQ(node.slots_size(), 3);
+  EXPECT_EQ(node.slots(2).state(), v1::SLOT_STATE_DRAINED);
+  EXPECT_EQ(node.slots(2).drain_reason(), "maintenance");
+  EXPECT_EQ(node.slots(2).run_id(), "");
+  const int64_t step_at_two = run.progress().step();
+  ASSERT_TRUE(Undrain(h, "cpu:2", &slot).ok());
+  EXPECT_EQ(slot.state(), v1::SLOT_STATE_FREE);
+  ASSERT_TRUE(h.WaitFor(id, [&](const v1::Run& r) { return RunningAt(r, 3, step_at_two); },
+                        Seconds(120), &run))
+      << Describe(run) << EveryRankLog(run);
+  ASSERT_TRUE(h.WaitForEnd(id, Seconds(300), &run));
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run) << EveryRankLog(run);
+  EXPECT_EQ(run.restarts(), 0) << "a resize is not a restart";
+  std::printf("drain to the first step at 2 ranks: %.1f s\n", drain_latency_s);
+
+  // Every change of size is visible.
+  const std::vector<std::string> resizes = ResizeLines(h.History(id));
+  ASSERT_EQ(resizes.size(), 2u) << Describe(h.History(id));
+  EXPECT_THAT(resizes[0], HasSubstr("world size 3 \u2192 2: slot cpu:2 drained (maintenance)"));
+  EXPECT_THAT(resizes[1], HasSubstr("world size 2 \u2192 3: slot cpu:2 is free again"));
+  std::vector<int> sizes;
+  for (const v1::Attempt& a : run.attempts()) sizes.push_back(a.world_size());
+  EXPECT_EQ(sizes, (std::vector<int>{3, 2, 3})) << Describe(run);
+
+  // The same global batches as the uninterrupted gang, every sample once
+  // an epoch (10 scenes: 8 train, 3 per step).
+  const std::map<int, std::string> lines = SampleLines(run);
+  EXPECT_EQ(lines, SampleLines(ref));
+  ASSERT_EQ(lines.size(), static_cast<size_t>(kSteps));
+  std::map<std::string, std::vector<int>> per_epoch;
+  static const std::regex kEntry("([0-9]+):[0-9a-f]{16}");
+  static const std::regex kEpoch("\\(epoch ([0-9]+)\\)");
+  for (const auto& [step, line] : lines) {
+    std::smatch e;
+    ASSERT_TRUE(std::regex_search(line, e, kEpoch)) << line;
+    for (auto it = std::sregex_iterator(line.begin(), line.end(), kEntry);
+         it != std::sregex_iterator(); ++it) {
+      per_epoch[e[1]].push_back(std::stoi((*it)[1]));
+    }
+  }
+  for (auto& [epoch, samples] : per_epoch) {
+    std::set<int> unique(samples.begin(), samples.end());
+    EXPECT_EQ(unique.size(), samples.size()) << "a sample trained twice in epoch " << epoch;
+  }
+
+  // The weights: float32 sums of a gang of 2 differ in rounding from a
+  // gang of 3's, and training amplifies it. The elastic run trained at 2
+  // only part of the way, so it is no further from the gang of 3 than the
+  // gang of 2 all the way is (within a factor 2 for the amplification).
+  const auto ref_w = FinalWeights(ref, kSteps);
+  const double two_gap = Gap(FinalWeights(two, kSteps), ref_w);
+  const double gap = Gap(FinalWeights(run, kSteps), ref_w);
+  std::printf("weights at step %d against the uninterrupted gang of 3: elastic %.3g, gang of 2 %.3g\n",
+              kSteps, gap, two_gap);
+  EXPECT_LE(gap, std::max(2 * two_gap, 1e-6));
+  EXPECT_TRUE(ProcessesMentioning(RunLayout(run.run_dir()).dir()).empty());
+}
+
+#else  // the test worker
+
+// 4 fake GPUs; the gang wants 4 and may go on with 3.
+TEST(Elastic, AGpuWithUncorrectableEccErrorsIsDrainedAndTheGangGoesOnWithout) {
+  DaemonHarness h;
+  const std::string gpu_file = h.dir() + "/gpus.json";
+  std::vector<FakeGpu> gpus;
+  for (int i = 0; i < 4; ++i) gpus.push_back({"GPU-elastic-" + std::to_string(i), 10, {}});
+  WriteFakeGpus(gpu_file, gpus);
+  h.Set("slots.use_gpus", "true");
+  h.Set("slots.gpu_release_timeout_s", "5");
+  h.Set("slots.gpu_idle_memory_mb", "100");
+  h.Set("testing.fake_gpu_file", "\"" + gpu_file + "\"");
+  ASSERT_TRUE(h.Start());
+  const std::string id =
+      h.Submit("min_world_size = 3\n" + Spec("ecc", 600, 50, 5, "", 4) +
+               "[elastic]\nwait_s = 60\ngrow_after_s = 1\n");
+  ASSERT_FALSE(id.empty());
+  v1::Run run;
+  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return RunningAt(r, 4, 5); }, kRunLimit, &run))
+      << Describe(run);
+
+  // GPU 2 reports uncorrectable ECC errors: drained, its rank stopped, the
+  // gang goes on at 3 on GPUs 0, 1 and 3.
+  gpus[2].ecc_uncorrected = 3;
+  WriteFakeGpus(gpu_file, gpus);
+  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return RunningAt(r, 3, 0); }, kRunLimit, &run))
+      << Describe(run) << h.DaemonLog();
+  v1::Node node = GetNode(h);
+  ASSERT_EQ(node.slots_size(), 4);
+  EXPECT_EQ(node.slots(2).name(), "gpu:2");
+  EXPECT_EQ(node.slots(2).state(), v1::SLOT_STATE_DRAINED);
+  EXPECT_EQ(node.slots(2).drain_source(), "gpu_health");
+  EXPECT_THAT(node.slots(2).drain_reason(), HasSubstr("ECC"));
+  ASSERT_EQ(node.gpus_size(), 4);
+  EXPECT_FALSE(node.gpus(2).healthy());
+  std::vector<std::string> on;
+  for (const v1::RankStatus& r : run.attempts(run.attempts_size() - 1).ranks()) on.push_back(r.gpu());
+  EXPECT_EQ(on, (std::vector<std::string>{gpus[0].uuid, gpus[1].uuid, gpus[3].uuid}));
+
+  // What an operator may and may not do.
+  v1::Slot slot;
+  EXPECT_EQ(Undrain(h, "gpu:2", &slot).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Undrain(h, "gpu:9", &slot).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Undrain(h, "gpu:1", &slot).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Drain(h, "gpu:1", "", &slot).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Drain(h, "gpu:1", "no", &slot, h.viewer_token()).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+
+  // An operator drains GPU 3 too: 2 usable GPUs, below min_world_size, so
+  // the run waits, and says why; the drain outlives a daemon restart.
+  ASSERT_TRUE(Drain(h, "gpu:3", "bad fan", &slot).ok());
+  ASSERT_TRUE(h.WaitFor(
+      id, [](const v1::Run& r) { return r.state() == v1::RUN_STATE_RESTARTING && r.attempts_size() >= 2 && r.attempts(r.attempts_size() - 1).ended_ms() > 0; },
+      kRunLimit, &run))
+      << Describe(run);
+  h.Signal(SIGTERM);
+  ASSERT_TRUE(h.WaitExit(Seconds(30)).has_value());
+  ASSERT_TRUE(h.Start());
+  node = GetNode(h);
+  EXPECT_EQ(node.slots(3).state(), v1::SLOT_STATE_DRAINED);
+  EXPECT_EQ(node.slots(3).drain_reason(), "bad fan");
+  EXPECT_EQ(node.slots(3).drain_source(), "operator");
+  EXPECT_EQ(node.slots(2).drain_source(), "gpu_health") << "found again by the new daemon";
+  run = h.GetRun(id);
+  EXPECT_NE(run.state(), v1::RUN_STATE_RUNNING) << Describe(run);
+
+  // GPU 2 recovers (a reset): offered again, with an event; the gang
+  // starts at 3, and grows to 4 once GPU 3 is undrained.
+  gpus[2].ecc_uncorrected = 0;
+  WriteFakeGpus(gpu_file, gpus);
+  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return RunningAt(r, 3, 0); }, kRunLimit, &run))
+      << Describe(run) << h.DaemonLog();
+  ASSERT_TRUE(Undrain(h, "gpu:3", &slot).ok());
+  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return RunningAt(r, 4, 0); }, kRunLimit, &run))
+      << Describe(run) << h.DaemonLog();
+  ASSERT_TRUE(h.WaitForEnd(id, kRunLimit, &run));
+  EXPECT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  const std::vector<v1::RunEvent> events = h.History(id);
+  const std::vector<std::string> resizes = ResizeLines(events);
+  ASSERT_GE(resizes.size(), 2u) << Describe(events);
+  EXPECT_THAT(resizes[0], HasSubstr("world size 4 \u2192 3: slot gpu:2 drained (GPU 2 "));
+  EXPECT_THAT(resizes.back(), HasSubstr("\u2192 4: slot gpu:3 is free again"));
+  bool offered = false;
+  for (const v1::RunEvent& e : EventsOfKind(events, v1::EVENT_KIND_GPU)) {
+    offered = offered || e.reason().find("slot gpu:2 offered again: GPU 2 is healthy again") !=
+                             std::string::npos;
+  }
+  EXPECT_TRUE(offered) << Describe(events);
+}
+
+#endif
+
+}  // namespace
+}  // namespace trainsup::integration
