@@ -367,10 +367,10 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
   if (spec.cluster.present) {
     const int64_t min_world = spec.cluster.min_nodes * spec.cluster.ranks_per_node;
     if (min_world_size_given && spec.min_world_size != min_world) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("min_world_size: ", spec.min_world_size, " but the [cluster] table makes ",
-                       spec.cluster.min_nodes, " nodes x ", spec.cluster.ranks_per_node,
-                       " ranks = ", min_world, " (min_nodes); drop min_world_size or make them agree"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "min_world_size: ", spec.min_world_size, " but the [cluster] table makes ",
+          spec.cluster.min_nodes, " nodes x ", spec.cluster.ranks_per_node, " ranks = ", min_world,
+          " (min_nodes); drop min_world_size or make them agree"));
     }
     spec.min_world_size = min_world;
   }
@@ -422,11 +422,10 @@ absl::Status CheckGangSize(const RunSpec& spec, int64_t world) {
   if (world >= spec.min_world_size && world <= spec.world_size) return absl::OkStatus();
   return absl::InvalidArgumentError(
       spec.min_world_size == spec.world_size
-          ? absl::StrCat("a gang of ", world, " ranks, but the spec says world_size = ",
-                         spec.world_size)
-          : absl::StrCat("a gang of ", world, " ranks, but the spec allows ",
-                         spec.min_world_size, " (min_world_size) to ", spec.world_size,
-                         " (world_size)"));
+          ? absl::StrCat("a gang of ", world,
+                         " ranks, but the spec says world_size = ", spec.world_size)
+          : absl::StrCat("a gang of ", world, " ranks, but the spec allows ", spec.min_world_size,
+                         " (min_world_size) to ", spec.world_size, " (world_size)"));
 }
 
 std::string FormatStepWindows(const std::vector<StepWindow>& windows) {

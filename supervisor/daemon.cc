@@ -349,9 +349,10 @@ absl::Status DaemonImpl::LoadDrains(StateStore& store) {
       found = true;
     }
     if (!found) {
-      log_->warn("a drain of {} is stored, but no slot of this node is {} (kept: trainctl undrain "
-                 "cannot reach it; it applies again if the slot comes back)",
-                 d.slot, d.slot);
+      log_->warn(
+          "a drain of {} is stored, but no slot of this node is {} (kept: trainctl undrain "
+          "cannot reach it; it applies again if the slot comes back)",
+          d.slot, d.slot);
     }
   }
   return absl::OkStatus();
@@ -440,7 +441,25 @@ void DaemonImpl::Schedule() {
     if (std::optional<QueuedRun> q = u->Queued()) queue.push_back(*q);
   }
   if (queue.empty()) return;
-  for (const Placement& p : supervisor::Schedule(queue, slots_->Views(), env_->NowS())) {
+  const std::vector<Placement> placements =
+      supervisor::Schedule(queue, slots_->Views(), env_->NowS());
+  // A run whose smallest gang needs more slots than are usable (drains)
+  // says so in its reason.
+  std::vector<std::string> drained;
+  for (const Slot& s : slots_->slots()) {
+    if (s.drain) drained.push_back(absl::StrCat(s.name, " drained (", s.drain->reason, ")"));
+  }
+  const int usable = static_cast<int>(slots_->slots().size() - drained.size());
+  for (const QueuedRun& q : queue) {
+    const int least =
+        q.min_world_size >= 1 ? std::min(q.world_size, q.min_world_size) : q.world_size;
+    if (drained.empty() || least <= usable) continue;
+    if (RunUnit* u = Find(q.run_id)) {
+      u->NoteWaiting(absl::StrCat("waiting for ", least, least == 1 ? " slot" : " slots", ": ",
+                                  usable, " usable; ", absl::StrJoin(drained, ", ")));
+    }
+  }
+  for (const Placement& p : placements) {
     RunUnit* u = Find(p.run_id);
     if (u == nullptr) continue;
     std::vector<std::string> gpus;

@@ -240,8 +240,8 @@ void DaemonImpl::Drain(const v1::DrainSlotRequest& req,
   asio::post(io_, [this, req, done] {
     const int index = slots_->Find(req.slot());
     if (index < 0) {
-      return done(absl::NotFoundError(absl::StrCat("no slot ", req.slot(), " on this node (",
-                                                   SlotNames(), ")")));
+      return done(absl::NotFoundError(
+          absl::StrCat("no slot ", req.slot(), " on this node (", SlotNames(), ")")));
     }
     StoredDrain stored{slots_->DrainKey(index), req.reason(), env_->WallMs()};
     // Stored first: a drain the daemon forgets on restart would put ranks
@@ -250,7 +250,8 @@ void DaemonImpl::Drain(const v1::DrainSlotRequest& req,
       absl::Status s = st.SetDrain(stored);
       asio::post(io_, [this, s, stored, index, done] {
         if (!s.ok()) {
-          return done(absl::Status(s.code(), absl::StrCat("cannot store the drain: ", s.message())));
+          return done(
+              absl::Status(s.code(), absl::StrCat("cannot store the drain: ", s.message())));
         }
         slots_->Drain(index, SlotDrain{stored.reason, kDrainOperator, stored.drained_ms});
         OnSlotDrained(slots_->slots()[index]);
@@ -267,23 +268,19 @@ void DaemonImpl::Undrain(const v1::UndrainSlotRequest& req,
   asio::post(io_, [this, req, done] {
     const int index = slots_->Find(req.slot());
     if (index < 0) {
-      return done(absl::NotFoundError(absl::StrCat("no slot ", req.slot(), " on this node (",
-                                                   SlotNames(), ")")));
+      return done(absl::NotFoundError(
+          absl::StrCat("no slot ", req.slot(), " on this node (", SlotNames(), ")")));
     }
-    const Slot& slot = slots_->slots()[index];
-    if (!slot.drain || slot.drain->source != kDrainOperator) {
-      return done(absl::FailedPreconditionError(
-          slot.drain ? absl::StrCat("slot ", slot.name, " is drained by trainsupd (",
-                                    slot.drain->source, ": ", slot.drain->reason,
-                                    "); it is offered again when that clears")
-                     : absl::StrCat("slot ", slot.name, " is not drained")));
+    if (std::string refusal = slots_->UndrainRefusal(index); !refusal.empty()) {
+      return done(absl::FailedPreconditionError(refusal));
     }
     const std::string key = slots_->DrainKey(index);
     store_->Write([this, key, index, done](StateStore& st) {
       absl::Status s = st.ClearDrain(key);
       asio::post(io_, [this, s, index, done] {
         if (!s.ok()) {
-          return done(absl::Status(s.code(), absl::StrCat("cannot store the undrain: ", s.message())));
+          return done(
+              absl::Status(s.code(), absl::StrCat("cannot store the undrain: ", s.message())));
         }
         const Slot before = slots_->slots()[index];
         slots_->Undrain(index);

@@ -308,7 +308,8 @@ void Metrics::RemoveRun(const std::string& run_id) {
   RemoveSeries(impl_->nonfinite_steps, {{"run", run_id}});
   RemoveSeries(impl_->spike_steps, {{"run", run_id}});
   RemoveSeries(impl_->rollbacks, {{"run", run_id}});
-  for (const char* d : {"shrink", "grow"}) RemoveSeries(impl_->resizes, {{"run", run_id}, {"direction", d}});
+  for (const char* d : {"shrink", "grow"})
+    RemoveSeries(impl_->resizes, {{"run", run_id}, {"direction", d}});
   RemoveSeries(impl_->run_world_size, {{"run", run_id}});
   const auto run = impl_->workers.find(run_id);
   if (run == impl_->workers.end()) return;

@@ -569,9 +569,9 @@ std::optional<TrainerResult> Trainer::TrainOneStep(TrainerResult* result) {
     // same at every world size (docs/distributed.md, "Elastic").
     std::string line = absl::StrCat("samples of step ", next, " (epoch ", batch->epoch, "):");
     for (int64_t index : batch->samples) {
-      absl::StrAppendFormat(&line, " %d:%016x", index,
-                            AugmentSeed(static_cast<uint64_t>(spec_.train.seed), batch->epoch,
-                                        index));
+      absl::StrAppendFormat(
+          &line, " %d:%016x", index,
+          AugmentSeed(static_cast<uint64_t>(spec_.train.seed), batch->epoch, index));
     }
     Log(line);
   }

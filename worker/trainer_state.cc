@@ -16,12 +16,9 @@ namespace trainsup::worker::internal {
 
 // What a rank sends rank 0 for the checkpoint (GangState merges them).
 nlohmann::json Trainer::RankState() const {
-  return {{"rank", options_.rank},
-          {"memory_model", memory_model_.Serialize()},
-          {"counters", counters_.ToJson()},
-          {"last_loss", last_loss_},
-          {"guard", guard_.ToJson()},
-          {"class_counts", class_counts_}};
+  return {{"rank", options_.rank},          {"memory_model", memory_model_.Serialize()},
+          {"counters", counters_.ToJson()}, {"last_loss", last_loss_},
+          {"guard", guard_.ToJson()},       {"class_counts", class_counts_}};
 }
 
 absl::StatusOr<nlohmann::json> Trainer::ResumableGangState(const nlohmann::json& extra) {
@@ -29,9 +26,9 @@ absl::StatusOr<nlohmann::json> Trainer::ResumableGangState(const nlohmann::json&
   if (extra.value("format", std::string()) == kGangStateFormat) {
     const int64_t written = extra.value("global_batch", int64_t{0});
     if (written != GlobalBatch(spec_)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "written with a global batch of ", written, " scenes; this run's is ",
-          GlobalBatch(spec_), " (world_size x train.batch_size)"));
+      return absl::InvalidArgumentError(absl::StrCat("written with a global batch of ", written,
+                                                     " scenes; this run's is ", GlobalBatch(spec_),
+                                                     " (world_size x train.batch_size)"));
     }
     return extra;
   }
@@ -49,10 +46,10 @@ absl::StatusOr<nlohmann::json> Trainer::ResumableGangState(const nlohmann::json&
     ranks.push_back(extra);
   }
   if (written_by != spec_.world_size || static_cast<int64_t>(ranks.size()) != written_by) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "written by a gang of ", written_by, " rank", written_by == 1 ? "" : "s",
-        " before elastic gangs, with ", ranks.size(), " rank states; this run's world_size is ",
-        spec_.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("written by a gang of ", written_by, " rank", written_by == 1 ? "" : "s",
+                     " before elastic gangs, with ", ranks.size(),
+                     " rank states; this run's world_size is ", spec_.world_size));
   }
   for (const nlohmann::json& r : ranks) {
     if (!r.is_object() || !r.contains("counters") || !r.contains("class_counts")) {
@@ -274,8 +271,8 @@ absl::Status Trainer::Resume() {
   nlohmann::json extra = nlohmann::json::parse(state.extra_json, nullptr, false);
   absl::StatusOr<nlohmann::json> gang = ResumableGangState(extra);
   if (!gang.ok()) {
-    return absl::Status(gang.status().code(),
-                        absl::StrCat("checkpoint step-", chosen->step, ": ", gang.status().message()));
+    return absl::Status(gang.status().code(), absl::StrCat("checkpoint step-", chosen->step, ": ",
+                                                           gang.status().message()));
   }
   absl::Status applied = ApplyGangState(*gang);
   if (!applied.ok()) {

@@ -350,7 +350,8 @@ int DrainOrUndrain(const Client& client, bool drain, const std::string& slot,
   if (!status.ok()) return client.Fail(status);
   if (o.json()) return PrintJson(out);
   std::cout << out.name() << " " << ToString(out.state());
-  if (!out.run_id().empty()) std::cout << " (rank " << out.rank() << " of " << out.run_id() << " is being stopped)";
+  if (!out.run_id().empty())
+    std::cout << " (rank " << out.rank() << " of " << out.run_id() << " is being stopped)";
   std::cout << "\n";
   return kExitOk;
 }

@@ -11,8 +11,8 @@ namespace trainsup::supervisor {
 
 struct SlotView {
   int index = 0;
-  bool free = false;    // idle and healthy: not busy, releasing, stranded or drained
-  bool usable = true;   // not drained: free, or will be once its rank ends
+  bool free = false;   // idle and healthy: not busy, releasing, stranded or drained
+  bool usable = true;  // not drained: free, or will be once its rank ends
 };
 
 struct QueuedRun {

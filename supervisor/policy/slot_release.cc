@@ -13,7 +13,21 @@ std::string GpuHealthProblem(const GpuInfo& gpu) {
     return absl::StrCat("uncorrectable ECC errors (", gpu.ecc_uncorrected, ")");
   }
   if (gpu.retired_pages_pending) return "page retirement pending";
-  static constexpr int kResetXids[] = {48, 63, 64, 74, 79, 92, 94, 95, 119, 120};
+  // The Xids after which NVIDIA's Xid catalog says to reset the GPU (or
+  // to drain it until one); the others (13 graphics engine exception, 31
+  // memory page fault, 43 stopped channel, ...) are the application's.
+  static constexpr int kResetXids[] = {
+      48,   // double-bit ECC error
+      63,   // page retirement or row remapping recorded: takes effect at a reset
+      64,   // page retirement or row remapping failed
+      74,   // NVLink error
+      79,   // fallen off the bus
+      92,   // high single-bit ECC error rate
+      94,   // contained ECC error: reset when convenient
+      95,   // uncontained ECC error: every context on the GPU is lost
+      119,  // GSP RPC timeout
+      120,  // GSP error
+  };
   for (int xid : gpu.xids) {
     for (int reset : kResetXids) {
       if (xid == reset) return absl::StrCat("Xid ", xid, " (needs a GPU reset)");

@@ -27,7 +27,7 @@ struct GpuInfo {
   // the GPU fell off the bus (NVML_ERROR_GPU_IS_LOST); uncorrectable ECC
   // errors since the driver loaded (volatile count); pages waiting to be
   // retired, or rows to be remapped, at the next reset; the Xid events
-  // seen since the previous query.
+  // seen since the previous query (the fake GPU file: those it lists).
   bool lost = false;
   int64_t ecc_uncorrected = 0;
   bool retired_pages_pending = false;

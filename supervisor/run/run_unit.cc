@@ -74,38 +74,6 @@ bool RunUnit::AnyAlive() const {
   return false;
 }
 
-std::optional<QueuedRun> RunUnit::Queued() const {
-  const v1::RunState s = run_.state();
-  if (s != v1::RUN_STATE_PENDING && s != v1::RUN_STATE_RESTARTING) return std::nullopt;
-  if (preparing_ || launching_ || joining_ || cancel_ || waiting_for_space_ || write_in_flight_ ||
-      !writes_.empty() || AnyAlive()) {
-    return std::nullopt;
-  }
-  QueuedRun q{id(),         run_.priority(), seq_,
-              LocalRanks(), not_before_s_,   Clustered() ? spec_.cluster.job : std::string()};
-  if (!Clustered()) {
-    q.min_world_size = static_cast<int>(spec_.min_world_size);
-    q.shrink_at_s = std::max(not_before_s_, queued_since_s_) + spec_.elastic.wait_s;
-  }
-  return q;
-}
-
-int RunUnit::running_world_size() const {
-  if (run_.state() != v1::RUN_STATE_RUNNING && run_.state() != v1::RUN_STATE_STARTING) return 0;
-  return attempt_.world_size() > 0 ? attempt_.world_size() : static_cast<int>(ranks_.size());
-}
-
-void RunUnit::Resize(const std::string& reason) {
-  if (IsTerminal(run_.state()) || cancel_ || shutdown_stop_) return;
-  resize_reason_ = reason;
-  if (!AnyAlive() || resize_stop_) return;
-  resize_stop_ = true;
-  Log(LogLevel::kInfo, absl::StrCat("resizing the gang: ", reason));
-  for (RankState& r : ranks_) {
-    if (r.alive) StopRank(r, ExitClass::kStopped, "resizing the gang: " + reason, true);
-  }
-}
-
 // --- persistence ---------------------------------------------------------------------
 
 void RunUnit::Persist(StoreBatch batch, std::function<void(const StoreBatch&)> then) {
@@ -436,18 +404,7 @@ void RunUnit::StartAttempt(ResumeChoice c, int64_t generation) {
   for (const std::string& note : c.notes) {
     b.events.push_back(Event(v1::EVENT_KIND_CHECKPOINT, -1, note));
   }
-  // The gang's size changed since the last attempt (docs/distributed.md,
-  // "Elastic"): say so, and why.
-  if (previous > 0 && previous != world) {
-    std::string why = resize_reason_;
-    if (why.empty()) {
-      why = world < previous ? "fewer slots were free" : "slots came back";
-    }
-    b.events.push_back(Event(v1::EVENT_KIND_RESIZE, -1,
-                             absl::StrCat("world size ", previous, " \u2192 ", world, ": ", why)));
-    env_.host->CountResize(id(), world > previous ? "grow" : "shrink");
-  }
-  resize_reason_.clear();
+  AddResizeEvent(b, previous, world);
   v1::RunEvent started = Event(v1::EVENT_KIND_ATTEMPT_STARTED, -1,
                                c.step >= 0 ? absl::StrCat("resumed from ", c.dir) : "from scratch");
   started.set_checkpoint_step(c.step);

@@ -125,6 +125,9 @@ class RunUnit {
   // The ranks of the current attempt's gang while it runs (0 when none
   // runs): below the spec's world_size when an elastic gang runs smaller.
   int running_world_size() const;
+  // A queued run that cannot be placed says why (its reason, with a STATE
+  // event when it changes).
+  void NoteWaiting(const std::string& why);
 
   // Placed on `slots` (rank i on slots[i], already marked busy; gpus[i] its
   // CUDA_VISIBLE_DEVICES): chooses the checkpoint (off the loop), stores the
@@ -220,6 +223,9 @@ class RunUnit {
   // does not see the job's shared store yet): the slots go back and the
   // run prepares again after a backoff, saying `why`.
   void PrepareAgainLater(const std::string& why);
+  // The gang's size changed since the last attempt (`previous` ranks, 0:
+  // none or unknown, now `world`): a RESIZE event saying why, into `b`.
+  void AddResizeEvent(StoreBatch& b, int previous, int world);
   // A multi-node run's attempt belongs to job generation `generation`.
   void StartAttempt(ResumeChoice choice, int64_t generation = 0);
   void LaunchRanks();

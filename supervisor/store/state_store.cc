@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -94,6 +95,34 @@ namespace {
 // runs.rollbacks and runs.skip_windows, version 5 attempts.world_size and
 // the drains table; Initialize migrates them). A later version adds a migration
 // from each older one in Initialize and bumps kSchemaVersion; nothing is ever renumbered.
+// Each version's changes from the one before (nothing is ever renumbered;
+// a new version appends its row).
+struct Migration {
+  int64_t to;
+  std::vector<const char*> sql;
+};
+const std::vector<Migration>& Migrations() {
+  static const std::vector<Migration> kMigrations = {
+      // attempts.stop_requested.
+      {2, {"ALTER TABLE attempts ADD COLUMN stop_requested INTEGER NOT NULL DEFAULT 0"}},
+      // attempts.generation (multi-node runs).
+      {3, {"ALTER TABLE attempts ADD COLUMN generation INTEGER NOT NULL DEFAULT 0"}},
+      // runs.cluster_submission (a multi-node job's identity).
+      {4, {"ALTER TABLE runs ADD COLUMN cluster_submission TEXT NOT NULL DEFAULT ''"}},
+      // runs.rollbacks and runs.skip_windows (the guard's rollbacks, docs/guard.md).
+      {5,
+       {"ALTER TABLE runs ADD COLUMN rollbacks INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE runs ADD COLUMN skip_windows BLOB"}},
+      // attempts.world_size and the operators' drains (elastic gangs,
+      // docs/distributed.md).
+      {6,
+       {"ALTER TABLE attempts ADD COLUMN world_size INTEGER NOT NULL DEFAULT 0",
+        "CREATE TABLE drains (slot TEXT PRIMARY KEY NOT NULL, reason TEXT NOT NULL DEFAULT '',"
+        " drained_ms INTEGER NOT NULL DEFAULT 0)"}},
+  };
+  return kMigrations;
+}
+
 constexpr char kSchema[] = R"sql(
 CREATE TABLE runs (
   run_id          TEXT PRIMARY KEY NOT NULL,
@@ -251,6 +280,19 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
   return store;
 }
 
+absl::Status StateStore::Migrate(int64_t from) {
+  for (const Migration& m : Migrations()) {
+    if (m.to <= from) continue;
+    for (const char* sql : m.sql) {
+      if (absl::Status s = Exec(sql, absl::StrCat("migrating the schema from version ", from));
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StateStore::Initialize() {
   if (absl::Status s = Exec("PRAGMA synchronous = FULL", "setting synchronous"); !s.ok()) return s;
   if (absl::Status s = Exec("PRAGMA foreign_keys = ON", "setting foreign_keys"); !s.ok()) return s;
@@ -290,59 +332,7 @@ absl::Status StateStore::Initialize() {
       }
       if (version < 1) return absl::DataLossError(absl::StrCat("bad schema_version ", version));
       if (version == kSchemaVersion) return absl::OkStatus();
-      if (version < 2) {
-        // 1 -> 2: attempts.stop_requested.
-        if (absl::Status s = Exec("ALTER TABLE attempts ADD COLUMN stop_requested INTEGER NOT NULL"
-                                  " DEFAULT 0",
-                                  "migrating the schema from version 1");
-            !s.ok()) {
-          return s;
-        }
-      }
-      if (version < 3) {
-        // 2 -> 3: attempts.generation (multi-node runs).
-        if (absl::Status s = Exec("ALTER TABLE attempts ADD COLUMN generation INTEGER NOT NULL"
-                                  " DEFAULT 0",
-                                  absl::StrCat("migrating the schema from version ", version));
-            !s.ok()) {
-          return s;
-        }
-      }
-      if (version < 4) {
-        // 3 -> 4: runs.cluster_submission (a multi-node job's identity).
-        if (absl::Status s = Exec("ALTER TABLE runs ADD COLUMN cluster_submission TEXT NOT NULL"
-                                  " DEFAULT ''",
-                                  absl::StrCat("migrating the schema from version ", version));
-            !s.ok()) {
-          return s;
-        }
-      }
-      if (version < 5) {
-        // 4 -> 5: runs.rollbacks and runs.skip_windows (the guard's
-        // rollbacks, docs/guard.md).
-        for (const char* sql : {"ALTER TABLE runs ADD COLUMN rollbacks INTEGER NOT NULL DEFAULT 0",
-                                "ALTER TABLE runs ADD COLUMN skip_windows BLOB"}) {
-          if (absl::Status s =
-                  Exec(sql, absl::StrCat("migrating the schema from version ", version));
-              !s.ok()) {
-            return s;
-          }
-        }
-      }
-      if (version < 6) {
-        // 5 -> 6: attempts.world_size and the operators' drains (elastic
-        // gangs, docs/distributed.md).
-        for (const char* sql :
-             {"ALTER TABLE attempts ADD COLUMN world_size INTEGER NOT NULL DEFAULT 0",
-              "CREATE TABLE drains (slot TEXT PRIMARY KEY NOT NULL, reason TEXT NOT NULL DEFAULT"
-              " '', drained_ms INTEGER NOT NULL DEFAULT 0)"}) {
-          if (absl::Status s =
-                  Exec(sql, absl::StrCat("migrating the schema from version ", version));
-              !s.ok()) {
-            return s;
-          }
-        }
-      }
+      if (absl::Status s = Migrate(version); !s.ok()) return s;
       absl::StatusOr<Query> q =
           Prepare("UPDATE meta SET value = ?1 WHERE key = 'schema_version'", op);
       if (!q.ok()) return q.status();

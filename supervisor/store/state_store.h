@@ -185,6 +185,9 @@ class StateStore {
 
   // Pragmas, then the schema created or checked.
   absl::Status Initialize();
+  // Brings a store of schema version `from` to kSchemaVersion (inside
+  // Initialize's transaction).
+  absl::Status Migrate(int64_t from);
   // The statement for `sql`, prepared once and cached, ready to bind;
   // errors are reported as those of operation `op`.
   absl::StatusOr<Query> Prepare(const char* sql, const std::string& op);

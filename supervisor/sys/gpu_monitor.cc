@@ -39,12 +39,16 @@ struct nvmlProcessInfo_t {
 // Health (nvml.h): nvmlDeviceGetTotalEccErrors(device, errorType,
 // counterType, &count), NVML_MEMORY_ERROR_TYPE_UNCORRECTED and
 // NVML_VOLATILE_ECC; NVML_ERROR_NOT_SUPPORTED where a GPU has no ECC;
-// NVML_ERROR_GPU_IS_LOST once it fell off the bus. Xid events through an
-// event set (nvmlEventTypeXidCriticalError; eventData is the Xid).
+// NVML_ERROR_GPU_IS_LOST once it fell off the bus;
+// nvmlDeviceGetRetiredPagesPendingStatus gives an nvmlEnableState_t. Xid
+// events through an event set (nvmlEventTypeXidCriticalError; eventData is
+// the Xid), read with nvmlEventSetWait_v2, whose nvmlEventData_t has the
+// MIG instance ids (the unversioned wait has a shorter struct).
 constexpr nvmlReturn_t kNvmlNotSupported = 3;
 constexpr nvmlReturn_t kNvmlGpuIsLost = 15;
 constexpr int kNvmlMemoryErrorUncorrected = 1;
 constexpr int kNvmlVolatileEcc = 0;
+constexpr int kNvmlFeatureEnabled = 1;
 constexpr unsigned long long kNvmlEventTypeXidCriticalError = 0x8ULL;
 using nvmlEventSet_t = struct nvmlEventSet_st*;
 struct nvmlEventData_t {
@@ -100,104 +104,136 @@ class NvmlMonitor final : public GpuMonitor {
     unsigned count = 0;
     if (nvmlReturn_t r = get_count_(&count); r != kNvmlSuccess)
       return Error("nvmlDeviceGetCount", r);
-    std::vector<GpuInfo> gpus;
-    // The handles of the GPUs not lost, with their place in `gpus`.
+    std::vector<GpuInfo> gpus(count);
+    // The GPUs NVML gave a handle for, with their index (= place in `gpus`).
     std::vector<std::pair<nvmlDevice_t, size_t>> devices;
     for (unsigned i = 0; i < count; ++i) {
-      nvmlDevice_t device;
-      GpuInfo gpu;
+      GpuInfo& gpu = gpus[i];
       gpu.index = static_cast<int>(i);
+      nvmlDevice_t device = nullptr;
       if (nvmlReturn_t r = get_handle_(i, &device); r != kNvmlSuccess) {
-        if (r == kNvmlGpuIsLost) {
-          // Listed, so that its slot keeps its index and is drained.
-          gpu.lost = true;
-          gpu.name = "lost";
-          gpus.push_back(std::move(gpu));
-          continue;
+        if (r != kNvmlGpuIsLost) {
+          return Error(absl::StrCat("nvmlDeviceGetHandleByIndex(", i, ")"), r);
         }
-        return Error(absl::StrCat("nvmlDeviceGetHandleByIndex(", i, ")"), r);
+        MarkLost(&gpu);
+        continue;
       }
-      char text[std::max(kNvmlNameBufferSize, kNvmlUuidBufferSize)] = {};
-      if (nvmlReturn_t r = get_name_(device, text, kNvmlNameBufferSize); r != kNvmlSuccess) {
-        return Error("nvmlDeviceGetName", r);
-      }
-      gpu.name = text;
-      if (nvmlReturn_t r = get_uuid_(device, text, kNvmlUuidBufferSize); r != kNvmlSuccess) {
-        return Error("nvmlDeviceGetUUID", r);
-      }
-      gpu.uuid = text;
-      nvmlMemory_t memory;
-      if (nvmlReturn_t r = get_memory_(device, &memory); r != kNvmlSuccess) {
-        return Error("nvmlDeviceGetMemoryInfo", r);
-      }
-      gpu.memory_total = static_cast<int64_t>(memory.total);
-      gpu.memory_used = static_cast<int64_t>(memory.used);
-      absl::StatusOr<std::vector<int>> pids =
-          get_processes_v3_ != nullptr
-              ? ComputePids<nvmlProcessInfo_t>(get_processes_v3_, device)
-              : ComputePids<nvmlProcessInfo_v1_t>(get_processes_v1_, device);
-      if (!pids.ok()) return pids.status();
-      gpu.compute_pids = *std::move(pids);
-      ReadHealth(device, &gpu);
-      devices.emplace_back(device, gpus.size());
-      gpus.push_back(std::move(gpu));
+      if (absl::Status s = ReadGpu(device, &gpu); !s.ok()) return s;
+      if (!gpu.lost) ReadHealth(device, &gpu);
+      devices.emplace_back(device, i);
     }
     ReadXids(devices, &gpus);
     return gpus;
   }
 
  private:
-  // The GPU's health facts; a failure is noted in the GPU (health_error)
-  // and never fails the query.
+  // A GPU that fell off the bus is still listed, so that its slot keeps
+  // its index and is drained.
+  static void MarkLost(GpuInfo* gpu) {
+    gpu->lost = true;
+    if (gpu->name.empty()) gpu->name = "lost";
+  }
+
+  static void AddHealthError(GpuInfo* gpu, const std::string& error) {
+    gpu->health_error = gpu->health_error.empty() ? error : gpu->health_error + "; " + error;
+  }
+
+  // Name, uuid, memory and compute pids. A GPU lost meanwhile
+  // (NVML_ERROR_GPU_IS_LOST) is marked lost and keeps what was read; any
+  // other error fails the query.
+  absl::Status ReadGpu(nvmlDevice_t device, GpuInfo* gpu) const {
+    char text[std::max(kNvmlNameBufferSize, kNvmlUuidBufferSize)] = {};
+    const char* call = "nvmlDeviceGetName";
+    nvmlReturn_t r = get_name_(device, text, kNvmlNameBufferSize);
+    if (r == kNvmlSuccess) {
+      gpu->name = text;
+      call = "nvmlDeviceGetUUID";
+      r = get_uuid_(device, text, kNvmlUuidBufferSize);
+    }
+    nvmlMemory_t memory{};
+    if (r == kNvmlSuccess) {
+      gpu->uuid = text;
+      call = "nvmlDeviceGetMemoryInfo";
+      r = get_memory_(device, &memory);
+    }
+    if (r == kNvmlSuccess) {
+      gpu->memory_total = static_cast<int64_t>(memory.total);
+      gpu->memory_used = static_cast<int64_t>(memory.used);
+      call = "nvmlDeviceGetComputeRunningProcesses";
+      r = get_processes_v3_ != nullptr
+              ? ComputePids<nvmlProcessInfo_t>(get_processes_v3_, device, &gpu->compute_pids)
+              : ComputePids<nvmlProcessInfo_v1_t>(get_processes_v1_, device, &gpu->compute_pids);
+    }
+    if (r == kNvmlSuccess) return absl::OkStatus();
+    if (r == kNvmlGpuIsLost) {
+      MarkLost(gpu);
+      return absl::OkStatus();
+    }
+    return Error(call, r);
+  }
+
+  // The GPU's health facts, each where the driver has the call. A failure
+  // is noted in the GPU (health_error) and never fails the query; an
+  // unsupported fact (no ECC, no row remapping) is simply not there.
   void ReadHealth(nvmlDevice_t device, GpuInfo* gpu) const {
-    std::vector<std::string> errors;
-    auto note = [&](const char* call, nvmlReturn_t r) {
-      if (r == kNvmlGpuIsLost) gpu->lost = true;
-      if (r != kNvmlSuccess && r != kNvmlNotSupported) errors.push_back(Error(call, r).message().data());
+    const auto note = [&](const char* call, nvmlReturn_t r) {
+      if (r == kNvmlGpuIsLost) {
+        MarkLost(gpu);
+      } else if (r != kNvmlSuccess && r != kNvmlNotSupported) {
+        AddHealthError(gpu, std::string(Error(call, r).message()));
+      }
     };
     if (get_ecc_ != nullptr) {
       unsigned long long count = 0;
-      const nvmlReturn_t r = get_ecc_(device, kNvmlMemoryErrorUncorrected, kNvmlVolatileEcc, &count);
-      if (r == kNvmlSuccess) gpu->ecc_uncorrected = static_cast<int64_t>(count);
+      const nvmlReturn_t r =
+          get_ecc_(device, kNvmlMemoryErrorUncorrected, kNvmlVolatileEcc, &count);
       note("nvmlDeviceGetTotalEccErrors", r);
+      if (r == kNvmlSuccess) gpu->ecc_uncorrected = static_cast<int64_t>(count);
     }
     if (get_pages_pending_ != nullptr) {
       int state = 0;  // nvmlEnableState_t
       const nvmlReturn_t r = get_pages_pending_(device, &state);
-      if (r == kNvmlSuccess && state == 1) gpu->retired_pages_pending = true;
       note("nvmlDeviceGetRetiredPagesPendingStatus", r);
+      if (r == kNvmlSuccess && state == kNvmlFeatureEnabled) gpu->retired_pages_pending = true;
     }
     if (get_remapped_rows_ != nullptr) {
-      unsigned corrected = 0, uncorrected = 0, pending = 0, failed = 0;
-      const nvmlReturn_t r = get_remapped_rows_(device, &corrected, &uncorrected, &pending, &failed);
-      if (r == kNvmlSuccess && (pending != 0 || failed != 0)) gpu->retired_pages_pending = true;
+      unsigned corrected = 0, uncorrected = 0, pending = 0, failure = 0;
+      const nvmlReturn_t r =
+          get_remapped_rows_(device, &corrected, &uncorrected, &pending, &failure);
       note("nvmlDeviceGetRemappedRows", r);
+      if (r == kNvmlSuccess && (pending != 0 || failure != 0)) gpu->retired_pages_pending = true;
     }
-    gpu->health_error = absl::StrJoin(errors, "; ");
   }
 
   // The Xid events since the last query, into the GPUs they happened on.
-  // The event set is made (and the devices registered) on the first call.
+  // The event set is made on the first query, and each GPU registered the
+  // first time it is seen (a registration that fails is not retried).
   void ReadXids(const std::vector<std::pair<nvmlDevice_t, size_t>>& devices,
                 std::vector<GpuInfo>* gpus) {
     if (event_set_create_ == nullptr || register_events_ == nullptr || event_set_wait_ == nullptr) {
       return;
     }
-    if (events_ == nullptr) {
-      if (event_set_create_(&events_) != kNvmlSuccess) {
-        events_ = nullptr;
-        return;
-      }
-      for (const auto& [d, place] : devices) {
-        register_events_(d, kNvmlEventTypeXidCriticalError, events_);
+    if (events_ == nullptr && event_set_create_(&events_) != kNvmlSuccess) {
+      events_ = nullptr;
+      return;
+    }
+    for (const auto& [device, place] : devices) {
+      if (std::find(registered_.begin(), registered_.end(), device) != registered_.end()) continue;
+      registered_.push_back(device);
+      const nvmlReturn_t r = register_events_(device, kNvmlEventTypeXidCriticalError, events_);
+      if (r != kNvmlSuccess && r != kNvmlNotSupported && r != kNvmlGpuIsLost) {
+        AddHealthError(&(*gpus)[place],
+                       std::string(Error("nvmlDeviceRegisterEvents", r).message()));
       }
     }
-    for (int i = 0; i < 256; ++i) {  // bounded: a storm of events waits for the next query
+    // Bounded: a storm of events waits for the next query. Any return but
+    // success (NVML_ERROR_TIMEOUT: none left) ends the drain.
+    for (int i = 0; i < 256; ++i) {
       nvmlEventData_t data{};
-      if (event_set_wait_(events_, &data, 0) != kNvmlSuccess) break;  // NVML_ERROR_TIMEOUT: none
-      if (data.eventType != kNvmlEventTypeXidCriticalError) continue;
-      for (const auto& [d, place] : devices) {
-        if (d == data.device) (*gpus)[place].xids.push_back(static_cast<int>(data.eventData));
+      if (event_set_wait_(events_, &data, 0) != kNvmlSuccess) break;
+      if ((data.eventType & kNvmlEventTypeXidCriticalError) == 0) continue;
+      for (const auto& [device, place] : devices) {
+        if (device == data.device) (*gpus)[place].xids.push_back(static_cast<int>(data.eventData));
       }
     }
   }
@@ -215,10 +251,11 @@ class NvmlMonitor final : public GpuMonitor {
   }
 
   // The list grows between the sizing call and the real one when processes
-  // start, so retry while NVML says the buffer is too small.
+  // start, so retry while NVML says the buffer is too small (and give up
+  // with NVML_ERROR_INSUFFICIENT_SIZE if it keeps growing).
   template <typename Info>
-  absl::StatusOr<std::vector<int>> ComputePids(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned*, Info*),
-                                               nvmlDevice_t device) const {
+  nvmlReturn_t ComputePids(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned*, Info*), nvmlDevice_t device,
+                           std::vector<int>* pids) const {
     std::vector<Info> infos(16);
     for (int attempt = 0; attempt < 8; ++attempt) {
       unsigned count = static_cast<unsigned>(infos.size());
@@ -227,14 +264,15 @@ class NvmlMonitor final : public GpuMonitor {
         infos.resize(std::max<size_t>(count, infos.size()) * 2);
         continue;
       }
-      if (r != kNvmlSuccess) return Error("nvmlDeviceGetComputeRunningProcesses", r);
-      std::vector<int> pids;
-      for (unsigned k = 0; k < count; ++k) pids.push_back(static_cast<int>(infos[k].pid));
-      std::sort(pids.begin(), pids.end());
-      pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
-      return pids;
+      if (r != kNvmlSuccess) return r;
+      count = std::min(count, static_cast<unsigned>(infos.size()));
+      pids->clear();
+      for (unsigned k = 0; k < count; ++k) pids->push_back(static_cast<int>(infos[k].pid));
+      std::sort(pids->begin(), pids->end());
+      pids->erase(std::unique(pids->begin(), pids->end()), pids->end());
+      return kNvmlSuccess;
     }
-    return absl::UnavailableError("nvmlDeviceGetComputeRunningProcesses: list keeps growing");
+    return kNvmlInsufficientSize;
   }
 
   void* handle_ = nullptr;
@@ -258,6 +296,7 @@ class NvmlMonitor final : public GpuMonitor {
   nvmlReturn_t (*event_set_wait_)(nvmlEventSet_t, nvmlEventData_t*, unsigned) = nullptr;
   nvmlReturn_t (*event_set_free_)(nvmlEventSet_t) = nullptr;
   nvmlEventSet_t events_ = nullptr;
+  std::vector<nvmlDevice_t> registered_;  // devices registered in events_ (or tried)
 };
 
 class FakeMonitor final : public GpuMonitor {
@@ -290,9 +329,13 @@ class FakeMonitor final : public GpuMonitor {
         return bad(where + ".uuid: expected a string");
       }
       gpu.uuid = entry["uuid"].get<std::string>();
+      if (entry.contains("name") && !entry["name"].is_string()) {
+        return bad(where + ".name: expected a string");
+      }
       gpu.name = entry.value("name", std::string("Fake GPU"));
       for (const auto& [key, field] : {std::pair{"memory_total", &gpu.memory_total},
-                                       std::pair{"memory_used", &gpu.memory_used}}) {
+                                       std::pair{"memory_used", &gpu.memory_used},
+                                       std::pair{"ecc_uncorrected", &gpu.ecc_uncorrected}}) {
         if (!entry.contains(key)) continue;
         if (!entry[key].is_number_integer() || entry[key].get<int64_t>() < 0) {
           return bad(absl::StrCat(where, ".", key, ": expected a non-negative integer"));
@@ -308,19 +351,14 @@ class FakeMonitor final : public GpuMonitor {
         }
         std::sort(gpu.compute_pids.begin(), gpu.compute_pids.end());
       }
-      for (const auto& [key, field] : {std::pair{"lost", &gpu.lost},
-                                       std::pair{"retired_pages_pending",
-                                                 &gpu.retired_pages_pending}}) {
+      for (const auto& [key, field] :
+           {std::pair{"lost", &gpu.lost},
+            std::pair{"retired_pages_pending", &gpu.retired_pages_pending}}) {
         if (!entry.contains(key)) continue;
-        if (!entry[key].is_boolean()) return bad(absl::StrCat(where, ".", key, ": expected a boolean"));
-        *field = entry[key].get<bool>();
-      }
-      if (entry.contains("ecc_uncorrected")) {
-        const nlohmann::json& ecc = entry["ecc_uncorrected"];
-        if (!ecc.is_number_integer() || ecc.get<int64_t>() < 0) {
-          return bad(where + ".ecc_uncorrected: expected a non-negative integer");
+        if (!entry[key].is_boolean()) {
+          return bad(absl::StrCat(where, ".", key, ": expected a boolean"));
         }
-        gpu.ecc_uncorrected = ecc.get<int64_t>();
+        *field = entry[key].get<bool>();
       }
       if (entry.contains("xids")) {
         const nlohmann::json& xids = entry["xids"];

@@ -115,6 +115,22 @@ void SlotTable::Undrain(int slot) {
   if (s.state == SlotState::kFree && hooks_.freed) hooks_.freed();
 }
 
+std::string SlotTable::UndrainRefusal(int slot) const {
+  const Slot& s = slots_[slot];
+  if (!s.drain) return absl::StrCat("slot ", s.name, " is not drained");
+  if (s.drain->source == kDrainOperator) return "";
+  if (s.drain->sticky) {
+    for (const GpuInfo& g : gpu_cache_) {
+      if (g.index != s.gpu_index) continue;
+      const std::string problem = GpuHealthProblem(g);
+      if (problem.empty() || problem.rfind("Xid ", 0) == 0) return "";
+      return absl::StrCat("slot ", s.name, "'s GPU still reports ", problem);
+    }
+  }
+  return absl::StrCat("slot ", s.name, " is drained by trainsupd (", s.drain->source, ": ",
+                      s.drain->reason, "); it is offered again when that clears");
+}
+
 void SlotTable::DrainFor(Slot& s, const std::string& source, const std::string& reason) {
   if (s.drain && s.drain->source == kDrainOperator) return;  // the operator's stays
   if (s.drain && s.drain->source == source) {
@@ -142,8 +158,11 @@ void SlotTable::JudgeGpuHealth(const std::vector<GpuInfo>& gpus) {
       if (g.index == s.gpu_index) problem = GpuHealthProblem(g);
     }
     if (!problem.empty()) {
+      const bool xid = problem.rfind("Xid ", 0) == 0;
+      if (xid && s.drain && s.drain->source == kDrainGpuHealth) continue;  // keeps the first reason
       DrainFor(s, kDrainGpuHealth, absl::StrCat("GPU ", s.gpu_index, " ", problem));
-    } else {
+      if (s.drain && s.drain->source == kDrainGpuHealth) s.drain->sticky = xid;
+    } else if (!(s.drain && s.drain->sticky)) {
       EndDrainFor(s, kDrainGpuHealth, absl::StrCat("GPU ", s.gpu_index, " is healthy again"));
     }
   }

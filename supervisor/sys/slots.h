@@ -36,6 +36,10 @@ struct SlotDrain {
   std::string reason;
   std::string source;  // kDrainOperator, kDrainGpuHealth, kDrainStranded
   int64_t since_ms = 0;
+  // A health drain for an Xid event: NVML reports the event once, so the
+  // next query finds the GPU "healthy" whether it was reset or not. Such a
+  // drain stays until an operator undrains the slot (after the reset).
+  bool sticky = false;
 };
 inline constexpr char kDrainOperator[] = "operator";
 inline constexpr char kDrainGpuHealth[] = "gpu_health";
@@ -91,6 +95,10 @@ class SlotTable {
   // slot keeps its rank until the rank ends, then takes no new one.
   void Drain(int slot, SlotDrain drain);
   void Undrain(int slot);
+  // Whether an operator may undrain `slot`: drained by an operator, or by
+  // an Xid (sticky) whose GPU reports no other problem now. The reason
+  // when not.
+  std::string UndrainRefusal(int slot) const;
   // A slot STRANDED this long is drained (kDrainStranded); 0: never.
   void set_drain_stranded_after_s(double s) { drain_stranded_after_s_ = s; }
 

@@ -104,6 +104,7 @@ struct FakeGpu {
   // Health (docs/operations.md, "GPU health"): drains the GPU's slot.
   int64_t ecc_uncorrected = 0;
   bool lost = false;
+  std::vector<int> xids;
 };
 
 // Writes the file of [testing] fake_gpu_file (format of OpenFakeMonitor),
@@ -117,7 +118,8 @@ inline void WriteFakeGpus(const std::string& path, const std::vector<FakeGpu>& g
                     {"memory_used", g.used_mb << 20},
                     {"compute_pids", g.compute_pids},
                     {"ecc_uncorrected", g.ecc_uncorrected},
-                    {"lost", g.lost}});
+                    {"lost", g.lost},
+                    {"xids", g.xids}});
   }
   WriteFileText(path + ".tmp", nlohmann::json{{"gpus", list}}.dump());
   std::filesystem::rename(path + ".tmp", path);

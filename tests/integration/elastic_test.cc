@@ -10,6 +10,8 @@
 //    its rank is stopped, the slot drained (DRAINED with the reason), and
 //    the gang goes on at 3 of 4; an operator drain survives a daemon
 //    restart, and undrain refuses a health drain and unknown slots.
+//  - Chaos, elastic: random rank kills, drains and undrains; the run ends
+//    SUCCEEDED with every sample trained once an epoch, nothing left.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -18,19 +20,22 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/daemon_test_util.h"
 
 #ifdef TRAINSUP_WORKER
+#include <ATen/ATen.h>
+
 #include "checkpoint/file_system.h"
 #include "checkpoint/safetensors.h"
-#include <ATen/ATen.h>
 #endif
 
 namespace trainsup::integration {
@@ -108,9 +113,8 @@ std::map<int, std::string> SampleLines(const v1::Run& run) {
 
 std::map<std::string, at::Tensor> FinalWeights(const v1::Run& run, int step) {
   absl::StatusOr<ckpt::SafetensorsFile> f = ckpt::ReadSafetensors(
-      ckpt::FileSystem::Default(),
-      RunLayout(run.run_dir()).CheckpointsDir() + "/step-" + std::to_string(step) +
-          "/model.safetensors");
+      ckpt::FileSystem::Default(), RunLayout(run.run_dir()).CheckpointsDir() + "/step-" +
+                                       std::to_string(step) + "/model.safetensors");
   EXPECT_TRUE(f.ok()) << f.status();
   return f.ok() ? f->tensors : std::map<std::string, at::Tensor>();
 }
@@ -120,8 +124,8 @@ double Gap(const std::map<std::string, at::Tensor>& a, const std::map<std::strin
   for (const auto& [name, t] : b) {
     auto it = a.find(name);
     if (it == a.end() || !t.is_floating_point()) continue;
-    const at::Tensor d = (it->second.to(at::kDouble) - t.to(at::kDouble)).abs() /
-                         (t.to(at::kDouble).abs() + 1.0);
+    const at::Tensor d =
+        (it->second.to(at::kDouble) - t.to(at::kDouble)).abs() / (t.to(at::kDouble).abs() + 1.0);
     gap = std::max(gap, d.max().item<double>());
   }
   return gap;
@@ -151,8 +155,8 @@ TEST(Elastic, ADrainedSlotShrinksTheGangAndUndrainingItGrowsItBack) {
   // The elastic run: drained at step > 6, undrained once it trains at 2.
   const std::string id = h.Submit(ElasticSpec("elastic", 3, 2, kSteps));
   v1::Run run;
-  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return RunningAt(r, 3, 6); }, Seconds(120),
-                        &run))
+  ASSERT_TRUE(h.WaitFor(
+      id, [](const v1::Run& r) { return RunningAt(r, 3, 6); }, Seconds(120), &run))
       << Describe(run);
   const auto drained_at = Clock::now();
   grpc::Status s = Drain(h, "cpu:2", "maintenance", &slot);
@@ -161,11 +165,10 @@ TEST(Elastic, ADrainedSlotShrinksTheGangAndUndrainingItGrowsItBack) {
   EXPECT_EQ(slot.state(), v1::SLOT_STATE_DRAINED);
   EXPECT_EQ(slot.drain_reason(), "maintenance");
   EXPECT_EQ(slot.drain_source(), "operator");
-  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return RunningAt(r, 2, 0); }, Seconds(120),
-                        &run))
+  ASSERT_TRUE(h.WaitFor(
+      id, [](const v1::Run& r) { return RunningAt(r, 2, 0); }, Seconds(120), &run))
       << Describe(run) << EveryRankLog(run);
-  const double drain_latency_s =
-      std::chrono::duration<double>(Clock::now() - drained_at).count();
+  const double drain_latency_s = std::chrono::duration<double>(Clock::now() - drained_at).count();
   v1::Node node = GetNode(h);
   ASSERT_EQ(node.slots_size(), 3);
   EXPECT_EQ(node.slots(2).state(), v1::SLOT_STATE_DRAINED);
@@ -174,8 +177,8 @@ TEST(Elastic, ADrainedSlotShrinksTheGangAndUndrainingItGrowsItBack) {
   const int64_t step_at_two = run.progress().step();
   ASSERT_TRUE(Undrain(h, "cpu:2", &slot).ok());
   EXPECT_EQ(slot.state(), v1::SLOT_STATE_FREE);
-  ASSERT_TRUE(h.WaitFor(id, [&](const v1::Run& r) { return RunningAt(r, 3, step_at_two); },
-                        Seconds(120), &run))
+  ASSERT_TRUE(h.WaitFor(
+      id, [&](const v1::Run& r) { return RunningAt(r, 3, step_at_two); }, Seconds(120), &run))
       << Describe(run) << EveryRankLog(run);
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(300), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run) << EveryRankLog(run);
@@ -219,10 +222,101 @@ TEST(Elastic, ADrainedSlotShrinksTheGangAndUndrainingItGrowsItBack) {
   const auto ref_w = FinalWeights(ref, kSteps);
   const double two_gap = Gap(FinalWeights(two, kSteps), ref_w);
   const double gap = Gap(FinalWeights(run, kSteps), ref_w);
-  std::printf("weights at step %d against the uninterrupted gang of 3: elastic %.3g, gang of 2 %.3g\n",
-              kSteps, gap, two_gap);
+  std::printf(
+      "weights at step %d against the uninterrupted gang of 3: elastic %.3g, gang of 2 %.3g\n",
+      kSteps, gap, two_gap);
   EXPECT_LE(gap, std::max(2 * two_gap, 1e-6));
   EXPECT_TRUE(ProcessesMentioning(RunLayout(run.run_dir()).dir()).empty());
+}
+
+// The chaos test's elastic mode: random rank kills, drains and undrains
+// (seeded) while a gang of 3 (min 2) trains. The run ends SUCCEEDED, every
+// epoch trained each of the 8 training scenes exactly once (rank 0's
+// sample logs, a later attempt's line for a step replacing an earlier
+// one's), and no worker is left behind.
+TEST(Elastic, ChaosOfKillsDrainsAndUndrainsEndsWithEverySampleOnceAnEpoch) {
+  constexpr int kSteps = 45;
+  DaemonHarness h;
+  UseRealWorker(h, 3);
+  h.Set("restart.initial_backoff_s", "0");
+  h.Set("restart.crash_loop_attempts", "1000");
+  ASSERT_TRUE(h.Start());
+  const std::string id = h.Submit(ElasticSpec("chaos", 3, 2, kSteps));
+  std::mt19937 rng(20261204);
+  int kills = 0, drains = 0, undrains = 0;
+  std::string drained;  // the slot drained now, "" when none
+  v1::Run run;
+  while (kills + drains + undrains < 9 || drains < 2 || undrains < 2) {
+    // A running attempt that trained a step past the checkpoint it resumed
+    // from (each action leaves the run further on).
+    ASSERT_TRUE(h.WaitFor(
+        id,
+        [&](const v1::Run& r) {
+          if (IsTerminal(r.state())) return true;
+          return RunningAt(r, drained.empty() ? 3 : 2, 0) &&
+                 r.progress().last_checkpoint_step() >
+                     std::max<int64_t>(r.attempts(r.attempts_size() - 1).resumed_from_step(), 0);
+        },
+        Seconds(300), &run))
+        << Describe(run) << EveryRankLog(run);
+    ASSERT_FALSE(IsTerminal(run.state())) << Describe(run);
+    const int attempt = run.attempts_size();
+    const int action = std::uniform_int_distribution<int>(0, 2)(rng);
+    v1::Slot slot;
+    if (action == 0 || (action == 1 && !drained.empty()) || (action == 2 && drained.empty())) {
+      const v1::Attempt& a = run.attempts(attempt - 1);
+      const int rank = std::uniform_int_distribution<int>(0, a.ranks_size() - 1)(rng);
+      ASSERT_EQ(kill(a.ranks(rank).pid(), SIGKILL), 0);
+      ++kills;
+      std::printf("chaos: rank %d of %d SIGKILLed near step %lld\n", rank, a.ranks_size(),
+                  static_cast<long long>(run.progress().step()));
+    } else if (action == 1) {
+      drained = "cpu:" + std::to_string(std::uniform_int_distribution<int>(0, 2)(rng));
+      ASSERT_TRUE(Drain(h, drained, "chaos", &slot).ok());
+      ++drains;
+      std::printf("chaos: %s drained near step %lld\n", drained.c_str(),
+                  static_cast<long long>(run.progress().step()));
+    } else {
+      ASSERT_TRUE(Undrain(h, drained, &slot).ok());
+      std::printf("chaos: %s undrained near step %lld\n", drained.c_str(),
+                  static_cast<long long>(run.progress().step()));
+      drained.clear();
+      ++undrains;
+    }
+    ASSERT_TRUE(h.WaitFor(
+        id, [&](const v1::Run& r) { return IsTerminal(r.state()) || r.attempts_size() > attempt; },
+        Seconds(120), &run))
+        << Describe(run);
+  }
+  if (!drained.empty()) {
+    v1::Slot slot;
+    ASSERT_TRUE(Undrain(h, drained, &slot).ok());
+  }
+  ASSERT_TRUE(h.WaitForEnd(id, Seconds(400), &run));
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run) << EveryRankLog(run);
+  std::printf("chaos: %d kills, %d drains, %d undrains, %d attempts\n", kills, drains, undrains,
+              run.attempts_size());
+
+  const std::map<int, std::string> lines = SampleLines(run);
+  ASSERT_EQ(lines.size(), static_cast<size_t>(kSteps));
+  std::map<int, std::vector<int>> per_epoch;
+  static const std::regex kEntry("([0-9]+):[0-9a-f]{16}");
+  static const std::regex kEpoch("\\(epoch ([0-9]+)\\)");
+  for (const auto& [step, line] : lines) {
+    std::smatch e;
+    ASSERT_TRUE(std::regex_search(line, e, kEpoch)) << line;
+    for (auto it = std::sregex_iterator(line.begin(), line.end(), kEntry);
+         it != std::sregex_iterator(); ++it) {
+      per_epoch[std::stoi(e[1])].push_back(std::stoi((*it)[1]));
+    }
+  }
+  // 8 training scenes, global batch 3: 3 steps an epoch (3, 3, 2).
+  ASSERT_EQ(per_epoch.size(), static_cast<size_t>(kSteps / 3));
+  for (auto& [epoch, samples] : per_epoch) {
+    std::sort(samples.begin(), samples.end());
+    EXPECT_EQ(samples, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7})) << "epoch " << epoch;
+  }
+  EXPECT_TRUE(Eventually([&] { return ProcessesMentioning(run.run_dir()).empty(); }, Seconds(10)));
 }
 
 #else  // the test worker
@@ -239,19 +333,20 @@ TEST(Elastic, AGpuWithUncorrectableEccErrorsIsDrainedAndTheGangGoesOnWithout) {
   h.Set("slots.gpu_idle_memory_mb", "100");
   h.Set("testing.fake_gpu_file", "\"" + gpu_file + "\"");
   ASSERT_TRUE(h.Start());
-  const std::string id =
-      h.Submit("min_world_size = 3\n" + Spec("ecc", 600, 50, 5, "", 4) +
-               "[elastic]\nwait_s = 60\ngrow_after_s = 1\n");
+  const std::string id = h.Submit("min_world_size = 3\n" + Spec("ecc", 600, 50, 5, "", 4) +
+                                  "[elastic]\nwait_s = 60\ngrow_after_s = 1\n");
   ASSERT_FALSE(id.empty());
   v1::Run run;
-  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return RunningAt(r, 4, 5); }, kRunLimit, &run))
+  ASSERT_TRUE(h.WaitFor(
+      id, [](const v1::Run& r) { return RunningAt(r, 4, 5); }, kRunLimit, &run))
       << Describe(run);
 
   // GPU 2 reports uncorrectable ECC errors: drained, its rank stopped, the
   // gang goes on at 3 on GPUs 0, 1 and 3.
   gpus[2].ecc_uncorrected = 3;
   WriteFakeGpus(gpu_file, gpus);
-  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return RunningAt(r, 3, 0); }, kRunLimit, &run))
+  ASSERT_TRUE(h.WaitFor(
+      id, [](const v1::Run& r) { return RunningAt(r, 3, 0); }, kRunLimit, &run))
       << Describe(run) << h.DaemonLog();
   v1::Node node = GetNode(h);
   ASSERT_EQ(node.slots_size(), 4);
@@ -262,7 +357,8 @@ TEST(Elastic, AGpuWithUncorrectableEccErrorsIsDrainedAndTheGangGoesOnWithout) {
   ASSERT_EQ(node.gpus_size(), 4);
   EXPECT_FALSE(node.gpus(2).healthy());
   std::vector<std::string> on;
-  for (const v1::RankStatus& r : run.attempts(run.attempts_size() - 1).ranks()) on.push_back(r.gpu());
+  for (const v1::RankStatus& r : run.attempts(run.attempts_size() - 1).ranks())
+    on.push_back(r.gpu());
   EXPECT_EQ(on, (std::vector<std::string>{gpus[0].uuid, gpus[1].uuid, gpus[3].uuid}));
 
   // What an operator may and may not do.
@@ -278,7 +374,11 @@ TEST(Elastic, AGpuWithUncorrectableEccErrorsIsDrainedAndTheGangGoesOnWithout) {
   // the run waits, and says why; the drain outlives a daemon restart.
   ASSERT_TRUE(Drain(h, "gpu:3", "bad fan", &slot).ok());
   ASSERT_TRUE(h.WaitFor(
-      id, [](const v1::Run& r) { return r.state() == v1::RUN_STATE_RESTARTING && r.attempts_size() >= 2 && r.attempts(r.attempts_size() - 1).ended_ms() > 0; },
+      id,
+      [](const v1::Run& r) {
+        return r.state() == v1::RUN_STATE_RESTARTING && r.attempts_size() >= 2 &&
+               r.attempts(r.attempts_size() - 1).ended_ms() > 0;
+      },
       kRunLimit, &run))
       << Describe(run);
   h.Signal(SIGTERM);
@@ -289,17 +389,26 @@ TEST(Elastic, AGpuWithUncorrectableEccErrorsIsDrainedAndTheGangGoesOnWithout) {
   EXPECT_EQ(node.slots(3).drain_reason(), "bad fan");
   EXPECT_EQ(node.slots(3).drain_source(), "operator");
   EXPECT_EQ(node.slots(2).drain_source(), "gpu_health") << "found again by the new daemon";
-  run = h.GetRun(id);
+  ASSERT_TRUE(h.WaitFor(
+      id,
+      [](const v1::Run& r) { return r.reason().find("waiting for 3 slots") != std::string::npos; },
+      kRunLimit, &run))
+      << Describe(run);
   EXPECT_NE(run.state(), v1::RUN_STATE_RUNNING) << Describe(run);
+  EXPECT_THAT(run.reason(),
+              HasSubstr("2 usable; gpu:2 drained (GPU 2 uncorrectable ECC errors (3)), "
+                        "gpu:3 drained (bad fan)"));
 
   // GPU 2 recovers (a reset): offered again, with an event; the gang
   // starts at 3, and grows to 4 once GPU 3 is undrained.
   gpus[2].ecc_uncorrected = 0;
   WriteFakeGpus(gpu_file, gpus);
-  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return RunningAt(r, 3, 0); }, kRunLimit, &run))
+  ASSERT_TRUE(h.WaitFor(
+      id, [](const v1::Run& r) { return RunningAt(r, 3, 0); }, kRunLimit, &run))
       << Describe(run) << h.DaemonLog();
   ASSERT_TRUE(Undrain(h, "gpu:3", &slot).ok());
-  ASSERT_TRUE(h.WaitFor(id, [](const v1::Run& r) { return RunningAt(r, 4, 0); }, kRunLimit, &run))
+  ASSERT_TRUE(h.WaitFor(
+      id, [](const v1::Run& r) { return RunningAt(r, 4, 0); }, kRunLimit, &run))
       << Describe(run) << h.DaemonLog();
   ASSERT_TRUE(h.WaitForEnd(id, kRunLimit, &run));
   EXPECT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
@@ -314,6 +423,20 @@ TEST(Elastic, AGpuWithUncorrectableEccErrorsIsDrainedAndTheGangGoesOnWithout) {
                              std::string::npos;
   }
   EXPECT_TRUE(offered) << Describe(events);
+
+  // An Xid that needs a reset: NVML reports the event once, so the drain
+  // stays after the event is gone, until an operator (who reset the GPU)
+  // undrains the slot.
+  gpus[0].xids = {79};
+  WriteFakeGpus(gpu_file, gpus);
+  ASSERT_TRUE(Eventually([&] { return SlotIn(h, 0, v1::SLOT_STATE_DRAINED, &node); }, kRunLimit));
+  EXPECT_EQ(node.slots(0).drain_reason(), "GPU 0 Xid 79 (needs a GPU reset)");
+  gpus[0].xids.clear();
+  WriteFakeGpus(gpu_file, gpus);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two GPU queries
+  EXPECT_TRUE(SlotIn(h, 0, v1::SLOT_STATE_DRAINED, &node)) << "an Xid drain outlives the event";
+  ASSERT_TRUE(Undrain(h, "gpu:0", &slot).ok());
+  EXPECT_EQ(slot.state(), v1::SLOT_STATE_FREE);
 }
 
 #endif

@@ -529,7 +529,8 @@ int Main(int argc, char** argv) {
   if (!spec.ok())
     return UsageError(args, true, "spec.toml: " + std::string(spec.status().message()));
   if (absl::Status gang = CheckGangSize(*spec, args.world_size); !gang.ok()) {
-    return UsageError(args, true, absl::StrCat("--world-size ", args.world_size, ": ", gang.message()));
+    return UsageError(args, true,
+                      absl::StrCat("--world-size ", args.world_size, ": ", gang.message()));
   }
 
   // Before any thread exists: the grandchild must not inherit threads, and

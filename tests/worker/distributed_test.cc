@@ -313,8 +313,9 @@ void ExpectSameGradient(const std::vector<RankResult>& one, const std::vector<Ra
   // Every rank ends with the same, global, gradient.
   for (int r = 0; r < world; ++r) {
     const double e = RelativeDifference(gang[r].values, one[0].values, 0, n);
-    std::printf("rank %d of %d vs one rank with the whole batch: gradient relative difference %.3g\n",
-                r, world, e);
+    std::printf(
+        "rank %d of %d vs one rank with the whole batch: gradient relative difference %.3g\n", r,
+        world, e);
     EXPECT_LT(e, 1e-10) << "rank " << r << " of " << world;
   }
   double norm = 0;

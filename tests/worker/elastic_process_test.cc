@@ -123,8 +123,8 @@ double Gap(const std::map<std::string, at::Tensor>& a, const std::map<std::strin
       if (same_counts) EXPECT_TRUE(at::equal(it->second, t)) << name;
       continue;
     }
-    const at::Tensor d = (it->second.to(at::kDouble) - t.to(at::kDouble)).abs() /
-                         (t.to(at::kDouble).abs() + 1.0);
+    const at::Tensor d =
+        (it->second.to(at::kDouble) - t.to(at::kDouble)).abs() / (t.to(at::kDouble).abs() + 1.0);
     gap = std::max(gap, d.max().item<double>());
   }
   return gap;
@@ -150,15 +150,13 @@ TEST(Elastic, AGangThatChangesSizeAtEveryRestartTrainsTheSameBatchesAsAnUninterr
   std::map<int, std::string> lines;
   for (int attempt = 1; attempt <= 4; ++attempt) {
     const int exit_at = attempt < 4 ? 2 * attempt + 1 : -1;
-    std::ofstream(elastic + "/spec.toml")
-        << Spec(3, 1, kSteps,
-                exit_at < 0 ? ""
-                            : "[testing]\nexit_at_step = " + std::to_string(exit_at) +
-                                  "\nexit_code = 3\n");
+    std::ofstream(elastic + "/spec.toml") << Spec(
+        3, 1, kSteps,
+        exit_at < 0 ? ""
+                    : "[testing]\nexit_at_step = " + std::to_string(exit_at) + "\nexit_code = 3\n");
     const std::string log = RunGang(elastic, attempt, worlds[attempt - 1], exit_at < 0 ? 0 : 3);
     if (attempt > 1) {
-      EXPECT_NE(log.find("resumed from step " + std::to_string(2 * attempt - 2)),
-                std::string::npos)
+      EXPECT_NE(log.find("resumed from step " + std::to_string(2 * attempt - 2)), std::string::npos)
           << log;
     }
     // A later attempt's line for a step replaces the earlier one's (the
@@ -200,9 +198,9 @@ TEST(Elastic, AGangThatChangesSizeAtEveryRestartTrainsTheSameBatchesAsAnUninterr
   //    comparison tells a batch trained wrong, twice or not at all from
   //    rounding.
   const std::string skipped = MakeDir("skipped");
-  std::ofstream(skipped + "/spec.toml") << std::regex_replace(
-      Spec(3, 1, kSteps, ""), std::regex("log_samples = true\n"),
-      "log_samples = true\nskip_windows = [[5, 5]]\n");
+  std::ofstream(skipped + "/spec.toml")
+      << std::regex_replace(Spec(3, 1, kSteps, ""), std::regex("log_samples = true\n"),
+                            "log_samples = true\nskip_windows = [[5, 5]]\n");
   RunGang(skipped, 1, 3, 0);
   const auto ref = Weights(three, kSteps);
   const double one_gap = Gap(Weights(one, kSteps), ref);

@@ -79,5 +79,55 @@ TEST(DecideRelease, AStrandedSlotRecoversOnceReleased) {
   EXPECT_EQ(DecideRelease(f).verdict, ReleaseDecision::kFree);
 }
 
+TEST(GpuHealthProblem, AHealthyGpuHasNone) {
+  EXPECT_EQ(GpuHealthProblem(Gpu(0, {})), "");
+  GpuInfo g = Gpu(4096, {501});
+  g.xids = {13, 31, 43};  // the application's faults: its worker fails, the GPU is fine
+  EXPECT_EQ(GpuHealthProblem(g), "");
+  // A health query that failed says nothing about the GPU by itself.
+  g.health_error = "nvmlDeviceGetTotalEccErrors failed: Unknown Error";
+  EXPECT_EQ(GpuHealthProblem(g), "");
+}
+
+TEST(GpuHealthProblem, NamesEachFact) {
+  GpuInfo lost = Gpu(0, {});
+  lost.lost = true;
+  EXPECT_EQ(GpuHealthProblem(lost), "lost (fell off the bus)");
+  GpuInfo ecc = Gpu(0, {});
+  ecc.ecc_uncorrected = 3;
+  EXPECT_EQ(GpuHealthProblem(ecc), "uncorrectable ECC errors (3)");
+  GpuInfo pages = Gpu(0, {});
+  pages.retired_pages_pending = true;
+  EXPECT_EQ(GpuHealthProblem(pages), "page retirement pending");
+  GpuInfo xid = Gpu(0, {});
+  xid.xids = {13, 79};
+  EXPECT_EQ(GpuHealthProblem(xid), "Xid 79 (needs a GPU reset)");
+}
+
+TEST(GpuHealthProblem, OnlyXidsThatNeedAResetCount) {
+  for (int xid : {48, 63, 64, 74, 79, 92, 94, 95, 119, 120}) {
+    GpuInfo g = Gpu(0, {});
+    g.xids = {xid};
+    EXPECT_EQ(GpuHealthProblem(g), "Xid " + std::to_string(xid) + " (needs a GPU reset)");
+  }
+  for (int xid : {13, 31, 43, 45, 68}) {
+    GpuInfo g = Gpu(0, {});
+    g.xids = {xid};
+    EXPECT_EQ(GpuHealthProblem(g), "") << "Xid " << xid;
+  }
+}
+
+TEST(GpuHealthProblem, SeveralProblemsNameTheFirstInAFixedOrder) {
+  GpuInfo g = Gpu(0, {});
+  g.xids = {13, 94, 79};
+  EXPECT_EQ(GpuHealthProblem(g), "Xid 94 (needs a GPU reset)");
+  g.retired_pages_pending = true;
+  EXPECT_EQ(GpuHealthProblem(g), "page retirement pending");
+  g.ecc_uncorrected = 2;
+  EXPECT_EQ(GpuHealthProblem(g), "uncorrectable ECC errors (2)");
+  g.lost = true;
+  EXPECT_EQ(GpuHealthProblem(g), "lost (fell off the bus)");
+}
+
 }  // namespace
 }  // namespace trainsup::supervisor

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/common/temp_dir.h"
@@ -128,23 +130,43 @@ TEST(FakeMonitor, ReadsTheHealthFacts) {
   EXPECT_EQ((*gpus)[2].xids, (std::vector<int>{13, 79}));
 }
 
-TEST(GpuHealthProblem, NamesTheFirstProblemInAFixedOrder) {
-  GpuInfo gpu;
-  EXPECT_EQ(GpuHealthProblem(gpu), "");
-  gpu.xids = {13, 31, 43};  // an application's faults
-  EXPECT_EQ(GpuHealthProblem(gpu), "") << "only Xids that need a reset drain a GPU";
-  gpu.xids = {13, 79};
-  EXPECT_EQ(GpuHealthProblem(gpu), "Xid 79 (needs a GPU reset)");
-  gpu.retired_pages_pending = true;
-  EXPECT_EQ(GpuHealthProblem(gpu), "page retirement pending");
-  gpu.ecc_uncorrected = 2;
-  EXPECT_EQ(GpuHealthProblem(gpu), "uncorrectable ECC errors (2)");
-  gpu.lost = true;
-  EXPECT_EQ(GpuHealthProblem(gpu), "lost (fell off the bus)");
-  for (int xid : {48, 63, 64, 74, 92, 94, 95, 119, 120}) {
-    GpuInfo one;
-    one.xids = {xid};
-    EXPECT_NE(GpuHealthProblem(one), "") << "Xid " << xid;
+// Unlike NVML's events, the file's Xids are its GPU's state: reported at
+// every query until the file drops them.
+TEST(FakeMonitor, XidsAreReportedWhileTheFileListsThem) {
+  TempDir dir;
+  const std::string path = dir.path() + "/gpus.json";
+  std::unique_ptr<GpuMonitor> monitor = OpenFakeMonitor(path);
+  WriteFile(path, R"({"gpus": [{"uuid": "a", "xids": [79]}]})");
+  for (int query = 0; query < 2; ++query) {
+    absl::StatusOr<std::vector<GpuInfo>> gpus = monitor->Query();
+    ASSERT_TRUE(gpus.ok()) << gpus.status();
+    EXPECT_EQ((*gpus)[0].xids, std::vector<int>{79}) << "query " << query;
+  }
+  WriteFile(path, R"({"gpus": [{"uuid": "a"}]})");
+  absl::StatusOr<std::vector<GpuInfo>> gpus = monitor->Query();
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
+  EXPECT_TRUE((*gpus)[0].xids.empty());
+}
+
+TEST(FakeMonitor, AMalformedHealthKeyNamesTheGpuAndTheKey) {
+  TempDir dir;
+  const std::string path = dir.path() + "/gpus.json";
+  std::unique_ptr<GpuMonitor> monitor = OpenFakeMonitor(path);
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"gpus": [{"uuid": "a"}, {"uuid": "b", "lost": "yes"}]})", "gpus[1].lost"},
+      {R"({"gpus": [{"uuid": "a", "ecc_uncorrected": "3"}]})", "gpus[0].ecc_uncorrected"},
+      {R"({"gpus": [{"uuid": "a", "ecc_uncorrected": 1.5}]})", "gpus[0].ecc_uncorrected"},
+      {R"({"gpus": [{"uuid": "a", "retired_pages_pending": 1}]})", "gpus[0].retired_pages_pending"},
+      {R"({"gpus": [{"uuid": "a"}, {"uuid": "b"}, {"uuid": "c", "xids": 79}]})", "gpus[2].xids"},
+      {R"({"gpus": [{"uuid": "a", "xids": [79.5]}]})", "gpus[0].xids"},
+      {R"({"gpus": [{"uuid": "a", "name": 5}]})", "gpus[0].name"},
+  };
+  for (const auto& [text, where] : cases) {
+    WriteFile(path, text);
+    const absl::Status status = monitor->Query().status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(std::string(status.message()).find(where), std::string::npos)
+        << text << " -> " << status;
   }
 }
 
