@@ -238,11 +238,9 @@ void DaemonImpl::FillSlot(const Slot& s, v1::Slot* slot) const {
 void DaemonImpl::Drain(const v1::DrainSlotRequest& req,
                        std::function<void(absl::StatusOr<v1::Slot>)> done) {
   asio::post(io_, [this, req, done] {
-    const int index = slots_->Find(req.slot());
-    if (index < 0) {
-      return done(absl::NotFoundError(
-          absl::StrCat("no slot ", req.slot(), " on this node (", SlotNames(), ")")));
-    }
+    absl::StatusOr<int> found = FindSlot(req.slot());
+    if (!found.ok()) return done(found.status());
+    const int index = *found;
     StoredDrain stored{slots_->DrainKey(index), req.reason(), env_->WallMs()};
     // Stored first: a drain the daemon forgets on restart would put ranks
     // back on a slot the operator took away.
@@ -266,11 +264,9 @@ void DaemonImpl::Drain(const v1::DrainSlotRequest& req,
 void DaemonImpl::Undrain(const v1::UndrainSlotRequest& req,
                          std::function<void(absl::StatusOr<v1::Slot>)> done) {
   asio::post(io_, [this, req, done] {
-    const int index = slots_->Find(req.slot());
-    if (index < 0) {
-      return done(absl::NotFoundError(
-          absl::StrCat("no slot ", req.slot(), " on this node (", SlotNames(), ")")));
-    }
+    absl::StatusOr<int> found = FindSlot(req.slot());
+    if (!found.ok()) return done(found.status());
+    const int index = *found;
     if (std::string refusal = slots_->UndrainRefusal(index); !refusal.empty()) {
       return done(absl::FailedPreconditionError(refusal));
     }
@@ -293,10 +289,14 @@ void DaemonImpl::Undrain(const v1::UndrainSlotRequest& req,
   });
 }
 
-std::string DaemonImpl::SlotNames() const {
+absl::StatusOr<int> DaemonImpl::FindSlot(const std::string& name) const {
+  const int index = slots_->Find(name);
+  if (index >= 0) return index;
   std::vector<std::string> names;
   for (const Slot& s : slots_->slots()) names.push_back(s.name);
-  return names.empty() ? "no slots" : absl::StrJoin(names, ", ");
+  return absl::NotFoundError(absl::StrCat("no slot ", name, " on this node (",
+                                          names.empty() ? "no slots" : absl::StrJoin(names, ", "),
+                                          ")"));
 }
 
 void DaemonImpl::Node(std::function<void(v1::Node)> done) {

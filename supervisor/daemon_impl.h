@@ -138,7 +138,9 @@ class DaemonImpl final : public Daemon,
   // The operators' stored drains, put back on their slots at start-up.
   absl::Status LoadDrains(StateStore& store);
   void FillSlot(const Slot& s, v1::Slot* out) const;
-  std::string SlotNames() const;
+  // The slot named "gpu:N", "cpu:N" or by its index; NotFound listing the
+  // node's slots.
+  absl::StatusOr<int> FindSlot(const std::string& name) const;
   // A slot was drained (by an operator, its GPU's health, or stranded too
   // long): the rank running there, if any, is stopped and its elastic gang
   // resized; the run hears why. A drain ended: runs waiting for slots hear

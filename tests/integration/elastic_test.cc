@@ -32,10 +32,7 @@
 #include "tests/integration/daemon_test_util.h"
 
 #ifdef TRAINSUP_WORKER
-#include <ATen/ATen.h>
-
-#include "checkpoint/file_system.h"
-#include "checkpoint/safetensors.h"
+#include "tests/common/elastic_checks.h"
 #endif
 
 namespace trainsup::integration {
@@ -94,41 +91,20 @@ std::string ElasticSpec(const std::string& name, int world, int min_world, int s
   return s.str();
 }
 
-// step -> "(epoch E): I:SEED ..." from rank 0's log of every attempt, a
-// later attempt's line replacing an earlier one's (the steps after the
-// last checkpoint of an attempt are trained again by the next).
+// Rank 0's sample lines of every attempt, a later attempt's line for a
+// step replacing an earlier one's.
 std::map<int, std::string> SampleLines(const v1::Run& run) {
   std::map<int, std::string> lines;
-  static const std::regex kLine("samples of step ([0-9]+) (\\(epoch [0-9]+\\): [^\\n]*)");
   for (const v1::Attempt& a : run.attempts()) {
-    if (a.ranks_size() == 0) continue;
-    const std::string log = ReadFileText(a.ranks(0).log_path());
-    for (auto it = std::sregex_iterator(log.begin(), log.end(), kLine);
-         it != std::sregex_iterator(); ++it) {
-      lines[std::stoi((*it)[1])] = (*it)[2];
-    }
+    if (a.ranks_size() > 0)
+      trainsup::testing::AddSampleLines(ReadFileText(a.ranks(0).log_path()), &lines);
   }
   return lines;
 }
 
 std::map<std::string, at::Tensor> FinalWeights(const v1::Run& run, int step) {
-  absl::StatusOr<ckpt::SafetensorsFile> f = ckpt::ReadSafetensors(
-      ckpt::FileSystem::Default(), RunLayout(run.run_dir()).CheckpointsDir() + "/step-" +
-                                       std::to_string(step) + "/model.safetensors");
-  EXPECT_TRUE(f.ok()) << f.status();
-  return f.ok() ? f->tensors : std::map<std::string, at::Tensor>();
-}
-
-double Gap(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
-  double gap = 0;
-  for (const auto& [name, t] : b) {
-    auto it = a.find(name);
-    if (it == a.end() || !t.is_floating_point()) continue;
-    const at::Tensor d =
-        (it->second.to(at::kDouble) - t.to(at::kDouble)).abs() / (t.to(at::kDouble).abs() + 1.0);
-    gap = std::max(gap, d.max().item<double>());
-  }
-  return gap;
+  return trainsup::testing::ReadWeights(RunLayout(run.run_dir()).CheckpointsDir() + "/step-" +
+                                        std::to_string(step) + "/model.safetensors");
 }
 
 TEST(Elastic, ADrainedSlotShrinksTheGangAndUndrainingItGrowsItBack) {
@@ -199,20 +175,9 @@ TEST(Elastic, ADrainedSlotShrinksTheGangAndUndrainingItGrowsItBack) {
   const std::map<int, std::string> lines = SampleLines(run);
   EXPECT_EQ(lines, SampleLines(ref));
   ASSERT_EQ(lines.size(), static_cast<size_t>(kSteps));
-  std::map<std::string, std::vector<int>> per_epoch;
-  static const std::regex kEntry("([0-9]+):[0-9a-f]{16}");
-  static const std::regex kEpoch("\\(epoch ([0-9]+)\\)");
-  for (const auto& [step, line] : lines) {
-    std::smatch e;
-    ASSERT_TRUE(std::regex_search(line, e, kEpoch)) << line;
-    for (auto it = std::sregex_iterator(line.begin(), line.end(), kEntry);
-         it != std::sregex_iterator(); ++it) {
-      per_epoch[e[1]].push_back(std::stoi((*it)[1]));
-    }
-  }
-  for (auto& [epoch, samples] : per_epoch) {
-    std::set<int> unique(samples.begin(), samples.end());
-    EXPECT_EQ(unique.size(), samples.size()) << "a sample trained twice in epoch " << epoch;
+  for (const auto& [epoch, samples] : trainsup::testing::SamplesPerEpoch(lines)) {
+    EXPECT_EQ(std::set<int>(samples.begin(), samples.end()).size(), samples.size())
+        << "a sample trained twice in epoch " << epoch;
   }
 
   // The weights: float32 sums of a gang of 2 differ in rounding from a
@@ -220,8 +185,8 @@ TEST(Elastic, ADrainedSlotShrinksTheGangAndUndrainingItGrowsItBack) {
   // only part of the way, so it is no further from the gang of 3 than the
   // gang of 2 all the way is (within a factor 2 for the amplification).
   const auto ref_w = FinalWeights(ref, kSteps);
-  const double two_gap = Gap(FinalWeights(two, kSteps), ref_w);
-  const double gap = Gap(FinalWeights(run, kSteps), ref_w);
+  const double two_gap = trainsup::testing::WeightsGap(FinalWeights(two, kSteps), ref_w);
+  const double gap = trainsup::testing::WeightsGap(FinalWeights(run, kSteps), ref_w);
   std::printf(
       "weights at step %d against the uninterrupted gang of 3: elastic %.3g, gang of 2 %.3g\n",
       kSteps, gap, two_gap);
@@ -299,21 +264,10 @@ TEST(Elastic, ChaosOfKillsDrainsAndUndrainsEndsWithEverySampleOnceAnEpoch) {
 
   const std::map<int, std::string> lines = SampleLines(run);
   ASSERT_EQ(lines.size(), static_cast<size_t>(kSteps));
-  std::map<int, std::vector<int>> per_epoch;
-  static const std::regex kEntry("([0-9]+):[0-9a-f]{16}");
-  static const std::regex kEpoch("\\(epoch ([0-9]+)\\)");
-  for (const auto& [step, line] : lines) {
-    std::smatch e;
-    ASSERT_TRUE(std::regex_search(line, e, kEpoch)) << line;
-    for (auto it = std::sregex_iterator(line.begin(), line.end(), kEntry);
-         it != std::sregex_iterator(); ++it) {
-      per_epoch[std::stoi(e[1])].push_back(std::stoi((*it)[1]));
-    }
-  }
+  const std::map<int, std::vector<int>> per_epoch = trainsup::testing::SamplesPerEpoch(lines);
   // 8 training scenes, global batch 3: 3 steps an epoch (3, 3, 2).
   ASSERT_EQ(per_epoch.size(), static_cast<size_t>(kSteps / 3));
-  for (auto& [epoch, samples] : per_epoch) {
-    std::sort(samples.begin(), samples.end());
+  for (const auto& [epoch, samples] : per_epoch) {
     EXPECT_EQ(samples, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7})) << "epoch " << epoch;
   }
   EXPECT_TRUE(Eventually([&] { return ProcessesMentioning(run.run_dir()).empty(); }, Seconds(10)));

@@ -29,6 +29,7 @@
 #include "checkpoint/safetensors.h"
 #include "contracts/free_port.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/elastic_checks.h"
 #include "tests/worker/worker_process.h"
 
 namespace trainsup::worker {
@@ -86,48 +87,10 @@ std::string RunGang(const std::string& dir, int attempt, int world, int want_exi
   return ReadFile(logs[0]);
 }
 
-// "samples of step N (epoch E): I:SEED ..." lines of a log: step -> line.
-std::map<int, std::string> SampleLines(const std::string& log) {
-  std::map<int, std::string> lines;
-  static const std::regex kLine("samples of step ([0-9]+) (\\(epoch [0-9]+\\): [^\\n]*)");
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), kLine); it != std::sregex_iterator();
-       ++it) {
-    lines[std::stoi((*it)[1])] = (*it)[2];
-  }
-  return lines;
-}
-
 std::map<std::string, at::Tensor> Weights(const std::string& dir, int step) {
-  absl::StatusOr<ckpt::SafetensorsFile> f = ckpt::ReadSafetensors(
-      ckpt::FileSystem::Default(),
+  return trainsup::testing::ReadWeights(
       (fs::path(dir) / "checkpoints" / ("step-" + std::to_string(step)) / "model.safetensors")
           .string());
-  EXPECT_TRUE(f.ok()) << f.status();
-  return f.ok() ? f->tensors : std::map<std::string, at::Tensor>();
-}
-
-// The largest |a - b| / (1 + |b|) over every floating tensor; with
-// `same_counts`, the integer tensors (BatchNorm's num_batches_tracked) must
-// be equal.
-double Gap(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b,
-           bool same_counts = true) {
-  EXPECT_EQ(a.size(), b.size());
-  double gap = 0;
-  for (const auto& [name, t] : b) {
-    auto it = a.find(name);
-    if (it == a.end()) {
-      ADD_FAILURE() << name << " missing";
-      continue;
-    }
-    if (!t.is_floating_point()) {
-      if (same_counts) EXPECT_TRUE(at::equal(it->second, t)) << name;
-      continue;
-    }
-    const at::Tensor d =
-        (it->second.to(at::kDouble) - t.to(at::kDouble)).abs() / (t.to(at::kDouble).abs() + 1.0);
-    gap = std::max(gap, d.max().item<double>());
-  }
-  return gap;
 }
 
 TEST(Elastic, AGangThatChangesSizeAtEveryRestartTrainsTheSameBatchesAsAnUninterruptedOne) {
@@ -161,30 +124,18 @@ TEST(Elastic, AGangThatChangesSizeAtEveryRestartTrainsTheSameBatchesAsAnUninterr
     }
     // A later attempt's line for a step replaces the earlier one's (the
     // step after a checkpoint is trained again after the restart).
-    for (const auto& [step, line] : SampleLines(log)) lines[step] = line;
+    trainsup::testing::AddSampleLines(log, &lines);
   }
 
   // The same global batch, sample for sample and augmentation seed for
   // augmentation seed, at every step; every training sample once an epoch.
-  const std::map<int, std::string> want = SampleLines(three_log);
+  const std::map<int, std::string> want = trainsup::testing::SampleLines(three_log);
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps)) << three_log;
   EXPECT_EQ(lines, want);
-  std::map<std::string, std::vector<int>> per_epoch;
-  static const std::regex kEntry("([0-9]+):[0-9a-f]{16}");
-  static const std::regex kEpoch("\\(epoch ([0-9]+)\\)");
-  for (const auto& [step, line] : lines) {
-    std::smatch e;
-    ASSERT_TRUE(std::regex_search(line, e, kEpoch)) << line;
-    for (auto it = std::sregex_iterator(line.begin(), line.end(), kEntry);
-         it != std::sregex_iterator(); ++it) {
-      per_epoch[e[1]].push_back(std::stoi((*it)[1]));
-    }
-  }
+  const std::map<int, std::vector<int>> per_epoch = trainsup::testing::SamplesPerEpoch(lines);
   ASSERT_EQ(per_epoch.size(), 4u);
-  for (auto& [epoch, samples] : per_epoch) {
-    std::sort(samples.begin(), samples.end());
-    EXPECT_EQ(samples.size(), 7u) << "epoch " << epoch;
-    EXPECT_EQ(std::unique(samples.begin(), samples.end()), samples.end()) << "epoch " << epoch;
+  for (const auto& [epoch, samples] : per_epoch) {
+    EXPECT_EQ(samples, (std::vector<int>{0, 1, 2, 3, 4, 5, 6})) << "epoch " << epoch;
   }
 
   // The weights. A gang of another size sums the same gradient in another
@@ -203,9 +154,9 @@ TEST(Elastic, AGangThatChangesSizeAtEveryRestartTrainsTheSameBatchesAsAnUninterr
                             "log_samples = true\nskip_windows = [[5, 5]]\n");
   RunGang(skipped, 1, 3, 0);
   const auto ref = Weights(three, kSteps);
-  const double one_gap = Gap(Weights(one, kSteps), ref);
-  const double elastic_gap = Gap(Weights(elastic, kSteps), ref);
-  const double skipped_gap = Gap(Weights(skipped, kSteps), ref, false);
+  const double one_gap = trainsup::testing::WeightsGap(Weights(one, kSteps), ref);
+  const double elastic_gap = trainsup::testing::WeightsGap(Weights(elastic, kSteps), ref);
+  const double skipped_gap = trainsup::testing::WeightsGap(Weights(skipped, kSteps), ref, false);
   std::printf(
       "largest |w - w_ref| / (1 + |w_ref|) at step %d against the uninterrupted gang of 3: "
       "elastic %.3g, one rank %.3g, one batch skipped %.3g\n",
