@@ -9,7 +9,8 @@
 //  - Fake GPUs and the test worker: GPU 2 reports uncorrectable ECC errors;
 //    its rank is stopped, the slot drained (DRAINED with the reason), and
 //    the gang goes on at 3 of 4; an operator drain survives a daemon
-//    restart, and undrain refuses a health drain and unknown slots.
+//    restart, and undrain refuses a health drain and unknown slots; a slot
+//    stranded past slots.drain_stranded_after_s is drained until released.
 //  - Chaos, elastic: random rank kills, drains and undrains; the run ends
 //    SUCCEEDED with every sample trained once an epoch, nothing left.
 #include <gmock/gmock.h>
@@ -391,6 +392,43 @@ TEST(Elastic, AGpuWithUncorrectableEccErrorsIsDrainedAndTheGangGoesOnWithout) {
   EXPECT_TRUE(SlotIn(h, 0, v1::SLOT_STATE_DRAINED, &node)) << "an Xid drain outlives the event";
   ASSERT_TRUE(Undrain(h, "gpu:0", &slot).ok());
   EXPECT_EQ(slot.state(), v1::SLOT_STATE_FREE);
+}
+
+// A slot STRANDED longer than slots.drain_stranded_after_s is drained
+// (source "stranded"); the drain ends when its memory is released.
+TEST(Elastic, ASlotStrandedTooLongIsDrainedUntilItsMemoryIsReleased) {
+  DaemonHarness h;
+  const std::string gpu_file = h.dir() + "/gpus.json";
+  UseFakeGpus(h, gpu_file, kGpuUuids, "1");
+  h.Set("slots.drain_stranded_after_s", "2");
+  h.Set("testing.allow_fault_injection", "true");
+  ASSERT_TRUE(h.Start());
+  ForeignProcess stranger(h.dir() + "/stranger.log");
+  const std::string id =
+      h.Submit(Spec("strand", 300, 100, 2, "exit_at_step = 30\nexit_code = 3\nonly_attempt = 1"));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitFor(
+      id, [](const v1::Run& r) { return RunningAt(r, 1, 0); }, kRunLimit, &run))
+      << Describe(run);
+  ASSERT_EQ(run.attempts(0).ranks(0).slot(), 0);
+  // GPU 0 fills up with a process outside the worker's group.
+  WriteFakeGpus(gpu_file, {{kGpuUuids[0], 4096, {stranger.pid()}}, {kGpuUuids[1], 10, {}}});
+  v1::Node node;
+  ASSERT_TRUE(Eventually([&] { return SlotIn(h, 0, v1::SLOT_STATE_DRAINED, &node); }, kRunLimit))
+      << node.DebugString();
+  EXPECT_EQ(node.slots(0).drain_source(), "stranded");
+  EXPECT_THAT(node.slots(0).drain_reason(), HasSubstr("stranded for more than 2 s"));
+  EXPECT_THAT(node.slots(0).drain_reason(), HasSubstr(std::to_string(stranger.pid())));
+  v1::Slot slot;
+  EXPECT_EQ(Undrain(h, "gpu:0", &slot).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  // The stranger lets go: the drain ends with the stranding.
+  stranger.Stop();
+  WriteFakeGpus(gpu_file, {{kGpuUuids[0], 10, {}}, {kGpuUuids[1], 10, {}}});
+  ASSERT_TRUE(Eventually([&] { return SlotIn(h, 0, v1::SLOT_STATE_FREE, &node); }, kRunLimit))
+      << node.DebugString();
+  EXPECT_EQ(node.slots(0).drain_reason(), "");
+  ASSERT_TRUE(h.WaitForEnd(id, kRunLimit, &run));
+  EXPECT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
 }
 
 #endif
