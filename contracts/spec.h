@@ -212,8 +212,8 @@ struct ClusterSpec {
   std::string job;
   int64_t nodes = 2;           // 1..64
   int64_t ranks_per_node = 1;  // 1..64; world_size = nodes * ranks_per_node
-  // The job goes on with this many nodes or more when some are lost past
-  // the rendezvous timeout; 1..nodes, default nodes (no elasticity).
+  // Reserved for jobs that go on with fewer nodes when some are lost: not
+  // built yet, so only nodes (the default) is accepted.
   // min_world_size = min_nodes * ranks_per_node.
   int64_t min_nodes = 0;
   // host:port of etcd's client API, 1..16; required.

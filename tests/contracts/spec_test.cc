@@ -345,19 +345,19 @@ TEST(RunSpec, ElasticRangeAndGlobalBatch) {
   EXPECT_EQ(Error("[elastic]\nwait_s = -1\n"), "elastic.wait_s: must be in [0, 86400], got -1");
   EXPECT_EQ(Error("[elastic]\ngrow = 1\n"), "elastic.grow: unknown key");
 
-  // Several machines: min_nodes gives min_world_size.
-  absl::StatusOr<RunSpec> cluster = ParseRunSpec(std::string(kCluster) + "min_nodes = 1\n");
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  EXPECT_EQ(cluster->cluster.min_nodes, 1);
-  EXPECT_EQ(cluster->min_world_size, 3);
-  absl::StatusOr<RunSpec> whole = ParseRunSpec(kCluster);
-  ASSERT_TRUE(whole.ok());
+  // Several machines: min_nodes is read and checked, but a job cannot go
+  // on with fewer nodes yet (docs/distributed.md, "Elastic"): refused.
+  absl::StatusOr<RunSpec> whole = ParseRunSpec(std::string(kCluster) + "min_nodes = 2\n");
+  ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_EQ(whole->cluster.min_nodes, 2);
   EXPECT_EQ(whole->min_world_size, 6);
+  EXPECT_EQ(Error(std::string(kCluster) + "min_nodes = 1\n"),
+            "cluster.min_nodes: 1 is below nodes = 2, but a multi-node job cannot go on with fewer "
+            "nodes yet; drop min_nodes");
   EXPECT_EQ(Error(std::string(kCluster) + "min_nodes = 3\n"),
             "cluster.min_nodes: must be in [1, 2], got 3");
-  EXPECT_EQ(Error("min_world_size = 2\n" + std::string(kCluster) + "min_nodes = 1\n"),
-            "min_world_size: 2 but the [cluster] table makes 1 nodes x 3 ranks = 3 (min_nodes); "
+  EXPECT_EQ(Error("min_world_size = 2\n" + std::string(kCluster)),
+            "min_world_size: 2 but the [cluster] table makes 2 nodes x 3 ranks = 6 (min_nodes); "
             "drop min_world_size or make them agree");
 }
 
