@@ -22,6 +22,10 @@
 #                                 GPU with this machine's LibTorch (the GPU
 #                                 tests skip; "ok" is then false)
 #
+# PROFILE_SCENES (e.g. "small default large"): afterwards, minkunet_bench
+# on those scenes with both CUDA paths, and --profile with the cuda one,
+# into profile.txt.
+#
 # BUILD_TIMEOUT (seconds, default 330) caps the build; a 2-core machine
 # needs more for --cpu-only. DEADLINE (seconds, default 480 on the GPU, 3600
 # with --cpu-only) bounds the whole run: each stage gets the smaller of its
@@ -264,6 +268,24 @@ for backend in "${backends[@]}"; do
     --json >"$out/bench_$backend.json" 2>>"$log" || status=$?
   fact "bench_${backend}_exit" "$status"
 done
+
+# --- Optional: how the CUDA paths scale and where their host time goes --------
+# PROFILE_SCENES="small default large" runs minkunet_bench --profile on
+# each scene with both CUDA paths, into profile.txt (not in the JSON).
+if [[ $mode == gpu && -n ${PROFILE_SCENES:-} ]]; then
+  for scene in $PROFILE_SCENES; do
+    for run in "generic" "cuda" "cuda --profile"; do
+      limit=$(left 90)
+      if ((limit < 10)); then say "scene $scene, $run: skipped, the deadline is near"; continue; fi
+      say "minkunet_bench --scene $scene --backend $run"
+      echo "=== scene $scene, backend $run" >>"$out/profile.txt"
+      # shellcheck disable=SC2086  # "cuda --profile" is two arguments
+      timeout "$limit" "$build/sparse/minkunet_bench" --device cuda --repeats 3 --depths 14 \
+        --scene "$scene" --backend $run >>"$out/profile.txt" 2>&1 ||
+        echo "exit $?" >>"$out/profile.txt"
+    done
+  done
+fi
 
 say "done"
 summary
