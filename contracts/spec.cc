@@ -243,13 +243,6 @@ absl::Status ReadCluster(const toml::table* t, ClusterSpec* c) {
   TRAINSUP_RETURN_IF_ERROR(r.Int("ranks_per_node", &c->ranks_per_node, 1, 64));
   c->min_nodes = c->nodes;
   TRAINSUP_RETURN_IF_ERROR(r.Int("min_nodes", &c->min_nodes, 1, c->nodes));
-  if (c->min_nodes < c->nodes) {
-    // Read and checked, so that specs can say it, but a job's rendezvous
-    // still waits for every node (docs/distributed.md, "Elastic").
-    return absl::InvalidArgumentError(
-        absl::StrCat("cluster.min_nodes: ", c->min_nodes, " is below nodes = ", c->nodes,
-                     ", but a multi-node job cannot go on with fewer nodes yet; drop min_nodes"));
-  }
   TRAINSUP_RETURN_IF_ERROR(r.StringArray("etcd_endpoints", &c->etcd_endpoints, 16));
   if (c->etcd_endpoints.empty()) {
     return absl::InvalidArgumentError("cluster.etcd_endpoints: required (host:port of etcd)");

@@ -212,8 +212,10 @@ struct ClusterSpec {
   std::string job;
   int64_t nodes = 2;           // 1..64
   int64_t ranks_per_node = 1;  // 1..64; world_size = nodes * ranks_per_node
-  // Reserved for jobs that go on with fewer nodes when some are lost: not
-  // built yet, so only nodes (the default) is accepted.
+  // The fewest nodes the job goes on with (1..nodes, default nodes: no
+  // elasticity): a rendezvous still short of nodes after [elastic] wait_s
+  // closes with those that joined, if at least min_nodes, and a node that
+  // rejoins is taken in at a checkpoint (docs/distributed.md, "Elastic").
   // min_world_size = min_nodes * ranks_per_node.
   int64_t min_nodes = 0;
   // host:port of etcd's client API, 1..16; required.

@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<UnitCluster>> DaemonImpl::JoinCluster(const v1::R
   // No jitter to draw: every node reads the one delay the deciding node
   // wrote (NextGeneration).
   o.policy = RestartPolicyFrom(config_.restart);
+  o.elastic_wait_s = spec.elastic.wait_s;
   return std::unique_ptr<UnitCluster>(std::make_unique<ClusterMember>(
       env_.get(), etcd_timers_.get(), std::shared_ptr<EtcdClient>(std::move(*client)), std::move(o),
       std::move(events)));

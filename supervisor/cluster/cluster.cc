@@ -351,7 +351,7 @@ void ClusterMember::Evaluate() {
     // attempt under way stops, and its verdict is this failure.
     if (running_ > 0 && !fatal_told_) {
       fatal_told_ = true;
-      if (events_.moved) events_.moved(running_ + 1, fatal_);
+      if (events_.moved) events_.moved(running_ + 1, fatal_, false);
     }
     std::vector<std::pair<int64_t, std::function<void(ClusterVerdict)>>> ready;
     ready.swap(verdicts_);
@@ -369,7 +369,7 @@ void ClusterMember::Evaluate() {
   const GenerationRecord& g = *gen_;
   if (g.generation > moved_told_) {
     moved_told_ = g.generation;
-    if (g.generation > 1 && events_.moved) events_.moved(g.generation, g.reason);
+    if (g.generation > 1 && events_.moved) events_.moved(g.generation, g.reason, g.grow);
   }
   // Taken out before any is answered: an answer may ask for another.
   std::vector<std::function<void(ClusterVerdict)>> ready;
@@ -392,9 +392,22 @@ void ClusterMember::Evaluate() {
     // own longest backoff, so a record cannot stall the job for days.
     v.delay_s = std::min(g.delay_s, o_.policy.max_backoff_s);
     v.reason = g.reason;
+    v.grow = g.grow && g.action == GenerationRecord::Action::kRun;
     for (auto& done : ready) done(v);
   }
   EvaluateJoin(g);
+  // Elastic: the generation we run in was closed short, and a node outside
+  // it has joined (its daemon came back): the job moves on to take it in.
+  if (connected_ && running_ == g.generation && g.action == GenerationRecord::Action::kRun &&
+      static_cast<int64_t>(members_.size()) < o_.spec.nodes) {
+    std::vector<std::string> unbound;
+    for (const JoinRecord& r : BoundJoins(joins_[g.generation], node_leases_, &unbound)) {
+      if (!IsMember(r.node)) {
+        Grow(g.generation, r.node);
+        break;
+      }
+    }
+  }
   // A node of the generation we run in whose node key is gone: its lease
   // expired (daemon killed, machine down, partitioned). The job restarts
   // and waits for it in the next rendezvous.
@@ -447,7 +460,18 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
       }
     }
     absl::StatusOr<std::optional<Agreement>> a =
-        Agree(joined, static_cast<int>(o_.spec.nodes), o_.node);
+        Agree(joined, static_cast<int>(o_.spec.nodes), o_.node, g.members);
+    if (!g.members.empty() &&
+        std::find(g.members.begin(), g.members.end(), o_.node) == g.members.end() &&
+        left_out_noted_ != g.generation) {
+      left_out_noted_ = g.generation;
+      if (events_.note) {
+        events_.note(LogLevel::kInfo,
+                     absl::StrCat("generation ", g.generation, " runs without this node (",
+                                  absl::StrJoin(g.members, ", "),
+                                  "); waiting for it to take this node in at a checkpoint"));
+      }
+    }
     if (!a.ok()) {
       if (events_.note) events_.note(LogLevel::kError, std::string(a.status().message()));
     } else if (a->has_value()) {
@@ -455,6 +479,7 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
       agreed.generation = g.generation;
       agreed.submission = o_.submission;
       agreed.claim = agreed.sees != o_.submission;
+      agreed.resize = g.resize;
       running_ = g.generation;
       members_ = agreed.nodes;
       self_.set_node_rank(agreed.node_rank);
@@ -510,6 +535,11 @@ void ClusterMember::PutJoin(int64_t generation) {
         After(o_.spec.rendezvous_timeout_s, [this, generation, serial = join_->serial] {
           OnRendezvousTimeout(generation, serial);
         });
+        if (o_.spec.min_nodes > 0 && o_.spec.min_nodes < o_.spec.nodes) {
+          After(o_.elastic_wait_s, [this, generation, serial = join_->serial] {
+            OnElasticWait(generation, serial);
+          });
+        }
         Evaluate();
       });
 }
@@ -521,6 +551,25 @@ absl::Status ClusterMember::StoreProblem(int64_t generation) {
 void ClusterMember::OnRendezvousTimeout(int64_t generation, int64_t serial) {
   if (!join_ || join_->serial != serial || join_->put_generation != generation || !gen_ ||
       gen_->generation != generation) {
+    return;
+  }
+  const std::vector<std::string>& members = gen_->members;
+  if (!members.empty() && std::find(members.begin(), members.end(), o_.node) == members.end()) {
+    // Left out of a short generation: the job does not fail for it. It
+    // waits for the members to take it in, unless none of them is left
+    // (their node keys gone), when it moves the job on itself.
+    bool any = false;
+    for (const std::string& m : members) any = any || nodes_.count(m) != 0;
+    if (!any && gen_->action == GenerationRecord::Action::kRun) {
+      AttemptEnd end;
+      end.end_s = WallS();
+      end.cls = ExitClass::kLost;
+      end.detail = absl::StrCat("every node of generation ", generation, " (",
+                                absl::StrJoin(members, ", "), ") lost: their etcd leases expired");
+      Bump(generation, end, end.detail);
+    }
+    After(o_.spec.rendezvous_timeout_s,
+          [this, generation, serial] { OnRendezvousTimeout(generation, serial); });
     return;
   }
   const std::string reason = RendezvousTimeoutReason(generation, joins_[generation], o_.spec.nodes,
@@ -549,6 +598,103 @@ void ClusterMember::OnRendezvousTimeout(int64_t generation, int64_t serial) {
           Failed("failing the job after the rendezvous timeout", s);
           After(kRetryS, [this, generation, serial] { OnRendezvousTimeout(generation, serial); });
         }
+      });
+}
+
+bool ClusterMember::IsMember(const std::string& node) const {
+  return std::find(members_.begin(), members_.end(), node) != members_.end();
+}
+
+void ClusterMember::OnElasticWait(int64_t generation, int64_t serial) {
+  if (!join_ || join_->serial != serial || join_->put_generation != generation || !gen_ ||
+      gen_->generation != generation || gen_->action != GenerationRecord::Action::kRun ||
+      !gen_->members.empty()) {
+    return;
+  }
+  std::vector<std::string> unbound;
+  const std::vector<JoinRecord> joined = BoundJoins(joins_[generation], node_leases_, &unbound);
+  std::vector<std::string> names;
+  bool same = true;
+  for (const JoinRecord& r : joined) {
+    names.push_back(r.node);
+    same = same && r.sees == joined[0].sees;
+  }
+  if (static_cast<int64_t>(names.size()) >= o_.spec.nodes) return;  // completes, or fails
+  if (static_cast<int64_t>(names.size()) < o_.spec.min_nodes || !same || !etcd_up_) {
+    After(kRetryS, [this, generation, serial] { OnElasticWait(generation, serial); });
+    return;
+  }
+  // The nodes of the job this daemon knows of that did not join: the last
+  // running generation's, and those with a node key.
+  std::set<std::string> known(members_.begin(), members_.end());
+  for (const auto& [node, status] : nodes_) known.insert(node);
+  for (const std::string& n : names) known.erase(n);
+  const std::vector<std::string> left_out(known.begin(), known.end());
+  const std::string reason = absl::StrCat(
+      left_out.empty() ? std::string("a node") : absl::StrCat("node ", absl::StrJoin(left_out, ", ")),
+      " left out: only ", names.size(), " of ", o_.spec.nodes, " nodes joined generation ",
+      generation, "'s rendezvous within ", o_.elastic_wait_s, " s (min_nodes ", o_.spec.min_nodes,
+      ")");
+  const std::string key = keys_.Generation();
+  const SubmissionCheck mine{keys_.Submission(), o_.submission};
+  Do<absl::Status>(
+      [key, generation, names, left_out, reason, mine](EtcdClient& c) {
+        return SwapGeneration(
+            c, key,
+            [&](const GenerationRecord& g) {
+              std::optional<GenerationRecord> closed;
+              if (g.generation != generation || g.action != GenerationRecord::Action::kRun ||
+                  !g.members.empty()) {
+                return closed;
+              }
+              closed = CloseRendezvous(g, names, left_out, reason);
+              return closed;
+            },
+            /*if_absent=*/false, mine);
+      },
+      [this, generation, serial](absl::Status s) {
+        if (s.ok()) {
+          Answered();
+          return;
+        }
+        Failed("closing the rendezvous with fewer nodes", s);
+        After(kRetryS, [this, generation, serial] { OnElasticWait(generation, serial); });
+      });
+}
+
+void ClusterMember::Grow(int64_t generation, const std::string& node) {
+  if (!fatal_.empty() || !bumping_.insert(generation).second) return;
+  const std::string key = keys_.Generation();
+  const std::string by = o_.node;
+  const std::string reason = absl::StrCat("node ", node, " rejoined");
+  const SubmissionCheck mine{keys_.Submission(), o_.submission};
+  if (events_.note) {
+    events_.note(LogLevel::kInfo,
+                 absl::StrCat("node ", node, " joined generation ", generation,
+                              ", which runs without it: moving the job on to take it in (a "
+                              "checkpoint and a graceful stop, no restart counted)"));
+  }
+  Do<absl::Status>(
+      [key, generation, by, reason, mine](EtcdClient& c) {
+        return SwapGeneration(
+            c, key,
+            [&](const GenerationRecord& g) {
+              std::optional<GenerationRecord> next;
+              if (g.generation == generation && g.action == GenerationRecord::Action::kRun) {
+                next = GrowGeneration(g, by, reason);
+              }
+              return next;
+            },
+            /*if_absent=*/false, mine);
+      },
+      [this, generation, node](absl::Status s) {
+        if (s.ok()) {
+          Answered();
+          return;
+        }
+        Failed(absl::StrCat("moving the job on to take node ", node, " in"), s);
+        bumping_.erase(generation);
+        After(kRetryS, [this] { Evaluate(); });
       });
 }
 
@@ -673,7 +819,9 @@ void ClusterMember::Withdraw(std::function<void(bool)> done) {
     return;
   }
   if (!connected_ || !gen_ || gen_->generation != generation ||
-      joins_[generation].size() >= static_cast<size_t>(o_.spec.nodes)) {
+      joins_[generation].size() >= static_cast<size_t>(o_.spec.nodes) ||
+      (!gen_->members.empty() &&
+       std::find(gen_->members.begin(), gen_->members.end(), o_.node) != gen_->members.end())) {
     done(false);
     return;
   }
@@ -793,6 +941,19 @@ void ClusterMember::Fill(v1::ClusterStatus* out) const {
     if (j != joins_.end() && j->second.count(m)) lost.set_run_id(j->second.at(m).run_id);
     lost.set_reason("lost: its etcd lease expired");
     all[m] = lost;
+  }
+  // Nodes a short generation runs without (an elastic job), not seen.
+  if (gen_) {
+    for (const std::string& m : gen_->left_out) {
+      if (all.count(m) != 0) continue;
+      v1::ClusterNode out_node;
+      out_node.set_node(m);
+      out_node.set_lease_alive(false);
+      out_node.set_node_rank(-1);
+      out_node.set_reason(absl::StrCat("left out of generation ", gen_->generation,
+                                       ": taken in again when its daemon rejoins"));
+      all[m] = out_node;
+    }
   }
   for (const auto& [name, n] : all) *out->add_nodes() = n;
 }

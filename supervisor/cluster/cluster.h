@@ -44,6 +44,10 @@ class ClusterMember final : public UnitCluster {
     std::string submission;
     std::string fresh_submission;
     RestartPolicy policy;  // this daemon's, for the restarts it decides
+    // An elastic job (spec.min_nodes < nodes): how long an open
+    // rendezvous waits for every node before it closes with the nodes
+    // that joined, if at least min_nodes ([elastic] wait_s).
+    double elastic_wait_s = 60;
   };
   // `clock` and `timers` must outlive the member.
   ClusterMember(UnitClock* clock, UnitTimers* timers, std::shared_ptr<EtcdClient> client,
@@ -96,6 +100,14 @@ class ClusterMember final : public UnitCluster {
   // none (the caller reads the store again later).
   absl::Status StoreProblem(int64_t generation);
   void OnRendezvousTimeout(int64_t generation, int64_t serial);
+  // Elastic jobs: closes the open rendezvous of `generation` with the
+  // nodes that joined once wait_s has passed (min_nodes at least);
+  // checks again every second until it completes or fails.
+  void OnElasticWait(int64_t generation, int64_t serial);
+  // A member of the running, short generation sees a node outside it join:
+  // the generation moves on to take it in.
+  void Grow(int64_t generation, const std::string& node);
+  bool IsMember(const std::string& node) const;
   void Bump(int64_t generation, AttemptEnd end, const std::string& reason);
   void PublishSelf();
   // An etcd call failed: Unavailable/DeadlineExceeded mark etcd down.
@@ -153,6 +165,7 @@ class ClusterMember final : public UnitCluster {
   std::vector<std::pair<int64_t, std::function<void(ClusterVerdict)>>> verdicts_;
   std::set<int64_t> bumping_;  // generations we are moving on
   int64_t lost_lease_generation_ = 0;
+  int64_t left_out_noted_ = 0;  // the closed generation this node was told it waits out
 
   v1::ClusterNode self_;
   bool self_final_ = false;

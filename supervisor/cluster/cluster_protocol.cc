@@ -162,7 +162,11 @@ std::string EncodeGeneration(const GenerationRecord& r) {
               {"delay_s", r.delay_s},
               {"by", r.by},
               {"reason", r.reason},
-              {"history", history}}
+              {"history", history},
+              {"members", r.members},
+              {"left_out", r.left_out},
+              {"grow", r.grow},
+              {"resize", r.resize}}
       .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -201,6 +205,23 @@ absl::StatusOr<GenerationRecord> DecodeGeneration(const std::string& text) {
       end.detail = e.value("detail", "");
       r.history.push_back(end);
     }
+    for (const char* key : {"members", "left_out"}) {
+      const json names = j->value(key, json::array());
+      if (!names.is_array()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("generation record: \"", key, "\" is not a list"));
+      }
+      std::vector<std::string>& out = std::string(key) == "members" ? r.members : r.left_out;
+      for (const json& name : names) {
+        if (!name.is_string() || name.get<std::string>().empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("generation record: \"", key, "\" holds something not a node name"));
+        }
+        out.push_back(name.get<std::string>());
+      }
+    }
+    r.grow = j->value("grow", false);
+    r.resize = j->value("resize", "");
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("generation record: ", e.what()));
   }
@@ -236,12 +257,50 @@ GenerationRecord NextGeneration(const GenerationRecord& current, const AttemptEn
   return next;
 }
 
+GenerationRecord GrowGeneration(const GenerationRecord& current, const std::string& by,
+                                const std::string& reason) {
+  GenerationRecord next = current;
+  next.generation = current.generation + 1;
+  next.action = GenerationRecord::Action::kRun;
+  next.delay_s = 0;
+  next.by = by;
+  next.members.clear();
+  next.left_out.clear();
+  next.grow = true;
+  next.resize = Truncated(reason, GenerationRecord::kMaxReasonBytes);
+  next.reason = next.resize;
+  return next;
+}
+
+GenerationRecord CloseRendezvous(const GenerationRecord& current, std::vector<std::string> joined,
+                                 std::vector<std::string> left_out, const std::string& reason) {
+  GenerationRecord closed = current;
+  std::sort(joined.begin(), joined.end());
+  std::sort(left_out.begin(), left_out.end());
+  closed.members = std::move(joined);
+  closed.left_out = std::move(left_out);
+  closed.resize = Truncated(reason, GenerationRecord::kMaxReasonBytes);
+  return closed;
+}
+
 absl::StatusOr<std::optional<Agreement>> Agree(const std::vector<JoinRecord>& joined, int nodes,
-                                               const std::string& self) {
+                                               const std::string& self,
+                                               const std::vector<std::string>& members) {
   std::vector<const JoinRecord*> sorted;
-  for (const JoinRecord& r : joined) sorted.push_back(&r);
+  const std::set<std::string> closed(members.begin(), members.end());
+  for (const JoinRecord& r : joined) {
+    if (closed.empty() || closed.count(r.node) != 0) sorted.push_back(&r);
+  }
   std::sort(sorted.begin(), sorted.end(),
             [](const JoinRecord* a, const JoinRecord* b) { return a->node < b->node; });
+  if (!closed.empty()) {
+    // Every member's record, then the agreement among them; a node left
+    // out waits for the generation that takes it in.
+    if (sorted.size() < closed.size() || closed.count(self) == 0) {
+      return std::optional<Agreement>();
+    }
+    nodes = static_cast<int>(closed.size());
+  }
   if (static_cast<int>(sorted.size()) > nodes) {
     std::vector<std::string> names;
     for (const JoinRecord* r : sorted) names.push_back(r->node);

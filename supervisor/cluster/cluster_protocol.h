@@ -86,6 +86,17 @@ struct GenerationRecord {
   // the reason kMaxReasonBytes): the record stays under 128 KiB, far below
   // etcd's 1.5 MiB request limit, whatever the exits said.
   std::vector<AttemptEnd> history;
+  // An elastic job (cluster.min_nodes < nodes, docs/distributed.md,
+  // "Elastic"). members: the nodes that run this generation when its
+  // rendezvous was closed short at its timeout, sorted (empty: open, all
+  // `nodes` must join); left_out: the job's nodes known to the closer that
+  // are not among them. grow: the generation was moved to take a rejoining
+  // node in (a graceful stop at a checkpoint, no restart counted). resize:
+  // why the world size changes in this generation ("" unchanged).
+  std::vector<std::string> members;
+  std::vector<std::string> left_out;
+  bool grow = false;
+  std::string resize;
   static constexpr size_t kMaxHistory = 256;
   static constexpr size_t kMaxDetailBytes = 256;
   static constexpr size_t kMaxReasonBytes = 2048;
@@ -101,6 +112,18 @@ absl::StatusOr<GenerationRecord> DecodeGeneration(const std::string& json);
 GenerationRecord NextGeneration(const GenerationRecord& current, const AttemptEnd& end,
                                 const RestartPolicy& policy, const std::string& by,
                                 const std::string& reason);
+
+// The record that moves generation `current.generation` on to take a
+// rejoining node in: generation + 1, kRun, restarts and history unchanged,
+// no delay, grow set, members open again, resize and reason `reason`.
+GenerationRecord GrowGeneration(const GenerationRecord& current, const std::string& by,
+                                const std::string& reason);
+
+// The record that closes `current`'s open rendezvous with the nodes
+// `joined` (sorted here), leaving out `left_out`, with `reason` as its
+// resize: the same generation, everything else unchanged.
+GenerationRecord CloseRendezvous(const GenerationRecord& current, std::vector<std::string> joined,
+                                 std::vector<std::string> left_out, const std::string& reason);
 
 // The rendezvous of one generation, agreed alike by every node from the
 // same records: once `nodes` nodes have joined, node ranks follow the sorted
@@ -119,14 +142,21 @@ struct Agreement {
   std::string sees;
   bool claim = false;
   std::string submission;
+  // Why the world size changes in this generation (the generation
+  // record's resize, set by the caller; "" unchanged).
+  std::string resize;
 };
 // nullopt while fewer than `nodes` have joined, or while they do not all see
 // the same owner record (a node that does not see it, with none, cannot
 // see the shared store: ClusterMember fails its join). InvalidArgument when more
 // have joined than the job has nodes (a misconfigured extra node: the error
 // names them), or `self` is not among them.
+// A closed rendezvous (`members` not empty) agrees once every member has
+// joined, from the members' records alone: others that joined wait for
+// the next generation, `self` among them (nullopt).
 absl::StatusOr<std::optional<Agreement>> Agree(const std::vector<JoinRecord>& joined, int nodes,
-                                               const std::string& self);
+                                               const std::string& self,
+                                               const std::vector<std::string>& members = {});
 
 // Why a job of `nodes` nodes fails when the rendezvous of `generation`
 // has not completed within `timeout_s`, with the records `joined`: too few

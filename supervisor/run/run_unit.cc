@@ -392,7 +392,8 @@ void RunUnit::StartAttempt(ResumeChoice c, int64_t generation) {
   attempt_.set_resumed_from_step(c.step);
   attempt_.set_resumed_from(c.dir);
   attempt_.set_generation(generation);
-  const int world = Clustered() ? run_.world_size() : static_cast<int>(slots_.size());
+  const int world = Clustered() ? (cluster_world_ > 0 ? cluster_world_ : run_.world_size())
+                                : static_cast<int>(slots_.size());
   attempt_.set_world_size(world);
   ranks_.clear();
   ends_seen_ = 0;
@@ -686,6 +687,16 @@ void RunUnit::EndAttempt() {
           if (cancel_ || v.kind == ClusterVerdict::Kind::kCancel) {
             SetState(v1::RUN_STATE_CANCELLED, cancel_ ? cancel_reason_ : v.reason, std::move(b),
                      [this] { MaybeFinished(); });
+            return;
+          }
+          if (v.kind == ClusterVerdict::Kind::kRestart && v.grow) {
+            // Taking a rejoining node in: queued again at once, no restart
+            // counted, no backoff.
+            not_before_s_ = env_.clock->NowS();
+            resize_reason_ = v.reason;
+            SetState(v1::RUN_STATE_RESTARTING,
+                     absl::StrCat("job generation ", v.generation, ": ", v.reason), std::move(b),
+                     [this] { env_.host->Reschedule(); });
             return;
           }
           RestartDecision d;

@@ -12,8 +12,8 @@ namespace trainsup::supervisor {
 bool RunUnit::EnsureCluster(bool fail_run) {
   if (cluster_) return true;
   ClusterEvents events;
-  events.moved = Guarded([this](int64_t generation, const std::string& reason) {
-    OnClusterMoved(generation, reason);
+  events.moved = Guarded([this](int64_t generation, const std::string& reason, bool grow) {
+    OnClusterMoved(generation, reason, grow);
   });
   events.note =
       Guarded([this](LogLevel level, const std::string& line) { OnClusterNote(level, line); });
@@ -59,9 +59,20 @@ void RunUnit::OnClusterSubmission(const std::string& id, const std::string& repl
   Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
 }
 
-void RunUnit::OnClusterMoved(int64_t generation, const std::string& reason) {
+void RunUnit::OnClusterMoved(int64_t generation, const std::string& reason, bool grow) {
   const int64_t mine = attempt_.generation();
   if (mine == 0 || generation <= mine) return;
+  if (grow && AnyAlive() && !resize_stop_) {
+    // Taking a rejoining node in: the gang checkpoints and stops (every
+    // node's ranks agree on the step), and the run joins the next
+    // generation at once.
+    OnClusterNote(LogLevel::kInfo,
+                  absl::StrCat("generation ", generation, ": ", reason,
+                               "; stopping this node's ranks of generation ", mine,
+                               " at a checkpoint"));
+    Resize(reason);
+    return;
+  }
   bool stopping = false;
   for (RankState& r : ranks_) {
     if (!r.alive || r.stop_stage != StopStage::kNone) continue;
@@ -118,6 +129,8 @@ void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a) {
     return;
   }
   rank_base_ = a->node_rank * static_cast<int>(spec_.cluster.ranks_per_node);
+  cluster_world_ = static_cast<int>(a->nodes.size() * spec_.cluster.ranks_per_node);
+  if (!a->resize.empty()) resize_reason_ = a->resize;
   master_addr_ = a->master_addr;
   master_port_ = a->master_port;
   c.notes.push_back(absl::StrCat(
@@ -125,7 +138,11 @@ void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a) {
       " of ", a->nodes.size(), " (", absl::StrJoin(a->nodes, ", "), "), ranks ", rank_base_, "..",
       rank_base_ + spec_.cluster.ranks_per_node - 1, ", MASTER ", master_addr_, ":", master_port_,
       a->resume_step >= 0 ? absl::StrCat(", resuming from step ", a->resume_step)
-                          : std::string(", from scratch")));
+                          : std::string(", from scratch"),
+      cluster_world_ < run_.world_size()
+          ? absl::StrCat("; world size ", cluster_world_, " of ", run_.world_size(), " (",
+                         a->resize.empty() ? std::string("fewer nodes") : a->resize, ")")
+          : std::string()));
   if (!a->claim || a->node_rank != 0) {
     StartAttempt(std::move(c), a->generation);
     return;

@@ -131,12 +131,17 @@ struct ClusterVerdict {
   int64_t restarts = 0;    // of the whole job
   double delay_s = 0;
   std::string reason;
+  // The generation moved to take a rejoining node in: not a restart (the
+  // run queues again at once, nothing counted).
+  bool grow = false;
 };
 
 struct ClusterEvents {
   // The job's generation moved to `generation` (a node restarted the job,
-  // or it failed or was cancelled): ranks of an older one must stop.
-  std::function<void(int64_t generation, const std::string& reason)> moved;
+  // or it failed or was cancelled): ranks of an older one must stop. grow:
+  // it moved to take a rejoining node in (an elastic job): they stop
+  // gracefully, with a checkpoint.
+  std::function<void(int64_t generation, const std::string& reason, bool grow)> moved;
   // A line for the run's events: etcd unreachable or back, a node lost,
   // waiting for nodes to join.
   std::function<void(LogLevel level, const std::string& line)> note;

@@ -345,15 +345,19 @@ TEST(RunSpec, ElasticRangeAndGlobalBatch) {
   EXPECT_EQ(Error("[elastic]\nwait_s = -1\n"), "elastic.wait_s: must be in [0, 86400], got -1");
   EXPECT_EQ(Error("[elastic]\ngrow = 1\n"), "elastic.grow: unknown key");
 
-  // Several machines: min_nodes is read and checked, but a job cannot go
-  // on with fewer nodes yet (docs/distributed.md, "Elastic"): refused.
+  // Several machines: min_nodes (default nodes) makes min_world_size.
   absl::StatusOr<RunSpec> whole = ParseRunSpec(std::string(kCluster) + "min_nodes = 2\n");
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_EQ(whole->cluster.min_nodes, 2);
   EXPECT_EQ(whole->min_world_size, 6);
-  EXPECT_EQ(Error(std::string(kCluster) + "min_nodes = 1\n"),
-            "cluster.min_nodes: 1 is below nodes = 2, but a multi-node job cannot go on with fewer "
-            "nodes yet; drop min_nodes");
+  absl::StatusOr<RunSpec> fewer = ParseRunSpec(std::string(kCluster) + "min_nodes = 1\n");
+  ASSERT_TRUE(fewer.ok()) << fewer.status();
+  EXPECT_EQ(fewer->cluster.min_nodes, 1);
+  EXPECT_EQ(fewer->min_world_size, 3);
+  EXPECT_EQ(fewer->world_size, 6);
+  EXPECT_TRUE(CheckGangSize(*fewer, 3).ok());
+  EXPECT_TRUE(CheckGangSize(*fewer, 6).ok());
+  EXPECT_FALSE(CheckGangSize(*fewer, 2).ok());
   EXPECT_EQ(Error(std::string(kCluster) + "min_nodes = 3\n"),
             "cluster.min_nodes: must be in [1, 2], got 3");
   EXPECT_EQ(Error("min_world_size = 2\n" + std::string(kCluster)),

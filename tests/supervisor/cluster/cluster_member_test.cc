@@ -89,6 +89,7 @@ struct Node {
   HookedClient* client = nullptr;
   std::unique_ptr<ClusterMember> member;
   std::vector<std::pair<int64_t, std::string>> moved;
+  std::vector<int64_t> grown;  // the moves that take a rejoining node in
   std::vector<std::string> notes;
   std::optional<absl::StatusOr<Agreement>> joined;
   std::optional<ClusterVerdict> verdict;
@@ -101,10 +102,11 @@ struct Node {
 };
 
 constexpr double kLeaseTtlS = 10;
+constexpr double kElasticWaitS = 5;
 
 class ClusterMemberTest : public ::testing::Test {
  protected:
-  Node& Start(const std::string& name, int64_t job_nodes = 2) {
+  Node& Start(const std::string& name, int64_t job_nodes = 2, int64_t min_nodes = 0) {
     auto node = std::make_unique<Node>();
     Node* n = node.get();
     n->name = name;
@@ -118,6 +120,8 @@ class ClusterMemberTest : public ::testing::Test {
     o.spec.checkpoint_dir = "/shared/ckpt";
     o.spec.lease_ttl_s = kLeaseTtlS;
     o.spec.rendezvous_timeout_s = 60;
+    o.spec.min_nodes = min_nodes > 0 ? min_nodes : job_nodes;
+    o.elastic_wait_s = kElasticWaitS;
     o.node = name;
     o.address = "host-" + name;
     o.run_id = "run-" + name;
@@ -125,7 +129,10 @@ class ClusterMemberTest : public ::testing::Test {
     o.fresh_submission = "fresh-" + name;
     o.policy.jitter = 0;
     ClusterEvents events;
-    events.moved = [n](int64_t g, const std::string& why) { n->moved.emplace_back(g, why); };
+    events.moved = [n](int64_t g, const std::string& why, bool grow) {
+      n->moved.emplace_back(g, why);
+      if (grow) n->grown.push_back(g);
+    };
     events.note = [n](LogLevel, const std::string& line) { n->notes.push_back(line); };
     n->member =
         std::make_unique<ClusterMember>(&loop_, &loop_, client, std::move(o), std::move(events));
@@ -139,6 +146,9 @@ class ClusterMemberTest : public ::testing::Test {
   }
   // A rank of `n` ended with `cls` in `generation`: the job's verdict.
   void RankDied(Node& n, int64_t generation, ExitClass cls) {
+    RankEnded(n, generation, cls);
+  }
+  void RankEnded(Node& n, int64_t generation, ExitClass cls) {
     AttemptEnd end;
     end.end_s = static_cast<double>(loop_.WallMs()) / 1000;
     end.cls = cls;
@@ -588,6 +598,149 @@ TEST_F(ClusterMemberTest, AJoinRecordNotBoundToItsNodesLeaseIsIgnored) {
   ASSERT_TRUE(a.joined && a.joined->ok()) << (a.joined ? a.joined->status().ToString() : "none");
   EXPECT_EQ((*a.joined)->master_addr, "host-a");
   EXPECT_EQ((*a.joined)->master_port, 29500);
+}
+
+}  // namespace
+}  // namespace trainsup::supervisor
+
+namespace trainsup::supervisor {
+namespace {
+
+// An elastic job of two nodes that goes on with one (min_nodes 1): a joins
+// alone, and after wait_s the rendezvous closes with a (the record names
+// its members and why). b's daemon then joins: it is left out of the
+// running generation and told so, and a, running, moves the job on to take
+// it in: generation 2, grow, no restart counted. a's ranks stop (at a
+// checkpoint: the run unit's part); its verdict is a grow, and both agree
+// on generation 2 with both nodes.
+TEST_F(ClusterMemberTest, AShortRendezvousClosesAfterTheWaitAndGrowsWhenTheOtherNodeJoins) {
+  Node& a = Start("a", 2, 1);
+  Join(a, 29500);
+  loop_.Advance(kElasticWaitS - 0.5);
+  EXPECT_FALSE(a.joined.has_value()) << "still waiting for b";
+  loop_.Advance(1);
+  ASSERT_TRUE(a.joined.has_value());
+  ASSERT_TRUE(a.joined->ok()) << a.joined->status();
+  EXPECT_EQ((*a.joined)->generation, 1);
+  EXPECT_EQ((*a.joined)->nodes, (std::vector<std::string>{"a"}));
+  EXPECT_EQ((*a.joined)->node_rank, 0);
+  EXPECT_EQ((*a.joined)->master_port, 29500);
+  EXPECT_EQ((*a.joined)->resize,
+            "a node left out: only 1 of 2 nodes joined generation 1's rendezvous within 5 s "
+            "(min_nodes 1)");
+  GenerationRecord g = Generation();
+  EXPECT_EQ(g.generation, 1);
+  EXPECT_EQ(g.members, (std::vector<std::string>{"a"}));
+  EXPECT_EQ(g.restarts, 0);
+
+  Node& b = Start("b", 2, 1);
+  Join(b, 29600);
+  loop_.Advance(0);
+  EXPECT_FALSE(b.joined.has_value()) << "b is not a member of generation 1";
+  EXPECT_EQ(b.Count("generation 1 runs without this node (a)"), 1);
+  g = Generation();
+  EXPECT_EQ(g.generation, 2);
+  EXPECT_TRUE(g.grow);
+  EXPECT_EQ(g.restarts, 0) << "taking a node in is not a restart";
+  EXPECT_TRUE(g.members.empty());
+  EXPECT_EQ(g.resize, "node b rejoined");
+  EXPECT_EQ(a.grown, (std::vector<int64_t>{2}));
+  EXPECT_EQ(a.Count("node b joined generation 1, which runs without it"), 1);
+
+  // a's ranks stopped at a checkpoint: its verdict is the grow.
+  RankEnded(a, 1, ExitClass::kStopped);
+  loop_.Advance(kElasticWaitS / 2);
+  ASSERT_TRUE(a.verdict.has_value());
+  EXPECT_EQ(a.verdict->kind, ClusterVerdict::Kind::kRestart);
+  EXPECT_TRUE(a.verdict->grow);
+  EXPECT_EQ(a.verdict->generation, 2);
+  EXPECT_EQ(a.verdict->restarts, 0);
+  EXPECT_EQ(Generation().generation, 2) << "the stop's own report moves nothing";
+
+  Join(a, 29501);
+  loop_.Advance(0);
+  for (Node* n : {&a, &b}) {
+    ASSERT_TRUE(n->joined.has_value()) << n->name;
+    ASSERT_TRUE(n->joined->ok()) << n->name << ": " << n->joined->status();
+    EXPECT_EQ((*n->joined)->generation, 2) << n->name;
+    EXPECT_EQ((*n->joined)->nodes, (std::vector<std::string>{"a", "b"})) << n->name;
+    EXPECT_EQ((*n->joined)->resize, "node b rejoined") << n->name;
+  }
+  EXPECT_EQ((*b.joined)->node_rank, 1);
+}
+
+// A node lost mid-run with min_nodes left: the job restarts (counted), the
+// rendezvous of generation 2 closes after wait_s with the node that is
+// there, naming the one left out.
+TEST_F(ClusterMemberTest, ANodeLostMidRunIsLeftOutOfTheNextGeneration) {
+  Node& a = Start("a", 2, 1);
+  Node& b = Start("b", 2, 1);
+  Join(a, 29500);
+  Join(b, 29600);
+  loop_.Advance(0);
+  ASSERT_TRUE(a.joined && a.joined->ok());
+  EXPECT_EQ((*a.joined)->nodes.size(), 2u) << "both joined at once: no wait";
+  etcd_.ExpireLease(LeaseOf("b"));
+  b.member.reset();  // b's daemon is gone
+  loop_.Advance(0);
+  ASSERT_EQ(a.moved.size(), 1u);
+  EXPECT_TRUE(a.grown.empty());
+  RankDied(a, 1, ExitClass::kPeerLost);
+  loop_.Advance(2);
+  ASSERT_TRUE(a.verdict.has_value());
+  EXPECT_FALSE(a.verdict->grow);
+  EXPECT_EQ(a.verdict->restarts, 1);
+  Join(a, 29501);
+  loop_.Advance(kElasticWaitS + 0.5);
+  ASSERT_TRUE(a.joined && a.joined->ok()) << (a.joined ? a.joined->status().ToString() : "");
+  EXPECT_EQ((*a.joined)->generation, 2);
+  EXPECT_EQ((*a.joined)->nodes, (std::vector<std::string>{"a"}));
+  EXPECT_EQ((*a.joined)->resize,
+            "node b left out: only 1 of 2 nodes joined generation 2's rendezvous within 5 s "
+            "(min_nodes 1)");
+  EXPECT_EQ(Generation().left_out, (std::vector<std::string>{"b"}));
+}
+
+// Fewer than min_nodes: the rendezvous does not close short, and the job
+// fails at the rendezvous timeout as a job without elasticity does.
+TEST_F(ClusterMemberTest, BelowMinNodesTheRendezvousFailsAtItsTimeout) {
+  Node& a = Start("a", 3, 2);
+  Join(a, 29500);
+  loop_.Advance(30);
+  EXPECT_FALSE(a.joined.has_value());
+  EXPECT_EQ(Generation().generation, 1);
+  EXPECT_TRUE(Generation().members.empty());
+  loop_.Advance(31);
+  ASSERT_TRUE(a.joined.has_value());
+  EXPECT_EQ(a.joined->status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(a.joined->status().message().find("only 1 of 3 nodes joined"), std::string::npos)
+      << a.joined->status();
+}
+
+// A node left out waits past the rendezvous timeout without failing the
+// job; when every member of the short generation is gone too, it moves the
+// job on itself and goes on alone.
+TEST_F(ClusterMemberTest, ALeftOutNodeOutwaitsTheTimeoutAndGoesOnWhenTheMembersAreGone) {
+  Node& a = Start("a", 2, 1);
+  Join(a, 29500);
+  loop_.Advance(kElasticWaitS + 0.5);
+  ASSERT_TRUE(a.joined && a.joined->ok());
+  // a is gone before its ranks run (nothing grows it), and b comes.
+  etcd_.ExpireLease(LeaseOf("a"));
+  a.member.reset();
+  Node& b = Start("b", 2, 1);
+  Join(b, 29600);
+  loop_.Advance(0);
+  EXPECT_FALSE(b.joined.has_value());
+  EXPECT_EQ(b.Count("generation 1 runs without this node (a)"), 1);
+  loop_.Advance(60.5);  // b's rendezvous timeout: the members are gone
+  EXPECT_EQ(Generation().generation, 2);
+  EXPECT_EQ(Generation().action, GenerationRecord::Action::kRun);
+  loop_.Advance(kElasticWaitS + 0.5);
+  ASSERT_TRUE(b.joined.has_value());
+  ASSERT_TRUE(b.joined->ok()) << b.joined->status();
+  EXPECT_EQ((*b.joined)->generation, 2);
+  EXPECT_EQ((*b.joined)->nodes, (std::vector<std::string>{"b"}));
 }
 
 }  // namespace

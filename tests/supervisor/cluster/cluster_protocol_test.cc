@@ -220,6 +220,88 @@ TEST(Agree, OnlyWhenEveryNodeSeesTheSameOwnerRecord) {
   EXPECT_EQ(back->sees, "");
 }
 
+// An elastic job's records: a closed rendezvous's members and the nodes
+// left out, a generation that grows, and the resize; each round-trips, and
+// a list that is not node names is refused.
+TEST(GenerationRecord, ElasticFieldsRoundTripAndGarbageIsRefused) {
+  GenerationRecord g;
+  g.generation = 4;
+  g.restarts = 2;
+  const GenerationRecord closed = CloseRendezvous(g, {"c", "a"}, {"b"}, "node b left out");
+  EXPECT_EQ(closed.generation, 4);
+  EXPECT_EQ(closed.restarts, 2);
+  EXPECT_EQ(closed.members, (std::vector<std::string>{"a", "c"})) << "sorted";
+  EXPECT_EQ(closed.left_out, (std::vector<std::string>{"b"}));
+  absl::StatusOr<GenerationRecord> back = DecodeGeneration(EncodeGeneration(closed));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->members, closed.members);
+  EXPECT_EQ(back->left_out, closed.left_out);
+  EXPECT_EQ(back->resize, "node b left out");
+  EXPECT_FALSE(back->grow);
+
+  const GenerationRecord grown = GrowGeneration(closed, "a", "node b rejoined");
+  EXPECT_EQ(grown.generation, 5);
+  EXPECT_EQ(grown.action, GenerationRecord::Action::kRun);
+  EXPECT_EQ(grown.restarts, 2) << "taking a node in is not a restart";
+  EXPECT_EQ(grown.delay_s, 0);
+  EXPECT_TRUE(grown.members.empty()) << "the next rendezvous waits for every node again";
+  EXPECT_TRUE(grown.left_out.empty());
+  EXPECT_TRUE(grown.grow);
+  EXPECT_EQ(grown.by, "a");
+  back = DecodeGeneration(EncodeGeneration(grown));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->grow);
+  EXPECT_EQ(back->resize, "node b rejoined");
+
+  // A restart after a short generation opens the rendezvous to every node.
+  AttemptEnd end;
+  end.cls = ExitClass::kCrash;
+  const GenerationRecord next = NextGeneration(closed, end, RestartPolicy{}, "a", "crash");
+  EXPECT_TRUE(next.members.empty());
+  EXPECT_FALSE(next.grow);
+  EXPECT_EQ(next.resize, "");
+
+  // Records written before elastic jobs decode with none of it.
+  back = DecodeGeneration(R"({"generation": 3, "action": "run"})");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->members.empty());
+  EXPECT_FALSE(back->grow);
+  EXPECT_EQ(DecodeGeneration(R"({"generation": 3, "members": "a"})").status().message(),
+            "generation record: \"members\" is not a list");
+  EXPECT_EQ(DecodeGeneration(R"({"generation": 3, "left_out": [1]})").status().message(),
+            "generation record: \"left_out\" holds something not a node name");
+  EXPECT_FALSE(DecodeGeneration(R"({"generation": 3, "members": [""]})").ok());
+}
+
+// A closed rendezvous agrees among its members alone, once all have
+// joined: a node left out waits (for the generation that takes it in), and
+// its record neither counts nor makes "too many nodes".
+TEST(Agree, AClosedRendezvousAgreesAmongItsMembers) {
+  const std::vector<std::string> members = {"a", "c"};
+  absl::StatusOr<std::optional<Agreement>> waiting =
+      Agree({Node("a", 1, {10}), Node("b", 2, {10})}, 3, "a", members);
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  EXPECT_FALSE(waiting->has_value()) << "c, a member, has not joined";
+
+  const std::vector<JoinRecord> all = {Node("c", 3, {10, 20}), Node("b", 2, {20}),
+                                       Node("a", 1, {10, 20})};
+  absl::StatusOr<std::optional<Agreement>> c = Agree(all, 3, "c", members);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->has_value());
+  EXPECT_EQ((*c)->nodes, members);
+  EXPECT_EQ((*c)->node_rank, 1);
+  EXPECT_EQ((*c)->master_port, 1) << "a's";
+  EXPECT_EQ((*c)->resume_step, 20) << "b's steps do not count";
+  absl::StatusOr<std::optional<Agreement>> b = Agree(all, 3, "b", members);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FALSE(b->has_value()) << "left out: it waits";
+  // Two members of a job of two, and a third record: no error once closed.
+  absl::StatusOr<std::optional<Agreement>> two =
+      Agree({Node("a", 1, {}), Node("b", 2, {}), Node("c", 3, {})}, 2, "a", {"a", "b"});
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_TRUE(two->has_value());
+}
+
 TEST(RendezvousTimeoutReason, NamesTheNodesOrWhatTheySee) {
   JoinRecord a = Node("a", 29500, {}), b = Node("b", 29600, {});
   a.sees = "sub-1";

@@ -179,7 +179,7 @@ TEST_F(RunUnitTest, AMultiNodeRunJoinsLaunchesItsGlobalRanksAndFollowsTheJob) {
   EXPECT_EQ(calls->broken[0].second.detail.rfind("rank 2 ended: ", 0), 0u)
       << calls->broken[0].second.detail;
   // The job moves on; rank 3 (already being stopped) ends.
-  calls->events.moved(2, "node b: rank 2 ended");
+  calls->events.moved(2, "node b: rank 2 ended", false);
   env_.Exit(*u, 3, pid3, false, SIGTERM);
   env_.Settle();
   ASSERT_EQ(calls->verdicts.size(), 1u);
