@@ -211,7 +211,7 @@ void ProfileDepth(ts::MinkUNet& net, int depth, const ts::Quantized& q, const at
   for (int r = 0; r <= o.repeats; ++r) {
     torch::NoGradGuard no_grad;
     ts::SparseTensor x(q.features, coords);
-    trainsup::bench::OpProfile ops;
+    trainsup::bench::OpProfile ops(device.is_cuda());
     const double t0 = Now();
     net->forward(x);
     Sync(device);
@@ -228,7 +228,7 @@ void ProfileDepth(ts::MinkUNet& net, int depth, const ts::Quantized& q, const at
   for (int r = 0; r <= o.repeats; ++r) {
     for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
     if (r == 1) TRAINSUP_CALLGRIND_TOGGLE();
-    trainsup::bench::OpProfile ops;
+    trainsup::bench::OpProfile ops(device.is_cuda());
     const double t0 = Now();
     at::Tensor logits = net->forward(x).F();
     at::Tensor loss = at::cross_entropy_loss(logits, q.labels);

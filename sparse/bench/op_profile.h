@@ -24,13 +24,18 @@ namespace trainsup::bench {
 
 // One at a time per process: construction installs a global callback,
 // destruction removes it. Records the constructing thread's events (the
-// autograd engine runs a CPU backward on the thread that calls it).
+// autograd engine runs a CPU backward on the thread that calls it), or,
+// with `all_threads`, every thread's: on CUDA the engine runs the backward
+// on its device thread while the caller waits, so the two never overlap.
+// (Only for CUDA: on the CPU, intra-op pool threads' events would be
+// counted beside the op that spawned them.)
 class OpProfile {
  public:
-  OpProfile() {
+  explicit OpProfile(bool all_threads = false) {
     State& s = GetState();
     std::lock_guard<std::mutex> lock(s.mu);
     s.owner = std::this_thread::get_id();
+    s.all_threads = all_threads;
     s.seconds.clear();
     s.flops.clear();
     handle_ = at::addGlobalCallback(
@@ -63,6 +68,7 @@ class OpProfile {
   struct State {
     std::mutex mu;
     std::thread::id owner;
+    bool all_threads = false;
     std::map<std::string, double> seconds;
     std::map<std::string, double> flops;
   };
@@ -85,7 +91,8 @@ class OpProfile {
            name.find("CppNode") != std::string::npos;
   }
   static std::unique_ptr<at::ObserverContext> Start(const at::RecordFunction& fn) {
-    if (std::this_thread::get_id() != GetState().owner) return nullptr;
+    const State& s = GetState();
+    if (!s.all_threads && std::this_thread::get_id() != s.owner) return nullptr;
     auto ctx = std::make_unique<Context>();
     if (Transparent(fn.name())) return ctx;
     ctx->counted = Depth() == 0;
