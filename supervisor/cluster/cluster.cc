@@ -397,15 +397,23 @@ void ClusterMember::Evaluate() {
   }
   EvaluateJoin(g);
   // Elastic: the generation we run in was closed short, and a node outside
-  // it has joined (its daemon came back): the job moves on to take it in.
+  // it has joined (its daemon came back): the ranks stop at a checkpoint,
+  // and their verdict moves the job on to take it in (Grow).
   if (connected_ && running_ == g.generation && g.action == GenerationRecord::Action::kRun &&
-      static_cast<int64_t>(members_.size()) < o_.spec.nodes) {
+      static_cast<int64_t>(members_.size()) < o_.spec.nodes && grow_told_ != g.generation) {
     std::vector<std::string> unbound;
     for (const JoinRecord& r : BoundJoins(joins_[g.generation], node_leases_, &unbound)) {
-      if (!IsMember(r.node)) {
-        Grow(g.generation, r.node);
-        break;
+      if (IsMember(r.node)) continue;
+      grow_told_ = g.generation;
+      grow_node_ = r.node;
+      if (events_.note) {
+        events_.note(LogLevel::kInfo,
+                     absl::StrCat("node ", r.node, " joined generation ", g.generation,
+                                  ", which runs without it: checkpointing and stopping to take "
+                                  "it in (no restart counted)"));
       }
+      if (events_.grow) events_.grow(absl::StrCat("node ", r.node, " rejoined"));
+      break;
     }
   }
   // A node of the generation we run in whose node key is gone: its lease
@@ -438,6 +446,15 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
     join_.reset();
     done(g.action == GenerationRecord::Action::kCancel ? absl::CancelledError(g.reason)
                                                        : absl::FailedPreconditionError(g.reason));
+    return;
+  }
+  if (g.grow && join_->put_generation != 0 && join_->put_generation < g.generation) {
+    // The job moved on to take this node in, after a checkpoint this join's
+    // steps do not list: the run reads the store again and joins anew.
+    auto done = std::move(join_->done);
+    join_.reset();
+    done(absl::AbortedError(absl::StrCat("the job moved to generation ", g.generation,
+                                         " to take this node in: reading its checkpoints again")));
     return;
   }
   if (absl::Status problem = StoreProblem(g.generation); !problem.ok()) {
@@ -536,9 +553,8 @@ void ClusterMember::PutJoin(int64_t generation) {
           OnRendezvousTimeout(generation, serial);
         });
         if (o_.spec.min_nodes > 0 && o_.spec.min_nodes < o_.spec.nodes) {
-          After(o_.elastic_wait_s, [this, generation, serial = join_->serial] {
-            OnElasticWait(generation, serial);
-          });
+          After(o_.elastic_wait_s,
+                [this, generation, serial = join_->serial] { OnElasticWait(generation, serial); });
         }
         Evaluate();
       });
@@ -630,11 +646,12 @@ void ClusterMember::OnElasticWait(int64_t generation, int64_t serial) {
   for (const auto& [node, status] : nodes_) known.insert(node);
   for (const std::string& n : names) known.erase(n);
   const std::vector<std::string> left_out(known.begin(), known.end());
-  const std::string reason = absl::StrCat(
-      left_out.empty() ? std::string("a node") : absl::StrCat("node ", absl::StrJoin(left_out, ", ")),
-      " left out: only ", names.size(), " of ", o_.spec.nodes, " nodes joined generation ",
-      generation, "'s rendezvous within ", o_.elastic_wait_s, " s (min_nodes ", o_.spec.min_nodes,
-      ")");
+  const std::string reason =
+      absl::StrCat(left_out.empty() ? std::string("a node")
+                                    : absl::StrCat("node ", absl::StrJoin(left_out, ", ")),
+                   " left out: only ", names.size(), " of ", o_.spec.nodes,
+                   " nodes joined generation ", generation, "'s rendezvous within ",
+                   o_.elastic_wait_s, " s (min_nodes ", o_.spec.min_nodes, ")");
   const std::string key = keys_.Generation();
   const SubmissionCheck mine{keys_.Submission(), o_.submission};
   Do<absl::Status>(
@@ -662,18 +679,13 @@ void ClusterMember::OnElasticWait(int64_t generation, int64_t serial) {
       });
 }
 
-void ClusterMember::Grow(int64_t generation, const std::string& node) {
+void ClusterMember::Grow(int64_t generation, const AttemptEnd& end) {
   if (!fatal_.empty() || !bumping_.insert(generation).second) return;
   const std::string key = keys_.Generation();
   const std::string by = o_.node;
+  const std::string node = grow_node_;
   const std::string reason = absl::StrCat("node ", node, " rejoined");
   const SubmissionCheck mine{keys_.Submission(), o_.submission};
-  if (events_.note) {
-    events_.note(LogLevel::kInfo,
-                 absl::StrCat("node ", node, " joined generation ", generation,
-                              ", which runs without it: moving the job on to take it in (a "
-                              "checkpoint and a graceful stop, no restart counted)"));
-  }
   Do<absl::Status>(
       [key, generation, by, reason, mine](EtcdClient& c) {
         return SwapGeneration(
@@ -687,14 +699,14 @@ void ClusterMember::Grow(int64_t generation, const std::string& node) {
             },
             /*if_absent=*/false, mine);
       },
-      [this, generation, node](absl::Status s) {
+      [this, generation, node, end](absl::Status s) {
         if (s.ok()) {
           Answered();
           return;
         }
         Failed(absl::StrCat("moving the job on to take node ", node, " in"), s);
         bumping_.erase(generation);
-        After(kRetryS, [this] { Evaluate(); });
+        After(kRetryS, [this, generation, end] { Grow(generation, end); });
       });
 }
 
@@ -788,14 +800,23 @@ void ClusterMember::Join(int attempt, std::vector<int64_t> steps,
 }
 
 void ClusterMember::Broken(int64_t generation, const AttemptEnd& end) {
+  if (grow_told_ == generation && end.stop_requested) {
+    Grow(generation, end);  // stopped at a checkpoint to take a node in
+    return;
+  }
+  // Any other stop this node asked of its ranks (a drained slot): the job
+  // goes on. For the restart policy a requested stop ends a run, so it is
+  // judged as the end of the node's ranks it is.
+  AttemptEnd ended = end;
+  ended.stop_requested = false;
   const std::string reason = absl::StrCat("node ", o_.node, ": ", end.detail);
   if (end.cls == ExitClass::kPeerLost || end.cls == ExitClass::kGang) {
     // Most likely the echo of a failure on another node, whose own report
     // names the cause: that node gets a head start to move the generation.
-    After(kEchoGraceS, [this, generation, end, reason] { Bump(generation, end, reason); });
+    After(kEchoGraceS, [this, generation, ended, reason] { Bump(generation, ended, reason); });
     return;
   }
-  Bump(generation, end, reason);
+  Bump(generation, ended, reason);
 }
 
 void ClusterMember::Verdict(int64_t generation, const AttemptEnd& end,

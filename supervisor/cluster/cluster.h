@@ -104,9 +104,9 @@ class ClusterMember final : public UnitCluster {
   // nodes that joined once wait_s has passed (min_nodes at least);
   // checks again every second until it completes or fails.
   void OnElasticWait(int64_t generation, int64_t serial);
-  // A member of the running, short generation sees a node outside it join:
-  // the generation moves on to take it in.
-  void Grow(int64_t generation, const std::string& node);
+  // The ranks of a member of the short generation `generation` stopped at
+  // a checkpoint to take `grow_node_` in: the generation moves on, grow set.
+  void Grow(int64_t generation, const AttemptEnd& end);
   bool IsMember(const std::string& node) const;
   void Bump(int64_t generation, AttemptEnd end, const std::string& reason);
   void PublishSelf();
@@ -166,6 +166,8 @@ class ClusterMember final : public UnitCluster {
   std::set<int64_t> bumping_;  // generations we are moving on
   int64_t lost_lease_generation_ = 0;
   int64_t left_out_noted_ = 0;  // the closed generation this node was told it waits out
+  int64_t grow_told_ = 0;       // the short generation whose ranks were told to stop to grow
+  std::string grow_node_;       // the node that joined it
 
   v1::ClusterNode self_;
   bool self_final_ = false;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "contracts/run_layout.h"
@@ -544,6 +545,10 @@ void RunUnit::LaunchRanks() {
     EndAttempt();
     return;
   }
+  if (!grow_pending_.empty()) {
+    // Told to take a node in while the ranks were starting.
+    Resize(std::exchange(grow_pending_, std::string()));
+  }
   if (!Heartbeats() && !failed && run_.state() == v1::RUN_STATE_STARTING) {
     // No Hello will come: running once its processes are.
     SetState(v1::RUN_STATE_RUNNING, absl::StrCat("attempt ", number, " running"), {});
@@ -624,6 +629,9 @@ void RunUnit::OnProcessExit(int attempt, int rank) {
       e.cls = end.cls;
       e.made_progress = r.progressed;
       e.detail = absl::StrCat("rank ", rank, " ended: ", end.reason);
+      // Stopped at a checkpoint to take a node in (OnClusterGrow): the job
+      // grows rather than restarts.
+      e.stop_requested = resize_stop_;
       cluster_->Broken(attempt_.generation(), e);
     }
   }

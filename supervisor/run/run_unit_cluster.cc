@@ -20,6 +20,7 @@ bool RunUnit::EnsureCluster(bool fail_run) {
   events.submission = Guarded([this](const std::string& id, const std::string& replaced) {
     OnClusterSubmission(id, replaced);
   });
+  events.grow = Guarded([this](const std::string& reason) { OnClusterGrow(reason); });
   absl::StatusOr<std::unique_ptr<UnitCluster>> c =
       env_.host->JoinCluster(run_, spec_, std::move(events));
   if (!c.ok()) {
@@ -59,18 +60,27 @@ void RunUnit::OnClusterSubmission(const std::string& id, const std::string& repl
   Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
 }
 
+void RunUnit::OnClusterGrow(const std::string& reason) {
+  if (IsTerminal(run_.state()) || cancel_) return;
+  if (launching_ || run_.state() == v1::RUN_STATE_STARTING) {
+    if (!AnyAlive()) {
+      grow_pending_ = reason;  // LaunchRanks stops them once started
+      return;
+    }
+  }
+  // The gang checkpoints and stops (every node's ranks agree on the
+  // step); the verdict on this attempt moves the job on, and the run
+  // joins the next generation at once.
+  Resize(reason);
+}
+
 void RunUnit::OnClusterMoved(int64_t generation, const std::string& reason, bool grow) {
   const int64_t mine = attempt_.generation();
   if (mine == 0 || generation <= mine) return;
-  if (grow && AnyAlive() && !resize_stop_) {
-    // Taking a rejoining node in: the gang checkpoints and stops (every
-    // node's ranks agree on the step), and the run joins the next
-    // generation at once.
-    OnClusterNote(LogLevel::kInfo,
-                  absl::StrCat("generation ", generation, ": ", reason,
-                               "; stopping this node's ranks of generation ", mine,
-                               " at a checkpoint"));
-    Resize(reason);
+  if (grow && AnyAlive()) {
+    // Another member stopped first and moved the job on to take a node in:
+    // this node's ranks stop at the same checkpoint.
+    if (!resize_stop_) Resize(reason);
     return;
   }
   bool stopping = false;
@@ -95,6 +105,14 @@ void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a) {
   if (StoppedBeforeStart()) return;
   if (!a.ok() && a.status().code() == absl::StatusCode::kUnavailable) {
     PrepareAgainLater(std::string(a.status().message()));
+    return;
+  }
+  if (!a.ok() && a.status().code() == absl::StatusCode::kAborted) {
+    // The job moved on to take this node in: prepare again at once, so
+    // that the join lists the checkpoint the others stopped at.
+    ReleaseSlots();
+    OnClusterNote(LogLevel::kInfo, std::string(a.status().message()));
+    env_.host->Reschedule();
     return;
   }
   if (a.ok()) prepare_failures_ = 0;

@@ -150,6 +150,11 @@ struct ClusterEvents {
   // changed. `replaced`: the earlier, finished submission this one
   // replaced, and how it ended ("" none).
   std::function<void(const std::string& id, const std::string& replaced)> submission;
+  // An elastic job's short generation, which this node runs in, saw a node
+  // outside it join (its daemon came back): the ranks checkpoint and stop
+  // gracefully, and the verdict on that attempt moves the job on to take
+  // the node in (ClusterVerdict::grow).
+  std::function<void(const std::string& reason)> grow;
 };
 
 class UnitCluster {

@@ -89,7 +89,8 @@ struct Node {
   HookedClient* client = nullptr;
   std::unique_ptr<ClusterMember> member;
   std::vector<std::pair<int64_t, std::string>> moved;
-  std::vector<int64_t> grown;  // the moves that take a rejoining node in
+  std::vector<int64_t> grown;          // the moves that take a rejoining node in
+  std::vector<std::string> grow_told;  // told to stop at a checkpoint to take one in
   std::vector<std::string> notes;
   std::optional<absl::StatusOr<Agreement>> joined;
   std::optional<ClusterVerdict> verdict;
@@ -134,6 +135,7 @@ class ClusterMemberTest : public ::testing::Test {
       if (grow) n->grown.push_back(g);
     };
     events.note = [n](LogLevel, const std::string& line) { n->notes.push_back(line); };
+    events.grow = [n](const std::string& why) { n->grow_told.push_back(why); };
     n->member =
         std::make_unique<ClusterMember>(&loop_, &loop_, client, std::move(o), std::move(events));
     nodes_.push_back(std::move(node));
@@ -145,14 +147,14 @@ class ClusterMemberTest : public ::testing::Test {
                    [&n](absl::StatusOr<Agreement> a) { n.joined = std::move(a); });
   }
   // A rank of `n` ended with `cls` in `generation`: the job's verdict.
-  void RankDied(Node& n, int64_t generation, ExitClass cls) {
-    RankEnded(n, generation, cls);
-  }
+  void RankDied(Node& n, int64_t generation, ExitClass cls) { RankEnded(n, generation, cls); }
   void RankEnded(Node& n, int64_t generation, ExitClass cls) {
     AttemptEnd end;
     end.end_s = static_cast<double>(loop_.WallMs()) / 1000;
     end.cls = cls;
-    end.detail = "rank 0 was killed by signal 9 (SIGKILL)";
+    end.detail = cls == ExitClass::kStopped ? "rank 0 stopped on request"
+                                            : "rank 0 was killed by signal 9 (SIGKILL)";
+    end.stop_requested = cls == ExitClass::kStopped;
     n.verdict.reset();
     n.member->Verdict(generation, end, [&n](ClusterVerdict v) { n.verdict = std::move(v); });
   }
@@ -609,10 +611,10 @@ namespace {
 // An elastic job of two nodes that goes on with one (min_nodes 1): a joins
 // alone, and after wait_s the rendezvous closes with a (the record names
 // its members and why). b's daemon then joins: it is left out of the
-// running generation and told so, and a, running, moves the job on to take
-// it in: generation 2, grow, no restart counted. a's ranks stop (at a
-// checkpoint: the run unit's part); its verdict is a grow, and both agree
-// on generation 2 with both nodes.
+// running generation and told so, and a is told to stop its ranks at a
+// checkpoint. Once they stopped, a moves the job on: generation 2, grow, no
+// restart counted; its verdict is a grow, b's pending join ends so that
+// its run reads the checkpoints again, and both agree on generation 2.
 TEST_F(ClusterMemberTest, AShortRendezvousClosesAfterTheWaitAndGrowsWhenTheOtherNodeJoins) {
   Node& a = Start("a", 2, 1);
   Join(a, 29500);
@@ -638,26 +640,35 @@ TEST_F(ClusterMemberTest, AShortRendezvousClosesAfterTheWaitAndGrowsWhenTheOther
   loop_.Advance(0);
   EXPECT_FALSE(b.joined.has_value()) << "b is not a member of generation 1";
   EXPECT_EQ(b.Count("generation 1 runs without this node (a)"), 1);
+  EXPECT_EQ(a.grow_told, (std::vector<std::string>{"node b rejoined"}));
+  EXPECT_EQ(a.Count("node b joined generation 1, which runs without it"), 1);
+  EXPECT_EQ(Generation().generation, 1) << "not before a's ranks stopped at a checkpoint";
+  loop_.Advance(30);
+  EXPECT_EQ(a.grow_told.size(), 1u) << "told once";
+  EXPECT_FALSE(b.joined.has_value()) << "b outwaits the rendezvous timeout";
+
+  // a's ranks stopped at a checkpoint: the job moves on, and a's verdict
+  // is the grow.
+  RankEnded(a, 1, ExitClass::kStopped);
+  loop_.Advance(0);
   g = Generation();
   EXPECT_EQ(g.generation, 2);
   EXPECT_TRUE(g.grow);
   EXPECT_EQ(g.restarts, 0) << "taking a node in is not a restart";
   EXPECT_TRUE(g.members.empty());
   EXPECT_EQ(g.resize, "node b rejoined");
-  EXPECT_EQ(a.grown, (std::vector<int64_t>{2}));
-  EXPECT_EQ(a.Count("node b joined generation 1, which runs without it"), 1);
-
-  // a's ranks stopped at a checkpoint: its verdict is the grow.
-  RankEnded(a, 1, ExitClass::kStopped);
-  loop_.Advance(kElasticWaitS / 2);
+  EXPECT_EQ(g.by, "a");
   ASSERT_TRUE(a.verdict.has_value());
   EXPECT_EQ(a.verdict->kind, ClusterVerdict::Kind::kRestart);
   EXPECT_TRUE(a.verdict->grow);
   EXPECT_EQ(a.verdict->generation, 2);
   EXPECT_EQ(a.verdict->restarts, 0);
-  EXPECT_EQ(Generation().generation, 2) << "the stop's own report moves nothing";
+  EXPECT_EQ(a.grown, (std::vector<int64_t>{2}));
+  ASSERT_TRUE(b.joined.has_value());
+  EXPECT_EQ(b.joined->status().code(), absl::StatusCode::kAborted) << b.joined->status();
 
   Join(a, 29501);
+  Join(b, 29601);
   loop_.Advance(0);
   for (Node* n : {&a, &b}) {
     ASSERT_TRUE(n->joined.has_value()) << n->name;
@@ -667,6 +678,23 @@ TEST_F(ClusterMemberTest, AShortRendezvousClosesAfterTheWaitAndGrowsWhenTheOther
     EXPECT_EQ((*n->joined)->resize, "node b rejoined") << n->name;
   }
   EXPECT_EQ((*b.joined)->node_rank, 1);
+  EXPECT_EQ(Generation().generation, 2);
+}
+
+// A node's ranks stopped on request for a reason of that node (a drained
+// slot): the stop was asked for, but the job must go on, so the generation
+// moves as for any other end of its ranks.
+TEST_F(ClusterMemberTest, RanksStoppedForADrainRestartTheJobRatherThanEndingIt) {
+  auto [a, b] = RunningPair();
+  RankEnded(*a, 1, ExitClass::kStopped);
+  loop_.Advance(0);
+  const GenerationRecord g = Generation();
+  EXPECT_EQ(g.generation, 2);
+  EXPECT_EQ(g.action, GenerationRecord::Action::kRun) << g.reason;
+  EXPECT_FALSE(g.grow);
+  ASSERT_TRUE(a->verdict.has_value());
+  EXPECT_EQ(a->verdict->kind, ClusterVerdict::Kind::kRestart) << a->verdict->reason;
+  EXPECT_FALSE(a->verdict->grow);
 }
 
 // A node lost mid-run with min_nodes left: the job restarts (counted), the
