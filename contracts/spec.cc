@@ -373,6 +373,15 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
           " (min_nodes); drop min_world_size or make them agree"));
     }
     spec.min_world_size = min_world;
+    // An elastic job's rendezvous closes short after wait_s: it must come
+    // before the rendezvous times out and fails the job.
+    if (spec.cluster.min_nodes < spec.cluster.nodes &&
+        spec.elastic.wait_s >= spec.cluster.rendezvous_timeout_s) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "elastic.wait_s: ", spec.elastic.wait_s, " s is not below cluster.rendezvous_timeout_s (",
+          spec.cluster.rendezvous_timeout_s,
+          " s): the rendezvous would fail the job before it could go on with min_nodes"));
+    }
   }
   struct Section {
     const char* key;

@@ -412,7 +412,7 @@ void ClusterMember::Evaluate() {
                                   ", which runs without it: checkpointing and stopping to take "
                                   "it in (no restart counted)"));
       }
-      if (events_.grow) events_.grow(absl::StrCat("node ", r.node, " rejoined"));
+      if (events_.grow) events_.grow(g.generation, absl::StrCat("node ", r.node, " rejoined"));
       break;
     }
   }
@@ -448,13 +448,15 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
                                                        : absl::FailedPreconditionError(g.reason));
     return;
   }
-  if (g.grow && join_->put_generation != 0 && join_->put_generation < g.generation) {
-    // The job moved on to take this node in, after a checkpoint this join's
-    // steps do not list: the run reads the store again and joins anew.
+  if (join_->left_out_of != 0 && g.generation > join_->left_out_of) {
+    // The job moved on (to take this node in, or after a failure), after
+    // checkpoints this join's steps, read before, do not list: the run
+    // reads the store again and joins anew.
     auto done = std::move(join_->done);
     join_.reset();
     done(absl::AbortedError(absl::StrCat("the job moved to generation ", g.generation,
-                                         " to take this node in: reading its checkpoints again")));
+                                         g.grow ? " to take this node in" : "",
+                                         ": reading its checkpoints again")));
     return;
   }
   if (absl::Status problem = StoreProblem(g.generation); !problem.ok()) {
@@ -479,14 +481,32 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
     absl::StatusOr<std::optional<Agreement>> a =
         Agree(joined, static_cast<int>(o_.spec.nodes), o_.node, g.members);
     if (!g.members.empty() &&
-        std::find(g.members.begin(), g.members.end(), o_.node) == g.members.end() &&
-        left_out_noted_ != g.generation) {
-      left_out_noted_ = g.generation;
-      if (events_.note) {
-        events_.note(LogLevel::kInfo,
-                     absl::StrCat("generation ", g.generation, " runs without this node (",
-                                  absl::StrJoin(g.members, ", "),
-                                  "); waiting for it to take this node in at a checkpoint"));
+        std::find(g.members.begin(), g.members.end(), o_.node) == g.members.end()) {
+      join_->left_out_of = g.generation;
+      if (left_out_noted_ != g.generation) {
+        left_out_noted_ = g.generation;
+        if (events_.note) {
+          events_.note(LogLevel::kInfo,
+                       absl::StrCat("generation ", g.generation, " runs without this node (",
+                                    absl::StrJoin(g.members, ", "),
+                                    "); waiting for it to take this node in at a checkpoint"));
+        }
+      }
+      // The job may have ended meanwhile: nothing will take this node in.
+      if (std::optional<absl::Status> ended = MembersEnded(g)) {
+        auto done = std::move(join_->done);
+        join_.reset();
+        if (!ended->ok()) {
+          done(*ended);
+          return;
+        }
+        Agreement over;
+        over.generation = g.generation;
+        over.nodes = g.members;
+        over.finished = true;
+        over.submission = o_.submission;
+        done(std::move(over));
+        return;
       }
     }
     if (!a.ok()) {
@@ -573,9 +593,13 @@ void ClusterMember::OnRendezvousTimeout(int64_t generation, int64_t serial) {
   if (!members.empty() && std::find(members.begin(), members.end(), o_.node) == members.end()) {
     // Left out of a short generation: the job does not fail for it. It
     // waits for the members to take it in, unless none of them is left
-    // (their node keys gone), when it moves the job on itself.
+    // (no node key under a lease: gone, or ended), when it moves the job
+    // on itself.
     bool any = false;
-    for (const std::string& m : members) any = any || nodes_.count(m) != 0;
+    for (const std::string& m : members) {
+      auto it = nodes_.find(m);
+      any = any || (it != nodes_.end() && it->second.lease_alive());
+    }
     if (!any && gen_->action == GenerationRecord::Action::kRun) {
       AttemptEnd end;
       end.end_s = WallS();
@@ -586,6 +610,27 @@ void ClusterMember::OnRendezvousTimeout(int64_t generation, int64_t serial) {
     }
     After(o_.spec.rendezvous_timeout_s,
           [this, generation, serial] { OnRendezvousTimeout(generation, serial); });
+    return;
+  }
+  if (!members.empty()) {
+    // A member of a closed generation whose other members did not all
+    // join (a lease lost, a record withdrawn just as it closed): the job
+    // restarts, and the next rendezvous leaves out whoever is missing.
+    std::vector<std::string> unbound, missing;
+    std::set<std::string> joined;
+    for (const JoinRecord& r : BoundJoins(joins_[generation], node_leases_, &unbound)) {
+      joined.insert(r.node);
+    }
+    for (const std::string& m : members) {
+      if (joined.count(m) == 0) missing.push_back(m);
+    }
+    AttemptEnd end;
+    end.end_s = WallS();
+    end.cls = ExitClass::kLost;
+    end.detail = absl::StrCat("generation ", generation, ": member",
+                              missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "),
+                              " did not join within ", o_.spec.rendezvous_timeout_s, " s");
+    Bump(generation, end, end.detail);
     return;
   }
   const std::string reason = RendezvousTimeoutReason(generation, joins_[generation], o_.spec.nodes,
@@ -599,7 +644,8 @@ void ClusterMember::OnRendezvousTimeout(int64_t generation, int64_t serial) {
             c, key,
             [&](const GenerationRecord& g) {
               std::optional<GenerationRecord> fail;
-              if (g.generation != generation) return fail;
+              // Closed meanwhile (an elastic job): it no longer waits.
+              if (g.generation != generation || !g.members.empty()) return fail;
               fail = g;
               fail->generation = generation + 1;
               fail->action = GenerationRecord::Action::kFail;
@@ -615,6 +661,26 @@ void ClusterMember::OnRendezvousTimeout(int64_t generation, int64_t serial) {
           After(kRetryS, [this, generation, serial] { OnRendezvousTimeout(generation, serial); });
         }
       });
+}
+
+std::optional<absl::Status> ClusterMember::MembersEnded(const GenerationRecord& g) const {
+  std::vector<std::string> failed;
+  for (const std::string& m : g.members) {
+    auto it = nodes_.find(m);
+    // A final status is written without a lease (PublishSelf).
+    if (it == nodes_.end() || it->second.lease_alive() || !Terminal(it->second.state())) {
+      return std::nullopt;
+    }
+    if (it->second.state() != v1::RUN_STATE_SUCCEEDED) {
+      failed.push_back(absl::StrCat(m, ": ", v1::RunState_Name(it->second.state()), " (",
+                                    it->second.reason(), ")"));
+    }
+  }
+  if (g.members.empty()) return std::nullopt;
+  if (failed.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("the job ended while this node was left out of generation ", g.generation, ": ",
+                   absl::StrJoin(failed, "; ")));
 }
 
 bool ClusterMember::IsMember(const std::string& node) const {
@@ -800,7 +866,7 @@ void ClusterMember::Join(int attempt, std::vector<int64_t> steps,
 }
 
 void ClusterMember::Broken(int64_t generation, const AttemptEnd& end) {
-  if (grow_told_ == generation && end.stop_requested) {
+  if (grow_told_ == generation && end.stop_requested && end.cls == ExitClass::kStopped) {
     Grow(generation, end);  // stopped at a checkpoint to take a node in
     return;
   }
@@ -810,9 +876,11 @@ void ClusterMember::Broken(int64_t generation, const AttemptEnd& end) {
   AttemptEnd ended = end;
   ended.stop_requested = false;
   const std::string reason = absl::StrCat("node ", o_.node, ": ", end.detail);
-  if (end.cls == ExitClass::kPeerLost || end.cls == ExitClass::kGang) {
+  if (end.cls == ExitClass::kPeerLost || end.cls == ExitClass::kGang ||
+      (end.cls == ExitClass::kStopped && !end.stop_requested)) {
     // Most likely the echo of a failure on another node, whose own report
-    // names the cause: that node gets a head start to move the generation.
+    // names the cause, or of a stop another node asked of the gang (to
+    // take a node in): that node gets a head start to move the generation.
     After(kEchoGraceS, [this, generation, ended, reason] { Bump(generation, ended, reason); });
     return;
   }

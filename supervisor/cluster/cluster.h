@@ -104,6 +104,10 @@ class ClusterMember final : public UnitCluster {
   // nodes that joined once wait_s has passed (min_nodes at least);
   // checks again every second until it completes or fails.
   void OnElasticWait(int64_t generation, int64_t serial);
+  // A node left out of the closed generation `g`: how its members ended,
+  // if every one of them did (their final statuses); nullopt while any
+  // runs. OK: all succeeded.
+  std::optional<absl::Status> MembersEnded(const GenerationRecord& g) const;
   // The ranks of a member of the short generation `generation` stopped at
   // a checkpoint to take `grow_node_` in: the generation moves on, grow set.
   void Grow(int64_t generation, const AttemptEnd& end);
@@ -155,6 +159,9 @@ class ClusterMember final : public UnitCluster {
     bool putting = false;
     int64_t serial = 0;            // which Join: a timer of an earlier one is stale
     int64_t tried_generation = 0;  // the newest generation a put was tried for
+    // The short generation this join was left out of (0: none): when the
+    // job moves on, the run reads the store again before it joins.
+    int64_t left_out_of = 0;
   };
   int64_t join_serial_ = 0;
   std::optional<PendingJoin> join_;

@@ -145,6 +145,10 @@ struct Agreement {
   // Why the world size changes in this generation (the generation
   // record's resize, set by the caller; "" unchanged).
   std::string resize;
+  // Set by the caller for a node left out of a short generation whose
+  // members all succeeded meanwhile: the job is over, this node has
+  // nothing to run (nodes: those members).
+  bool finished = false;
 };
 // nullopt while fewer than `nodes` have joined, or while they do not all see
 // the same owner record (a node that does not see it, with none, cannot

@@ -393,6 +393,7 @@ void RunUnit::StartAttempt(ResumeChoice c, int64_t generation) {
   attempt_.set_resumed_from_step(c.step);
   attempt_.set_resumed_from(c.dir);
   attempt_.set_generation(generation);
+  if (grow_pending_.first != generation) grow_pending_ = {0, ""};
   const int world = Clustered() ? (cluster_world_ > 0 ? cluster_world_ : run_.world_size())
                                 : static_cast<int>(slots_.size());
   attempt_.set_world_size(world);
@@ -545,9 +546,10 @@ void RunUnit::LaunchRanks() {
     EndAttempt();
     return;
   }
-  if (!grow_pending_.empty()) {
-    // Told to take a node in while the ranks were starting.
-    Resize(std::exchange(grow_pending_, std::string()));
+  if (grow_pending_.first != 0) {
+    // Told to take a node in before the ranks of this generation ran.
+    auto [generation, reason] = std::exchange(grow_pending_, {0, ""});
+    if (generation == attempt_.generation()) Resize(reason);
   }
   if (!Heartbeats() && !failed && run_.state() == v1::RUN_STATE_STARTING) {
     // No Hello will come: running once its processes are.

@@ -191,7 +191,7 @@ class RunUnit {
   // failing with the reason (or, !fail_run, the reason only logged).
   bool EnsureCluster(bool fail_run = true);
   void OnClusterMoved(int64_t generation, const std::string& reason, bool grow);
-  void OnClusterGrow(const std::string& reason);
+  void OnClusterGrow(int64_t generation, const std::string& reason);
   void OnClusterNote(LogLevel level, const std::string& line);
   void OnClusterSubmission(const std::string& id, const std::string& replaced);
   void OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a);
@@ -307,10 +307,11 @@ class RunUnit {
 
   // Multi-node runs (docs/distributed.md).
   std::unique_ptr<UnitCluster> cluster_;
-  int rank_base_ = 0;         // node rank x ranks_per_node
-  int cluster_world_ = 0;     // the agreed nodes x ranks_per_node (0: none yet)
-  std::string grow_pending_;  // a grow told while the ranks were starting
-  std::string master_addr_;   // the generation's node 0 (empty: local)
+  int rank_base_ = 0;      // node rank x ranks_per_node
+  int cluster_world_ = 0;  // the agreed nodes x ranks_per_node (0: none yet)
+  // A grow told before the ranks of its generation ran (0: none).
+  std::pair<int64_t, std::string> grow_pending_{0, ""};
+  std::string master_addr_;  // the generation's node 0 (empty: local)
   int master_port_ = 0;
   bool joining_ = false;   // in the rendezvous
   double joined_s_ = 0;    // since

@@ -20,7 +20,8 @@ bool RunUnit::EnsureCluster(bool fail_run) {
   events.submission = Guarded([this](const std::string& id, const std::string& replaced) {
     OnClusterSubmission(id, replaced);
   });
-  events.grow = Guarded([this](const std::string& reason) { OnClusterGrow(reason); });
+  events.grow = Guarded(
+      [this](int64_t generation, const std::string& reason) { OnClusterGrow(generation, reason); });
   absl::StatusOr<std::unique_ptr<UnitCluster>> c =
       env_.host->JoinCluster(run_, spec_, std::move(events));
   if (!c.ok()) {
@@ -60,13 +61,13 @@ void RunUnit::OnClusterSubmission(const std::string& id, const std::string& repl
   Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
 }
 
-void RunUnit::OnClusterGrow(const std::string& reason) {
+void RunUnit::OnClusterGrow(int64_t generation, const std::string& reason) {
   if (IsTerminal(run_.state()) || cancel_) return;
-  if (launching_ || run_.state() == v1::RUN_STATE_STARTING) {
-    if (!AnyAlive()) {
-      grow_pending_ = reason;  // LaunchRanks stops them once started
-      return;
-    }
+  if (!AnyAlive() || attempt_.generation() != generation) {
+    // Agreed but not running yet (claiming the store, launching):
+    // LaunchRanks stops the ranks of that generation once they run.
+    grow_pending_ = {generation, reason};
+    return;
   }
   // The gang checkpoints and stops (every node's ranks agree on the
   // step); the verdict on this attempt moves the job on, and the run
@@ -116,6 +117,17 @@ void RunUnit::OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a) {
     return;
   }
   if (a.ok()) prepare_failures_ = 0;
+  if (a.ok() && a->finished) {
+    // Left out of the job's last generation, which its members finished.
+    ReleaseSlots();
+    SetState(v1::RUN_STATE_SUCCEEDED,
+             absl::StrCat("job ", spec_.cluster.job,
+                          " finished while this node was left out of "
+                          "generation ",
+                          a->generation, " (", absl::StrJoin(a->nodes, ", "), " succeeded)"),
+             {}, [this] { MaybeFinished(); });
+    return;
+  }
   if (!a.ok()) {
     ReleaseSlots();
     if (a.status().code() == absl::StatusCode::kCancelled) {

@@ -154,7 +154,7 @@ struct ClusterEvents {
   // outside it join (its daemon came back): the ranks checkpoint and stop
   // gracefully, and the verdict on that attempt moves the job on to take
   // the node in (ClusterVerdict::grow).
-  std::function<void(const std::string& reason)> grow;
+  std::function<void(int64_t generation, const std::string& reason)> grow;
 };
 
 class UnitCluster {

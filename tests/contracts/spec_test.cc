@@ -350,13 +350,17 @@ TEST(RunSpec, ElasticRangeAndGlobalBatch) {
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_EQ(whole->cluster.min_nodes, 2);
   EXPECT_EQ(whole->min_world_size, 6);
-  absl::StatusOr<RunSpec> fewer = ParseRunSpec(std::string(kCluster) + "min_nodes = 1\n");
+  absl::StatusOr<RunSpec> fewer =
+      ParseRunSpec(std::string(kCluster) + "min_nodes = 1\n[elastic]\nwait_s = 30\n");
   ASSERT_TRUE(fewer.ok()) << fewer.status();
   EXPECT_EQ(fewer->cluster.min_nodes, 1);
   EXPECT_EQ(fewer->min_world_size, 3);
   EXPECT_EQ(fewer->world_size, 6);
   EXPECT_TRUE(CheckGangSize(*fewer, 3).ok());
   EXPECT_TRUE(CheckGangSize(*fewer, 6).ok());
+  EXPECT_EQ(Error(std::string(kCluster) + "min_nodes = 1\n[elastic]\nwait_s = 60\n"),
+            "elastic.wait_s: 60 s is not below cluster.rendezvous_timeout_s (60 s): the rendezvous "
+            "would fail the job before it could go on with min_nodes");
   EXPECT_FALSE(CheckGangSize(*fewer, 2).ok());
   EXPECT_EQ(Error(std::string(kCluster) + "min_nodes = 3\n"),
             "cluster.min_nodes: must be in [1, 2], got 3");

@@ -135,7 +135,7 @@ class ClusterMemberTest : public ::testing::Test {
       if (grow) n->grown.push_back(g);
     };
     events.note = [n](LogLevel, const std::string& line) { n->notes.push_back(line); };
-    events.grow = [n](const std::string& why) { n->grow_told.push_back(why); };
+    events.grow = [n](int64_t, const std::string& why) { n->grow_told.push_back(why); };
     n->member =
         std::make_unique<ClusterMember>(&loop_, &loop_, client, std::move(o), std::move(events));
     nodes_.push_back(std::move(node));
@@ -148,13 +148,13 @@ class ClusterMemberTest : public ::testing::Test {
   }
   // A rank of `n` ended with `cls` in `generation`: the job's verdict.
   void RankDied(Node& n, int64_t generation, ExitClass cls) { RankEnded(n, generation, cls); }
-  void RankEnded(Node& n, int64_t generation, ExitClass cls) {
+  void RankEnded(Node& n, int64_t generation, ExitClass cls, bool stop_requested = false) {
     AttemptEnd end;
     end.end_s = static_cast<double>(loop_.WallMs()) / 1000;
     end.cls = cls;
     end.detail = cls == ExitClass::kStopped ? "rank 0 stopped on request"
                                             : "rank 0 was killed by signal 9 (SIGKILL)";
-    end.stop_requested = cls == ExitClass::kStopped;
+    end.stop_requested = stop_requested || cls == ExitClass::kStopped;
     n.verdict.reset();
     n.member->Verdict(generation, end, [&n](ClusterVerdict v) { n.verdict = std::move(v); });
   }
@@ -697,6 +697,80 @@ TEST_F(ClusterMemberTest, RanksStoppedForADrainRestartTheJobRatherThanEndingIt) 
   EXPECT_FALSE(a->verdict->grow);
 }
 
+// A short generation's member whose ranks crash while they stop to take a
+// node in: a restart of the job like any crash (counted), not a grow.
+TEST_F(ClusterMemberTest, ACrashWhileStoppingToGrowIsARestartNotAGrow) {
+  Node& a = Start("a", 2, 1);
+  Join(a, 29500);
+  loop_.Advance(kElasticWaitS + 0.5);
+  ASSERT_TRUE(a.joined && a.joined->ok());
+  Node& b = Start("b", 2, 1);
+  Join(b, 29600);
+  loop_.Advance(0);
+  ASSERT_EQ(a.grow_told.size(), 1u);
+  RankEnded(a, 1, ExitClass::kCrash, /*stop_requested=*/true);
+  loop_.Advance(0);
+  const GenerationRecord g = Generation();
+  EXPECT_EQ(g.generation, 2);
+  EXPECT_FALSE(g.grow);
+  EXPECT_EQ(g.restarts, 1);
+  ASSERT_TRUE(a.verdict.has_value());
+  EXPECT_FALSE(a.verdict->grow);
+  EXPECT_EQ(a.verdict->restarts, 1);
+}
+
+// A node left out of a generation whose members then finished the job
+// (their final statuses, SUCCEEDED): nothing will take it in, and its run
+// is told the job is over rather than waiting for ever.
+TEST_F(ClusterMemberTest, ALeftOutNodeIsToldTheJobFinishedWithoutIt) {
+  Node& a = Start("a", 2, 1);
+  Join(a, 29500);
+  loop_.Advance(kElasticWaitS + 0.5);
+  ASSERT_TRUE(a.joined && a.joined->ok());
+  v1::ClusterNode done;
+  done.set_state(v1::RUN_STATE_SUCCEEDED);
+  a.member->Report(done, true);
+  loop_.Advance(0);
+  a.member.reset();
+  loop_.Advance(0);
+  Node& b = Start("b", 2, 1);
+  Join(b, 29600);
+  loop_.Advance(0);
+  ASSERT_TRUE(b.joined.has_value());
+  ASSERT_TRUE(b.joined->ok()) << b.joined->status();
+  EXPECT_TRUE((*b.joined)->finished);
+  EXPECT_EQ((*b.joined)->nodes, (std::vector<std::string>{"a"}));
+  EXPECT_EQ(Generation().generation, 1) << "nothing moved";
+}
+
+// A member of a closed generation whose fellow member's join vanished as
+// it closed (a withdraw or a lost lease in the same instant): at the
+// rendezvous timeout the job restarts, it does not fail.
+TEST_F(ClusterMemberTest, AClosedGenerationMissingAMemberRestartsAtTheTimeout) {
+  Node& a = Start("a", 3, 2);
+  Node& b = Start("b", 3, 2);
+  Join(a, 29500);
+  Join(b, 29600);
+  loop_.Advance(0);
+  // b's record goes just before the close lands (whichever node closes).
+  for (Node* n : {&a, &b}) {
+    n->client->before_generation_swap = [&] {
+      auto c = etcd_.Client();
+      ASSERT_TRUE(c->Delete(JobKeys("job").Join(1, "b")).ok());
+      a.client->before_generation_swap = nullptr;
+      b.client->before_generation_swap = nullptr;
+    };
+  }
+  loop_.Advance(kElasticWaitS + 0.5);
+  EXPECT_EQ(Generation().members, (std::vector<std::string>{"a", "b"}));
+  EXPECT_FALSE(a.joined.has_value());
+  loop_.Advance(60);
+  const GenerationRecord g = Generation();
+  EXPECT_EQ(g.generation, 2);
+  EXPECT_EQ(g.action, GenerationRecord::Action::kRun) << g.reason;
+  EXPECT_NE(g.reason.find("member b did not join"), std::string::npos) << g.reason;
+}
+
 // A node lost mid-run with min_nodes left: the job restarts (counted), the
 // rendezvous of generation 2 closes after wait_s with the node that is
 // there, naming the one left out.
@@ -764,6 +838,11 @@ TEST_F(ClusterMemberTest, ALeftOutNodeOutwaitsTheTimeoutAndGoesOnWhenTheMembersA
   loop_.Advance(60.5);  // b's rendezvous timeout: the members are gone
   EXPECT_EQ(Generation().generation, 2);
   EXPECT_EQ(Generation().action, GenerationRecord::Action::kRun);
+  // Its join, with the steps it read before generation 1 ran, ends: the
+  // run reads the store again and joins generation 2.
+  ASSERT_TRUE(b.joined.has_value());
+  EXPECT_EQ(b.joined->status().code(), absl::StatusCode::kAborted) << b.joined->status();
+  Join(b, 29601);
   loop_.Advance(kElasticWaitS + 0.5);
   ASSERT_TRUE(b.joined.has_value());
   ASSERT_TRUE(b.joined->ok()) << b.joined->status();

@@ -207,3 +207,124 @@ TEST_F(RunUnitTest, AMultiNodeRunJoinsLaunchesItsGlobalRanksAndFollowsTheJob) {
 
 }  // namespace
 }  // namespace trainsup::supervisor
+
+namespace trainsup::supervisor {
+namespace {
+
+// An elastic multi-node run (min_nodes 1 of 2): the rendezvous agreed on
+// node a alone, so the attempt runs 1 rank of WORLD_SIZE 1. Told to take
+// node b in, the rank is stopped gracefully (the Stop command); its end
+// goes to the job as a requested stop, and the job's grow verdict queues
+// the run again at once with no restart counted. A grow told before the
+// ranks of its generation run is applied once they do, and a join ended
+// because the job finished without this node ends the run SUCCEEDED.
+TEST_F(RunUnitTest, AMultiNodeRunShortOfNodesGrowsWithoutCountingARestart) {
+  auto calls = std::make_shared<FakeCluster::Calls>();
+  env_.make_cluster = [calls](ClusterEvents events) {
+    calls->events = std::move(events);
+    return std::make_unique<FakeCluster>(calls);
+  };
+  RunSpec spec;
+  spec.cluster.present = true;
+  spec.cluster.job = "j";
+  spec.cluster.nodes = 2;
+  spec.cluster.min_nodes = 1;
+  spec.cluster.ranks_per_node = 1;
+  spec.cluster.checkpoint_dir = dir_.path() + "/shared";
+  spec.world_size = 2;
+  spec.min_world_size = 1;
+  auto u = NewUnit(spec);
+  u->Start({0}, {""});
+  env_.Settle();
+  ASSERT_EQ(calls->joins.size(), 1u);
+  // Told to grow before the ranks of generation 1 run: applied at launch.
+  calls->events.grow(1, "node b rejoined");
+  Agreement a;
+  a.generation = 1;
+  a.node_rank = 0;
+  a.nodes = {"a"};
+  a.master_addr = "10.0.0.1";
+  a.master_port = 29999;
+  a.resize = "node b left out: only 1 of 2 nodes joined";
+  calls->join_done(a);
+  env_.Settle();
+  ASSERT_EQ(env_.launches.size(), 1u);
+  EXPECT_EQ(env_.launches[0].env.at("WORLD_SIZE"), "1");
+  EXPECT_EQ(env_.launches[0].env.at("RANK"), "0");
+  const int pid = u->ranks()[0].pid;
+  // No link yet: the graceful stop is SIGTERM, which the worker turns into
+  // a stop at a checkpoint.
+  ASSERT_EQ(env_.signals.size(), 1u);
+  EXPECT_EQ(env_.signals[0].second, SIGTERM);
+  env_.exit_files[RunLayout(dir_.path()).ExitFilePath(1, 0)] = ExitFile{143, "stopped", "", 5, 0};
+  env_.Exit(*u, 0, pid, true, 143);
+  env_.Settle();
+  ASSERT_EQ(calls->broken.size(), 1u);
+  EXPECT_EQ(calls->broken[0].second.cls, ExitClass::kStopped);
+  EXPECT_TRUE(calls->broken[0].second.stop_requested);
+  ASSERT_EQ(calls->verdicts.size(), 1u);
+  ClusterVerdict v;
+  v.kind = ClusterVerdict::Kind::kRestart;
+  v.generation = 2;
+  v.restarts = 0;
+  v.grow = true;
+  v.reason = "node b rejoined";
+  calls->verdict_done(v);
+  env_.Settle();
+  EXPECT_EQ(u->run().state(), v1::RUN_STATE_RESTARTING);
+  EXPECT_EQ(u->run().restarts(), 0) << "taking a node in is not a restart";
+  ASSERT_TRUE(u->Queued().has_value());
+  EXPECT_LE(u->Queued()->not_before_s, env_.NowS()) << "no backoff";
+  EXPECT_TRUE(env_.Stored(v1::EVENT_KIND_RESTART).empty());
+
+  // Generation 2 with both nodes: WORLD_SIZE 2, and the change of size is
+  // an event.
+  u->Start({0}, {""});
+  env_.Settle();
+  ASSERT_EQ(calls->joins.size(), 2u);
+  a.generation = 2;
+  a.nodes = {"a", "b"};
+  a.resize = "node b rejoined";
+  calls->join_done(a);
+  env_.Settle();
+  ASSERT_EQ(env_.launches.size(), 2u);
+  EXPECT_EQ(env_.launches[1].env.at("WORLD_SIZE"), "2");
+  ASSERT_EQ(env_.Stored(v1::EVENT_KIND_RESIZE).size(), 1u);
+  EXPECT_EQ(env_.Stored(v1::EVENT_KIND_RESIZE)[0].reason(),
+            "world size 1 \u2192 2: node b rejoined");
+  EXPECT_EQ(env_.resizes["grow"], 1);
+}
+
+TEST_F(RunUnitTest, ALeftOutNodeWhoseJobFinishedWithoutItSucceeds) {
+  auto calls = std::make_shared<FakeCluster::Calls>();
+  env_.make_cluster = [calls](ClusterEvents events) {
+    calls->events = std::move(events);
+    return std::make_unique<FakeCluster>(calls);
+  };
+  RunSpec spec;
+  spec.cluster.present = true;
+  spec.cluster.job = "j";
+  spec.cluster.nodes = 2;
+  spec.cluster.min_nodes = 1;
+  spec.cluster.ranks_per_node = 1;
+  spec.cluster.checkpoint_dir = dir_.path() + "/shared";
+  spec.world_size = 2;
+  spec.min_world_size = 1;
+  auto u = NewUnit(spec);
+  u->Start({0}, {""});
+  env_.Settle();
+  ASSERT_EQ(calls->joins.size(), 1u);
+  Agreement over;
+  over.generation = 3;
+  over.nodes = {"a"};
+  over.finished = true;
+  calls->join_done(over);
+  env_.Settle();
+  EXPECT_TRUE(env_.launches.empty());
+  EXPECT_EQ(u->run().state(), v1::RUN_STATE_SUCCEEDED);
+  EXPECT_EQ(u->run().reason(),
+            "job j finished while this node was left out of generation 3 (a succeeded)");
+}
+
+}  // namespace
+}  // namespace trainsup::supervisor
