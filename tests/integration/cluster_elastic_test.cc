@@ -37,7 +37,7 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-constexpr int kSteps = 48;
+constexpr int kSteps = 96;  // node-a alone must not finish before node-b is back
 constexpr int kCheckpointEvery = 4;
 constexpr double kWaitS = 3;
 
