@@ -419,6 +419,22 @@ void RunUnit::StartAttempt(ResumeChoice c, int64_t generation) {
            std::move(b), [this] { LaunchRanks(); });
 }
 
+void RunUnit::NotStarted(RankState& r, bool stop, const std::string& failure) {
+  // Its end is seen now, the failed launch before the ranks it kept from
+  // starting.
+  r.end_order = ++ends_seen_;
+  if (stop) {
+    r.forced = cancel_ ? ExitClass::kCancelled : ExitClass::kStopped;
+    r.status.set_exit_class(Proto(*r.forced));
+    r.status.set_exit_reason(cancel_ ? "not started: " + cancel_reason_
+                                     : "not started: daemon shutting down");
+  } else {
+    r.status.set_exit_class(Proto(ExitClass::kCrash));
+    r.status.set_exit_reason(!failure.empty() ? failure
+                                              : "not started: another rank failed to start");
+  }
+}
+
 // Checked again at launch: a reload may have taken the program off the
 // allowlist, or a variable off commands.allow_env, since the submit.
 absl::StatusOr<std::string> RunUnit::AllowedCommand() const {
@@ -508,21 +524,7 @@ void RunUnit::LaunchRanks() {
         failure = absl::StrCat("cannot start ", binary, ": ", p.status().message());
       }
     }
-    if (!r.alive) {
-      // Not started: its end is seen now, the failed launch before the
-      // ranks it kept from starting.
-      r.end_order = ++ends_seen_;
-      if (stop) {
-        r.forced = cancel_ ? ExitClass::kCancelled : ExitClass::kStopped;
-        r.status.set_exit_class(Proto(*r.forced));
-        r.status.set_exit_reason(cancel_ ? "not started: " + cancel_reason_
-                                         : "not started: daemon shutting down");
-      } else {
-        r.status.set_exit_class(Proto(ExitClass::kCrash));
-        r.status.set_exit_reason(i == failed_rank ? failure
-                                                  : "not started: another rank failed to start");
-      }
-    }
+    if (!r.alive) NotStarted(r, stop, i == failed_rank ? failure : "");
     ranks_.push_back(std::move(r));
   }
   StoreBatch b;
@@ -546,11 +548,7 @@ void RunUnit::LaunchRanks() {
     EndAttempt();
     return;
   }
-  if (grow_pending_.first != 0) {
-    // Told to take a node in before the ranks of this generation ran.
-    auto [generation, reason] = std::exchange(grow_pending_, {0, ""});
-    if (generation == attempt_.generation()) Resize(reason);
-  }
+  ApplyPendingGrow();
   if (!Heartbeats() && !failed && run_.state() == v1::RUN_STATE_STARTING) {
     // No Hello will come: running once its processes are.
     SetState(v1::RUN_STATE_RUNNING, absl::StrCat("attempt ", number, " running"), {});
@@ -689,33 +687,7 @@ void RunUnit::EndAttempt() {
     return;
   }
   if (cluster_ && o.cls != ExitClass::kSuccess) {
-    // One decision for the whole job (docs/distributed.md): the node that
-    // moved the generation made it; this node follows.
-    cluster_->Verdict(
-        attempt_.generation(), end, Guarded([this, b, cls = o.cls](ClusterVerdict v) mutable {
-          if (IsTerminal(run_.state())) return;
-          if (cancel_ || v.kind == ClusterVerdict::Kind::kCancel) {
-            SetState(v1::RUN_STATE_CANCELLED, cancel_ ? cancel_reason_ : v.reason, std::move(b),
-                     [this] { MaybeFinished(); });
-            return;
-          }
-          if (v.kind == ClusterVerdict::Kind::kRestart && v.grow) {
-            // Taking a rejoining node in: queued again at once, no restart
-            // counted, no backoff.
-            not_before_s_ = env_.clock->NowS();
-            resize_reason_ = v.reason;
-            SetState(v1::RUN_STATE_RESTARTING,
-                     absl::StrCat("job generation ", v.generation, ": ", v.reason), std::move(b),
-                     [this] { env_.host->Reschedule(); });
-            return;
-          }
-          RestartDecision d;
-          d.action = v.kind == ClusterVerdict::Kind::kRestart ? Action::kRestart : Action::kFail;
-          d.delay_s = v.delay_s;
-          d.reason = absl::StrCat("job generation ", v.generation, ": ", v.reason);
-          d.oom = cls == ExitClass::kOom;
-          ApplyDecision(std::move(b), cls, d, v.restarts);
-        }));
+    FollowClusterVerdict(std::move(b), end, o.cls);
     return;
   }
   const RestartDecision d = DecideRestart(Policy(), history_, env_.host->JitterUnit());

@@ -192,6 +192,14 @@ class RunUnit {
   bool EnsureCluster(bool fail_run = true);
   void OnClusterMoved(int64_t generation, const std::string& reason, bool grow);
   void OnClusterGrow(int64_t generation, const std::string& reason);
+  // A grow told before this attempt's ranks ran: applied now they do.
+  void ApplyPendingGrow();
+  // A rank of this attempt that was not started (`stop`: the run was being
+  // stopped; else `failure`, its own failed launch, or "" when another
+  // rank's kept it from starting): its end, as seen now.
+  void NotStarted(RankState& r, bool stop, const std::string& failure);
+  // The job's decision on this node's ended attempt (its ranks' `end`).
+  void FollowClusterVerdict(StoreBatch b, const AttemptEnd& end, ExitClass cls);
   void OnClusterNote(LogLevel level, const std::string& line);
   void OnClusterSubmission(const std::string& id, const std::string& replaced);
   void OnAgreement(ResumeChoice c, absl::StatusOr<Agreement> a);

@@ -2,6 +2,8 @@
 // before each attempt, stopping its ranks when the job moves on, its status
 // for the other nodes. The coordination itself is UnitCluster's
 // (cluster.h); docs/distributed.md has the protocol.
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -73,6 +75,43 @@ void RunUnit::OnClusterGrow(int64_t generation, const std::string& reason) {
   // step); the verdict on this attempt moves the job on, and the run
   // joins the next generation at once.
   Resize(reason);
+}
+
+void RunUnit::ApplyPendingGrow() {
+  if (grow_pending_.first == 0) return;
+  // Told to take a node in before the ranks of this generation ran.
+  auto [generation, reason] = std::exchange(grow_pending_, {0, ""});
+  if (generation == attempt_.generation()) Resize(reason);
+}
+
+void RunUnit::FollowClusterVerdict(StoreBatch b, const AttemptEnd& end, ExitClass cls) {
+  // One decision for the whole job (docs/distributed.md): the node that
+  // moved the generation made it; this node follows.
+  cluster_->Verdict(attempt_.generation(), end, Guarded([this, b, cls](ClusterVerdict v) mutable {
+                      if (IsTerminal(run_.state())) return;
+                      if (cancel_ || v.kind == ClusterVerdict::Kind::kCancel) {
+                        SetState(v1::RUN_STATE_CANCELLED, cancel_ ? cancel_reason_ : v.reason,
+                                 std::move(b), [this] { MaybeFinished(); });
+                        return;
+                      }
+                      if (v.kind == ClusterVerdict::Kind::kRestart && v.grow) {
+                        // Taking a rejoining node in: queued again at once, no restart
+                        // counted, no backoff.
+                        not_before_s_ = env_.clock->NowS();
+                        resize_reason_ = v.reason;
+                        SetState(v1::RUN_STATE_RESTARTING,
+                                 absl::StrCat("job generation ", v.generation, ": ", v.reason),
+                                 std::move(b), [this] { env_.host->Reschedule(); });
+                        return;
+                      }
+                      RestartDecision d;
+                      d.action = v.kind == ClusterVerdict::Kind::kRestart ? Action::kRestart
+                                                                          : Action::kFail;
+                      d.delay_s = v.delay_s;
+                      d.reason = absl::StrCat("job generation ", v.generation, ": ", v.reason);
+                      d.oom = cls == ExitClass::kOom;
+                      ApplyDecision(std::move(b), cls, d, v.restarts);
+                    }));
 }
 
 void RunUnit::OnClusterMoved(int64_t generation, const std::string& reason, bool grow) {
