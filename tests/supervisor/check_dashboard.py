@@ -2,7 +2,7 @@
 """Checks the sample Grafana dashboard: valid JSON, unique panel ids, and
 queries that use only metrics supervisor/metrics.h exports, covering the
 ones an operator needs (runs, restarts, heartbeat age, step rate, memory,
-slot health, checkpoint age).
+slot health, checkpoint age, elastic gangs' size and resizes).
 Usage: check_dashboard.py DASHBOARD_JSON METRICS_H
 """
 import json
@@ -17,6 +17,8 @@ REQUIRED = [
     "trainsup_worker_memory_bytes",
     "trainsup_slot_healthy",
     "trainsup_checkpoint_age_seconds",
+    "trainsup_run_world_size",
+    "trainsup_resizes_total",
 ]
 
 
