@@ -452,8 +452,7 @@ void DaemonImpl::Schedule() {
   }
   const int usable = static_cast<int>(slots_->slots().size() - drained.size());
   for (const QueuedRun& q : queue) {
-    const int least =
-        q.min_world_size >= 1 ? std::min(q.world_size, q.min_world_size) : q.world_size;
+    const int least = SmallestGang(q);
     if (drained.empty() || least <= usable) continue;
     if (RunUnit* u = Find(q.run_id)) {
       u->NoteWaiting(absl::StrCat("waiting for ", least, least == 1 ? " slot" : " slots", ": ",

@@ -8,7 +8,6 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "checkpoint/manifest.h"
 #include "supervisor/cluster/cluster_member_impl.h"
 #include "supervisor/cluster/generation_swap.h"
@@ -291,9 +290,7 @@ void ClusterMember::Apply(const EtcdKeyValue& kv, bool deleted) {
 void ClusterMember::Evaluate() {
   if (!fatal_.empty()) {
     if (join_) {
-      auto done = std::move(join_->done);
-      join_.reset();
-      done(absl::FailedPreconditionError(fatal_));
+      FinishJoin(absl::FailedPreconditionError(fatal_));
     }
     // Found out on a reconnect (the job was submitted again meanwhile): an
     // attempt under way stops, and its verdict is this failure.
@@ -383,31 +380,36 @@ void ClusterMember::Evaluate() {
   }
 }
 
-void ClusterMember::Bump(int64_t generation, AttemptEnd end, const std::string& reason) {
-  if (!fatal_.empty() || !bumping_.insert(generation).second) return;
+void ClusterMember::SwapJob(NextRecord next, const std::string& what,
+                            std::function<void()> failed) {
   const std::string key = keys_.Generation();
-  const std::string by = o_.node;
-  const RestartPolicy policy = o_.policy;
   const SubmissionCheck mine{keys_.Submission(), o_.submission};
   Do<absl::Status>(
-      [key, generation, end, reason, by, policy, mine](EtcdClient& c) {
-        return SwapGeneration(
-            c, key,
-            [&](const GenerationRecord& g) {
-              std::optional<GenerationRecord> next;
-              if (g.generation == generation && g.action == GenerationRecord::Action::kRun) {
-                next = NextGeneration(g, end, policy, by, reason);
-              }
-              return next;
-            },
-            /*if_absent=*/false, mine);
+      [key, next = std::move(next), mine](EtcdClient& c) {
+        return SwapGeneration(c, key, next, /*if_absent=*/false, mine);
       },
-      [this, generation, end, reason](absl::Status s) {
+      [this, what, failed = std::move(failed)](absl::Status s) {
         if (s.ok()) {
           Answered();
           return;
         }
-        Failed(absl::StrCat("restarting the job from generation ", generation), s);
+        Failed(what, s);
+        failed();
+      });
+}
+
+void ClusterMember::Bump(int64_t generation, AttemptEnd end, const std::string& reason) {
+  if (!fatal_.empty() || !bumping_.insert(generation).second) return;
+  SwapJob(
+      [generation, end, reason, by = o_.node, policy = o_.policy](const GenerationRecord& g) {
+        std::optional<GenerationRecord> next;
+        if (g.generation == generation && g.action == GenerationRecord::Action::kRun) {
+          next = NextGeneration(g, end, policy, by, reason);
+        }
+        return next;
+      },
+      absl::StrCat("restarting the job from generation ", generation),
+      [this, generation, end, reason] {
         bumping_.erase(generation);
         After(kRetryS, [this, generation, end, reason] { Bump(generation, end, reason); });
       });
@@ -461,11 +463,7 @@ void ClusterMember::KeepAlive() {
 void ClusterMember::Join(int attempt, std::vector<int64_t> steps,
                          std::optional<ckpt::StoreOwner> owner, int port,
                          std::function<void(absl::StatusOr<Agreement>)> done) {
-  if (join_) {
-    auto old = std::move(join_->done);
-    join_.reset();
-    old(absl::CancelledError("superseded by another join"));
-  }
+  if (join_) FinishJoin(absl::CancelledError("superseded by another join"));
   join_ = PendingJoin{attempt, std::move(steps), std::move(owner), port, std::move(done), 0,
                       false,   ++join_serial_};
   if (!connected_) Connect();
@@ -474,7 +472,7 @@ void ClusterMember::Join(int attempt, std::vector<int64_t> steps,
 
 void ClusterMember::Broken(int64_t generation, const AttemptEnd& end) {
   if (grow_told_ == generation && end.stop_requested && end.cls == ExitClass::kStopped) {
-    Grow(generation, end);  // stopped at a checkpoint to take a node in
+    Grow(generation);  // stopped at a checkpoint to take a node in
     return;
   }
   // Any other stop this node asked of its ranks (a drained slot): the job

@@ -110,9 +110,18 @@ class ClusterMember final : public UnitCluster {
   std::optional<absl::Status> MembersEnded(const GenerationRecord& g) const;
   // The ranks of a member of the short generation `generation` stopped at
   // a checkpoint to take `grow_node_` in: the generation moves on, grow set.
-  void Grow(int64_t generation, const AttemptEnd& end);
+  void Grow(int64_t generation);
   bool IsMember(const std::string& node) const;
+  // Ends the pending join with `result` (join_ is reset first: `done` may
+  // join again).
+  void FinishJoin(absl::StatusOr<Agreement> result);
   void Bump(int64_t generation, AttemptEnd end, const std::string& reason);
+  // Moves the job's generation record by compare-and-swap (this
+  // submission's only): `next` makes the new record from the current one,
+  // or nullopt when there is nothing to do (another node moved it). On
+  // failure `what` is noted and `failed` runs on the loop (it retries).
+  using NextRecord = std::function<std::optional<GenerationRecord>(const GenerationRecord&)>;
+  void SwapJob(NextRecord next, const std::string& what, std::function<void()> failed);
   void PublishSelf();
   // An etcd call failed: Unavailable/DeadlineExceeded mark etcd down.
   void Failed(const std::string& what, const absl::Status& status);

@@ -10,7 +10,6 @@
 #include "absl/strings/str_join.h"
 #include "supervisor/cluster/cluster.h"
 #include "supervisor/cluster/cluster_member_impl.h"
-#include "supervisor/cluster/generation_swap.h"
 #include "supervisor/cluster/job_connect.h"
 
 namespace trainsup::supervisor {
@@ -25,27 +24,22 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
   // evaluates again once etcd answered).
   if (!join_ || !connected_ || withdrawing_) return;
   if (g.action != GenerationRecord::Action::kRun) {
-    auto done = std::move(join_->done);
-    join_.reset();
-    done(g.action == GenerationRecord::Action::kCancel ? absl::CancelledError(g.reason)
-                                                       : absl::FailedPreconditionError(g.reason));
+    FinishJoin(g.action == GenerationRecord::Action::kCancel
+                   ? absl::CancelledError(g.reason)
+                   : absl::FailedPreconditionError(g.reason));
     return;
   }
   if (join_->left_out_of != 0 && g.generation > join_->left_out_of) {
     // The job moved on (to take this node in, or after a failure), after
     // checkpoints this join's steps, read before, do not list: the run
     // reads the store again and joins anew.
-    auto done = std::move(join_->done);
-    join_.reset();
-    done(absl::AbortedError(absl::StrCat("the job moved to generation ", g.generation,
-                                         g.grow ? " to take this node in" : "",
-                                         ": reading its checkpoints again")));
+    FinishJoin(absl::AbortedError(absl::StrCat("the job moved to generation ", g.generation,
+                                               g.grow ? " to take this node in" : "",
+                                               ": reading its checkpoints again")));
     return;
   }
   if (absl::Status problem = StoreProblem(g.generation); !problem.ok()) {
-    auto done = std::move(join_->done);
-    join_.reset();
-    done(problem);
+    FinishJoin(problem);
     return;
   }
   if (join_->put_generation != g.generation) {
@@ -77,10 +71,8 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
       }
       // The job may have ended meanwhile: nothing will take this node in.
       if (std::optional<absl::Status> ended = MembersEnded(g)) {
-        auto done = std::move(join_->done);
-        join_.reset();
         if (!ended->ok()) {
-          done(*ended);
+          FinishJoin(*ended);
           return;
         }
         Agreement over;
@@ -88,7 +80,7 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
         over.nodes = g.members;
         over.finished = true;
         over.submission = o_.submission;
-        done(std::move(over));
+        FinishJoin(std::move(over));
         return;
       }
     }
@@ -104,9 +96,7 @@ void ClusterMember::EvaluateJoin(const GenerationRecord& g) {
       members_ = agreed.nodes;
       self_.set_node_rank(agreed.node_rank);
       self_.set_generation(g.generation);
-      auto done = std::move(join_->done);
-      join_.reset();
-      done(std::move(agreed));
+      FinishJoin(std::move(agreed));
     }
   }
 }
@@ -218,31 +208,21 @@ void ClusterMember::OnRendezvousTimeout(int64_t generation, int64_t serial) {
   }
   const std::string reason = RendezvousTimeoutReason(generation, joins_[generation], o_.spec.nodes,
                                                      o_.spec.rendezvous_timeout_s);
-  const std::string key = keys_.Generation();
-  const std::string by = o_.node;
-  const SubmissionCheck mine{keys_.Submission(), o_.submission};
-  Do<absl::Status>(
-      [key, generation, reason, by, mine](EtcdClient& c) {
-        return SwapGeneration(
-            c, key,
-            [&](const GenerationRecord& g) {
-              std::optional<GenerationRecord> fail;
-              // Closed meanwhile (an elastic job): it no longer waits.
-              if (g.generation != generation || !g.members.empty()) return fail;
-              fail = g;
-              fail->generation = generation + 1;
-              fail->action = GenerationRecord::Action::kFail;
-              fail->by = by;
-              fail->reason = reason;
-              return fail;
-            },
-            /*if_absent=*/false, mine);
+  SwapJob(
+      [generation, reason, by = o_.node](const GenerationRecord& g) {
+        std::optional<GenerationRecord> fail;
+        // Closed meanwhile (an elastic job): it no longer waits.
+        if (g.generation != generation || !g.members.empty()) return fail;
+        fail = g;
+        fail->generation = generation + 1;
+        fail->action = GenerationRecord::Action::kFail;
+        fail->by = by;
+        fail->reason = reason;
+        return fail;
       },
-      [this, generation, serial](absl::Status s) {
-        if (!s.ok()) {
-          Failed("failing the job after the rendezvous timeout", s);
-          After(kRetryS, [this, generation, serial] { OnRendezvousTimeout(generation, serial); });
-        }
+      "failing the job after the rendezvous timeout",
+      [this, generation, serial] {
+        After(kRetryS, [this, generation, serial] { OnRendezvousTimeout(generation, serial); });
       });
 }
 
@@ -264,6 +244,12 @@ std::optional<absl::Status> ClusterMember::MembersEnded(const GenerationRecord& 
   return absl::FailedPreconditionError(
       absl::StrCat("the job ended while this node was left out of generation ", g.generation, ": ",
                    absl::StrJoin(failed, "; ")));
+}
+
+void ClusterMember::FinishJoin(absl::StatusOr<Agreement> result) {
+  auto done = std::move(join_->done);
+  join_.reset();
+  done(std::move(result));
 }
 
 bool ClusterMember::IsMember(const std::string& node) const {
@@ -301,61 +287,36 @@ void ClusterMember::OnElasticWait(int64_t generation, int64_t serial) {
                    " left out: only ", names.size(), " of ", o_.spec.nodes,
                    " nodes joined generation ", generation, "'s rendezvous within ",
                    o_.elastic_wait_s, " s (min_nodes ", o_.spec.min_nodes, ")");
-  const std::string key = keys_.Generation();
-  const SubmissionCheck mine{keys_.Submission(), o_.submission};
-  Do<absl::Status>(
-      [key, generation, names, left_out, reason, mine](EtcdClient& c) {
-        return SwapGeneration(
-            c, key,
-            [&](const GenerationRecord& g) {
-              std::optional<GenerationRecord> closed;
-              if (g.generation != generation || g.action != GenerationRecord::Action::kRun ||
-                  !g.members.empty()) {
-                return closed;
-              }
-              closed = CloseRendezvous(g, names, left_out, reason);
-              return closed;
-            },
-            /*if_absent=*/false, mine);
-      },
-      [this, generation, serial](absl::Status s) {
-        if (s.ok()) {
-          Answered();
-          return;
+  SwapJob(
+      [generation, names, left_out, reason](const GenerationRecord& g) {
+        std::optional<GenerationRecord> closed;
+        if (g.generation == generation && g.action == GenerationRecord::Action::kRun &&
+            g.members.empty()) {
+          closed = CloseRendezvous(g, names, left_out, reason);
         }
-        Failed("closing the rendezvous with fewer nodes", s);
+        return closed;
+      },
+      "closing the rendezvous with fewer nodes",
+      [this, generation, serial] {
         After(kRetryS, [this, generation, serial] { OnElasticWait(generation, serial); });
       });
 }
 
-void ClusterMember::Grow(int64_t generation, const AttemptEnd& end) {
+void ClusterMember::Grow(int64_t generation) {
   if (!fatal_.empty() || !bumping_.insert(generation).second) return;
-  const std::string key = keys_.Generation();
-  const std::string by = o_.node;
-  const std::string node = grow_node_;
-  const std::string reason = absl::StrCat("node ", node, " rejoined");
-  const SubmissionCheck mine{keys_.Submission(), o_.submission};
-  Do<absl::Status>(
-      [key, generation, by, reason, mine](EtcdClient& c) {
-        return SwapGeneration(
-            c, key,
-            [&](const GenerationRecord& g) {
-              std::optional<GenerationRecord> next;
-              if (g.generation == generation && g.action == GenerationRecord::Action::kRun) {
-                next = GrowGeneration(g, by, reason);
-              }
-              return next;
-            },
-            /*if_absent=*/false, mine);
-      },
-      [this, generation, node, end](absl::Status s) {
-        if (s.ok()) {
-          Answered();
-          return;
+  SwapJob(
+      [generation, by = o_.node,
+       reason = absl::StrCat("node ", grow_node_, " rejoined")](const GenerationRecord& g) {
+        std::optional<GenerationRecord> next;
+        if (g.generation == generation && g.action == GenerationRecord::Action::kRun) {
+          next = GrowGeneration(g, by, reason);
         }
-        Failed(absl::StrCat("moving the job on to take node ", node, " in"), s);
+        return next;
+      },
+      absl::StrCat("moving the job on to take node ", grow_node_, " in"),
+      [this, generation] {
         bumping_.erase(generation);
-        After(kRetryS, [this, generation, end] { Grow(generation, end); });
+        After(kRetryS, [this, generation] { Grow(generation); });
       });
 }
 

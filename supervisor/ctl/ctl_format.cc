@@ -243,9 +243,8 @@ std::string ShellQuoted(const std::string& arg) {
 namespace {
 
 // "4", or for an elastic spec "4 (elastic: 2 to 4)" (the spec's range).
-std::string WorldSizeText(const v1::Run& run) {
+std::string WorldSizeText(const v1::Run& run, const absl::StatusOr<RunSpec>& spec) {
   std::string out = absl::StrCat(run.world_size());
-  absl::StatusOr<RunSpec> spec = ParseRunSpec(run.spec_toml());
   if (spec.ok() && spec->min_world_size < spec->world_size) {
     absl::StrAppend(&out, " (elastic: ", spec->min_world_size, " to ", spec->world_size, ")");
   }
@@ -254,18 +253,18 @@ std::string WorldSizeText(const v1::Run& run) {
 
 // describe's first block: who, when, where, and a command run's command.
 std::string DescribeRun(const v1::Run& run, int64_t now_ms) {
+  const absl::StatusOr<RunSpec> spec = ParseRunSpec(run.spec_toml());
   std::string out = Field("Run", run.run_id());
   absl::StrAppend(&out, Field("Name", run.name()), Field("State", ToString(run.state())));
   if (!run.reason().empty()) absl::StrAppend(&out, Field("Reason", run.reason()));
   absl::StrAppend(&out, Field("Priority", absl::StrCat(run.priority())),
-                  Field("World size", WorldSizeText(run)),
+                  Field("World size", WorldSizeText(run, spec)),
                   Field("Created", absl::StrCat(FormatTimestamp(run.created_ms()), " (",
                                                 Ago(run.created_ms(), now_ms), ")")),
                   Field("Updated", FormatTimestamp(run.updated_ms())));
   if (run.ended_ms() > 0) absl::StrAppend(&out, Field("Ended", FormatTimestamp(run.ended_ms())));
   absl::StrAppend(&out, Field("Run dir", run.run_dir()));
   if (!run.spec_toml().empty()) {
-    absl::StatusOr<RunSpec> spec = ParseRunSpec(run.spec_toml());
     if (spec.ok() && spec->has_command) {
       std::vector<std::string> words;
       for (const std::string& arg : spec->command.argv) words.push_back(ShellQuoted(arg));

@@ -50,6 +50,10 @@ void OrderQueue(std::vector<QueuedRun>& queue) {
   }
 }
 
+int SmallestGang(const QueuedRun& run) {
+  return run.min_world_size >= 1 ? std::min(run.world_size, run.min_world_size) : run.world_size;
+}
+
 std::vector<Placement> Schedule(std::vector<QueuedRun> queue, const std::vector<SlotView>& slots,
                                 double now_s) {
   OrderQueue(queue);
@@ -69,8 +73,7 @@ std::vector<Placement> Schedule(std::vector<QueuedRun> queue, const std::vector<
   for (QueuedRun& run : queue) {
     if (!Eligible(run, slots.size(), now_s)) continue;
     const size_t want = static_cast<size_t>(run.world_size);
-    const size_t least =
-        run.min_world_size >= 1 ? std::min(want, static_cast<size_t>(run.min_world_size)) : want;
+    const size_t least = static_cast<size_t>(SmallestGang(run));
     if (least > usable) continue;  // waits for drained slots, blocking no one
     const size_t target = std::min(want, usable);
     size_t n = 0;

@@ -40,6 +40,10 @@ struct Placement {
 // orders two jobs alike, whatever order they were submitted in there.
 void OrderQueue(std::vector<QueuedRun>& queue);
 
+// The fewest ranks `run` starts with: min_world_size (an elastic gang),
+// else world_size.
+int SmallestGang(const QueuedRun& run);
+
 // Places runs in the queue's order (OrderQueue).
 // An eligible run wants T = min(world_size, usable slots) slots. It is
 // placed on the lowest-numbered free slots once T of them are free; an

@@ -681,9 +681,7 @@ void RunUnit::EndAttempt() {
   }
   if (resized && o.cls != ExitClass::kSuccess && !cluster_) {
     // Queued again at once: no restart counted, no backoff.
-    not_before_s_ = env_.clock->NowS();
-    SetState(v1::RUN_STATE_RESTARTING, absl::StrCat("resizing the gang: ", resize_reason_),
-             std::move(b), [this] { env_.host->Reschedule(); });
+    RequeueNow(std::move(b), absl::StrCat("resizing the gang: ", resize_reason_));
     return;
   }
   if (cluster_ && o.cls != ExitClass::kSuccess) {

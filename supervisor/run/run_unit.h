@@ -194,6 +194,9 @@ class RunUnit {
   void OnClusterGrow(int64_t generation, const std::string& reason);
   // A grow told before this attempt's ranks ran: applied now they do.
   void ApplyPendingGrow();
+  // RESTARTING and queued again at once (a resize): no restart counted,
+  // no backoff.
+  void RequeueNow(StoreBatch b, const std::string& reason);
   // A rank of this attempt that was not started (`stop`: the run was being
   // stopped; else `failure`, its own failed launch, or "" when another
   // rank's kept it from starting): its end, as seen now.

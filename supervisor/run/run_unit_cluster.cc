@@ -87,31 +87,28 @@ void RunUnit::ApplyPendingGrow() {
 void RunUnit::FollowClusterVerdict(StoreBatch b, const AttemptEnd& end, ExitClass cls) {
   // One decision for the whole job (docs/distributed.md): the node that
   // moved the generation made it; this node follows.
-  cluster_->Verdict(attempt_.generation(), end, Guarded([this, b, cls](ClusterVerdict v) mutable {
-                      if (IsTerminal(run_.state())) return;
-                      if (cancel_ || v.kind == ClusterVerdict::Kind::kCancel) {
-                        SetState(v1::RUN_STATE_CANCELLED, cancel_ ? cancel_reason_ : v.reason,
-                                 std::move(b), [this] { MaybeFinished(); });
-                        return;
-                      }
-                      if (v.kind == ClusterVerdict::Kind::kRestart && v.grow) {
-                        // Taking a rejoining node in: queued again at once, no restart
-                        // counted, no backoff.
-                        not_before_s_ = env_.clock->NowS();
-                        resize_reason_ = v.reason;
-                        SetState(v1::RUN_STATE_RESTARTING,
-                                 absl::StrCat("job generation ", v.generation, ": ", v.reason),
-                                 std::move(b), [this] { env_.host->Reschedule(); });
-                        return;
-                      }
-                      RestartDecision d;
-                      d.action = v.kind == ClusterVerdict::Kind::kRestart ? Action::kRestart
-                                                                          : Action::kFail;
-                      d.delay_s = v.delay_s;
-                      d.reason = absl::StrCat("job generation ", v.generation, ": ", v.reason);
-                      d.oom = cls == ExitClass::kOom;
-                      ApplyDecision(std::move(b), cls, d, v.restarts);
-                    }));
+  cluster_->Verdict(
+      attempt_.generation(), end, Guarded([this, b, cls](ClusterVerdict v) mutable {
+        if (IsTerminal(run_.state())) return;
+        if (cancel_ || v.kind == ClusterVerdict::Kind::kCancel) {
+          SetState(v1::RUN_STATE_CANCELLED, cancel_ ? cancel_reason_ : v.reason, std::move(b),
+                   [this] { MaybeFinished(); });
+          return;
+        }
+        if (v.kind == ClusterVerdict::Kind::kRestart && v.grow) {
+          // Taking a rejoining node in: queued again at once, no restart
+          // counted, no backoff.
+          resize_reason_ = v.reason;
+          RequeueNow(std::move(b), absl::StrCat("job generation ", v.generation, ": ", v.reason));
+          return;
+        }
+        RestartDecision d;
+        d.action = v.kind == ClusterVerdict::Kind::kRestart ? Action::kRestart : Action::kFail;
+        d.delay_s = v.delay_s;
+        d.reason = absl::StrCat("job generation ", v.generation, ": ", v.reason);
+        d.oom = cls == ExitClass::kOom;
+        ApplyDecision(std::move(b), cls, d, v.restarts);
+      }));
 }
 
 void RunUnit::OnClusterMoved(int64_t generation, const std::string& reason, bool grow) {

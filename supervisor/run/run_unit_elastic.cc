@@ -40,6 +40,11 @@ void RunUnit::AddResizeEvent(StoreBatch& b, int previous, int world) {
   resize_reason_.clear();
 }
 
+void RunUnit::RequeueNow(StoreBatch b, const std::string& reason) {
+  not_before_s_ = env_.clock->NowS();
+  SetState(v1::RUN_STATE_RESTARTING, reason, std::move(b), [this] { env_.host->Reschedule(); });
+}
+
 void RunUnit::NoteWaiting(const std::string& why) {
   if (!Queued() || run_.reason() == why) return;
   SetState(run_.state(), why, {});

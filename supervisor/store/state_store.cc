@@ -93,10 +93,8 @@ namespace {
 // Version 6 (version 1 lacked attempts.stop_requested, version 2
 // attempts.generation, version 3 runs.cluster_submission, version 4
 // runs.rollbacks and runs.skip_windows, version 5 attempts.world_size and
-// the drains table; Initialize migrates them). A later version adds a migration
-// from each older one in Initialize and bumps kSchemaVersion; nothing is ever renumbered.
-// Each version's changes from the one before (nothing is ever renumbered;
-// a new version appends its row).
+// the drains table; Initialize migrates them). Each version's changes from the one before (nothing
+// is ever renumbered; a new version appends its row).
 struct Migration {
   int64_t to;
   std::vector<const char*> sql;

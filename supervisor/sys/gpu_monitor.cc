@@ -342,15 +342,18 @@ class FakeMonitor final : public GpuMonitor {
         }
         *field = entry[key].get<int64_t>();
       }
-      if (entry.contains("compute_pids")) {
-        const nlohmann::json& pids = entry["compute_pids"];
-        if (!pids.is_array()) return bad(where + ".compute_pids: expected an array");
-        for (const nlohmann::json& pid : pids) {
-          if (!pid.is_number_integer()) return bad(where + ".compute_pids: expected integers");
-          gpu.compute_pids.push_back(pid.get<int>());
+      for (const auto& [key, field] :
+           {std::pair{"compute_pids", &gpu.compute_pids}, std::pair{"xids", &gpu.xids}}) {
+        if (!entry.contains(key)) continue;
+        const nlohmann::json& values = entry[key];
+        if (!values.is_array()) return bad(absl::StrCat(where, ".", key, ": expected an array"));
+        for (const nlohmann::json& v : values) {
+          if (!v.is_number_integer())
+            return bad(absl::StrCat(where, ".", key, ": expected integers"));
+          field->push_back(v.get<int>());
         }
-        std::sort(gpu.compute_pids.begin(), gpu.compute_pids.end());
       }
+      std::sort(gpu.compute_pids.begin(), gpu.compute_pids.end());
       for (const auto& [key, field] :
            {std::pair{"lost", &gpu.lost},
             std::pair{"retired_pages_pending", &gpu.retired_pages_pending}}) {
@@ -359,14 +362,6 @@ class FakeMonitor final : public GpuMonitor {
           return bad(absl::StrCat(where, ".", key, ": expected a boolean"));
         }
         *field = entry[key].get<bool>();
-      }
-      if (entry.contains("xids")) {
-        const nlohmann::json& xids = entry["xids"];
-        if (!xids.is_array()) return bad(where + ".xids: expected an array");
-        for (const nlohmann::json& xid : xids) {
-          if (!xid.is_number_integer()) return bad(where + ".xids: expected integers");
-          gpu.xids.push_back(xid.get<int>());
-        }
       }
       gpus.push_back(std::move(gpu));
     }

@@ -110,9 +110,7 @@ void SlotTable::Drain(int slot, SlotDrain drain) {
 
 void SlotTable::Undrain(int slot) {
   if (slot < 0 || slot >= static_cast<int>(slots_.size())) return;
-  Slot& s = slots_[slot];
-  s.drain.reset();
-  if (s.state == SlotState::kFree && hooks_.freed) hooks_.freed();
+  slots_[slot].drain.reset();  // the caller reschedules (Daemon::OnSlotUndrained)
 }
 
 std::string SlotTable::UndrainRefusal(int slot) const {

@@ -92,7 +92,8 @@ class SlotTable {
   // index may change across reboots), else the slot's name.
   std::string DrainKey(int slot) const;
   // Drains `slot` (replacing an earlier drain) or ends its drain. A drained
-  // slot keeps its rank until the rank ends, then takes no new one.
+  // slot keeps its rank until the rank ends, then takes no new one; after an
+  // undrain the caller reschedules (no hook runs).
   void Drain(int slot, SlotDrain drain);
   void Undrain(int slot);
   // Whether an operator may undrain `slot`: drained by an operator, or by

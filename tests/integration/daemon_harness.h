@@ -249,6 +249,10 @@ class DaemonHarness {
   // GetRun with the operator token.
   grpc::Status TryGetRun(const std::string& run_id, v1::Run* out);
   v1::Run GetRun(const std::string& run_id);
+  // DrainSlot (the operator token unless `token`) and UndrainSlot.
+  grpc::Status Drain(const std::string& slot, const std::string& reason, v1::Slot* out,
+                     const std::string& token = "");
+  grpc::Status Undrain(const std::string& slot, v1::Slot* out);
 
   // Polls GetRun every 50 ms until `pred` holds; `*out` gets the last run.
   ::testing::AssertionResult WaitFor(const std::string& run_id,
@@ -611,6 +615,22 @@ inline grpc::Status DaemonHarness::TryGetRun(const std::string& run_id, v1::Run*
   req.set_run_id(run_id);
   auto ctx = Context(operator_token_);
   return stub_->GetRun(ctx.get(), req, out);
+}
+
+inline grpc::Status DaemonHarness::Drain(const std::string& slot, const std::string& reason,
+                                         v1::Slot* out, const std::string& token) {
+  v1::DrainSlotRequest req;
+  req.set_slot(slot);
+  req.set_reason(reason);
+  auto ctx = Context(token.empty() ? operator_token_ : token);
+  return stub_->DrainSlot(ctx.get(), req, out);
+}
+
+inline grpc::Status DaemonHarness::Undrain(const std::string& slot, v1::Slot* out) {
+  v1::UndrainSlotRequest req;
+  req.set_slot(slot);
+  auto ctx = Context(operator_token_);
+  return stub_->UndrainSlot(ctx.get(), req, out);
 }
 
 inline v1::Run DaemonHarness::GetRun(const std::string& run_id) {

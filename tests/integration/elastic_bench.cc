@@ -79,26 +79,14 @@ int Main(int cycles) {
     // Drain.
     int next = attempt() + 1;
     auto t0 = Clock::now();
-    {
-      v1::DrainSlotRequest req;
-      req.set_slot("cpu:2");
-      req.set_reason("bench");
-      v1::Slot out;
-      auto ctx = h.Context(h.operator_token());
-      if (!h.stub().DrainSlot(ctx.get(), req, &out).ok()) return 1;
-    }
+    v1::Slot slot;
+    if (!h.Drain("cpu:2", "bench", &slot).ok()) return 1;
     wait(2, next, "drain");
     drains.push_back(Seconds(Clock::now() - t0).count());
     // Grow back.
     next = attempt() + 1;
     t0 = Clock::now();
-    {
-      v1::UndrainSlotRequest req;
-      req.set_slot("cpu:2");
-      v1::Slot out;
-      auto ctx = h.Context(h.operator_token());
-      if (!h.stub().UndrainSlot(ctx.get(), req, &out).ok()) return 1;
-    }
+    if (!h.Undrain("cpu:2", &slot).ok()) return 1;
     wait(3, next, "grow");
     grows.push_back(Seconds(Clock::now() - t0).count());
     // An ordinary restart.

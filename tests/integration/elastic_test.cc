@@ -19,10 +19,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <random>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -39,25 +37,7 @@
 namespace trainsup::integration {
 namespace {
 
-namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-using Clock = std::chrono::steady_clock;
-
-grpc::Status Drain(DaemonHarness& h, const std::string& slot, const std::string& reason,
-                   v1::Slot* out, const std::string& token = "") {
-  v1::DrainSlotRequest req;
-  req.set_slot(slot);
-  req.set_reason(reason);
-  auto ctx = h.Context(token.empty() ? h.operator_token() : token);
-  return h.stub().DrainSlot(ctx.get(), req, out);
-}
-
-grpc::Status Undrain(DaemonHarness& h, const std::string& slot, v1::Slot* out) {
-  v1::UndrainSlotRequest req;
-  req.set_slot(slot);
-  auto ctx = h.Context(h.operator_token());
-  return h.stub().UndrainSlot(ctx.get(), req, out);
-}
 
 // The newest attempt runs `world` ranks, all alive, and has trained past
 // step `past`.
@@ -121,13 +101,13 @@ TEST(Elastic, ADrainedSlotShrinksTheGangAndUndrainingItGrowsItBack) {
   ASSERT_TRUE(h.WaitForEnd(ref_id, Seconds(300), &ref));
   ASSERT_EQ(ref.state(), v1::RUN_STATE_SUCCEEDED) << Describe(ref) << EveryRankLog(ref);
   v1::Slot slot;
-  ASSERT_TRUE(Drain(h, "cpu:2", "the gang of 2", &slot).ok());
+  ASSERT_TRUE(h.Drain("cpu:2", "the gang of 2", &slot).ok());
   const std::string two_id = h.Submit(ElasticSpec("two", 3, 2, kSteps));
   v1::Run two;
   ASSERT_TRUE(h.WaitForEnd(two_id, Seconds(300), &two));
   ASSERT_EQ(two.state(), v1::RUN_STATE_SUCCEEDED) << Describe(two) << EveryRankLog(two);
   ASSERT_EQ(two.attempts(0).world_size(), 2) << Describe(two);
-  ASSERT_TRUE(Undrain(h, "cpu:2", &slot).ok());
+  ASSERT_TRUE(h.Undrain("cpu:2", &slot).ok());
 
   // The elastic run: drained at step > 6, undrained once it trains at 2.
   const std::string id = h.Submit(ElasticSpec("elastic", 3, 2, kSteps));
@@ -136,7 +116,7 @@ TEST(Elastic, ADrainedSlotShrinksTheGangAndUndrainingItGrowsItBack) {
       id, [](const v1::Run& r) { return RunningAt(r, 3, 6); }, Seconds(120), &run))
       << Describe(run);
   const auto drained_at = Clock::now();
-  grpc::Status s = Drain(h, "cpu:2", "maintenance", &slot);
+  grpc::Status s = h.Drain("cpu:2", "maintenance", &slot);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(slot.name(), "cpu:2");
   EXPECT_EQ(slot.state(), v1::SLOT_STATE_DRAINED);
@@ -152,7 +132,7 @@ TEST(Elastic, ADrainedSlotShrinksTheGangAndUndrainingItGrowsItBack) {
   EXPECT_EQ(node.slots(2).drain_reason(), "maintenance");
   EXPECT_EQ(node.slots(2).run_id(), "");
   const int64_t step_at_two = run.progress().step();
-  ASSERT_TRUE(Undrain(h, "cpu:2", &slot).ok());
+  ASSERT_TRUE(h.Undrain("cpu:2", &slot).ok());
   EXPECT_EQ(slot.state(), v1::SLOT_STATE_FREE);
   ASSERT_TRUE(h.WaitFor(
       id, [&](const v1::Run& r) { return RunningAt(r, 3, step_at_two); }, Seconds(120), &run))
@@ -238,12 +218,12 @@ TEST(Elastic, ChaosOfKillsDrainsAndUndrainsEndsWithEverySampleOnceAnEpoch) {
                   static_cast<long long>(run.progress().step()));
     } else if (action == 1) {
       drained = "cpu:" + std::to_string(std::uniform_int_distribution<int>(0, 2)(rng));
-      ASSERT_TRUE(Drain(h, drained, "chaos", &slot).ok());
+      ASSERT_TRUE(h.Drain(drained, "chaos", &slot).ok());
       ++drains;
       std::printf("chaos: %s drained near step %lld\n", drained.c_str(),
                   static_cast<long long>(run.progress().step()));
     } else {
-      ASSERT_TRUE(Undrain(h, drained, &slot).ok());
+      ASSERT_TRUE(h.Undrain(drained, &slot).ok());
       std::printf("chaos: %s undrained near step %lld\n", drained.c_str(),
                   static_cast<long long>(run.progress().step()));
       drained.clear();
@@ -256,7 +236,7 @@ TEST(Elastic, ChaosOfKillsDrainsAndUndrainsEndsWithEverySampleOnceAnEpoch) {
   }
   if (!drained.empty()) {
     v1::Slot slot;
-    ASSERT_TRUE(Undrain(h, drained, &slot).ok());
+    ASSERT_TRUE(h.Undrain(drained, &slot).ok());
   }
   ASSERT_TRUE(h.WaitForEnd(id, Seconds(400), &run));
   ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run) << EveryRankLog(run);
@@ -318,16 +298,16 @@ TEST(Elastic, AGpuWithUncorrectableEccErrorsIsDrainedAndTheGangGoesOnWithout) {
 
   // What an operator may and may not do.
   v1::Slot slot;
-  EXPECT_EQ(Undrain(h, "gpu:2", &slot).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_EQ(Undrain(h, "gpu:9", &slot).error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(Undrain(h, "gpu:1", &slot).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_EQ(Drain(h, "gpu:1", "", &slot).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(Drain(h, "gpu:1", "no", &slot, h.viewer_token()).error_code(),
+  EXPECT_EQ(h.Undrain("gpu:2", &slot).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(h.Undrain("gpu:9", &slot).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(h.Undrain("gpu:1", &slot).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(h.Drain("gpu:1", "", &slot).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(h.Drain("gpu:1", "no", &slot, h.viewer_token()).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
 
   // An operator drains GPU 3 too: 2 usable GPUs, below min_world_size, so
   // the run waits, and says why; the drain outlives a daemon restart.
-  ASSERT_TRUE(Drain(h, "gpu:3", "bad fan", &slot).ok());
+  ASSERT_TRUE(h.Drain("gpu:3", "bad fan", &slot).ok());
   ASSERT_TRUE(h.WaitFor(
       id,
       [](const v1::Run& r) {
@@ -361,7 +341,7 @@ TEST(Elastic, AGpuWithUncorrectableEccErrorsIsDrainedAndTheGangGoesOnWithout) {
   ASSERT_TRUE(h.WaitFor(
       id, [](const v1::Run& r) { return RunningAt(r, 3, 0); }, kRunLimit, &run))
       << Describe(run) << h.DaemonLog();
-  ASSERT_TRUE(Undrain(h, "gpu:3", &slot).ok());
+  ASSERT_TRUE(h.Undrain("gpu:3", &slot).ok());
   ASSERT_TRUE(h.WaitFor(
       id, [](const v1::Run& r) { return RunningAt(r, 4, 0); }, kRunLimit, &run))
       << Describe(run) << h.DaemonLog();
@@ -390,7 +370,7 @@ TEST(Elastic, AGpuWithUncorrectableEccErrorsIsDrainedAndTheGangGoesOnWithout) {
   WriteFakeGpus(gpu_file, gpus);
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two GPU queries
   EXPECT_TRUE(SlotIn(h, 0, v1::SLOT_STATE_DRAINED, &node)) << "an Xid drain outlives the event";
-  ASSERT_TRUE(Undrain(h, "gpu:0", &slot).ok());
+  ASSERT_TRUE(h.Undrain("gpu:0", &slot).ok());
   EXPECT_EQ(slot.state(), v1::SLOT_STATE_FREE);
 }
 
@@ -420,7 +400,7 @@ TEST(Elastic, ASlotStrandedTooLongIsDrainedUntilItsMemoryIsReleased) {
   EXPECT_THAT(node.slots(0).drain_reason(), HasSubstr("stranded for more than 2 s"));
   EXPECT_THAT(node.slots(0).drain_reason(), HasSubstr(std::to_string(stranger.pid())));
   v1::Slot slot;
-  EXPECT_EQ(Undrain(h, "gpu:0", &slot).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(h.Undrain("gpu:0", &slot).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   // The stranger lets go: the drain ends with the stranding.
   stranger.Stop();
   WriteFakeGpus(gpu_file, {{kGpuUuids[0], 10, {}}, {kGpuUuids[1], 10, {}}});

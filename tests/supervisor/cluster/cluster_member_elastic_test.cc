@@ -180,11 +180,9 @@ TEST_F(ClusterMemberTest, AClosedGenerationMissingAMemberRestartsAtTheTimeout) {
 // rendezvous of generation 2 closes after wait_s with the node that is
 // there, naming the one left out.
 TEST_F(ClusterMemberTest, ANodeLostMidRunIsLeftOutOfTheNextGeneration) {
-  Node& a = Start("a", 2, 1);
-  Node& b = Start("b", 2, 1);
-  Join(a, 29500);
-  Join(b, 29600);
-  loop_.Advance(0);
+  auto [pa, pb] = RunningPair(2, /*min_nodes=*/1);
+  Node& a = *pa;
+  Node& b = *pb;
   ASSERT_TRUE(a.joined && a.joined->ok());
   EXPECT_EQ((*a.joined)->nodes.size(), 2u) << "both joined at once: no wait";
   etcd_.ExpireLease(LeaseOf("b"));

@@ -161,9 +161,9 @@ class ClusterMemberTest : public ::testing::Test {
     n.member->Verdict(generation, end, [&n](ClusterVerdict v) { n.verdict = std::move(v); });
   }
   // Two nodes, both in generation 1's rendezvous and agreed.
-  std::pair<Node*, Node*> RunningPair() {
-    Node& a = Start("a");
-    Node& b = Start("b");
+  std::pair<Node*, Node*> RunningPair(int64_t job_nodes = 2, int64_t min_nodes = 0) {
+    Node& a = Start("a", job_nodes, min_nodes);
+    Node& b = Start("b", job_nodes, min_nodes);
     Join(a, 29500);
     Join(b, 29600);
     loop_.Advance(0);

@@ -131,19 +131,8 @@ TEST_F(RunUnitTest, OurWorkerGetsNoSigusr1) {
 // the job, stops its ranks when the job moves on, and takes the job's one
 // decision (and restart count) instead of its own.
 TEST_F(RunUnitTest, AMultiNodeRunJoinsLaunchesItsGlobalRanksAndFollowsTheJob) {
-  auto calls = std::make_shared<FakeCluster::Calls>();
-  env_.make_cluster = [calls](ClusterEvents events) {
-    calls->events = std::move(events);
-    return std::make_unique<FakeCluster>(calls);
-  };
-  RunSpec spec;
-  spec.cluster.present = true;
-  spec.cluster.job = "j";
-  spec.cluster.nodes = 2;
-  spec.cluster.ranks_per_node = 2;
-  spec.cluster.checkpoint_dir = dir_.path() + "/shared";
-  spec.world_size = 4;
-  auto u = NewUnit(spec);
+  auto calls = UseFakeCluster();
+  auto u = NewUnit(ClusterRunSpec(2, 2));
   ASSERT_TRUE(u->Queued().has_value());
   EXPECT_EQ(u->Queued()->world_size, 2) << "this node's slots, not the job's";
   u->Start({0, 1}, {"", ""});
@@ -219,21 +208,8 @@ namespace {
 // ranks of its generation run is applied once they do, and a join ended
 // because the job finished without this node ends the run SUCCEEDED.
 TEST_F(RunUnitTest, AMultiNodeRunShortOfNodesGrowsWithoutCountingARestart) {
-  auto calls = std::make_shared<FakeCluster::Calls>();
-  env_.make_cluster = [calls](ClusterEvents events) {
-    calls->events = std::move(events);
-    return std::make_unique<FakeCluster>(calls);
-  };
-  RunSpec spec;
-  spec.cluster.present = true;
-  spec.cluster.job = "j";
-  spec.cluster.nodes = 2;
-  spec.cluster.min_nodes = 1;
-  spec.cluster.ranks_per_node = 1;
-  spec.cluster.checkpoint_dir = dir_.path() + "/shared";
-  spec.world_size = 2;
-  spec.min_world_size = 1;
-  auto u = NewUnit(spec);
+  auto calls = UseFakeCluster();
+  auto u = NewUnit(ClusterRunSpec(2, 1, /*min_nodes=*/1));
   u->Start({0}, {""});
   env_.Settle();
   ASSERT_EQ(calls->joins.size(), 1u);
@@ -296,21 +272,8 @@ TEST_F(RunUnitTest, AMultiNodeRunShortOfNodesGrowsWithoutCountingARestart) {
 }
 
 TEST_F(RunUnitTest, ALeftOutNodeWhoseJobFinishedWithoutItSucceeds) {
-  auto calls = std::make_shared<FakeCluster::Calls>();
-  env_.make_cluster = [calls](ClusterEvents events) {
-    calls->events = std::move(events);
-    return std::make_unique<FakeCluster>(calls);
-  };
-  RunSpec spec;
-  spec.cluster.present = true;
-  spec.cluster.job = "j";
-  spec.cluster.nodes = 2;
-  spec.cluster.min_nodes = 1;
-  spec.cluster.ranks_per_node = 1;
-  spec.cluster.checkpoint_dir = dir_.path() + "/shared";
-  spec.world_size = 2;
-  spec.min_world_size = 1;
-  auto u = NewUnit(spec);
+  auto calls = UseFakeCluster();
+  auto u = NewUnit(ClusterRunSpec(2, 1, /*min_nodes=*/1));
   u->Start({0}, {""});
   env_.Settle();
   ASSERT_EQ(calls->joins.size(), 1u);

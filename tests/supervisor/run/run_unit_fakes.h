@@ -300,6 +300,29 @@ class RunUnitTest : public ::testing::Test {
     run.set_run_dir(dir_.path());
     return std::make_unique<RunUnit>(run, spec, 1, env_.env());
   }
+  // The unit's cluster is a FakeCluster recording into the calls returned.
+  std::shared_ptr<FakeCluster::Calls> UseFakeCluster() {
+    auto calls = std::make_shared<FakeCluster::Calls>();
+    env_.make_cluster = [calls](ClusterEvents events) {
+      calls->events = std::move(events);
+      return std::make_unique<FakeCluster>(calls);
+    };
+    return calls;
+  }
+  // The spec of job "j": `nodes` x `ranks_per_node`, going on with
+  // `min_nodes` (0: all of them).
+  RunSpec ClusterRunSpec(int64_t nodes, int64_t ranks_per_node, int64_t min_nodes = 0) {
+    RunSpec spec;
+    spec.cluster.present = true;
+    spec.cluster.job = "j";
+    spec.cluster.nodes = nodes;
+    spec.cluster.min_nodes = min_nodes > 0 ? min_nodes : nodes;
+    spec.cluster.ranks_per_node = ranks_per_node;
+    spec.cluster.checkpoint_dir = dir_.path() + "/shared";
+    spec.world_size = nodes * ranks_per_node;
+    spec.min_world_size = spec.cluster.min_nodes * ranks_per_node;
+    return spec;
+  }
   // A command run of /bin/sh, which the daemon's configuration allows.
   std::unique_ptr<RunUnit> NewCommandUnit(bool heartbeats) {
     env_.config_.commands.allowed_programs = {"/bin/sh"};
