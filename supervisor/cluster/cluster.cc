@@ -471,13 +471,23 @@ void ClusterMember::Join(int attempt, std::vector<int64_t> steps,
 }
 
 void ClusterMember::Broken(int64_t generation, const AttemptEnd& end) {
-  if (grow_told_ == generation && end.stop_requested && end.cls == ExitClass::kStopped) {
-    Grow(generation);  // stopped at a checkpoint to take a node in
+  if (end.stop_requested && end.cls == ExitClass::kStopped) {
+    // The gang stopped at a checkpoint this node asked for: the job moves
+    // on with no restart counted, to take a node in, or without this
+    // node's drained slot (an elastic job goes on without the node until
+    // its slots are usable again; docs/distributed.md, "Elastic").
+    if (grow_told_ == generation) {
+      Resize(generation, absl::StrCat("node ", grow_node_, " rejoined"),
+             absl::StrCat("moving the job on to take node ", grow_node_, " in"));
+    } else {
+      Resize(generation, absl::StrCat("node ", o_.node, ": ", end.detail),
+             "moving the job on after this node's stop");
+    }
     return;
   }
-  // Any other stop this node asked of its ranks (a drained slot): the job
-  // goes on. For the restart policy a requested stop ends a run, so it is
-  // judged as the end of the node's ranks it is.
+  // Any other end of this node's ranks is judged by the restart policy,
+  // a requested stop that did not end cleanly (a crash on the way) as the
+  // end it is: for the policy a requested stop would end the run.
   AttemptEnd ended = end;
   ended.stop_requested = false;
   const std::string reason = absl::StrCat("node ", o_.node, ": ", end.detail);
@@ -485,7 +495,8 @@ void ClusterMember::Broken(int64_t generation, const AttemptEnd& end) {
       (end.cls == ExitClass::kStopped && !end.stop_requested)) {
     // Most likely the echo of a failure on another node, whose own report
     // names the cause, or of a stop another node asked of the gang (to
-    // take a node in): that node gets a head start to move the generation.
+    // take a node in, for its drained slot): that node gets a head start
+    // to move the generation.
     After(kEchoGraceS, [this, generation, ended, reason] { Bump(generation, ended, reason); });
     return;
   }

@@ -108,9 +108,11 @@ class ClusterMember final : public UnitCluster {
   // if every one of them did (their final statuses); nullopt while any
   // runs. OK: all succeeded.
   std::optional<absl::Status> MembersEnded(const GenerationRecord& g) const;
-  // The ranks of a member of the short generation `generation` stopped at
-  // a checkpoint to take `grow_node_` in: the generation moves on, grow set.
-  void Grow(int64_t generation);
+  // This node's ranks of `generation` stopped at a checkpoint to change
+  // the job's size (to take `grow_node_` in, or for a drained slot): the
+  // generation moves on with `reason`, grow set (ResizeGeneration); on
+  // failure `what` is noted and it tries again.
+  void Resize(int64_t generation, const std::string& reason, const std::string& what);
   bool IsMember(const std::string& node) const;
   // Ends the pending join with `result` (join_ is reset first: `done` may
   // join again).

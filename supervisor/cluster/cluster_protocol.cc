@@ -257,8 +257,8 @@ GenerationRecord NextGeneration(const GenerationRecord& current, const AttemptEn
   return next;
 }
 
-GenerationRecord GrowGeneration(const GenerationRecord& current, const std::string& by,
-                                const std::string& reason) {
+GenerationRecord ResizeGeneration(const GenerationRecord& current, const std::string& by,
+                                  const std::string& reason) {
   GenerationRecord next = current;
   next.generation = current.generation + 1;
   next.action = GenerationRecord::Action::kRun;

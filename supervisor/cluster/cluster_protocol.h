@@ -90,8 +90,10 @@ struct GenerationRecord {
   // "Elastic"). members: the nodes that run this generation when its
   // rendezvous was closed short at its timeout, sorted (empty: open, all
   // `nodes` must join); left_out: the job's nodes known to the closer that
-  // are not among them. grow: the generation was moved to take a rejoining
-  // node in (a graceful stop at a checkpoint, no restart counted). resize:
+  // are not among them. grow: the generation was moved after a graceful
+  // stop at a checkpoint, to take a rejoining node in or because a node's
+  // slot was drained (no restart counted; the name is the record's key
+  // since the first). resize:
   // why the world size changes in this generation ("" unchanged).
   std::vector<std::string> members;
   std::vector<std::string> left_out;
@@ -113,11 +115,13 @@ GenerationRecord NextGeneration(const GenerationRecord& current, const AttemptEn
                                 const RestartPolicy& policy, const std::string& by,
                                 const std::string& reason);
 
-// The record that moves generation `current.generation` on to take a
-// rejoining node in: generation + 1, kRun, restarts and history unchanged,
+// The record that moves generation `current.generation` on after the
+// job's ranks stopped at a checkpoint to change its size (a rejoining node
+// taken in, a node's drained slot): generation + 1, kRun, restarts and
+// history unchanged,
 // no delay, grow set, members open again, resize and reason `reason`.
-GenerationRecord GrowGeneration(const GenerationRecord& current, const std::string& by,
-                                const std::string& reason);
+GenerationRecord ResizeGeneration(const GenerationRecord& current, const std::string& by,
+                                  const std::string& reason);
 
 // The record that closes `current`'s open rendezvous with the nodes
 // `joined` (sorted here), leaving out `left_out`, with `reason` as its

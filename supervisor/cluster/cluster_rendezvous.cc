@@ -302,21 +302,20 @@ void ClusterMember::OnElasticWait(int64_t generation, int64_t serial) {
       });
 }
 
-void ClusterMember::Grow(int64_t generation) {
+void ClusterMember::Resize(int64_t generation, const std::string& reason, const std::string& what) {
   if (!fatal_.empty() || !bumping_.insert(generation).second) return;
   SwapJob(
-      [generation, by = o_.node,
-       reason = absl::StrCat("node ", grow_node_, " rejoined")](const GenerationRecord& g) {
+      [generation, by = o_.node, reason](const GenerationRecord& g) {
         std::optional<GenerationRecord> next;
         if (g.generation == generation && g.action == GenerationRecord::Action::kRun) {
-          next = GrowGeneration(g, by, reason);
+          next = ResizeGeneration(g, by, reason);
         }
         return next;
       },
-      absl::StrCat("moving the job on to take node ", grow_node_, " in"),
-      [this, generation] {
+      what,
+      [this, generation, reason, what] {
         bumping_.erase(generation);
-        After(kRetryS, [this, generation] { Grow(generation); });
+        After(kRetryS, [this, generation, reason, what] { Resize(generation, reason, what); });
       });
 }
 

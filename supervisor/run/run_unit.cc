@@ -628,9 +628,12 @@ void RunUnit::OnProcessExit(int attempt, int rank) {
       e.end_s = static_cast<double>(env_.clock->WallMs()) / 1000.0;
       e.cls = end.cls;
       e.made_progress = r.progressed;
-      e.detail = absl::StrCat("rank ", rank, " ended: ", end.reason);
-      // Stopped at a checkpoint to take a node in (OnClusterGrow): the job
-      // grows rather than restarts.
+      // Stopped at a checkpoint to take a node in (OnClusterGrow) or for a
+      // drained slot (Resize): the job moves on, named by the resize's
+      // reason, rather than restarts.
+      e.detail = resize_stop_ && end.cls == ExitClass::kStopped
+                     ? resize_reason_
+                     : absl::StrCat("rank ", rank, " ended: ", end.reason);
       e.stop_requested = resize_stop_;
       cluster_->Broken(attempt_.generation(), e);
     }
@@ -685,7 +688,9 @@ void RunUnit::EndAttempt() {
     return;
   }
   if (cluster_ && o.cls != ExitClass::kSuccess) {
-    FollowClusterVerdict(std::move(b), end, o.cls);
+    AttemptEnd told = end;
+    if (resized && o.cls == ExitClass::kStopped) told.detail = resize_reason_;  // as RankEnded does
+    FollowClusterVerdict(std::move(b), told, o.cls);
     return;
   }
   const RestartDecision d = DecideRestart(Policy(), history_, env_.host->JitterUnit());

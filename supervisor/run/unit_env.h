@@ -131,15 +131,16 @@ struct ClusterVerdict {
   int64_t restarts = 0;    // of the whole job
   double delay_s = 0;
   std::string reason;
-  // The generation moved to take a rejoining node in: not a restart (the
-  // run queues again at once, nothing counted).
+  // The generation moved after the ranks stopped at a checkpoint to change
+  // the job's size (a rejoining node taken in, a node's drained slot): not
+  // a restart (the run queues again at once, nothing counted).
   bool grow = false;
 };
 
 struct ClusterEvents {
   // The job's generation moved to `generation` (a node restarted the job,
   // or it failed or was cancelled): ranks of an older one must stop. grow:
-  // it moved to take a rejoining node in (an elastic job): they stop
+  // it moved to change the job's size (ClusterVerdict::grow): they stop
   // gracefully, with a checkpoint.
   std::function<void(int64_t generation, const std::string& reason, bool grow)> moved;
   // A line for the run's events: etcd unreachable or back, a node lost,

@@ -87,19 +87,34 @@ TEST_F(ClusterMemberTest, AShortRendezvousClosesAfterTheWaitAndGrowsWhenTheOther
 }
 
 // A node's ranks stopped on request for a reason of that node (a drained
-// slot): the stop was asked for, but the job must go on, so the generation
-// moves as for any other end of its ranks.
-TEST_F(ClusterMemberTest, RanksStoppedForADrainRestartTheJobRatherThanEndingIt) {
-  auto [a, b] = RunningPair();
+// slot): the gang checkpointed and stopped, and the job must go on. The
+// generation moves as for taking a node in: no restart counted, no
+// backoff, the rendezvous open again, and the other node's ranks (which
+// stopped at the same checkpoint without asking) follow with no restart
+// either.
+TEST_F(ClusterMemberTest, RanksStoppedForADrainMoveTheJobOnWithNoRestartCounted) {
+  auto [a, b] = RunningPair(2, 1);
   RankEnded(*a, 1, ExitClass::kStopped);
   loop_.Advance(0);
   const GenerationRecord g = Generation();
   EXPECT_EQ(g.generation, 2);
   EXPECT_EQ(g.action, GenerationRecord::Action::kRun) << g.reason;
-  EXPECT_FALSE(g.grow);
+  EXPECT_TRUE(g.grow);
+  EXPECT_EQ(g.restarts, 0);
+  EXPECT_EQ(g.delay_s, 0);
+  EXPECT_TRUE(g.history.empty());
+  EXPECT_TRUE(g.members.empty());
+  EXPECT_EQ(g.reason, "node a: rank 0 stopped on request");
   ASSERT_TRUE(a->verdict.has_value());
   EXPECT_EQ(a->verdict->kind, ClusterVerdict::Kind::kRestart) << a->verdict->reason;
-  EXPECT_FALSE(a->verdict->grow);
+  EXPECT_TRUE(a->verdict->grow);
+  EXPECT_EQ(a->verdict->restarts, 0);
+  RankEnded(*b, 1, ExitClass::kStopped, /*stop_requested=*/false);
+  loop_.Advance(2);  // past the echo grace (1 s)
+  EXPECT_EQ(Generation().generation, 2) << "the echo moves nothing";
+  ASSERT_TRUE(b->verdict.has_value());
+  EXPECT_TRUE(b->verdict->grow);
+  EXPECT_EQ(b->verdict->restarts, 0);
 }
 
 // A short generation's member whose ranks crash while they stop to take a

@@ -150,13 +150,15 @@ class ClusterMemberTest : public ::testing::Test {
   }
   // A rank of `n` ended with `cls` in `generation`: the job's verdict.
   void RankDied(Node& n, int64_t generation, ExitClass cls) { RankEnded(n, generation, cls); }
-  void RankEnded(Node& n, int64_t generation, ExitClass cls, bool stop_requested = false) {
+  // stop_requested: by default, whether cls is kStopped.
+  void RankEnded(Node& n, int64_t generation, ExitClass cls,
+                 std::optional<bool> stop_requested = std::nullopt) {
     AttemptEnd end;
     end.end_s = static_cast<double>(loop_.WallMs()) / 1000;
     end.cls = cls;
     end.detail = cls == ExitClass::kStopped ? "rank 0 stopped on request"
                                             : "rank 0 was killed by signal 9 (SIGKILL)";
-    end.stop_requested = stop_requested || cls == ExitClass::kStopped;
+    end.stop_requested = stop_requested.value_or(cls == ExitClass::kStopped);
     n.verdict.reset();
     n.member->Verdict(generation, end, [&n](ClusterVerdict v) { n.verdict = std::move(v); });
   }

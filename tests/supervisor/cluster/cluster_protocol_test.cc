@@ -239,7 +239,7 @@ TEST(GenerationRecord, ElasticFieldsRoundTripAndGarbageIsRefused) {
   EXPECT_EQ(back->resize, "node b left out");
   EXPECT_FALSE(back->grow);
 
-  const GenerationRecord grown = GrowGeneration(closed, "a", "node b rejoined");
+  const GenerationRecord grown = ResizeGeneration(closed, "a", "node b rejoined");
   EXPECT_EQ(grown.generation, 5);
   EXPECT_EQ(grown.action, GenerationRecord::Action::kRun);
   EXPECT_EQ(grown.restarts, 2) << "taking a node in is not a restart";
