@@ -72,6 +72,29 @@ endif()
 if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
   set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
 endif()
+# A CUDA LibTorch's CMake files need the CUDA toolkit to be found at all
+# (Caffe2's public/cuda.cmake), even for a build without our CUDA code. A
+# training box often has a CUDA torch wheel and a driver but no toolkit:
+# say so plainly, before Caffe2's "cannot find the CUDA libraries".
+file(STRINGS "${TRAINSUP_TORCH_ROOT}/share/cmake/Caffe2/Caffe2Config.cmake" trainsup_torch_cuda
+  REGEX "set\\(CAFFE2_USE_CUDA 1\\)")
+if(trainsup_torch_cuda AND NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
+  find_program(TRAINSUP_NVCC nvcc)
+  if(NOT TRAINSUP_NVCC)
+    set(trainsup_torch_cuda_version "")
+    if(EXISTS "${TRAINSUP_TORCH_ROOT}/version.py")
+      file(STRINGS "${TRAINSUP_TORCH_ROOT}/version.py" trainsup_torch_cuda_version
+        REGEX "^cuda.*= *'[0-9.]+'")
+      string(REGEX REPLACE ".*'([0-9.]+)'.*" " \\1" trainsup_torch_cuda_version
+        "${trainsup_torch_cuda_version}")
+    endif()
+    message(FATAL_ERROR "trainsup: the LibTorch at ${TRAINSUP_TORCH_ROOT} is built with "
+      "CUDA${trainsup_torch_cuda_version}, and building against it needs the CUDA toolkit "
+      "(nvcc) of that major version: there is no nvcc on PATH or in /usr/local/cuda/bin. "
+      "Install the toolkit, set CUDACXX to its nvcc, or build against a CPU LibTorch "
+      "(docs/operations.md, \"The worker\").")
+  endif()
+endif()
 
 find_package(Torch REQUIRED)
 set(TRAINSUP_TORCH_VERSION "${Torch_VERSION}")

@@ -315,6 +315,7 @@ void DaemonImpl::Node(std::function<void(v1::Node)> done) {
       gpu->set_name(g.name);
       gpu->set_memory_total_bytes(g.memory_total);
       gpu->set_memory_used_bytes(g.memory_used);
+      gpu->set_health_error(g.health_error);
       bool stranded = false;
       for (const Slot& s : slots_->slots()) {
         if (s.gpu_index == g.index && s.state == SlotState::kStranded) {

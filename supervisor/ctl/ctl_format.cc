@@ -603,10 +603,14 @@ std::string FormatNode(const v1::Node& node) {
   if (node.gpus_size() > 0) {
     std::vector<std::vector<std::string>> rows = {{"GPU", "NAME", "UUID", "MEMORY", "HEALTH"}};
     for (const v1::Gpu& g : node.gpus()) {
+      std::string health = g.healthy() ? "healthy" : absl::StrCat("unhealthy: ", g.reason());
+      if (!g.health_error().empty()) {
+        absl::StrAppend(&health, " (not read: ", g.health_error(), ")");
+      }
       rows.push_back({absl::StrCat(g.index()), g.name(), g.uuid(),
                       absl::StrCat(FormatBytes(g.memory_used_bytes()), " / ",
                                    FormatBytes(g.memory_total_bytes())),
-                      g.healthy() ? "healthy" : absl::StrCat("unhealthy: ", g.reason())});
+                      health});
     }
     absl::StrAppend(&out, "\n", FormatTable(rows));
   }

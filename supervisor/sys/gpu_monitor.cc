@@ -329,10 +329,14 @@ class FakeMonitor final : public GpuMonitor {
         return bad(where + ".uuid: expected a string");
       }
       gpu.uuid = entry["uuid"].get<std::string>();
-      if (entry.contains("name") && !entry["name"].is_string()) {
-        return bad(where + ".name: expected a string");
+      gpu.name = "Fake GPU";
+      for (const auto& [key, field] :
+           {std::pair{"name", &gpu.name}, std::pair{"health_error", &gpu.health_error}}) {
+        if (!entry.contains(key)) continue;
+        if (!entry[key].is_string())
+          return bad(absl::StrCat(where, ".", key, ": expected a string"));
+        *field = entry[key].get<std::string>();
       }
-      gpu.name = entry.value("name", std::string("Fake GPU"));
       for (const auto& [key, field] : {std::pair{"memory_total", &gpu.memory_total},
                                        std::pair{"memory_used", &gpu.memory_used},
                                        std::pair{"ecc_uncorrected", &gpu.ecc_uncorrected}}) {

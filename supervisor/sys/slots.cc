@@ -149,6 +149,15 @@ void SlotTable::EndDrainFor(Slot& s, const std::string& source, const std::strin
 }
 
 void SlotTable::JudgeGpuHealth(const std::vector<GpuInfo>& gpus) {
+  for (const GpuInfo& g : gpus) {
+    std::string& logged = health_errors_[g.index];
+    if (g.health_error == logged) continue;
+    hooks_.log(g.health_error.empty()
+                   ? absl::StrCat("GPU ", g.index, ": its health queries answer again")
+                   : absl::StrCat("GPU ", g.index, ": a health query failed (", g.health_error,
+                                  "); its health is judged by the facts that were read"));
+    logged = g.health_error;
+  }
   for (Slot& s : slots_) {
     if (s.gpu_index < 0) continue;
     std::string problem = "lost (not listed by NVML)";

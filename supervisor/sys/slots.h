@@ -9,6 +9,7 @@
 
 #include <boost/asio.hpp>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -117,7 +118,9 @@ class SlotTable {
   struct Facts;
   void StartCheck(int64_t idle_bytes);
   // After a GPU query: drains a slot whose GPU has a health problem, and
-  // ends the health drain of one whose GPU has none any more.
+  // ends the health drain of one whose GPU has none any more. A health
+  // query that failed (GpuInfo::health_error) is logged when it starts,
+  // changes or ends, not at every query.
   void JudgeGpuHealth(const std::vector<GpuInfo>& gpus);
   // The table's own drains (not an operator's): set or ended.
   void DrainFor(Slot& s, const std::string& source, const std::string& reason);
@@ -129,6 +132,7 @@ class SlotTable {
   bool check_in_flight_ = false;
   bool check_again_ = false;
   std::vector<GpuInfo> gpu_cache_;
+  std::map<int, std::string> health_errors_;  // GPU index -> the last logged
   double gpu_refreshed_s_ = -1e9;
   double drain_stranded_after_s_ = 0;
 };

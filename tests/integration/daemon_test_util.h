@@ -105,6 +105,7 @@ struct FakeGpu {
   int64_t ecc_uncorrected = 0;
   bool lost = false;
   std::vector<int> xids;
+  std::string health_error;  // a health query that failed ("" none)
 };
 
 // Writes the file of [testing] fake_gpu_file (format of OpenFakeMonitor),
@@ -119,7 +120,8 @@ inline void WriteFakeGpus(const std::string& path, const std::vector<FakeGpu>& g
                     {"compute_pids", g.compute_pids},
                     {"ecc_uncorrected", g.ecc_uncorrected},
                     {"lost", g.lost},
-                    {"xids", g.xids}});
+                    {"xids", g.xids},
+                    {"health_error", g.health_error}});
   }
   WriteFileText(path + ".tmp", nlohmann::json{{"gpus", list}}.dump());
   std::filesystem::rename(path + ".tmp", path);

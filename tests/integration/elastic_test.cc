@@ -374,6 +374,63 @@ TEST(Elastic, AGpuWithUncorrectableEccErrorsIsDrainedAndTheGangGoesOnWithout) {
   EXPECT_EQ(slot.state(), v1::SLOT_STATE_FREE);
 }
 
+int Occurrences(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// A health query that fails for one GPU (NVML answers an error for one
+// call) drains nothing: the GPU is judged by the facts that were read.
+// GetNode and the daemon's log say which query failed, the log once while
+// it keeps failing, and again when it answers.
+TEST(Elastic, AGpuWhoseHealthQueryFailsIsNotDrainedAndTheNodeSaysWhichQuery) {
+  DaemonHarness h;
+  const std::string gpu_file = h.dir() + "/gpus.json";
+  UseFakeGpus(h, gpu_file, kGpuUuids, "1");
+  ASSERT_TRUE(h.Start());
+  const std::string error = "nvmlDeviceGetTotalEccErrors failed: Unknown Error";
+  std::vector<FakeGpu> gpus = {{kGpuUuids[0], 10, {}}, {kGpuUuids[1], 10, {}}};
+  gpus[1].health_error = error;
+  WriteFakeGpus(gpu_file, gpus);
+  v1::Node node;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        node = GetNode(h);
+        return node.gpus_size() == 2 && node.gpus(1).health_error() == error;
+      },
+      kRunLimit))
+      << node.DebugString();
+  // A later query, with the same failure: its memory figure moved.
+  gpus[1].used_mb = 20;
+  WriteFakeGpus(gpu_file, gpus);
+  ASSERT_TRUE(Eventually(
+      [&] {
+        node = GetNode(h);
+        return node.gpus(1).memory_used_bytes() == int64_t{20} << 20;
+      },
+      kRunLimit))
+      << node.DebugString();
+  EXPECT_TRUE(node.gpus(1).healthy());
+  EXPECT_EQ(node.gpus(1).health_error(), error);
+  EXPECT_EQ(node.gpus(0).health_error(), "");
+  EXPECT_EQ(node.slots(1).state(), v1::SLOT_STATE_FREE);
+  const std::string failed = "GPU 1: a health query failed (" + error +
+                             "); its health is judged by the facts that were read";
+  const std::string log = h.DaemonLog();
+  EXPECT_EQ(Occurrences(log, failed), 1) << log;
+  // It answers again.
+  gpus[1].health_error.clear();
+  WriteFakeGpus(gpu_file, gpus);
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return h.DaemonLog().find("GPU 1: its health queries answer again") != std::string::npos;
+      },
+      kRunLimit))
+      << h.DaemonLog();
+  EXPECT_EQ(GetNode(h).gpus(1).health_error(), "");
+}
+
 // A slot STRANDED longer than slots.drain_stranded_after_s is drained
 // (source "stranded"); the drain ends when its memory is released.
 TEST(Elastic, ASlotStrandedTooLongIsDrainedUntilItsMemoryIsReleased) {

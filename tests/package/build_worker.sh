@@ -49,22 +49,7 @@ for bad in "--libtorch /nonexistent" "--python /bin/false" "--python $python --l
   [ ! -e "$work/bad" ] || fail "build-worker.sh $bad installed something"
 done
 
-cat >"$work/spec.toml" <<SPEC
-name = "built-worker"
-[model]
-arch = "minkunet14"
-in_channels = 3
-voxel_size = 0.1
-[data]
-format = "synthetic"
-scenes = 4
-scene_size = "small"
-[train]
-steps = 3
-batch_size = 1
-threads = 1
-checkpoint_every_steps = 3
-SPEC
+cp "$src/tests/package/small_worker_run.toml" "$work/spec.toml"
 "$build/bin/trainsupd" --config "$work/trainsupd.toml" >"$work/trainsupd.log" 2>&1 &
 daemon=$!
 trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT

@@ -16,47 +16,18 @@
 set -euo pipefail
 src=$1
 build=$2
-say() { echo "debian_root: $*"; }
-fail() { echo "debian_root: FAIL: $*" >&2; exit 1; }
-if [ "$(id -u)" -ne 0 ]; then say "SKIP: needs root (debootstrap, chroot)"; exit 77; fi
-for tool in debootstrap unshare chroot; do
-  command -v "$tool" >/dev/null || fail "$tool is missing (deploy/bootstrap.sh installs it)"
-done
+# shellcheck source=tests/package/clean_root.sh
+. "$src/tests/package/clean_root.sh"
+root_test debian_root
 
 version=$(cat "$src/VERSION")
 deb="$build/package/trainsup_${version}_$(dpkg --print-architecture).deb"
 [ -f "$deb" ] || fail "$deb is missing (the package.deb test makes it)"
 root="$build/debian-root"
-base="$build/debian-root-base.tar"
-mirror=http://deb.debian.org/debian
 
 # -- a clean bookworm with systemd ----------------------------------------------
 in_root() { chroot "$root" "$@"; }
-rm -rf "$root"
-mkdir -p "$root"
-if [ -f "$base" ]; then
-  say "clean root from $base (made by an earlier run)"
-  tar -C "$root" -xf "$base"
-else
-  say "debootstrap --variant=minbase bookworm ($mirror)"
-  debootstrap --variant=minbase bookworm "$root" "$mirror" >"$build/debian-root-debootstrap.log" 2>&1 ||
-    { tail -20 "$build/debian-root-debootstrap.log" >&2; fail "debootstrap failed"; }
-  # The machine's own sources (with updates and security), as on a real box.
-  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-    rm -f "$root/etc/apt/sources.list"
-    cp /etc/apt/sources.list.d/debian.sources "$root/etc/apt/sources.list.d/"
-  fi
-  cp /etc/resolv.conf "$root/etc/resolv.conf"
-  # A training box runs systemd; minbase has none. Installed before the
-  # package, so the package's scripts meet it as on a real box.
-  say "apt-get install systemd (a box's init)"
-  in_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-  in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd \
-    >"$build/debian-root-systemd.log" 2>&1 ||
-    { tail -30 "$build/debian-root-systemd.log" >&2; fail "apt-get install systemd failed"; }
-  tar -C "$root" -cf "$base.tmp" . && mv "$base.tmp" "$base"
-fi
-cp /etc/resolv.conf "$root/etc/resolv.conf"
+make_clean_root "$root" "$build"
 
 # What the root holds before the package, apart from what changes anyway.
 listing() {
@@ -124,20 +95,16 @@ in_root chown -R trainsup:trainsup "$job"
 # namespace so the packaged metrics port cannot collide with the host's.
 say "trainsupd as trainsup; trainctl submit, trainctl watch"
 set +e
-unshare --pid --fork --mount --net --propagation private bash -s "$root" >"$build/debian-root-run.log" 2>&1 <<'RUN'
+unshare --pid --fork --mount --net --propagation private bash -s "$root" "$src" \
+  >"$build/debian-root-run.log" 2>&1 <<'RUN'
 set -u
 root=$1
+# shellcheck source=tests/package/clean_root.sh
+. "$2/tests/package/clean_root.sh"
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
 ip link set lo up
-chroot "$root" install -d -m 0750 -o trainsup -g trainsup /run/trainsup
-as_trainsup() { chroot --userspec=trainsup:trainsup "$root" "$@"; }
-as_trainsup /usr/bin/trainsupd --config /etc/trainsup/trainsupd.toml >"$root/tmp/trainsupd.log" 2>&1 &
-daemon=$!
-for _ in $(seq 1 100); do
-  [ -S "$root/run/trainsup/trainsupd.sock" ] && [ -s "$root/var/lib/trainsup/auth/operator.token" ] && break
-  sleep 0.1
-done
+start_packaged_daemon
 id=$(as_trainsup trainctl --token-file /var/lib/trainsup/auth/operator.token --timeout 30 \
   submit /srv/trainsup/data/job/spec.toml)
 echo "submitted $id"

@@ -450,13 +450,19 @@ TEST(Node, GpusAndSlots) {
   g->set_memory_total_bytes(140LL << 30);
   g->set_healthy(false);
   g->set_reason("memory not released");
+  v1::Gpu* other = node.add_gpus();
+  other->set_index(1);
+  other->set_healthy(true);
+  other->set_health_error("nvmlDeviceGetTotalEccErrors failed: Unknown Error");
   v1::Slot* s = node.add_slots();
   s->set_gpu(true);
   s->set_gpu_index(0);
   s->set_state(v1::SLOT_STATE_STRANDED);
   const std::string text = FormatNode(node);
   for (const char* want : {"Host:           box1\n", "H200", "0 B / 140.0 GiB",
-                           "unhealthy: memory not released", "gpu 0", "STRANDED"}) {
+                           "unhealthy: memory not released", "gpu 0", "STRANDED",
+                           "healthy (not read: nvmlDeviceGetTotalEccErrors failed: Unknown "
+                           "Error)"}) {
     EXPECT_NE(text.find(want), std::string::npos) << "missing '" << want << "' in\n" << text;
   }
 }

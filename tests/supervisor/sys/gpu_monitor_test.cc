@@ -117,7 +117,8 @@ TEST(FakeMonitor, ReadsTheHealthFacts) {
   WriteFile(path, R"({"gpus": [{"uuid": "a"},
                                {"uuid": "b", "lost": true},
                                {"uuid": "c", "ecc_uncorrected": 3, "retired_pages_pending": true,
-                                "xids": [13, 79]}]})");
+                                "xids": [13, 79],
+                                "health_error": "nvmlDeviceGetTotalEccErrors failed: Unknown Error"}]})");
   absl::StatusOr<std::vector<GpuInfo>> gpus = monitor->Query();
   ASSERT_TRUE(gpus.ok()) << gpus.status();
   ASSERT_EQ(gpus->size(), 3u);
@@ -128,6 +129,8 @@ TEST(FakeMonitor, ReadsTheHealthFacts) {
   EXPECT_EQ((*gpus)[2].ecc_uncorrected, 3);
   EXPECT_TRUE((*gpus)[2].retired_pages_pending);
   EXPECT_EQ((*gpus)[2].xids, (std::vector<int>{13, 79}));
+  EXPECT_EQ((*gpus)[0].health_error, "");
+  EXPECT_EQ((*gpus)[2].health_error, "nvmlDeviceGetTotalEccErrors failed: Unknown Error");
 }
 
 // Unlike NVML's events, the file's Xids are its GPU's state: reported at
@@ -154,6 +157,7 @@ TEST(FakeMonitor, AMalformedHealthKeyNamesTheGpuAndTheKey) {
   std::unique_ptr<GpuMonitor> monitor = OpenFakeMonitor(path);
   const std::pair<const char*, const char*> cases[] = {
       {R"({"gpus": [{"uuid": "a"}, {"uuid": "b", "lost": "yes"}]})", "gpus[1].lost"},
+      {R"({"gpus": [{"uuid": "a", "health_error": 3}]})", "gpus[0].health_error"},
       {R"({"gpus": [{"uuid": "a", "ecc_uncorrected": "3"}]})", "gpus[0].ecc_uncorrected"},
       {R"({"gpus": [{"uuid": "a", "ecc_uncorrected": 1.5}]})", "gpus[0].ecc_uncorrected"},
       {R"({"gpus": [{"uuid": "a", "retired_pages_pending": 1}]})", "gpus[0].retired_pages_pending"},
