@@ -525,14 +525,27 @@ inline ::testing::AssertionResult DaemonHarness::Start(const std::vector<std::st
         viewer_token_ = Trim(ReadFileText(viewer_token_path()));
         if (operator_token_.empty() || access(socket_path().c_str(), F_OK) != 0) return false;
         if (!channel_ || !stub_) {
-          channel_ =
-              grpc::CreateChannel("unix:" + socket_path(), grpc::InsecureChannelCredentials());
+          // A channel of its own (no subchannel shared with the previous
+          // daemon's), made again after every failed call below.
+          grpc::ChannelArguments args;
+          args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+          channel_ = grpc::CreateCustomChannel("unix:" + socket_path(),
+                                               grpc::InsecureChannelCredentials(), args);
           stub_ = v1::Supervisor::NewStub(channel_);
         }
         v1::Node node;
         auto ctx = Context(operator_token_, Seconds(1));
         grpc::Status s = stub_->GetNode(ctx.get(), v1::GetNodeRequest(), &node);
-        if (!s.ok()) why = s.error_message();
+        if (!s.ok()) {
+          // A daemon SIGKILLed before leaves its socket file, so the first
+          // calls are refused until this one listens there; a channel that
+          // failed would then wait out gRPC's reconnect backoff (5 to 10 s
+          // after this daemon served, measured), which a user's trainctl,
+          // a new channel per command, never waits.
+          why = s.error_message();
+          stub_.reset();
+          channel_.reset();
+        }
         return s.ok();
       },
       Seconds(30), std::chrono::milliseconds(50));

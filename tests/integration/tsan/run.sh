@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs the daemon's integration tests (hardening_test, daemon_test,
-# cluster_test and cluster_jobs_test: the etcd client's and the cluster
-# member's threads) against
+# cluster_test, cluster_jobs_test and cluster_elastic_test: the etcd
+# client's and the cluster member's threads) against
 # a ThreadSanitizer build of trainsupd: the tests are the normal build's,
 # the daemon they start is the TSan one (TRAINSUP_TEST_DAEMON).
 # A race report stops the daemon (halt_on_error), so the test that met it
@@ -23,14 +23,14 @@ if [ ! -f build-tsan/CMakeCache.txt ]; then
 fi
 cmake --build build-tsan -j"$(nproc)" --target trainsupd
 cmake --build build -j"$(nproc)" --target hardening_integration_test daemon_integration_test \
-  cluster_integration_test cluster_jobs_integration_test
+  cluster_integration_test cluster_jobs_integration_test cluster_elastic_integration_test
 logs=build-tsan/tsan-logs
 rm -rf "$logs" && mkdir -p "$logs"
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/integration/tsan/suppressions.txt log_path=$root/$logs/tsan"
 export TRAINSUP_TEST_DAEMON="$root/build-tsan/bin/trainsupd"
 status=0
 for t in hardening_integration_test daemon_integration_test cluster_integration_test \
-  cluster_jobs_integration_test; do
+  cluster_jobs_integration_test cluster_elastic_integration_test; do
   build/tests/integration/$t --gtest_filter="$filter" || status=$?
 done
 if compgen -G "$logs/tsan.*" >/dev/null; then
