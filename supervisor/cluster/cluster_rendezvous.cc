@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "supervisor/cluster/cluster.h"
@@ -281,12 +282,19 @@ void ClusterMember::OnElasticWait(int64_t generation, int64_t serial) {
   for (const auto& [node, status] : nodes_) known.insert(node);
   for (const std::string& n : names) known.erase(n);
   const std::vector<std::string> left_out(known.begin(), known.end());
-  const std::string reason =
+  std::string reason =
       absl::StrCat(left_out.empty() ? std::string("a node")
                                     : absl::StrCat("node ", absl::StrJoin(left_out, ", ")),
                    " left out: only ", names.size(), " of ", o_.spec.nodes,
                    " nodes joined generation ", generation, "'s rendezvous within ",
                    o_.elastic_wait_s, " s (min_nodes ", o_.spec.min_nodes, ")");
+  // A node that moved the job on after its own slot was drained (its
+  // reason "node B: slot ... drained (...)") is left out for that reason.
+  for (const std::string& n : left_out) {
+    if (gen_->grow && absl::StartsWith(gen_->reason, absl::StrCat("node ", n, ": "))) {
+      absl::StrAppend(&reason, "; ", gen_->reason);
+    }
+  }
   SwapJob(
       [generation, names, left_out, reason](const GenerationRecord& g) {
         std::optional<GenerationRecord> closed;

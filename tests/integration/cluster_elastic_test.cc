@@ -224,6 +224,7 @@ TEST_F(ClusterTest, ElasticJobGoesOnWithoutANodeWhoseSlotIsDrainedAndTakesItInOn
   const std::vector<std::string> resizes = ResizeLines(a_.History(ia));
   ASSERT_EQ(resizes.size(), 2u) << Events(a_, ia);
   EXPECT_THAT(resizes[0], HasSubstr("world size 2 \u2192 1: node node-b left out"));
+  EXPECT_THAT(resizes[0], HasSubstr("; node node-b: slot cpu:0 drained (bad fan)"));
   EXPECT_THAT(resizes[1], HasSubstr("world size 1 \u2192 2: node node-b rejoined"));
 
   // Every step trained once, every sample once an epoch.

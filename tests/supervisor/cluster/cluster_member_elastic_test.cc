@@ -115,6 +115,15 @@ TEST_F(ClusterMemberTest, RanksStoppedForADrainMoveTheJobOnWithNoRestartCounted)
   ASSERT_TRUE(b->verdict.has_value());
   EXPECT_TRUE(b->verdict->grow);
   EXPECT_EQ(b->verdict->restarts, 0);
+  // a's run waits for a usable slot; b goes on alone after the wait, and
+  // says why a is left out.
+  Join(*b, 29600);
+  loop_.Advance(kElasticWaitS + 0.5);
+  ASSERT_TRUE(b->joined && b->joined->ok());
+  EXPECT_EQ((*b->joined)->nodes, (std::vector<std::string>{"b"}));
+  EXPECT_EQ((*b->joined)->resize,
+            "node a left out: only 1 of 2 nodes joined generation 2's rendezvous within 5 s "
+            "(min_nodes 1); node a: rank 0 stopped on request");
 }
 
 // A short generation's member whose ranks crash while they stop to take a
