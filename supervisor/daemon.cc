@@ -86,6 +86,8 @@ absl::StatusOr<std::unique_ptr<UnitCluster>> DaemonImpl::JoinCluster(const v1::R
   // No jitter to draw: every node reads the one delay the deciding node
   // wrote (NextGeneration).
   o.policy = RestartPolicyFrom(config_.restart);
+  // The spec's rollback budget, as a local run's (RunUnit::Policy).
+  o.policy.max_rollbacks = static_cast<int>(spec.guard.max_rollbacks);
   o.elastic_wait_s = spec.elastic.wait_s;
   return std::unique_ptr<UnitCluster>(std::make_unique<ClusterMember>(
       env_.get(), etcd_timers_.get(), std::shared_ptr<EtcdClient>(std::move(*client)), std::move(o),

@@ -635,6 +635,7 @@ void RunUnit::OnProcessExit(int attempt, int rank) {
                      ? resize_reason_
                      : absl::StrCat("rank ", rank, " ended: ", end.reason);
       e.stop_requested = resize_stop_;
+      if (end.cls == ExitClass::kDiverged) e.first_bad_step = diverged_at_;
       cluster_->Broken(attempt_.generation(), e);
     }
   }

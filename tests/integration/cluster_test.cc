@@ -348,6 +348,39 @@ TEST_F(ClusterTest, ASecondParticipantWithTheSameNodeNameIsRefused) {
   EXPECT_EQ(Last(rb)->generation(), 1);
 }
 
+// A multi-node job whose every attempt diverges (a NaN loss at step 6 on
+// every attempt, guard.max_bad_steps = 1): the job's one decision counts
+// the diverged ends against the spec's guard.max_rollbacks (1 here), not
+// the daemon's default of 3, and fails once it is spent.
+TEST_F(ClusterTest, ADivergingJobFailsAtTheSpecsMaxRollbacks) {
+  for (DaemonHarness* h : {&a_, &b_}) {
+    h->Kill();
+    h->Set("testing.allow_fault_injection", "true");
+    ASSERT_TRUE(h->Start());
+  }
+  const std::string spec = ClusterSpecText("diverging", etcd_.endpoint(), shared_, 20, 4) +
+                           "[guard]\nmax_bad_steps = 1\nmax_rollbacks = 1\n"
+                           "[testing]\nnan_loss_at_step = 6\n";
+  const std::string ia = a_.Submit(spec);
+  const std::string ib = b_.Submit(spec);
+  v1::Run runs[2];
+  for (int n = 0; n < 2; ++n) {
+    DaemonHarness& h = n == 0 ? a_ : b_;
+    v1::Run& r = runs[n];
+    ASSERT_TRUE(h.WaitForEnd(n == 0 ? ia : ib, Seconds(300), &r)) << Describe(r);
+    EXPECT_EQ(r.state(), v1::RUN_STATE_FAILED) << Describe(r);
+    EXPECT_THAT(r.reason(), HasSubstr("diverged at step 6 after 1 rollback (max 1)"));
+    ASSERT_EQ(r.attempts_size(), 2) << Describe(r);
+  }
+  // Each attempt diverged (a node whose ranks the job's move stopped first
+  // ends that attempt as the gang's, not as diverged).
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(runs[0].attempts(i).exit_class() == v1::EXIT_CLASS_DIVERGED ||
+                runs[1].attempts(i).exit_class() == v1::EXIT_CLASS_DIVERGED)
+        << Describe(runs[0]) << Describe(runs[1]);
+  }
+}
+
 // --- etcd over TLS (issue 24, item 2) -------------------------------------------------------
 
 // This node speaks TLS to etcd with the test PKI's client certificate.
