@@ -65,6 +65,7 @@ SlotTable::SlotTable(std::unique_ptr<GpuMonitor> gpus, int cpu_slots, Hooks hook
         s.name = absl::StrCat("gpu:", g.index);
         slots_.push_back(s);
       }
+      LogHealthErrors(*found);
       gpu_cache_ = *found;
       gpu_refreshed_s_ = hooks_.now();
       // A GPU that is unhealthy now is drained before any rank is placed.
@@ -148,16 +149,21 @@ void SlotTable::EndDrainFor(Slot& s, const std::string& source, const std::strin
   if (hooks_.undrained) hooks_.undrained(before, why);
 }
 
-void SlotTable::JudgeGpuHealth(const std::vector<GpuInfo>& gpus) {
+void SlotTable::LogHealthErrors(const std::vector<GpuInfo>& gpus) const {
   for (const GpuInfo& g : gpus) {
-    std::string& logged = health_errors_[g.index];
-    if (g.health_error == logged) continue;
+    std::string before;  // the previous answer's, still in the cache
+    for (const GpuInfo& old : gpu_cache_) {
+      if (old.index == g.index) before = old.health_error;
+    }
+    if (g.health_error == before) continue;
     hooks_.log(g.health_error.empty()
                    ? absl::StrCat("GPU ", g.index, ": its health queries answer again")
                    : absl::StrCat("GPU ", g.index, ": a health query failed (", g.health_error,
                                   "); its health is judged by the facts that were read"));
-    logged = g.health_error;
   }
+}
+
+void SlotTable::JudgeGpuHealth(const std::vector<GpuInfo>& gpus) {
   for (Slot& s : slots_) {
     if (s.gpu_index < 0) continue;
     std::string problem = "lost (not listed by NVML)";
@@ -249,6 +255,7 @@ void SlotTable::StartCheck(int64_t idle_bytes) {
       if (queried) {
         gpu_refreshed_s_ = hooks_.now();
         if (answer) {
+          LogHealthErrors(*answer);
           gpu_cache_ = *answer;
           JudgeGpuHealth(*answer);
         }

@@ -9,7 +9,6 @@
 
 #include <boost/asio.hpp>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -118,10 +117,12 @@ class SlotTable {
   struct Facts;
   void StartCheck(int64_t idle_bytes);
   // After a GPU query: drains a slot whose GPU has a health problem, and
-  // ends the health drain of one whose GPU has none any more. A health
-  // query that failed (GpuInfo::health_error) is logged when it starts,
-  // changes or ends, not at every query.
+  // ends the health drain of one whose GPU has none any more.
   void JudgeGpuHealth(const std::vector<GpuInfo>& gpus);
+  // Before a new answer replaces the cache: a health query that failed
+  // (GpuInfo::health_error) is logged when it starts, changes or ends
+  // against the cached answer, not at every query.
+  void LogHealthErrors(const std::vector<GpuInfo>& gpus) const;
   // The table's own drains (not an operator's): set or ended.
   void DrainFor(Slot& s, const std::string& source, const std::string& reason);
   void EndDrainFor(Slot& s, const std::string& source, const std::string& why);
@@ -132,7 +133,6 @@ class SlotTable {
   bool check_in_flight_ = false;
   bool check_again_ = false;
   std::vector<GpuInfo> gpu_cache_;
-  std::map<int, std::string> health_errors_;  // GPU index -> the last logged
   double gpu_refreshed_s_ = -1e9;
   double drain_stranded_after_s_ = 0;
 };
