@@ -40,6 +40,82 @@ bool NameToDtype(const std::string& name, at::ScalarType* t) {
   return false;
 }
 
+// DataLoss "<path>: <what>": the file is not a valid safetensors file.
+absl::Status Malformed(const std::string& path, const std::string& what) {
+  return absl::DataLossError(absl::StrCat(path, ": ", what));
+}
+
+// One tensor's header entry, validated: its data lies at [begin, end) of
+// the data section and end - begin is exactly its size.
+struct TensorEntry {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin, end;
+};
+
+// The __metadata__ entry `m` into *metadata: it must be an object of
+// strings (DataLoss otherwise).
+absl::Status ReadMetadata(const std::string& path, const nlohmann::json& m,
+                          std::map<std::string, std::string>* metadata) {
+  if (!m.is_object()) return Malformed(path, "__metadata__ is not an object");
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    if (!it->is_string()) return Malformed(path, "__metadata__ values must be strings");
+    (*metadata)[it.key()] = it->get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+// The entry of tensor `name`, checked (overflow-safe) against `data_size`
+// bytes of data; DataLoss naming the tensor when it is malformed.
+absl::StatusOr<TensorEntry> ReadEntry(const std::string& path, const std::string& name,
+                                      const nlohmann::json& e, uint64_t data_size) {
+  auto fail = [&](const std::string& what) { return Malformed(path, what); };
+  if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !e.contains("shape") ||
+      !e["shape"].is_array() || !e.contains("data_offsets") || !e["data_offsets"].is_array() ||
+      e["data_offsets"].size() != 2) {
+    return fail(absl::StrCat("malformed entry for tensor '", name, "'"));
+  }
+  TensorEntry entry;
+  entry.name = name;
+  if (!NameToDtype(e["dtype"].get<std::string>(), &entry.dtype)) {
+    return fail(
+        absl::StrCat("tensor '", name, "' has unsupported dtype ", e["dtype"].get<std::string>()));
+  }
+  uint64_t bytes = c10::elementSize(entry.dtype);
+  for (const auto& d : e["shape"]) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) ||
+        __builtin_mul_overflow(bytes, d.get<uint64_t>(), &bytes)) {
+      return fail(absl::StrCat("tensor '", name, "' has a bad or too large shape"));
+    }
+    entry.shape.push_back(d.get<int64_t>());
+  }
+  if (!e["data_offsets"][0].is_number_unsigned() || !e["data_offsets"][1].is_number_unsigned()) {
+    return fail(absl::StrCat("tensor '", name, "' has bad data_offsets"));
+  }
+  entry.begin = e["data_offsets"][0].get<uint64_t>();
+  entry.end = e["data_offsets"][1].get<uint64_t>();
+  if (entry.begin > entry.end || entry.end > data_size || entry.end - entry.begin != bytes) {
+    return fail(absl::StrCat("tensor '", name, "' has data_offsets [", entry.begin, ", ", entry.end,
+                             "] that do not fit its ", bytes, " bytes in ", data_size,
+                             " bytes of data"));
+  }
+  return entry;
+}
+
+// Whether the non-empty data ranges of two entries overlap.
+bool RangesOverlap(const std::vector<TensorEntry>& entries) {
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& e : entries) {
+    if (e.end > e.begin) ranges.push_back({e.begin, e.end});
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::Status WriteSafetensors(const NamedTensors& tensors,
@@ -91,9 +167,7 @@ absl::Status WriteSafetensors(const NamedTensors& tensors,
 }
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(FileSystem* fs, const std::string& path) {
-  auto fail = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat(path, ": ", what));
-  };
+  auto fail = [&](const std::string& what) { return Malformed(path, what); };
   // Read failures follow Verify's contract: a missing or short file is
   // DataLoss, any other failure an I/O error (Unavailable).
   auto io = [&](const absl::Status& s) {
@@ -117,63 +191,19 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(FileSystem* fs, const std::strin
   const uint64_t data_size = *size - data_start;
   // Validate every entry (overflow-safe) and the ranges before allocating
   // anything, so a hostile header cannot make us allocate more than the file holds.
-  struct Entry {
-    std::string name;
-    at::ScalarType dtype;
-    std::vector<int64_t> shape;
-    uint64_t begin, end;
-  };
   SafetensorsFile out;
-  std::vector<Entry> entries;
+  std::vector<TensorEntry> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
-      if (!it->is_object()) return fail("__metadata__ is not an object");
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) return fail("__metadata__ values must be strings");
-        out.metadata[m.key()] = m->get<std::string>();
-      }
+      s = ReadMetadata(path, *it, &out.metadata);
+      if (!s.ok()) return s;
       continue;
     }
-    const auto& e = *it;
-    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !e.contains("shape") ||
-        !e["shape"].is_array() || !e.contains("data_offsets") || !e["data_offsets"].is_array() ||
-        e["data_offsets"].size() != 2) {
-      return fail(absl::StrCat("malformed entry for tensor '", it.key(), "'"));
-    }
-    Entry entry;
-    entry.name = it.key();
-    if (!NameToDtype(e["dtype"].get<std::string>(), &entry.dtype)) {
-      return fail(absl::StrCat("tensor '", it.key(), "' has unsupported dtype ",
-                               e["dtype"].get<std::string>()));
-    }
-    uint64_t bytes = c10::elementSize(entry.dtype);
-    for (const auto& d : e["shape"]) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) ||
-          __builtin_mul_overflow(bytes, d.get<uint64_t>(), &bytes)) {
-        return fail(absl::StrCat("tensor '", it.key(), "' has a bad or too large shape"));
-      }
-      entry.shape.push_back(d.get<int64_t>());
-    }
-    if (!e["data_offsets"][0].is_number_unsigned() || !e["data_offsets"][1].is_number_unsigned()) {
-      return fail(absl::StrCat("tensor '", it.key(), "' has bad data_offsets"));
-    }
-    entry.begin = e["data_offsets"][0].get<uint64_t>();
-    entry.end = e["data_offsets"][1].get<uint64_t>();
-    if (entry.begin > entry.end || entry.end > data_size || entry.end - entry.begin != bytes) {
-      return fail(absl::StrCat("tensor '", it.key(), "' has data_offsets [", entry.begin, ", ",
-                               entry.end, "] that do not fit its ", bytes, " bytes in ", data_size,
-                               " bytes of data"));
-    }
-    entries.push_back(std::move(entry));
+    absl::StatusOr<TensorEntry> entry = ReadEntry(path, it.key(), *it, data_size);
+    if (!entry.ok()) return entry.status();
+    entries.push_back(std::move(*entry));
   }
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const auto& e : entries) {
-    if (e.end > e.begin) ranges.push_back({e.begin, e.end});
-  }
-  std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) return fail("tensor data ranges overlap");
-  }
+  if (RangesOverlap(entries)) return fail("tensor data ranges overlap");
   // Non-overlapping ranges inside the data: the total fits in the file.
   for (const auto& e : entries) {
     at::Tensor t;

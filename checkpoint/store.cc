@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <ctime>
+#include <functional>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 
 namespace trainsup::ckpt {
@@ -295,6 +298,34 @@ absl::StatusOr<QuarantineReport> CheckpointStore::Quarantine(const CheckpointInf
   fs_->SyncDir(qdir).IgnoreError();
   fs_->SyncDir(root_).IgnoreError();
   return QuarantineReport{checkpoint.step, reason, dest};
+}
+
+absl::StatusOr<std::vector<std::string>> CheckpointStore::PruneQuarantine(
+    const QuarantineRetention& retention, int64_t now_unix_s) {
+  std::vector<std::string> deleted;
+  const std::string qdir = JoinPath(root_, kQuarantineDir);
+  if (!fs_->IsDir(qdir)) return deleted;
+  absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(qdir);
+  if (!names.ok()) return names.status();
+  // (time, name) of every entry named step-N.<time>[.i].
+  std::vector<std::pair<int64_t, std::string>> entries;
+  for (const std::string& name : *names) {
+    const std::vector<std::string> parts = absl::StrSplit(name, '.');
+    int64_t time = 0;
+    if (parts.size() < 2 || parts.size() > 3 || ParseStepDirName(parts[0]) < 0 ||
+        !absl::SimpleAtoi(parts[1], &time)) {
+      continue;
+    }
+    entries.emplace_back(time, name);
+  }
+  std::sort(entries.begin(), entries.end(), std::greater<>());
+  for (size_t i = static_cast<size_t>(std::max(retention.keep, 0)); i < entries.size(); ++i) {
+    if (now_unix_s - entries[i].first < retention.min_age_s) continue;
+    absl::Status s = fs_->DeleteTree(JoinPath(qdir, entries[i].second));
+    if (!s.ok()) return Annotate(s, "pruning the quarantine");
+    deleted.push_back(entries[i].second);
+  }
+  return deleted;
 }
 
 absl::Status CheckpointStore::ApplyRetention(int64_t keep_step) {

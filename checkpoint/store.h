@@ -40,6 +40,14 @@ struct CheckpointInfo {
   std::string path;
 };
 
+// How long quarantined checkpoints are kept (docs/checkpoints.md,
+// "Quarantine"): the newest `keep`, and every one younger than `min_age_s`
+// however many there are; the rest are deleted.
+struct QuarantineRetention {
+  int keep = 3;
+  int64_t min_age_s = 86400;
+};
+
 struct QuarantineReport {
   int64_t step = 0;
   std::string reason;
@@ -128,6 +136,13 @@ class CheckpointStore {
   // Moves a committed checkpoint aside with the reason; never deletes it.
   absl::StatusOr<QuarantineReport> Quarantine(const CheckpointInfo& checkpoint,
                                               const std::string& reason);
+  // Deletes quarantined checkpoints beyond the retention: ordered by the
+  // time in their name (step-N.<unix time>[.i]), newest first, the first
+  // `keep` stay and so does every one quarantined less than `min_age_s`
+  // before `now_unix_s`. Names of another form are left alone. Returns the
+  // names deleted.
+  absl::StatusOr<std::vector<std::string>> PruneQuarantine(const QuarantineRetention& retention,
+                                                           int64_t now_unix_s);
   // Removes committed checkpoints beyond the policy (StoreOptions), never
   // `keep_step` (the one just committed): each is renamed to
   // step-N.deleting.tmp at once (so it is no longer listed) and deleted on

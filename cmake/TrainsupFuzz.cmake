@@ -55,7 +55,7 @@ function(trainsup_fuzz_sources out)
   string(REPLACE ";" "|" all "${all}")
   set(${out} "${all}" PARENT_SCOPE)
 endfunction()
-trainsup_fuzz_sources(data_sources trainsup_worker_data:worker)
+trainsup_fuzz_sources(data_sources trainsup_worker_data:worker/data)
 trainsup_fuzz_sources(checkpoint_sources trainsup_checkpoint_core:checkpoint)
 trainsup_fuzz_sources(spec_sources trainsup_contracts:contracts)
 
@@ -79,7 +79,7 @@ ExternalProject_Add(trainsup_fuzz
     -DTRAINSUP_SPEC_SOURCES=${spec_sources}
     -DTRAINSUP_VERSION=${PROJECT_VERSION}
     -DTRAINSUP_SAFETENSORS_SOURCES=${PROJECT_SOURCE_DIR}/checkpoint/safetensors.cc
-    -DTRAINSUP_CLUSTER_SOURCES=${PROJECT_SOURCE_DIR}/supervisor/cluster/cluster_protocol.cc|${PROJECT_SOURCE_DIR}/supervisor/policy/restart_policy.cc
+    -DTRAINSUP_CLUSTER_SOURCES=${PROJECT_SOURCE_DIR}/supervisor/policy/cluster_protocol.cc|${PROJECT_SOURCE_DIR}/supervisor/policy/restart_policy.cc|${PROJECT_SOURCE_DIR}/supervisor/policy/exit_classify.cc
   BUILD_COMMAND ${CMAKE_COMMAND} --build ${fuzz_dir} -j ${TRAINSUP_FUZZ_BUILD_JOBS}
   BUILD_ALWAYS ON
   INSTALL_COMMAND "")

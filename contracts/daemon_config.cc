@@ -219,6 +219,8 @@ void VisitRestart(Visitor& v, Section& s) {
 template <typename Visitor, typename Section>
 void VisitCheckpoints(Visitor& v, Section& c) {
   v.Int("keep", &c.keep, 1, 1000);
+  v.Int("quarantine_keep", &c.quarantine_keep, 0, 1000);
+  v.Int("quarantine_min_age_s", &c.quarantine_min_age_s, 0, 100000000);
   v.Finish();
 }
 
@@ -228,6 +230,7 @@ void VisitCommands(Visitor& v, Section& c) {
   v.StringList("allowed_dirs", &c.allowed_dirs);
   v.StringList("deny_env", &c.deny_env);
   v.StringList("allow_env", &c.allow_env);
+  v.StringList("env_names", &c.env_names);
   v.Finish();
 }
 
@@ -299,6 +302,49 @@ void ReadAuth(TableReader& r, AuthSection& a, absl::Status* status) {
   }
 }
 
+// The [commands] lists: absolute paths, variable names, name patterns.
+absl::Status CheckCommands(const CommandsSection& commands) {
+  const auto bad = [](const std::string& field, const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+  };
+  // Not resolved against the file's directory: "python3" there would be a
+  // file next to the configuration, not the interpreter.
+  for (const auto& [key, paths] :
+       {std::pair{"commands.allowed_programs", &commands.allowed_programs},
+        std::pair{"commands.allowed_dirs", &commands.allowed_dirs}}) {
+    for (const std::string& path : *paths) {
+      if (path.empty() || path[0] != '/') {
+        return bad(key, absl::StrCat("'", path, "' is not an absolute path"));
+      }
+    }
+  }
+  for (const auto& [key, names] : {std::pair{"commands.deny_env", &commands.deny_env},
+                                   std::pair{"commands.allow_env", &commands.allow_env}}) {
+    for (const std::string& name : *names) {
+      if (!IsEnvVarName(name)) {
+        return bad(key,
+                   absl::StrCat("'", name,
+                                "' is not a variable name (must match [A-Za-z_][A-Za-z0-9_]*)"));
+      }
+    }
+  }
+  for (const std::string& pattern : commands.env_names) {
+    const bool prefix = !pattern.empty() && pattern.back() == '*';
+    if (!IsEnvVarName(prefix ? pattern.substr(0, pattern.size() - 1) : pattern)) {
+      return bad("commands.env_names",
+                 absl::StrCat("'", pattern,
+                              "' is neither a variable name nor a prefix of one ending in '*'"));
+    }
+  }
+  for (const std::string& name : commands.allow_env) {
+    if (std::find(commands.deny_env.begin(), commands.deny_env.end(), name) !=
+        commands.deny_env.end()) {
+      return bad("commands.allow_env", absl::StrCat("'", name, "' is also in commands.deny_env"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Constraints between fields, after each was read within its bounds.
 absl::Status CheckCombinations(const DaemonConfig& c) {
   const auto bad = [](const std::string& field, const std::string& what) {
@@ -364,33 +410,7 @@ absl::Status CheckCombinations(const DaemonConfig& c) {
     }
   }
   if (d.state_dir.empty()) return bad("daemon.state_dir", "must not be empty");
-  // Not resolved against the file's directory: "python3" there would be a
-  // file next to the configuration, not the interpreter.
-  for (const auto& [key, paths] :
-       {std::pair{"commands.allowed_programs", &c.commands.allowed_programs},
-        std::pair{"commands.allowed_dirs", &c.commands.allowed_dirs}}) {
-    for (const std::string& path : *paths) {
-      if (path.empty() || path[0] != '/') {
-        return bad(key, absl::StrCat("'", path, "' is not an absolute path"));
-      }
-    }
-  }
-  for (const auto& [key, names] : {std::pair{"commands.deny_env", &c.commands.deny_env},
-                                   std::pair{"commands.allow_env", &c.commands.allow_env}}) {
-    for (const std::string& name : *names) {
-      if (!IsEnvVarName(name)) {
-        return bad(key,
-                   absl::StrCat("'", name,
-                                "' is not a variable name (must match [A-Za-z_][A-Za-z0-9_]*)"));
-      }
-    }
-  }
-  for (const std::string& name : c.commands.allow_env) {
-    if (std::find(c.commands.deny_env.begin(), c.commands.deny_env.end(), name) !=
-        c.commands.deny_env.end()) {
-      return bad("commands.allow_env", absl::StrCat("'", name, "' is also in commands.deny_env"));
-    }
-  }
+  if (absl::Status s = CheckCommands(c.commands); !s.ok()) return s;
   for (const std::string& root : d.data_roots) {
     if (root.empty()) return bad("daemon.data_roots", "empty path");
   }

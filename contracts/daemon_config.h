@@ -102,6 +102,12 @@ struct RestartSection {
 // [checkpoints]
 struct CheckpointsSection {
   int64_t keep = 3;  // 1..1000: default for runs whose spec does not say
+  // A run's quarantine (checkpoints that failed verification, or that a
+  // rollback moved aside) keeps its newest quarantine_keep (0..1000) and
+  // every one younger than quarantine_min_age_s (0..10^8 s); the rest are
+  // deleted before the run's next attempt (docs/checkpoints.md).
+  int64_t quarantine_keep = 3;
+  int64_t quarantine_min_age_s = 86400;
 };
 
 // The role a token grants. viewer: get, list, watch, metrics; operator:
@@ -129,6 +135,10 @@ struct CommandsSection {
   // allowed after all. Variable names; none in both.
   std::vector<std::string> deny_env;
   std::vector<std::string> allow_env;
+  // The allowlist model: when set, command.env may set only names that
+  // match one of these (a name, or a prefix ending in '*': "WANDB_*"), and
+  // the list above still applies to them. Empty: any name but those.
+  std::vector<std::string> env_names;
 };
 
 // [auth]

@@ -30,6 +30,16 @@ const Entry* Find(WorkerExit code) {
   return nullptr;
 }
 
+constexpr struct {
+  CrashReason reason;
+  const char* name;
+} kCrashReasons[] = {
+    {CrashReason::kCheckpointFailed, "checkpoint_failed"},
+    {CrashReason::kCheckpointIo, "checkpoint_io"},
+    {CrashReason::kCheckpointCorrupt, "checkpoint_corrupt"},
+    {CrashReason::kError, "error"},
+};
+
 }  // namespace
 
 std::optional<WorkerExit> WorkerExitFromStatus(int status) {
@@ -54,6 +64,20 @@ std::optional<WorkerExit> WorkerExitFromString(absl::string_view name) {
 std::string Describe(WorkerExit code) {
   const Entry* e = Find(code);
   return e != nullptr ? e->description : "unknown exit code";
+}
+
+std::string ToString(CrashReason reason) {
+  for (const auto& e : kCrashReasons) {
+    if (e.reason == reason) return e.name;
+  }
+  return "crash(" + std::to_string(static_cast<int>(reason)) + ")";
+}
+
+std::optional<CrashReason> CrashReasonFromString(absl::string_view name) {
+  for (const auto& e : kCrashReasons) {
+    if (name == e.name) return e.reason;
+  }
+  return std::nullopt;
 }
 
 }  // namespace trainsup

@@ -1,4 +1,4 @@
-// The worker exit codes of DESIGN.md's worker contract, defined once for the
+// The worker exit codes of the worker contract (docs/design.md), defined once for the
 // worker, the test worker, trainsupd and trainctl. A worker that exits on
 // purpose uses one of these (and writes its exit file first); anything else,
 // or a signal, is a crash.
@@ -50,6 +50,28 @@ std::optional<WorkerExit> WorkerExitFromString(absl::string_view name);
 
 // What the code means, for people: "bad spec or arguments".
 std::string Describe(WorkerExit code);
+
+// Why a worker that ends as a crash on purpose (exit 1, not a contract
+// code: the supervisor restarts it like any crash) did: the `reason` word of
+// its exit file.
+enum class CrashReason {
+  // A checkpoint that had to be written (the final one, a stop's) failed for
+  // a reason other than a full disk (that one is exit 74).
+  kCheckpointFailed,
+  // The checkpoint to resume from could not be read (EIO, EMFILE, ENOMEM):
+  // nothing is quarantined and the attempt is retried.
+  kCheckpointIo,
+  // The checkpoint to resume from does not verify: quarantined (or left to
+  // the supervisor's next choice), and an older one is chosen.
+  kCheckpointCorrupt,
+  // Any other error the training loop cannot go on from.
+  kError,
+};
+
+// "checkpoint_failed", "checkpoint_io", "checkpoint_corrupt", "error".
+std::string ToString(CrashReason reason);
+// The inverse of ToString; nullopt for any other word.
+std::optional<CrashReason> CrashReasonFromString(absl::string_view name);
 
 }  // namespace trainsup
 

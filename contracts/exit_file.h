@@ -1,5 +1,5 @@
 // The exit file: DIR/attempts/A/rank-R.exit.json, written by a worker just
-// before it exits on purpose (DESIGN.md, worker contract), so the daemon can
+// before it exits on purpose (docs/design.md, worker contract), so the daemon can
 // classify an exit even of a process it did not start (adoption). Both ends
 // use these functions, so the format has one definition:
 //

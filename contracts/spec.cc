@@ -193,6 +193,7 @@ absl::Status ReadElastic(const toml::table* t, ElasticSpec* e) {
   TableReader r(t, "elastic");
   TRAINSUP_RETURN_IF_ERROR(r.Double("wait_s", &e->wait_s, 0, 86400));
   TRAINSUP_RETURN_IF_ERROR(r.Double("grow_after_s", &e->grow_after_s, 0, 86400));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("max_blocked_s", &e->max_blocked_s, 0, 604800));
   return r.Finish();
 }
 
@@ -300,6 +301,109 @@ absl::Status ReadCommand(const toml::table* t, CommandSpec* c) {
   return r.Finish();
 }
 
+// The run's name: 1 to 64 characters, each IsNameChar.
+absl::Status CheckRunName(const std::string& name) {
+  if (name.empty() || name.size() > 64) {
+    return absl::InvalidArgumentError("name: must be 1 to 64 characters");
+  }
+  for (char c : name) {
+    if (!IsNameChar(c)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "name: may contain only letters, digits, '.', '_' and '-'; got \"", name, "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// With a [cluster] table, world_size becomes nodes * ranks_per_node: at
+// most 64, and equal to a world_size the spec gives (`world_size_given`).
+absl::Status ApplyClusterWorld(bool world_size_given, RunSpec* spec) {
+  if (!spec->cluster.present) return absl::OkStatus();
+  const int64_t world = spec->cluster.nodes * spec->cluster.ranks_per_node;
+  if (world > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster: nodes * ranks_per_node is ", world, ", more than 64 ranks"));
+  }
+  if (world_size_given && spec->world_size != world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: ", spec->world_size, " but the [cluster] table makes ",
+                     spec->cluster.nodes, " nodes x ", spec->cluster.ranks_per_node,
+                     " ranks = ", world, "; drop world_size or make them agree"));
+  }
+  spec->world_size = world;
+  return absl::OkStatus();
+}
+
+// With a [cluster] table, min_world_size becomes min_nodes *
+// ranks_per_node, equal to a min_world_size the spec gives
+// (`min_world_size_given`); an elastic job's wait_s must be below the
+// rendezvous timeout.
+absl::Status ApplyClusterMinWorld(bool min_world_size_given, RunSpec* spec) {
+  if (!spec->cluster.present) return absl::OkStatus();
+  const int64_t min_world = spec->cluster.min_nodes * spec->cluster.ranks_per_node;
+  if (min_world_size_given && spec->min_world_size != min_world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_world_size: ", spec->min_world_size, " but the [cluster] table makes ",
+        spec->cluster.min_nodes, " nodes x ", spec->cluster.ranks_per_node, " ranks = ", min_world,
+        " (min_nodes); drop min_world_size or make them agree"));
+  }
+  spec->min_world_size = min_world;
+  // An elastic job's rendezvous closes short after wait_s: it must come
+  // before the rendezvous times out and fails the job.
+  if (spec->cluster.min_nodes < spec->cluster.nodes &&
+      spec->elastic.wait_s >= spec->cluster.rendezvous_timeout_s) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "elastic.wait_s: ", spec->elastic.wait_s, " s is not below cluster.rendezvous_timeout_s (",
+        spec->cluster.rendezvous_timeout_s,
+        " s): the rendezvous would fail the job before it could go on with min_nodes"));
+  }
+  return absl::OkStatus();
+}
+
+// The rest of a command run's spec (`command` is its [command] table): no
+// table of a training run, then [command], [guard] and no unknown key.
+absl::Status ReadCommandRun(const toml::table& root, const toml::table* command, TableReader& r,
+                            RunSpec* spec) {
+  spec->has_command = true;
+  for (const char* other : {"model", "data", "optimizer", "train", "distributed", "testing"}) {
+    if (root.get(other) != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("command: a command run has no [", other,
+                       "] table (the program itself decides what it trains); remove [", other,
+                       "] or [command]"));
+    }
+  }
+  TRAINSUP_RETURN_IF_ERROR(ReadCommand(command, &spec->command));
+  absl::StatusOr<const toml::table*> guard = r.Table("guard");
+  if (!guard.ok()) return guard.status();
+  TRAINSUP_RETURN_IF_ERROR(ReadGuard(*guard, &spec->guard));
+  return r.Finish();
+}
+
+// The rest of a training run's spec: its tables in order, then no unknown key.
+absl::Status ReadTrainingRun(TableReader& r, RunSpec* spec) {
+  struct Section {
+    const char* key;
+    std::function<absl::Status(const toml::table*)> read;
+  };
+  const Section sections[] = {
+      {"model", [&](const toml::table* t) { return ReadModel(t, &spec->model); }},
+      {"data", [&](const toml::table* t) { return ReadData(t, &spec->data); }},
+      {"optimizer", [&](const toml::table* t) { return ReadOptimizer(t, &spec->optimizer); }},
+      {"train", [&](const toml::table* t) { return ReadTrain(t, &spec->train); }},
+      {"distributed", [&](const toml::table* t) { return ReadDistributed(t, &spec->distributed); }},
+      {"testing", [&](const toml::table* t) { return ReadTesting(t, &spec->testing); }},
+      {"guard", [&](const toml::table* t) { return ReadGuard(t, &spec->guard); }},
+  };
+  for (const Section& section : sections) {
+    absl::StatusOr<const toml::table*> table = r.Table(section.key);
+    if (!table.ok()) return table.status();
+    // Absent tables still run their checks on the defaults.
+    TRAINSUP_RETURN_IF_ERROR(section.read(*table));
+  }
+  return r.Finish();
+}
+
 }  // namespace
 
 bool IsEnvVarName(const std::string& name) {
@@ -323,15 +427,7 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
   RunSpec spec;
   TableReader r(&root, "");
   TRAINSUP_RETURN_IF_ERROR(r.String("name", &spec.name));
-  if (spec.name.empty() || spec.name.size() > 64) {
-    return absl::InvalidArgumentError("name: must be 1 to 64 characters");
-  }
-  for (char c : spec.name) {
-    if (!IsNameChar(c)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "name: may contain only letters, digits, '.', '_' and '-'; got \"", spec.name, "\""));
-    }
-  }
+  TRAINSUP_RETURN_IF_ERROR(CheckRunName(spec.name));
   TRAINSUP_RETURN_IF_ERROR(r.Int("priority", &spec.priority, -1000, 1000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("world_size", &spec.world_size, 1, 64));
   const bool world_size_given = root.get("world_size") != nullptr;
@@ -346,82 +442,19 @@ absl::StatusOr<RunSpec> ParseRunSpec(const std::string& toml_text) {
     if (!elastic.ok()) return elastic.status();
     TRAINSUP_RETURN_IF_ERROR(ReadElastic(*elastic, &spec.elastic));
   }
-  if (spec.cluster.present) {
-    const int64_t world = spec.cluster.nodes * spec.cluster.ranks_per_node;
-    if (world > 64) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cluster: nodes * ranks_per_node is ", world, ", more than 64 ranks"));
-    }
-    if (world_size_given && spec.world_size != world) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("world_size: ", spec.world_size, " but the [cluster] table makes ",
-                       spec.cluster.nodes, " nodes x ", spec.cluster.ranks_per_node,
-                       " ranks = ", world, "; drop world_size or make them agree"));
-    }
-    spec.world_size = world;
-  }
+  TRAINSUP_RETURN_IF_ERROR(ApplyClusterWorld(world_size_given, &spec));
   // The smallest gang: min_world_size, or from the [cluster] table's
   // min_nodes; default world_size (no elasticity).
   spec.min_world_size = spec.world_size;
   TRAINSUP_RETURN_IF_ERROR(r.Int("min_world_size", &spec.min_world_size, 1, spec.world_size));
-  if (spec.cluster.present) {
-    const int64_t min_world = spec.cluster.min_nodes * spec.cluster.ranks_per_node;
-    if (min_world_size_given && spec.min_world_size != min_world) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "min_world_size: ", spec.min_world_size, " but the [cluster] table makes ",
-          spec.cluster.min_nodes, " nodes x ", spec.cluster.ranks_per_node, " ranks = ", min_world,
-          " (min_nodes); drop min_world_size or make them agree"));
-    }
-    spec.min_world_size = min_world;
-    // An elastic job's rendezvous closes short after wait_s: it must come
-    // before the rendezvous times out and fails the job.
-    if (spec.cluster.min_nodes < spec.cluster.nodes &&
-        spec.elastic.wait_s >= spec.cluster.rendezvous_timeout_s) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "elastic.wait_s: ", spec.elastic.wait_s, " s is not below cluster.rendezvous_timeout_s (",
-          spec.cluster.rendezvous_timeout_s,
-          " s): the rendezvous would fail the job before it could go on with min_nodes"));
-    }
-  }
-  struct Section {
-    const char* key;
-    std::function<absl::Status(const toml::table*)> read;
-  };
+  TRAINSUP_RETURN_IF_ERROR(ApplyClusterMinWorld(min_world_size_given, &spec));
   absl::StatusOr<const toml::table*> command = r.Table("command");
   if (!command.ok()) return command.status();
   if (*command != nullptr) {
-    spec.has_command = true;
-    for (const char* other : {"model", "data", "optimizer", "train", "distributed", "testing"}) {
-      if (root.get(other) != nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("command: a command run has no [", other,
-                         "] table (the program itself decides what it trains); remove [", other,
-                         "] or [command]"));
-      }
-    }
-    TRAINSUP_RETURN_IF_ERROR(ReadCommand(*command, &spec.command));
-    absl::StatusOr<const toml::table*> guard = r.Table("guard");
-    if (!guard.ok()) return guard.status();
-    TRAINSUP_RETURN_IF_ERROR(ReadGuard(*guard, &spec.guard));
-    TRAINSUP_RETURN_IF_ERROR(r.Finish());
+    TRAINSUP_RETURN_IF_ERROR(ReadCommandRun(root, *command, r, &spec));
     return spec;
   }
-  const Section sections[] = {
-      {"model", [&](const toml::table* t) { return ReadModel(t, &spec.model); }},
-      {"data", [&](const toml::table* t) { return ReadData(t, &spec.data); }},
-      {"optimizer", [&](const toml::table* t) { return ReadOptimizer(t, &spec.optimizer); }},
-      {"train", [&](const toml::table* t) { return ReadTrain(t, &spec.train); }},
-      {"distributed", [&](const toml::table* t) { return ReadDistributed(t, &spec.distributed); }},
-      {"testing", [&](const toml::table* t) { return ReadTesting(t, &spec.testing); }},
-      {"guard", [&](const toml::table* t) { return ReadGuard(t, &spec.guard); }},
-  };
-  for (const Section& section : sections) {
-    absl::StatusOr<const toml::table*> table = r.Table(section.key);
-    if (!table.ok()) return table.status();
-    // Absent tables still run their checks on the defaults.
-    TRAINSUP_RETURN_IF_ERROR(section.read(*table));
-  }
-  TRAINSUP_RETURN_IF_ERROR(r.Finish());
+  TRAINSUP_RETURN_IF_ERROR(ReadTrainingRun(r, &spec));
   return spec;
 }
 

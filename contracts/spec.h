@@ -257,6 +257,12 @@ struct ElasticSpec {
   // this long: a checkpoint, a graceful stop, a restart at the larger size.
   // [0, 86400] seconds.
   double grow_after_s = 10;
+  // A run whose smallest gang (min_world_size, else world_size) needs more
+  // slots than drains leave usable waits for an operator or a GPU to bring
+  // them back, with an event and trainsup_run_blocked_seconds; past this
+  // many seconds of that wait it fails. 0: it waits for ever.
+  // [0, 604800] seconds (a week).
+  double max_blocked_s = 0;
 };
 
 struct RunSpec {

@@ -1,5 +1,5 @@
 // The multi-node job's records as anyone who can write to etcd may leave
-// them (supervisor/cluster/cluster_protocol.h): the first byte picks a join
+// them (supervisor/policy/cluster_protocol.h): the first byte picks a join
 // record, a generation record or a key, the rest is the value. Decoding
 // never crashes; what decodes encodes (never throws, whatever its bytes)
 // and decodes back to the same record; the record that follows a decoded
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "fuzz/fuzz_util.h"
-#include "supervisor/cluster/cluster_protocol.h"
+#include "supervisor/policy/cluster_protocol.h"
 
 namespace {
 

@@ -36,7 +36,7 @@ TORCH_MODULE(ConvLayer);
 
 // Sums a tensor over every process of a data-parallel gang, in place (a
 // collective: every process calls it the same number of times, in the
-// same order). Supplied by the worker (worker/distributed.h), so the
+// same order). Supplied by the worker (worker/gang/distributed.h), so the
 // engine needs no communication library.
 using StatsAllreduce = std::function<void(at::Tensor&)>;
 

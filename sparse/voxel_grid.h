@@ -4,7 +4,7 @@
 // Why torch-free: the worker's loader voxelizes the next batches on a
 // background thread while the current batch trains. Done with plain vectors,
 // that memory never goes through LibTorch's allocator, so it is not counted
-// against the training step's memory budget (DESIGN.md, "Training under a
+// against the training step's memory budget (docs/design.md, "Training under a
 // memory budget"), and the loader runs without touching LibTorch's state.
 // sparse::Quantize (quantize.h) is a thin tensor wrapper over these
 // functions, so both paths give the same voxels, bit for bit.

@@ -36,6 +36,8 @@
 #include "supervisor/cluster/etcd_client.h"
 #include "supervisor/daemon_impl.h"
 #include "supervisor/metrics.h"
+#include "supervisor/policy/elastic_growth.h"
+#include "supervisor/policy/from_config.h"
 #include "supervisor/policy/launch_plan.h"
 #include "supervisor/policy/reload.h"
 #include "supervisor/run/loop_env.h"
@@ -85,9 +87,7 @@ absl::StatusOr<std::unique_ptr<UnitCluster>> DaemonImpl::JoinCluster(const v1::R
   o.fresh_submission = SecureRandomHex(8);
   // No jitter to draw: every node reads the one delay the deciding node
   // wrote (NextGeneration).
-  o.policy = RestartPolicyFrom(config_.restart);
-  // The spec's rollback budget, as a local run's (RunUnit::Policy).
-  o.policy.max_rollbacks = static_cast<int>(spec.guard.max_rollbacks);
+  o.policy = RestartPolicyFor(config_, spec);
   o.elastic_wait_s = spec.elastic.wait_s;
   return std::unique_ptr<UnitCluster>(std::make_unique<ClusterMember>(
       env_.get(), etcd_timers_.get(), std::shared_ptr<EtcdClient>(std::move(*client)), std::move(o),
@@ -108,6 +108,7 @@ absl::Status DaemonImpl::Init() {
         absl::StrCat("cannot create state directory ", state.dir(), ": ", ec.message()));
   }
   chmod(state.dir().c_str(), 0750);
+  chmod(state.RunsDir().c_str(), 0750);
   absl::StatusOr<std::unique_ptr<StoreThreads>> store = StoreThreads::Open(state.StorePath());
   if (!store.ok()) return store.status();
   store_ = std::move(*store);
@@ -239,6 +240,11 @@ absl::Status DaemonImpl::LoadRuns() {
     units_[id] = std::move(unit);
   }
   log_->info("loaded {} unfinished runs", units_.size());
+  // A drain stored before the restart holds for the gang adopted on its
+  // slot: that gang resizes, as it would have on the drain itself.
+  for (const Slot& s : slots_->slots()) {
+    if (s.drain && s.state == SlotState::kBusy && !s.run_id.empty()) OnSlotDrained(s);
+  }
   return absl::OkStatus();
 }
 
@@ -395,44 +401,46 @@ void DaemonImpl::OnSlotDrained(const Slot& s) {
 void DaemonImpl::OnSlotUndrained(const Slot& s, const std::string& why) {
   const std::string line = absl::StrCat("slot ", s.name, " offered again: ", why);
   log_->info("{}", line);
-  // The runs that may take it: those waiting for slots, and elastic gangs
-  // running smaller.
-  for (const auto& [id, u] : units_) {
-    const v1::RunState st = u->run().state();
-    const bool waiting = st == v1::RUN_STATE_PENDING || st == v1::RUN_STATE_RESTARTING;
-    const int running = u->running_world_size();
-    if (waiting || (running > 0 && running < u->run().world_size())) {
-      StoreRunEvent(id, s.gpu_index >= 0 ? v1::EVENT_KIND_GPU : v1::EVENT_KIND_LOG, -1, line);
-    }
+  for (const std::string& id : RunsThatMayTakeASlot(GangViews())) {
+    StoreRunEvent(id, s.gpu_index >= 0 ? v1::EVENT_KIND_GPU : v1::EVENT_KIND_LOG, -1, line);
   }
   Reschedule();
 }
 
-void DaemonImpl::GrowElasticGangs() {
-  const double now = env_->NowS();
-  bool queued = false;
+std::vector<GangView> DaemonImpl::GangViews() const {
+  std::vector<GangView> out;
   for (const auto& [id, u] : units_) {
-    if (std::optional<QueuedRun> q = u->Queued(); q && q->not_before_s <= now) queued = true;
+    GangView g;
+    g.run_id = id;
+    const v1::RunState st = u->run().state();
+    g.phase = st == v1::RUN_STATE_PENDING || st == v1::RUN_STATE_RESTARTING ? GangPhase::kWaiting
+              : st == v1::RUN_STATE_RUNNING                                 ? GangPhase::kRunning
+                                                                            : GangPhase::kOther;
+    g.multi_node = u->spec().cluster.present;
+    g.running_ranks = u->running_world_size();
+    g.world_size = u->run().world_size();
+    g.grow_after_s = u->spec().elastic.grow_after_s;
+    g.priority = u->run().priority();
+    const RunSpec& spec = u->spec();
+    g.smallest_gang = static_cast<int>(spec.cluster.present      ? spec.cluster.ranks_per_node
+                                       : spec.min_world_size > 0 ? spec.min_world_size
+                                                                 : spec.world_size);
+    out.push_back(std::move(g));
   }
+  return out;
+}
+
+void DaemonImpl::GrowElasticGangs() {
   std::vector<std::string> free;
+  int usable = 0;
   for (const Slot& s : slots_->slots()) {
+    if (!s.drain) ++usable;
     if (s.state == SlotState::kFree && !s.drain) free.push_back(s.name);
   }
-  for (auto& [id, u] : units_) {
-    const int running = u->running_world_size();
-    if (queued || free.empty() || u->spec().cluster.present ||
-        u->run().state() != v1::RUN_STATE_RUNNING || running == 0 ||
-        running >= u->run().world_size()) {
-      grow_since_s_.erase(id);
-      continue;
-    }
-    auto [it, fresh] = grow_since_s_.emplace(id, now);
-    if (now - it->second < u->spec().elastic.grow_after_s) continue;
-    grow_since_s_.erase(it);
-    u->Resize(absl::StrCat(free.size() == 1 ? "slot " : "slots ", absl::StrJoin(free, ", "),
-                           free.size() == 1 ? " is" : " are", " free again"));
-    return;  // one at a time: the next looks again once this one has restarted
-  }
+  const std::optional<Growth> grow =
+      DecideGrowth(GangViews(), free, usable, env_->NowS(), grow_since_s_);
+  if (!grow) return;
+  if (RunUnit* u = Find(grow->run_id)) u->Resize(grow->reason);
 }
 
 // --- scheduling ------------------------------------------------------------------------------
@@ -455,11 +463,14 @@ void DaemonImpl::Schedule() {
   const int usable = static_cast<int>(slots_->slots().size() - drained.size());
   for (const QueuedRun& q : queue) {
     const int least = SmallestGang(q);
-    if (drained.empty() || least <= usable) continue;
-    if (RunUnit* u = Find(q.run_id)) {
-      u->NoteWaiting(absl::StrCat("waiting for ", least, least == 1 ? " slot" : " slots", ": ",
-                                  usable, " usable; ", absl::StrJoin(drained, ", ")));
+    RunUnit* u = Find(q.run_id);
+    if (u == nullptr) continue;
+    if (drained.empty() || least <= usable) {
+      u->NoteBlocked("");
+      continue;
     }
+    u->NoteBlocked(absl::StrCat("waiting for ", least, least == 1 ? " slot" : " slots", ": ",
+                                usable, " usable; ", absl::StrJoin(drained, ", ")));
   }
   for (const Placement& p : placements) {
     RunUnit* u = Find(p.run_id);
@@ -488,7 +499,10 @@ void DaemonImpl::Schedule() {
 // --- daemon life ---------------------------------------------------------------------------------
 
 void DaemonImpl::Tick() {
-  for (auto& [id, u] : units_) u->CheckLiveness();
+  for (auto& [id, u] : units_) {
+    u->CheckLiveness();
+    u->CheckBlocked();
+  }
   exits_.Poll();
   slots_->Tick(config_.slots.gpu_idle_memory_mb << 20);
   tick_.expires_after(std::chrono::milliseconds(static_cast<int>(kTickS * 1000)));
@@ -560,6 +574,7 @@ void DaemonImpl::UpdateMetrics() {
       metrics_->SetCheckpointAge(id, static_cast<double>(wall - u->last_checkpoint_ms()) / 1000.0);
     }
     metrics_->SetRunWorldSize(id, u->running_world_size());
+    metrics_->SetRunBlocked(id, u->blocked_s());
     if (v1::ClusterStatus c; u->FillCluster(&c)) {
       metrics_->SetCluster(id, c.job(), c.etcd_reachable(), c.generation());
     }

@@ -7,7 +7,7 @@
 // store before it is acted on.
 //
 // docs/supervisor.md describes the behaviour; the worker contract is
-// DESIGN.md's.
+// docs/design.md's.
 #ifndef TRAINSUP_SUPERVISOR_DAEMON_H_
 #define TRAINSUP_SUPERVISOR_DAEMON_H_
 

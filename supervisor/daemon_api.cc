@@ -1,8 +1,13 @@
 // The daemon's backends for the public API and the worker channel: every
 // call moves to the loop (or the store's reading thread, then the loop).
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/file_system.h"
 #include "checkpoint/store.h"
@@ -15,6 +20,17 @@
 namespace trainsup::supervisor::internal {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// chmod(2), whatever the umask; the error names the path.
+absl::Status SetMode(const std::string& path, mode_t mode) {
+  if (chmod(path.c_str(), mode) == 0) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("chmod ", absl::StrFormat("%04o", mode), " ", path, ": ", strerror(errno)));
+}
+
+}  // namespace
 
 // --- the API's backend -------------------------------------------------------------------------
 
@@ -62,7 +78,18 @@ void DaemonImpl::Submit(const v1::SubmitRunRequest& req, RunSpec spec,
       ckpt::FileSystem* fs = ckpt::FileSystem::Default();
       const RunLayout layout(dir);
       absl::Status w = fs->CreateDirs(layout.AttemptsDir());
-      if (w.ok()) w = fs->WriteFileAtomically(layout.SpecPath(), req.spec_toml());
+      // A multi-node run's checkpoints/ is a link to its shared store, made
+      // at its first attempt (ChooseResumeShared).
+      const bool own_store = !spec.cluster.present;
+      if (w.ok() && own_store) w = fs->CreateDirs(layout.CheckpointsDir());
+      // The permission model (docs/operations.md, "Who reads what"): the
+      // trainsup group (trainctl's users) may read the logs and exit files
+      // (trainctl logs), never the frozen spec (command.env's values, which
+      // the API redacts for viewers) nor the checkpoints (the users' models).
+      if (w.ok()) w = SetMode(dir, 0710);
+      if (w.ok()) w = SetMode(layout.AttemptsDir(), 0750);
+      if (w.ok() && own_store) w = SetMode(layout.CheckpointsDir(), 0700);
+      if (w.ok()) w = fs->WriteFileAtomically(layout.SpecPath(), req.spec_toml(), 0600);
       if (!w.ok()) {
         fs->DeleteTree(dir).IgnoreError();
         done(w);

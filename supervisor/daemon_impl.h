@@ -22,6 +22,7 @@
 #include "supervisor/daemon.h"
 #include "supervisor/metrics.h"
 #include "supervisor/policy/auth.h"
+#include "supervisor/policy/elastic_growth.h"
 #include "supervisor/run/loop_env.h"
 #include "supervisor/run/run_unit.h"
 #include "supervisor/store/store_thread.h"
@@ -153,6 +154,8 @@ class DaemonImpl final : public Daemon,
   // Elastic gangs running smaller than their world_size grow back once
   // free usable slots have stayed free for elastic.grow_after_s and no
   // other run is queued (docs/distributed.md, "Elastic").
+  // The runs as elastic growth sees them (policy/elastic_growth.h).
+  std::vector<GangView> GangViews() const;
   void GrowElasticGangs();
   void OnProcessExit(const std::string& id, int attempt, int rank) {
     if (RunUnit* u = Find(id)) u->OnProcessExit(attempt, rank);

@@ -150,6 +150,10 @@ struct Metrics::Impl {
       NewGauge(*registry, "trainsup_run_world_size",
                "The ranks of the run's running gang (below the spec's world_size when an "
                "elastic gang runs smaller; 0 while none runs).");
+  Family<Gauge>& run_blocked =
+      NewGauge(*registry, "trainsup_run_blocked_seconds",
+               "How long the run has waited because drained slots leave fewer usable slots than "
+               "its smallest gang needs (0 while it does not; elastic.max_blocked_s fails it).");
   Family<Gauge>& etcd_reachable =
       NewGauge(*registry, "trainsup_cluster_etcd_reachable",
                "Multi-node runs: 1 while the job's etcd answers this daemon, 0 while it does not.");
@@ -311,6 +315,7 @@ void Metrics::RemoveRun(const std::string& run_id) {
   for (const char* d : {"shrink", "grow"})
     RemoveSeries(impl_->resizes, {{"run", run_id}, {"direction", d}});
   RemoveSeries(impl_->run_world_size, {{"run", run_id}});
+  RemoveSeries(impl_->run_blocked, {{"run", run_id}});
   const auto run = impl_->workers.find(run_id);
   if (run == impl_->workers.end()) return;
   for (int rank : run->second) impl_->RemoveWorkerLocked(run_id, rank);
@@ -373,6 +378,11 @@ void Metrics::CountResize(const std::string& run_id, const std::string& directio
 void Metrics::SetRunWorldSize(const std::string& run_id, int world_size) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->run_world_size.Add({{"run", run_id}}).Set(world_size);
+}
+
+void Metrics::SetRunBlocked(const std::string& run_id, double seconds) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->run_blocked.Add({{"run", run_id}}).Set(seconds);
 }
 
 void Metrics::CountRollback(const std::string& run_id) {

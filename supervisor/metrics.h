@@ -27,6 +27,7 @@
 //   trainsup_rollbacks_total{run}                         counter
 //   trainsup_resizes_total{run,direction}                 counter, direction = shrink|grow
 //   trainsup_run_world_size{run}                          gauge, ranks of the running gang
+//   trainsup_run_blocked_seconds{run}                     gauge, waited for drained slots (0: not)
 //   trainsup_cluster_etcd_reachable{run,job}              gauge, 1/0
 //   trainsup_cluster_generation{run,job}                  gauge
 //
@@ -147,6 +148,9 @@ class Metrics {
   // size of the running gang (0 while none runs).
   void CountResize(const std::string& run_id, const std::string& direction);
   void SetRunWorldSize(const std::string& run_id, int world_size);
+  // How long the run has waited because drains leave fewer usable slots
+  // than its smallest gang (0 while it does not).
+  void SetRunBlocked(const std::string& run_id, double seconds);
 
   // trainsup_daemon_info{version} = 1 (only the latest version has a
   // series) and trainsup_daemon_start_time_seconds = start_time_s (unix

@@ -1,4 +1,4 @@
-// trainsup-worker: one training process (DESIGN.md, the worker contract).
+// trainsup-worker: one training process (docs/design.md, the worker contract).
 //
 //   trainsup-worker --run-dir DIR --rank R --world-size W --attempt A
 //       --supervisor ENDPOINT [--resume latest|none|STEP]
@@ -33,9 +33,9 @@
 #include "contracts/spec.h"
 #include "contracts/version.h"
 #include "sparse/runtime.h"
-#include "worker/link.h"
-#include "worker/trainer.h"
-#include "worker/worker_args.h"
+#include "worker/link/link.h"
+#include "worker/link/worker_args.h"
+#include "worker/train/trainer.h"
 
 namespace {
 

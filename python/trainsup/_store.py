@@ -8,9 +8,18 @@ ROOT/step-N.tmp, each fsynced, MANIFEST.json written and fsynced, the
 directory fsynced, renamed to ROOT/step-N (an existing step-N first steps
 aside as step-N.replaced.tmp), ROOT fsynced, then retention. A checkpoint is
 therefore complete or invisible.
+
+Several writers may share ROOT (a script and its async-checkpoint child,
+docs/python-client.md). Each writer of step N holds an exclusive flock on
+ROOT/step-N.writer.tmp from begin() until commit or abort; clean_leftovers
+removes a step-N.tmp only when it can take that lock (its writer is gone: the
+kernel drops a dead process's locks), so no writer deletes another's
+checkpoint in progress.
 """
 
 import datetime
+import errno
+import fcntl
 import json
 import os
 import shutil
@@ -21,6 +30,7 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "MANIFEST.json"
 _TMP_SUFFIX = ".tmp"
 _REPLACED_SUFFIX = ".replaced.tmp"
+_WRITER_SUFFIX = ".writer.tmp"
 _READ_CHUNK = 1 << 20
 
 
@@ -97,23 +107,44 @@ class CheckpointStore:
         if keep_every < 0:
             raise ValueError("keep_every must be >= 0, got %r" % (keep_every,))
         self.root = root
+        self._writers = {}  # tmp path -> (lock path, fd) of the saves this object runs
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.keep_before = keep_before
 
     def begin(self, step):
-        """Removes leftovers of interrupted saves and creates step-N.tmp;
-        returns its path."""
+        """Takes step N's writer lock, removes leftovers of interrupted
+        saves (none of a live writer's) and creates step-N.tmp; returns its
+        path. RuntimeError when another live writer is saving step N."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError("checkpoint step must be an integer >= 0, got %r" % (step,))
         os.makedirs(self.root, exist_ok=True)
-        self.clean_leftovers()
-        tmp = os.path.join(self.root, step_dir_name(step) + _TMP_SUFFIX)
-        os.mkdir(tmp)
+        lock_path = os.path.join(self.root, step_dir_name(step) + _WRITER_SUFFIX)
+        fd = _lock_writer(lock_path)
+        if fd is None:
+            raise RuntimeError("checkpoint step %d: another process is saving it in %s" %
+                               (step, self.root))
+        try:
+            self.clean_leftovers()
+            tmp = os.path.join(self.root, step_dir_name(step) + _TMP_SUFFIX)
+            # A dead writer's step-N.tmp: its lock is ours now.
+            if os.path.lexists(tmp):
+                _remove(tmp)
+            os.mkdir(tmp)
+        except BaseException:
+            _unlock_writer(lock_path, fd)
+            raise
+        self._writers[tmp] = (lock_path, fd)
         return tmp
 
     def abort(self, tmp):
         shutil.rmtree(tmp, ignore_errors=True)
+        self._release(tmp)
+
+    def _release(self, tmp):
+        lock = self._writers.pop(tmp, None)
+        if lock is not None:
+            _unlock_writer(*lock)
 
     def commit(self, step, tmp):
         """Makes step-N.tmp durable and visible as step-N, then applies
@@ -156,6 +187,7 @@ class CheckpointStore:
             self.abort(tmp)
             raise
         _fsync_path(self.root, directory=True)
+        self._release(tmp)
         if replacing:
             shutil.rmtree(replaced, ignore_errors=True)
         self.apply_retention(step)
@@ -197,7 +229,8 @@ class CheckpointStore:
 
     def clean_leftovers(self):
         """Restores step-N.replaced.tmp where step-N is missing, then removes
-        the other step-*.tmp leftovers."""
+        the other step-*.tmp leftovers whose writer is gone (its writer lock
+        can be taken), and the locks of writers that are gone."""
         if not os.path.isdir(self.root):
             return
         for name in os.listdir(self.root):
@@ -205,13 +238,76 @@ class CheckpointStore:
                 original = os.path.join(self.root, name[:-len(_REPLACED_SUFFIX)])
                 if not os.path.exists(original):
                     os.rename(os.path.join(self.root, name), original)
-        for name in os.listdir(self.root):
-            if name.startswith("step-") and name.endswith(_TMP_SUFFIX):
-                path = os.path.join(self.root, name)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    os.unlink(path)
+        names = os.listdir(self.root)
+        for name in names:
+            if (not name.startswith("step-") or not name.endswith(_TMP_SUFFIX) or
+                    name.endswith(_WRITER_SUFFIX)):
+                continue
+            path = os.path.join(self.root, name)
+            if path in self._writers:
+                continue  # this object's own save in progress
+            lock_path = os.path.join(self.root, name[:-len(_TMP_SUFFIX)] + _WRITER_SUFFIX)
+            fd = _lock_writer(lock_path, create=False)
+            if fd is None:
+                continue  # a live writer's
+            try:
+                _remove(path)
+            finally:
+                if fd >= 0:
+                    _unlock_writer(lock_path, fd)
+        for name in names:
+            if name.startswith("step-") and name.endswith(_WRITER_SUFFIX):
+                lock_path = os.path.join(self.root, name)
+                if lock_path in [w[0] for w in self._writers.values()]:
+                    continue
+                fd = _lock_writer(lock_path, create=False)
+                if fd is not None and fd >= 0:
+                    _unlock_writer(lock_path, fd)
+
+
+def _remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _lock_writer(lock_path, create=True):
+    """The writer lock at lock_path, held: its fd; None when a live process
+    holds it; -1 when it does not exist and create is False. The file is
+    the one at lock_path when the lock is taken (a cleaner may unlink it
+    between our open and our flock: then we try again)."""
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0),
+                         0o600)
+        except FileNotFoundError:
+            return -1
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return None
+            raise
+        try:
+            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+        if not create:
+            return -1
+
+
+def _unlock_writer(lock_path, fd):
+    """Unlinks the lock file while holding it, then releases it."""
+    try:
+        os.unlink(lock_path)
+    except FileNotFoundError:
+        pass
+    os.close(fd)
 
 
 def exit_file_path(run_dir, attempt, rank):

@@ -93,7 +93,8 @@ absl::Status SupervisorService::Validate(const v1::SubmitRunRequest& req, const 
   }
   if (absl::Status s = CheckSpecPaths(*parsed, policy.data_roots); !s.ok()) return s;
   if (parsed->has_command) {
-    absl::StatusOr<std::string> program = AllowedProgram(parsed->command.argv[0], policy.commands);
+    absl::StatusOr<CheckedProgram> program =
+        AllowedProgram(parsed->command.argv[0], policy.commands);
     if (!program.ok()) return program.status();
     if (absl::Status s = CheckCommandEnv(parsed->command.env, policy.commands); !s.ok()) return s;
   }

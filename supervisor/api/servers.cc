@@ -1,5 +1,6 @@
 #include "supervisor/api/servers.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -10,13 +11,43 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "contracts/run_layout.h"
 
 namespace trainsup::supervisor {
+
+absl::StatusOr<std::string> ReadTlsFile(const std::string& key, const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(key, ": cannot read ", path, ": ", strerror(errno)));
+  }
+  std::string out;
+  char buf[8192];
+  while (true) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      close(fd);
+      return absl::FailedPreconditionError(
+          absl::StrCat(key, ": cannot read ", path, ": ", strerror(err)));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > (1 << 20)) {
+      close(fd);
+      return absl::FailedPreconditionError(
+          absl::StrCat(key, ": ", path, " is over 1 MiB: not a PEM file"));
+    }
+  }
+  close(fd);
+  if (out.find("-----BEGIN ") == std::string::npos) {
+    return absl::FailedPreconditionError(absl::StrCat(key, ": ", path, " holds no PEM block"));
+  }
+  return out;
+}
 
 namespace fs = std::filesystem;
 
@@ -88,19 +119,21 @@ absl::Status Servers::Start(const DaemonConfig& config, const Services& services
     }
   }
   if (!config.daemon.tcp_address.empty()) {
-    auto read = [](const std::string& path) {
-      std::ifstream in(path);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      return ss.str();
-    };
     grpc::SslServerCredentialsOptions ssl(
         config.daemon.tls_client_ca.empty()
             ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
             : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    ssl.pem_key_cert_pairs.push_back({read(config.daemon.tls_key), read(config.daemon.tls_cert)});
-    if (!config.daemon.tls_client_ca.empty())
-      ssl.pem_root_certs = read(config.daemon.tls_client_ca);
+    absl::StatusOr<std::string> key = ReadTlsFile("daemon.tls_key", config.daemon.tls_key);
+    if (!key.ok()) return key.status();
+    absl::StatusOr<std::string> cert = ReadTlsFile("daemon.tls_cert", config.daemon.tls_cert);
+    if (!cert.ok()) return cert.status();
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    if (!config.daemon.tls_client_ca.empty()) {
+      absl::StatusOr<std::string> ca =
+          ReadTlsFile("daemon.tls_client_ca", config.daemon.tls_client_ca);
+      if (!ca.ok()) return ca.status();
+      ssl.pem_root_certs = *ca;
+    }
     grpc::ServerBuilder builder;
     builder.AddListeningPort(config.daemon.tcp_address, grpc::SslServerCredentials(ssl));
     builder.RegisterService(services.tcp_api);

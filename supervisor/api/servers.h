@@ -14,9 +14,15 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "contracts/daemon_config.h"
 
 namespace trainsup::supervisor {
+
+// The PEM file `path` of config key `key` (daemon.tls_cert, ...), or
+// FailedPrecondition naming the key, the file and the error: unreadable
+// (its errno), over 1 MiB, or without a PEM block.
+absl::StatusOr<std::string> ReadTlsFile(const std::string& key, const std::string& path);
 
 class Servers {
  public:

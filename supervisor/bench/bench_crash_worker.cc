@@ -1,7 +1,7 @@
 // The benchmark's crashing worker: no libraries beyond libc, so the time
 // from exec to main() is the kernel's and the loader's, not ours. Appends
 // "start <attempt> <unix us>" first thing, sleeps 20 ms, appends
-// "exit <attempt> <unix us>" and exits 3 (a crash, in DESIGN.md's terms).
+// "exit <attempt> <unix us>" and exits 3 (a crash, in docs/design.md's terms).
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "supervisor/cluster/cluster_protocol.h"
 #include "supervisor/cluster/etcd_client.h"
+#include "supervisor/policy/cluster_protocol.h"
 #include "supervisor/run/unit_env.h"
 
 namespace trainsup::supervisor {

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "supervisor/cluster/cluster_protocol.h"
 #include "supervisor/cluster/etcd_client.h"
+#include "supervisor/policy/cluster_protocol.h"
 #include "supervisor/run/unit_env.h"
 
 namespace trainsup::supervisor {

@@ -2,6 +2,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -225,6 +226,12 @@ absl::Status CheckSharedStore(const std::optional<ckpt::StoreOwner>& owner, cons
 }
 
 absl::Status CheckStoreAtSubmit(const ClusterSpec& spec) {
+  std::error_code ec;
+  if (std::filesystem::is_symlink(std::filesystem::symlink_status(spec.checkpoint_dir, ec))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster.checkpoint_dir ", spec.checkpoint_dir,
+        " is a symbolic link: refused, it may point anywhere (give the directory's real path)"));
+  }
   absl::StatusOr<std::optional<ckpt::StoreOwner>> owner = ckpt::ReadStoreOwner(spec.checkpoint_dir);
   if (!owner.ok() || !*owner || (*owner)->job == spec.job) return absl::OkStatus();
   const absl::Status other = CheckSharedStore(*owner, spec, "", "", {});

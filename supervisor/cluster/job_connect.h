@@ -18,8 +18,8 @@
 #include "absl/status/status.h"
 #include "checkpoint/store.h"
 #include "contracts/spec.h"
-#include "supervisor/cluster/cluster_protocol.h"
 #include "supervisor/cluster/etcd_client.h"
+#include "supervisor/policy/cluster_protocol.h"
 
 namespace trainsup::supervisor {
 

@@ -24,6 +24,7 @@
 #include "contracts/spec.h"
 #include "contracts/version.h"
 #include "supervisor/ctl/completion.h"
+#include "supervisor/ctl/ctl_config.h"
 #include "supervisor/ctl/ctl_format.h"
 #include "trainsup/v1/supervisor.grpc.pb.h"
 
@@ -67,11 +68,8 @@ int Usage(const std::string& message) {
 
 // Global options (before or after the command).
 struct Options {
-  std::string socket;
-  std::string address;
-  std::string tls_ca;
-  std::string tls_server_name;
-  std::string token_file;
+  CtlConnection flags;  // as given on the command line
+  CtlConnection conn;   // flags, else the environment, else the config file
   double timeout_s = 10;
   std::string output = "text";
   bool json() const { return output == "json"; }
@@ -123,14 +121,15 @@ class Client {
   std::chrono::milliseconds timeout_;
 };
 
-// --token-file, else $TRAINCTL_TOKEN, else the file $TRAINCTL_TOKEN_FILE;
-// empty when none is configured. False when a named file is unreadable.
+// --token-file, else $TRAINCTL_TOKEN, else the file $TRAINCTL_TOKEN_FILE,
+// else the config file's token_file; empty when none is configured. False
+// when a named file is unreadable.
 bool LoadToken(const Options& o, std::string* token) {
-  std::string file = o.token_file;
+  std::string file = o.flags.token_file;
   if (file.empty()) {
     *token = Env("TRAINCTL_TOKEN");
     if (!token->empty()) return true;
-    file = Env("TRAINCTL_TOKEN_FILE");
+    file = o.conn.token_file;
     if (file.empty()) return true;
   }
   if (!ReadFile(file, token)) return false;
@@ -138,26 +137,58 @@ bool LoadToken(const Options& o, std::string* token) {
   return true;
 }
 
+// o.conn: the flags, else the environment, else the config file
+// (CtlConfigPath). Returns an exit code after printing why not.
+int ResolveConnection(Options& o) {
+  bool explicit_file = false;
+  const std::string path = CtlConfigPath(Env, &explicit_file);
+  CtlConnection file;
+  struct stat st {};
+  if (!path.empty() && stat(path.c_str(), &st) == 0) {
+    std::string text;
+    if (!ReadFile(path, &text)) return Usage("cannot read the config file " + path);
+    const std::string::size_type slash = path.rfind('/');
+    absl::StatusOr<CtlConnection> parsed =
+        ParseCtlConfig(text, slash == std::string::npos ? "." : path.substr(0, slash));
+    if (!parsed.ok()) return Usage(absl::StrCat(path, ": ", parsed.status().message()));
+    file = *parsed;
+  } else if (explicit_file) {
+    return Usage("$TRAINCTL_CONFIG names " + path + ", which does not exist");
+  }
+  o.conn = MergeCtlConnection(o.flags, CtlConnectionFromEnv(Env), file);
+  return kExitOk;
+}
+
 // Builds the client, or returns an exit code after printing why not.
 int Connect(const Options& o, std::unique_ptr<Client>* client) {
   std::string token;
   if (!LoadToken(o, &token)) return Usage("cannot read the token file");
-  if (o.address.empty()) {
-    const std::string socket = o.socket.empty() ? kDefaultSocket : o.socket;
+  if (absl::Status s = CheckCtlConnection(o.conn); !s.ok()) return Usage(std::string(s.message()));
+  if (o.conn.address.empty()) {
+    const std::string socket = o.conn.socket.empty() ? kDefaultSocket : o.conn.socket;
     *client = std::make_unique<Client>(
         grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()), socket, token,
         o.timeout_s);
     return kExitOk;
   }
-  // TCP is always TLS (DESIGN.md, security): the system roots unless --tls-ca.
+  // TCP is always TLS (docs/design.md, security): the system roots unless --tls-ca.
   grpc::SslCredentialsOptions ssl;
-  if (!o.tls_ca.empty() && !ReadFile(o.tls_ca, &ssl.pem_root_certs)) {
-    return Usage("cannot read --tls-ca " + o.tls_ca);
+  const CtlConnection& c = o.conn;
+  if (!c.tls_ca.empty() && !ReadFile(c.tls_ca, &ssl.pem_root_certs)) {
+    return Usage("cannot read the TLS CA file " + c.tls_ca);
+  }
+  // The client's certificate, for a daemon that requires one
+  // (daemon.tls_client_ca).
+  if (!c.tls_cert.empty() && !ReadFile(c.tls_cert, &ssl.pem_cert_chain)) {
+    return Usage("cannot read the TLS client certificate " + c.tls_cert);
+  }
+  if (!c.tls_key.empty() && !ReadFile(c.tls_key, &ssl.pem_private_key)) {
+    return Usage("cannot read the TLS client key " + c.tls_key);
   }
   grpc::ChannelArguments args;
-  if (!o.tls_server_name.empty()) args.SetSslTargetNameOverride(o.tls_server_name);
+  if (!c.tls_server_name.empty()) args.SetSslTargetNameOverride(c.tls_server_name);
   *client = std::make_unique<Client>(
-      grpc::CreateCustomChannel(o.address, grpc::SslCredentials(ssl), args), o.address, token,
+      grpc::CreateCustomChannel(c.address, grpc::SslCredentials(ssl), args), c.address, token,
       o.timeout_s);
   return kExitOk;
 }
@@ -473,21 +504,25 @@ int Logs(const Client& client, const std::string& run_id, int rank, int attempt,
   }
 }
 
-int Main(int argc, char** argv) {
-  CLI::App app("trainctl: submit, watch and inspect training runs of trainsupd");
-  app.fallthrough();
-  app.require_subcommand(1);
-  app.set_version_flag("--version", absl::StrCat("trainctl ", Version()));
-  Options o;
-  o.socket = Env("TRAINSUP_SOCKET");
+// The options every command takes (before or after it): where trainsupd
+// is, how to reach it, the token, the deadline, the output.
+void AddGlobalOptions(CLI::App& app, Options& o) {
   app.add_option(
-      "--socket", o.socket,
+      "--socket", o.flags.socket,
       "trainsupd's unix socket ($TRAINSUP_SOCKET, else " + std::string(kDefaultSocket) + ")");
-  app.add_option("--address", o.address, "HOST:PORT of trainsupd over TCP (always TLS)");
-  app.add_option("--tls-ca", o.tls_ca, "CA certificates (PEM) for --address; default: system roots")
+  app.add_option("--address", o.flags.address,
+                 "HOST:PORT of trainsupd over TCP, always TLS ($TRAINCTL_ADDRESS)");
+  app.add_option("--tls-ca", o.flags.tls_ca,
+                 "CA certificates (PEM) for --address ($TRAINCTL_TLS_CA); default: system roots")
       ->check(CLI::ExistingFile);
-  app.add_option("--tls-server-name", o.tls_server_name, "name expected in the server certificate");
-  app.add_option("--token-file", o.token_file,
+  app.add_option("--tls-cert", o.flags.tls_cert,
+                 "client certificate (PEM) for a daemon that requires one ($TRAINCTL_TLS_CERT)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-key", o.flags.tls_key, "its private key (PEM) ($TRAINCTL_TLS_KEY)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--tls-server-name", o.flags.tls_server_name,
+                 "name expected in the server certificate ($TRAINCTL_TLS_SERVER_NAME)");
+  app.add_option("--token-file", o.flags.token_file,
                  "bearer token file (else $TRAINCTL_TOKEN, else the file $TRAINCTL_TOKEN_FILE)");
   app.add_option("--timeout", o.timeout_s, "deadline of each call, seconds")
       ->check(CLI::PositiveNumber)
@@ -495,6 +530,15 @@ int Main(int argc, char** argv) {
   app.add_option("-o,--output", o.output, "output format")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app("trainctl: submit, watch and inspect training runs of trainsupd");
+  app.fallthrough();
+  app.require_subcommand(1);
+  app.set_version_flag("--version", absl::StrCat("trainctl ", Version()));
+  Options o;
+  AddGlobalOptions(app, o);
 
   std::string spec_path, request_id, run_id, state_list, reason;
   bool watch = false, all = false, follow = false;
@@ -557,6 +601,7 @@ int Main(int argc, char** argv) {
     std::cout << BashCompletion(app, "trainctl");
     return kExitOk;
   }
+  if (int rc = ResolveConnection(o); rc != kExitOk) return rc;
   std::unique_ptr<Client> client;
   if (int rc = Connect(o, &client); rc != kExitOk) return rc;
   if (*submit) return Submit(*client, spec_path, request_id, watch, o);

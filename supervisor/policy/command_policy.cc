@@ -72,8 +72,8 @@ absl::StatusOr<std::string> ResolveProgram(const std::string& argv0) {
   return path;
 }
 
-absl::StatusOr<std::string> AllowedProgram(const std::string& argv0,
-                                           const CommandsSection& commands) {
+absl::StatusOr<CheckedProgram> AllowedProgram(const std::string& argv0,
+                                              const CommandsSection& commands) {
   if (commands.allowed_programs.empty() && commands.allowed_dirs.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         kField,
@@ -87,11 +87,11 @@ absl::StatusOr<std::string> AllowedProgram(const std::string& argv0,
     return absl::InvalidArgumentError(absl::StrCat(kField, "cannot resolve \"", *path, "\""));
   }
   for (const std::string& allowed : commands.allowed_programs) {
-    if (RealPath(allowed) == real) return path;
+    if (RealPath(allowed) == real) return CheckedProgram{real, *path};
   }
   for (const std::string& dir : commands.allowed_dirs) {
     const std::string real_dir = RealPath(dir);
-    if (!real_dir.empty() && Below(real, real_dir)) return path;
+    if (!real_dir.empty() && Below(real, real_dir)) return CheckedProgram{real, *path};
   }
   std::vector<std::string> allowed = commands.allowed_programs;
   for (const std::string& dir : commands.allowed_dirs) allowed.push_back(dir + "/");
@@ -115,6 +115,9 @@ bool LoadsCode(const std::string& name) {
   for (const char* p : kCodeLoadingEnvPrefixes) {
     if (absl::StartsWith(name, p)) return true;
   }
+  for (const char* s : kCodeLoadingEnvSuffixes) {
+    if (absl::EndsWith(name, s)) return true;
+  }
   return false;
 }
 
@@ -136,9 +139,27 @@ std::string PathEntryRefusal(const std::string& dir, const CommandsSection& comm
 
 }  // namespace
 
+bool EnvNameMatches(const std::vector<std::string>& patterns, const std::string& name) {
+  for (const std::string& p : patterns) {
+    if (!p.empty() && p.back() == '*') {
+      if (absl::StartsWith(name, absl::string_view(p).substr(0, p.size() - 1))) return true;
+    } else if (p == name) {
+      return true;
+    }
+  }
+  return false;
+}
+
 absl::Status CheckCommandEnv(const std::map<std::string, std::string>& env,
                              const CommandsSection& commands) {
   for (const auto& [name, value] : env) {
+    if (!commands.env_names.empty() && !EnvNameMatches(commands.env_names, name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "command.env.", name,
+          ": not allowed: the daemon's configuration lets command runs set only the variables "
+          "of commands.env_names (",
+          absl::StrJoin(commands.env_names, ", "), ")"));
+    }
     if (Listed(commands.allow_env, name)) continue;
     if (LoadsCode(name) || Listed(commands.deny_env, name)) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -49,6 +49,7 @@ LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
   spec.log_path = RunLayout(w.run_dir).LogPath(w.attempt, w.rank);
   if (w.command != nullptr) {
     spec.binary = w.program;
+    spec.argv0 = w.program_argv0;
     spec.args.assign(w.command->argv.begin() + (w.command->argv.empty() ? 0 : 1),
                      w.command->argv.end());
     if (!w.command->cwd.empty()) spec.working_dir = w.command->cwd;

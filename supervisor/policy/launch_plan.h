@@ -1,4 +1,4 @@
-// How a worker is launched: its argv and its whole environment (DESIGN.md's
+// How a worker is launched: its argv and its whole environment (docs/design.md's
 // worker contract), as a pure function of the attempt's facts. Nothing is
 // inherited implicitly: the daemon's own environment contributes only the
 // variables named in kPassedThrough.
@@ -54,6 +54,8 @@ struct WorkerLaunch {
   // runs with command->argv[1..] instead of `binary` and its flags.
   const CommandSpec* command = nullptr;
   std::string program;
+  // argv[0] for `program` ("" = `program`): AllowedProgram's argv0.
+  std::string program_argv0;
   std::string resume_dir;  // the chosen checkpoint's directory; "" = fresh start
 };
 

@@ -24,6 +24,9 @@ struct LaunchSpec {
   // directories created), so a daemon restart never cuts a worker's output.
   // "" = /dev/null.
   std::string log_path;
+  // argv[0] when it is not `binary` ("" = `binary`): a command run executes
+  // the real path it checked under the name it was given (a venv's python).
+  std::string argv0;
 };
 
 }  // namespace trainsup::supervisor

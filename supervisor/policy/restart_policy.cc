@@ -5,24 +5,9 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "contracts/exit_codes.h"
 
 namespace trainsup::supervisor {
 namespace {
-
-constexpr struct {
-  ExitClass cls;
-  const char* name;
-} kExitClassNames[] = {
-    {ExitClass::kSuccess, "success"},     {ExitClass::kUsage, "usage"},
-    {ExitClass::kData, "data"},           {ExitClass::kOom, "oom"},
-    {ExitClass::kStopped, "stopped"},     {ExitClass::kCrash, "crash"},
-    {ExitClass::kSignal, "signal"},       {ExitClass::kFrozen, "frozen"},
-    {ExitClass::kHung, "hung"},           {ExitClass::kGang, "gang"},
-    {ExitClass::kCancelled, "cancelled"}, {ExitClass::kLost, "lost"},
-    {ExitClass::kNoSpace, "no_space"},    {ExitClass::kPeerLost, "peer_lost"},
-    {ExitClass::kDiverged, "diverged"},
-};
 
 constexpr struct {
   Action action;
@@ -74,60 +59,42 @@ absl::Status FieldError(absl::string_view field, double value, absl::string_view
       absl::StrCat("restart policy: ", field, " (", value, ") ", rule));
 }
 
+// Rule 4, the last end of `history` being no_space: *d restarts once there
+// is space, with a backoff over the streak of no_space ends.
+void DecideNoSpace(const RestartPolicy& policy, const std::vector<AttemptEnd>& history,
+                   double jitter_unit, const std::string& detail_suffix, RestartDecision* d) {
+  int streak = 0;
+  for (auto it = history.rbegin(); it != history.rend() && it->cls == ExitClass::kNoSpace; ++it) {
+    ++streak;
+  }
+  d->action = Action::kRestart;
+  d->wait_for_space = true;
+  d->consecutive_failures = streak;
+  d->delay_s = Backoff(policy, streak, jitter_unit);
+  d->reason = absl::StrCat("exit 74: no space left for checkpoints", detail_suffix,
+                           "; restart once there is space, backoff ", Seconds(d->delay_s), " s");
+}
+
+// Rule 4a, the last end of `history` being diverged: *d rolls back while
+// the run's diverged ends number at most max_rollbacks, else fails.
+void DecideDiverged(const RestartPolicy& policy, const std::vector<AttemptEnd>& history,
+                    const std::string& what, const std::string& detail_suffix, RestartDecision* d) {
+  const AttemptEnd& last = history.back();
+  for (const AttemptEnd& e : history) d->rollbacks += e.cls == ExitClass::kDiverged && !IsStop(e);
+  if (d->rollbacks > policy.max_rollbacks) {
+    d->action = Action::kFail;
+    d->reason = absl::StrCat("diverged at step ", last.first_bad_step, " after ", d->rollbacks - 1,
+                             " rollback", d->rollbacks - 1 == 1 ? "" : "s", " (max ",
+                             policy.max_rollbacks, ")", detail_suffix);
+    return;
+  }
+  d->action = Action::kRestart;
+  d->rollback = true;
+  d->delay_s = policy.initial_backoff_s;
+  d->reason = absl::StrCat(what, "; rollback ", d->rollbacks, " of ", policy.max_rollbacks);
+}
+
 }  // namespace
-
-std::string ToString(ExitClass cls) {
-  for (const auto& e : kExitClassNames) {
-    if (e.cls == cls) return e.name;
-  }
-  return absl::StrCat("exit_class(", static_cast<int>(cls), ")");
-}
-
-std::optional<ExitClass> ExitClassFromString(absl::string_view name) {
-  for (const auto& e : kExitClassNames) {
-    if (name == e.name) return e.cls;
-  }
-  return std::nullopt;
-}
-
-int ToProto(ExitClass cls) { return static_cast<int>(cls); }
-
-std::optional<ExitClass> ExitClassFromProto(int value) {
-  if (value < static_cast<int>(ExitClass::kSuccess) ||
-      value > static_cast<int>(ExitClass::kDiverged)) {
-    return std::nullopt;
-  }
-  return static_cast<ExitClass>(value);
-}
-
-ExitClass ClassifyExit(bool exited, int code_or_signal) {
-  if (!exited) return ExitClass::kSignal;
-  const std::optional<WorkerExit> code = WorkerExitFromStatus(code_or_signal);
-  if (!code) return ExitClass::kCrash;
-  switch (*code) {
-    case WorkerExit::kCompleted:
-      return ExitClass::kSuccess;
-    case WorkerExit::kUsage:
-      return ExitClass::kUsage;
-    case WorkerExit::kData:
-      return ExitClass::kData;
-    case WorkerExit::kNoSpace:
-      return ExitClass::kNoSpace;
-    case WorkerExit::kOom:
-      return ExitClass::kOom;
-    case WorkerExit::kPeerLost:
-      return ExitClass::kPeerLost;
-    case WorkerExit::kDiverged:
-      return ExitClass::kDiverged;
-    case WorkerExit::kStopped:
-      return ExitClass::kStopped;
-  }
-  return ExitClass::kCrash;
-}
-
-std::string DescribeExit(bool exited, int code_or_signal) {
-  return absl::StrCat(exited ? "exit " : "signal ", code_or_signal);
-}
 
 std::string ToString(Action action) {
   for (const auto& e : kActionNames) {
@@ -206,31 +173,11 @@ RestartDecision DecideRestart(const RestartPolicy& policy, const std::vector<Att
     return d;
   }
   if (last.cls == ExitClass::kNoSpace) {
-    int streak = 0;
-    for (auto it = history.rbegin(); it != history.rend() && it->cls == ExitClass::kNoSpace; ++it) {
-      ++streak;
-    }
-    d.action = Action::kRestart;
-    d.wait_for_space = true;
-    d.consecutive_failures = streak;
-    d.delay_s = Backoff(policy, streak, jitter_unit);
-    d.reason = absl::StrCat("exit 74: no space left for checkpoints", detail_suffix,
-                            "; restart once there is space, backoff ", Seconds(d.delay_s), " s");
+    DecideNoSpace(policy, history, jitter_unit, detail_suffix, &d);
     return d;
   }
   if (last.cls == ExitClass::kDiverged) {
-    for (const AttemptEnd& e : history) d.rollbacks += e.cls == ExitClass::kDiverged && !IsStop(e);
-    if (d.rollbacks > policy.max_rollbacks) {
-      d.action = Action::kFail;
-      d.reason = absl::StrCat("diverged at step ", last.first_bad_step, " after ", d.rollbacks - 1,
-                              " rollback", d.rollbacks - 1 == 1 ? "" : "s", " (max ",
-                              policy.max_rollbacks, ")", detail_suffix);
-      return d;
-    }
-    d.action = Action::kRestart;
-    d.rollback = true;
-    d.delay_s = policy.initial_backoff_s;
-    d.reason = absl::StrCat(what, "; rollback ", d.rollbacks, " of ", policy.max_rollbacks);
+    DecideDiverged(policy, history, what, detail_suffix, &d);
     return d;
   }
 
@@ -276,19 +223,6 @@ RestartDecision DecideRestart(const RestartPolicy& policy, const std::vector<Att
   d.reason = absl::StrCat(what, "; ", d.oom ? "OOM restart " : "restart ", in_window, " of ", max,
                           " in window, backoff ", Seconds(d.delay_s), " s");
   return d;
-}
-
-RestartPolicy RestartPolicyFrom(const RestartSection& r) {
-  RestartPolicy p;
-  p.initial_backoff_s = r.initial_backoff_s;
-  p.max_backoff_s = r.max_backoff_s;
-  p.multiplier = r.multiplier;
-  p.jitter = r.jitter;
-  p.max_restarts = static_cast<int>(r.max_restarts);
-  p.restart_window_s = r.restart_window_s;
-  p.max_oom_restarts = static_cast<int>(r.max_oom_restarts);
-  p.crash_loop_attempts = static_cast<int>(r.crash_loop_attempts);
-  return p;
 }
 
 }  // namespace trainsup::supervisor

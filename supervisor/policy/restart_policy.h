@@ -13,49 +13,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "contracts/daemon_config.h"
+#include "supervisor/policy/exit_classify.h"
 
 namespace trainsup::supervisor {
-
-// How an attempt (or one rank of it) ended. The values are those of
-// trainsup.v1.ExitClass in proto/trainsup/v1/supervisor.proto, so
-// ToProto/ExitClassFromProto are plain conversions.
-enum class ExitClass {
-  kSuccess = 1,     // exit 0: run complete
-  kUsage = 2,       // exit 64: bad spec or arguments
-  kData = 3,        // exit 65: data unreadable
-  kOom = 4,         // exit 75: hard out-of-memory
-  kStopped = 5,     // exit 143: stopped (SIGTERM) after a checkpoint
-  kCrash = 6,       // any other exit code
-  kSignal = 7,      // killed by a signal we did not send
-  kFrozen = 8,      // killed by us: no heartbeat
-  kHung = 9,        // killed by us: heartbeats but no progress
-  kGang = 10,       // stopped by us because another rank failed
-  kCancelled = 11,  // stopped by us because the run was cancelled
-  kLost = 12,       // gone while the daemon was down, no exit file
-  kNoSpace = 13,    // exit 74: the run directory's file system is full
-  kPeerLost = 14,   // exit 76: a peer rank died or stopped answering in a collective
-  kDiverged = 15,   // exit 79: training diverged (non-finite or spiking steps; docs/guard.md)
-};
-
-// "success", "usage", "data", "oom", "stopped", "crash", "signal", "frozen",
-// "hung", "gang", "cancelled", "lost", "no_space", "peer_lost", "diverged".
-std::string ToString(ExitClass cls);
-// The inverse of ToString; nullopt for any other string.
-std::optional<ExitClass> ExitClassFromString(absl::string_view name);
-// The trainsup.v1.ExitClass value.
-int ToProto(ExitClass cls);
-// nullopt for EXIT_CLASS_UNSPECIFIED (0) and unknown values.
-std::optional<ExitClass> ExitClassFromProto(int value);
-
-// Classifies a waitpid() result: `exited` (WIFEXITED) with code
-// 0/64/65/74/75/76/79/143 (contracts/exit_codes.h) or other, or killed by signal
-// `code_or_signal`. Classes that
-// depend on why we killed the process (frozen, hung, gang, cancelled) or on
-// the daemon having been down (lost) are assigned by the caller instead.
-ExitClass ClassifyExit(bool exited, int code_or_signal);
-// "exit 1" or "signal 9": the conventional AttemptEnd::detail for an exit.
-std::string DescribeExit(bool exited, int code_or_signal);
 
 struct RestartPolicy {
   double initial_backoff_s = 1;  // delay before the first restart of a streak
@@ -154,11 +114,6 @@ struct RestartDecision {
 //     (so an attempt that made progress restarts the exponent at 0).
 RestartDecision DecideRestart(const RestartPolicy& policy, const std::vector<AttemptEnd>& history,
                               double jitter_unit);
-
-// The restart policy of the daemon config's [restart] section
-// (contracts/daemon_config.h): the one conversion, for the run units'
-// decisions and a multi-node job's.
-RestartPolicy RestartPolicyFrom(const RestartSection& restart);
 
 }  // namespace trainsup::supervisor
 

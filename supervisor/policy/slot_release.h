@@ -1,4 +1,4 @@
-// When a slot whose worker ended may be used again (DESIGN.md, Slots and
+// When a slot whose worker ended may be used again (docs/design.md, Slots and
 // GPUs), as a pure function: the caller gathers the facts (the worker's
 // process group, the GPU query) and applies the decision (kill what it
 // names, free or strand the slot).

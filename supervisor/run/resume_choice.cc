@@ -1,6 +1,7 @@
 #include "supervisor/run/resume_choice.h"
 
 #include <algorithm>
+#include <ctime>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -10,7 +11,8 @@
 
 namespace trainsup::supervisor {
 
-ResumeChoice ChooseResume(const std::string& run_dir, int64_t before_step) {
+ResumeChoice ChooseResume(const std::string& run_dir, int64_t before_step,
+                          const ckpt::QuarantineRetention& quarantine) {
   ResumeChoice c;
   const std::string root = RunLayout(run_dir).CheckpointsDir();
   if (!ckpt::FileSystem::Default()->IsDir(root)) return c;
@@ -41,6 +43,20 @@ ResumeChoice ChooseResume(const std::string& run_dir, int64_t before_step) {
   for (const auto& q : quarantined) {
     c.notes.push_back(absl::StrCat("checkpoint step ", q.step, " quarantined: ", q.reason));
   }
+  // The quarantine is bounded; a pruning that fails is a note, not a reason
+  // to hold the run back.
+  absl::StatusOr<std::vector<std::string>> pruned =
+      store.PruneQuarantine(quarantine, static_cast<int64_t>(std::time(nullptr)));
+  if (!pruned.ok()) {
+    c.notes.push_back(absl::StrCat("quarantine not pruned: ", pruned.status().message()));
+  } else {
+    for (const std::string& name : *pruned) {
+      c.notes.push_back(absl::StrCat("quarantined checkpoint ", name,
+                                     " deleted: beyond the newest ", quarantine.keep,
+                                     " and older than ", quarantine.min_age_s,
+                                     " s (checkpoints.quarantine_keep, quarantine_min_age_s)"));
+    }
+  }
   if (latest.ok()) {
     c.step = latest->step;
     c.dir = latest->path;
@@ -60,6 +76,16 @@ ResumeChoice ChooseResumeShared(const std::string& run_dir, const std::string& s
     c.error = absl::FailedPreconditionError(
         absl::StrCat("cluster.checkpoint_dir ", shared_dir, ": neither it nor its parent ",
                      parent.string(), " exists on this node: is the shared storage mounted here?"));
+    return c;
+  }
+  // Checked at every attempt, not only at submit: a user who may write the
+  // parent could swap the directory for a link to another job's store, or
+  // anywhere the daemon may write, after the submit.
+  if (fs::is_symlink(fs::symlink_status(shared_dir, ec))) {
+    c.error = absl::FailedPreconditionError(absl::StrCat(
+        "cluster.checkpoint_dir ", shared_dir,
+        " is a symbolic link: refused, it may point anywhere (give the directory's real path)"));
+    c.fatal = true;
     return c;
   }
   fs::create_directory(shared_dir, ec);

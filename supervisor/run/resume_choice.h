@@ -35,7 +35,10 @@ struct ResumeChoice {
 
 // `before_step` >= 0: the newest that verifies of those below it (a
 // rollback past a diverged attempt's first bad step, docs/guard.md).
-ResumeChoice ChooseResume(const std::string& run_dir, int64_t before_step = -1);
+// Then the quarantine is pruned to `quarantine` (ckpt::PruneQuarantine, at
+// the time now), each entry deleted named in the notes.
+ResumeChoice ChooseResume(const std::string& run_dir, int64_t before_step = -1,
+                          const ckpt::QuarantineRetention& quarantine = {});
 
 // A multi-node run's choice (docs/distributed.md): the run directory's
 // checkpoints/ is made a symlink to `shared_dir` (created when missing, but

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "contracts/spec.h"
+#include "supervisor/policy/command_policy.h"
 #include "supervisor/policy/exit_classify.h"
 #include "supervisor/policy/group_identity.h"
 #include "supervisor/policy/progress_timeout.h"
@@ -40,6 +41,8 @@ namespace trainsup::supervisor {
 bool IsTerminal(v1::RunState state);
 // "PENDING", "RUNNING", ...
 std::string StateName(v1::RunState state);
+// The trainsup.v1.ExitClass of `cls`.
+v1::ExitClass ExitClassProto(ExitClass cls);
 
 // One rank of the current (or last) attempt.
 struct RankState {
@@ -128,6 +131,16 @@ class RunUnit {
   // A queued run that cannot be placed says why (its reason, with a STATE
   // event when it changes).
   void NoteWaiting(const std::string& why);
+  // The scheduler's view of a queued run: `why` it cannot be placed while
+  // drained slots leave fewer usable than its smallest gang ("" when it can).
+  // A BLOCKED event when that starts and when it ends, the reason shown
+  // meanwhile, and the wait bounded by elastic.max_blocked_s (CheckBlocked).
+  void NoteBlocked(const std::string& why);
+  // Fails the run once it has been blocked longer than elastic.max_blocked_s
+  // (> 0). Called on every tick.
+  void CheckBlocked();
+  // Seconds blocked so far (0 when not blocked).
+  double blocked_s() const;
 
   // Placed on `slots` (rank i on slots[i], already marked busy; gpus[i] its
   // CUDA_VISIBLE_DEVICES): chooses the checkpoint (off the loop), stores the
@@ -241,7 +254,7 @@ class RunUnit {
   // A multi-node run's attempt belongs to job generation `generation`.
   void StartAttempt(ResumeChoice choice, int64_t generation = 0);
   void LaunchRanks();
-  absl::StatusOr<std::string> AllowedCommand() const;
+  absl::StatusOr<CheckedProgram> AllowedCommand() const;
   void EndAttempt();
   void AfterDecision(const RestartDecision& d);
   // The training guard's rollbacks (run_unit_guard.cc, docs/guard.md).
@@ -266,6 +279,16 @@ class RunUnit {
   void ReleaseSlots();
 
   void StopRank(RankState& r, ExitClass why, const std::string& reason, bool graceful);
+  // A stop of the current attempt's ranks that must outlive the daemon
+  // (a cancel, a resize, the daemon's shutdown): stored in the run
+  // (Run.stop_request) first, then every live rank is asked to stop at a
+  // checkpoint (forced `cls`, `rank_reason`), then `then` runs.
+  void RequestStop(v1::StopRequest::Kind kind, const std::string& reason, ExitClass cls,
+                   const std::string& rank_reason, std::function<void()> then);
+  // After a daemon restart: the stop the old daemon asked attempt `attempt`
+  // for (Run.stop_request) holds for the adopted ranks: a live one is asked
+  // again, one that died meanwhile is classified as asked.
+  void HonourStoredStop(int attempt);
   void EnterStopStage(int rank, StopStage stage);
   void CaptureAndKill(RankState& r, ExitClass cls, const std::string& reason);
   // CaptureAndKill's stack capture (when configured), then SIGTERM.
@@ -307,6 +330,12 @@ class RunUnit {
   // kept for the next attempt's RESIZE event.
   bool resize_stop_ = false;
   std::string resize_reason_;
+  // A resize (a drained slot) told while the attempt was being prepared,
+  // stored or agreed, before any rank ran: applied before they start.
+  std::string resize_before_start_;
+  // Blocked by drains (NoteBlocked): since when (-1: not), and why.
+  double blocked_since_s_ = -1;
+  std::string blocked_why_;
   // Since when the run waits in the queue (PENDING or RESTARTING): an
   // elastic gang starts smaller only elastic.wait_s after it.
   double queued_since_s_ = 0;

@@ -7,15 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "contracts/run_layout.h"
 #include "contracts/spec.h"
+#include "supervisor/policy/from_config.h"
 #include "supervisor/run/run_unit.h"
 
 namespace trainsup::supervisor {
 
-RestartPolicy RunUnit::Policy() const {
-  RestartPolicy p = RestartPolicyFrom(cfg().restart);
-  p.max_rollbacks = static_cast<int>(spec_.guard.max_rollbacks);
-  return p;
-}
+RestartPolicy RunUnit::Policy() const { return RestartPolicyFor(cfg(), spec_); }
 
 void RunUnit::NoteDiverged(const RankState& r, const std::optional<ExitFile>& report) {
   const int64_t reached =

@@ -1,13 +1,11 @@
-// The run unit's stops (stop stages, hang kills, cancel, shutdown), its
-// liveness checks and its side of the worker channel; run_unit.cc has the
-// rest of its life.
+// The run unit's stops: a rank's stop stages (SIGTERM, stack capture,
+// SIGKILL), cancel and the daemon's shutdown.
 #include <signal.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "contracts/version.h"
-#include "supervisor/policy/auth.h"
 #include "supervisor/run/run_unit.h"
 
 namespace trainsup::supervisor {
@@ -15,25 +13,7 @@ namespace {
 
 namespace wv1 = ::trainsup::worker::v1;
 
-// Progress is streamed live on every heartbeat but stored at most this often.
-constexpr double kProgressPersistS = 30;
-
-ProgressTimeoutConfig TimeoutFrom(const ProgressSection& p) {
-  ProgressTimeoutConfig c;
-  c.startup_grace_s = p.startup_grace_s;
-  c.safety_factor = p.safety_factor;
-  c.min_timeout_s = p.min_timeout_s;
-  c.max_timeout_s = p.max_timeout_s;
-  c.checkpoint_allowance_s = p.checkpoint_allowance_s;
-  c.fixed_timeout_s = p.fixed_timeout_s;
-  return c;
-}
-
-v1::ExitClass Proto(ExitClass cls) { return static_cast<v1::ExitClass>(ToProto(cls)); }
-
 }  // namespace
-
-// --- stopping ------------------------------------------------------------------------------
 
 void RunUnit::StopRank(RankState& r, ExitClass why, const std::string& reason, bool graceful) {
   if (!r.alive || r.stop_stage != StopStage::kNone) return;
@@ -107,7 +87,7 @@ void RunUnit::CaptureAndKill(RankState& r, ExitClass cls, const std::string& rea
   Log(LogLevel::kWarn,
       absl::StrCat("attempt=", attempt_.number(), " rank=", r.rank, " pid ", r.pid, ": ", reason));
   v1::RunEvent e = Event(v1::EVENT_KIND_HANG, r.rank, reason);
-  e.set_exit_class(Proto(cls));
+  e.set_exit_class(ExitClassProto(cls));
   StoreBatch b;
   b.what = "hang";
   b.events.push_back(e);
@@ -198,14 +178,11 @@ void RunUnit::Cancel(const std::string& reason, std::function<void(absl::Status)
   if (Clustered() && EnsureCluster(/*fail_run=*/false)) {
     cluster_->Cancel(reason.empty() ? "cancelled" : reason);
   }
-  bool any_alive = false;
-  for (RankState& r : ranks_) {
-    if (!r.alive) continue;
-    any_alive = true;
-    StopRank(r, ExitClass::kCancelled, cancel_reason_, /*graceful=*/true);
-  }
-  if (any_alive || preparing_ || launching_) {
-    done(absl::OkStatus());
+  if (AnyAlive() || preparing_ || launching_) {
+    // Answered once stored: a daemon killed after the OK still cancels
+    // (HonourStoredStop, Restore).
+    RequestStop(v1::StopRequest::KIND_CANCEL, cancel_reason_, ExitClass::kCancelled, cancel_reason_,
+                [done] { done(absl::OkStatus()); });
     return;
   }
   if (joining_) {
@@ -228,201 +205,68 @@ void RunUnit::Cancel(const std::string& reason, std::function<void(absl::Status)
 void RunUnit::Shutdown() {
   if (restart_timer_ != 0) env_.timers->Cancel(restart_timer_);
   restart_timer_ = 0;
+  if (!AnyAlive() || cancel_ || shutdown_stop_) return;
+  shutdown_stop_ = true;
+  RequestStop(v1::StopRequest::KIND_SHUTDOWN, "daemon shutting down", ExitClass::kStopped,
+              "daemon shutting down", nullptr);
+}
+
+void RunUnit::RequestStop(v1::StopRequest::Kind kind, const std::string& reason, ExitClass cls,
+                          const std::string& rank_reason, std::function<void()> then) {
+  v1::StopRequest* s = run_.mutable_stop_request();
+  s->set_kind(kind);
+  s->set_reason(reason);
+  s->set_attempt(attempt_.number());
+  StoreBatch b;
+  b.what = "stop request";
+  b.run = run_;
+  const int attempt = attempt_.number();
+  Persist(std::move(b), [this, attempt, cls, rank_reason, then](const StoreBatch&) {
+    if (attempt == attempt_.number()) {
+      for (RankState& r : ranks_) {
+        if (r.alive) StopRank(r, cls, rank_reason, /*graceful=*/true);
+      }
+    }
+    if (then) then();
+  });
+}
+
+void RunUnit::HonourStoredStop(int attempt) {
+  if (!run_.has_stop_request()) return;
+  const v1::StopRequest s = run_.stop_request();
+  if (s.attempt() != attempt) {
+    run_.clear_stop_request();  // an older attempt's: stored with the next write
+    return;
+  }
+  ExitClass cls = ExitClass::kStopped;
+  std::string why = s.reason();
+  switch (s.kind()) {
+    case v1::StopRequest::KIND_CANCEL:
+      cancel_ = true;
+      cancel_reason_ = s.reason();
+      cls = ExitClass::kCancelled;
+      break;
+    case v1::StopRequest::KIND_RESIZE:
+      resize_stop_ = true;
+      resize_reason_ = s.reason();
+      why = absl::StrCat("resizing the gang: ", s.reason());
+      break;
+    case v1::StopRequest::KIND_SHUTDOWN:
+      shutdown_stop_ = true;
+      break;
+    default:
+      run_.clear_stop_request();
+      return;
+  }
+  Log(LogLevel::kInfo, absl::StrCat("attempt=", attempt,
+                                    " the stop asked before the daemon restarted holds: ", why));
   for (RankState& r : ranks_) {
     if (!r.alive) continue;
-    shutdown_stop_ = true;
-    StopRank(r, ExitClass::kStopped, "daemon shutting down", /*graceful=*/true);
-  }
-}
-
-// --- liveness -----------------------------------------------------------------------------
-
-void RunUnit::CheckLiveness() {
-  const double now = env_.clock->NowS();
-  ReportToCluster();
-  // Judged by their exit codes only.
-  if (!Heartbeats()) return;
-  const ProgressTimeoutConfig tcfg = TimeoutFrom(cfg().progress);
-  for (RankState& r : ranks_) {
-    if (!r.alive || r.stop_stage != StopStage::kNone || r.died_unwatched) continue;
-    double hb_timeout = cfg().workers.heartbeat_timeout_s;
-    double last_hb = r.last_heartbeat_s;
-    if (!r.heard) {
-      // Before its first heartbeat a worker is still starting up.
-      hb_timeout = std::max(hb_timeout, cfg().progress.startup_grace_s);
-      last_hb = r.launched_s;
-    }
-    const double progress_timeout = ProgressTimeoutSeconds(tcfg, learning_, r.phase, r.progressed);
-    const Liveness l = ::trainsup::supervisor::CheckLiveness(now, last_hb, r.last_progress_s,
-                                                             hb_timeout, progress_timeout);
-    if (l.verdict == Liveness::kAlive) continue;
-    const ExitClass cls = l.verdict == Liveness::kFrozen ? ExitClass::kFrozen : ExitClass::kHung;
-    CaptureAndKill(r, cls, absl::StrCat("rank ", r.rank, " ", l.reason));
-  }
-}
-
-// --- the worker channel ---------------------------------------------------------------------
-
-absl::Status RunUnit::OnHello(const wv1::Hello& h, std::shared_ptr<WorkerLink> link) {
-  const absl::Status reject =
-      absl::UnauthenticatedError("unknown run, attempt or rank, or wrong token");
-  if (h.attempt() != attempt_.number() || At(h.rank()) == nullptr) {
-    return reject;
-  }
-  RankState& r = *At(h.rank());
-  if (!r.alive || r.died_unwatched || !ConstantTimeEquals(r.token, h.token())) return reject;
-  // After the token: a stranger learns nothing, a rank of the run learns
-  // why it is refused (it exits 64 with the message, and the run fails).
-  if (absl::Status v = CheckPeerVersion(Version(), h.version()); !v.ok()) return v;
-  if (r.link && r.link != link) r.link->Close(absl::AbortedError("replaced by a new stream"));
-  r.link = std::move(link);
-  r.last_heartbeat_s = env_.clock->NowS();
-  const bool first = !r.heard;
-  r.heard = true;
-  wv1::SupervisorCommand welcome;
-  welcome.mutable_welcome()->set_heartbeat_interval_ms(
-      static_cast<int>(cfg().workers.heartbeat_interval_s * 1000));
-  r.link->Send(welcome);
-  if (r.stop_stage == StopStage::kStopCommand && r.forced &&
-      (*r.forced == ExitClass::kCancelled || *r.forced == ExitClass::kStopped)) {
-    // A graceful stop asked before the stream (re)connected.
-    wv1::SupervisorCommand c;
-    c.mutable_stop()->set_deadline_s(static_cast<int>(cfg().workers.stop_deadline_s));
-    c.mutable_stop()->set_reason(r.forced_reason);
-    r.link->Send(c);
-  }
-  Log(LogLevel::kInfo,
-      absl::StrCat("attempt=", h.attempt(), " rank=", h.rank(), " connected (pid ", h.pid(), ")"));
-  if (first && run_.state() == v1::RUN_STATE_STARTING) {
-    bool all = true;
-    for (const RankState& o : ranks_) all = all && (o.heard || !o.alive);
-    if (all) {
-      SetState(v1::RUN_STATE_RUNNING, absl::StrCat("attempt ", attempt_.number(), " running"), {});
-    }
-  }
-  return absl::OkStatus();
-}
-
-void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
-                              const wv1::WorkerMessage& m) {
-  if (attempt != attempt_.number() || At(rank) == nullptr) return;
-  RankState& r = *At(rank);
-  if (r.link.get() != link || !r.alive) return;
-  const double now = env_.clock->NowS();
-  if (m.has_heartbeat()) {
-    const wv1::Heartbeat& hb = m.heartbeat();
-    r.last_heartbeat_s = now;
-    if (hb.progress_counter() > r.progress_counter) {
-      if (r.progressed) {
-        const double per_step = (now - r.last_progress_s) /
-                                static_cast<double>(hb.progress_counter() - r.progress_counter);
-        ObserveStep(learning_, per_step);
-        r.steps_per_s = per_step > 0 ? 1.0 / per_step : 0;
-      }
-      r.progress_counter = hb.progress_counter();
-      r.last_progress_s = now;
-      r.progressed = true;
-    }
-    r.phase = WorkerPhaseFromProto(hb.progress().phase()).value_or(WorkerPhase::kTraining);
-    // Failed saves, counted per attempt by the worker.
-    const int64_t failed_saves =
-        hb.progress().checkpoint_failures() - r.status.progress().checkpoint_failures();
-    if (failed_saves > 0) env_.host->CountCheckpointFailures(id(), failed_saves);
-    // Steps the guard did not apply, counted per attempt by the worker; one
-    // rank's count is the gang's (every rank skips the same steps).
-    if (rank == rank_base_) {
-      env_.host->CountGuardSteps(
-          id(), hb.progress().nonfinite_steps() - r.status.progress().nonfinite_steps(),
-          hb.progress().spike_steps() - r.status.progress().spike_steps());
-    }
-    *r.status.mutable_progress() = hb.progress();
-    if (spec_.has_command && hb.progress().total_steps() <= 0) {
-      // The program did not say how far it goes: the spec's guess, if any.
-      r.status.mutable_progress()->set_total_steps(spec_.command.total_steps);
-    }
-    r.status.set_last_heartbeat_ms(env_.clock->WallMs());
-    StoreBatch b;
-    b.what = "progress";
-    b.coalescible = true;
-    v1::RunEvent progress;
-    bool publish_live = false;
-    if (rank == rank_base_) {
-      *run_.mutable_progress() = r.status.progress();
-      progress = Event(v1::EVENT_KIND_PROGRESS, 0, "");
-      *progress.mutable_progress() = r.status.progress();
-      if (now - last_progress_persist_s_ >= kProgressPersistS) {
-        last_progress_persist_s_ = now;
-        run_.set_updated_ms(env_.clock->WallMs());
-        b.run = run_;
-        b.events.push_back(progress);
-      } else {
-        publish_live = true;
-      }
-    }
-    if (now - r.last_persist_s >= kProgressPersistS) b.ranks.push_back(RankRow(r));
-    if (now - learning_saved_s_ >= kProgressPersistS) {
-      learning_saved_s_ = now;
-      b.learning = RunLearning{learning_.slowest_step_s, learning_.steps_observed};
-    }
-    if (publish_live) env_.host->Publish(progress);
-    if (b.run || !b.ranks.empty() || b.learning) {
-      Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
-    }
-    return;
-  }
-  if (m.has_event()) {
-    const wv1::WorkerEvent& we = m.event();
-    v1::RunEvent e = Event(we.kind() == v1::EVENT_KIND_UNSPECIFIED ? v1::EVENT_KIND_LOG : we.kind(),
-                           rank, we.message());
-    e.set_checkpoint_step(we.checkpoint_step());
-    // A CHECKPOINT event with an error reports a failed save (the worker
-    // trains on); its step is the newest good checkpoint, unchanged.
-    if (we.kind() == v1::EVENT_KIND_CHECKPOINT && we.checkpoint_step() > 0 && we.error().empty()) {
-      last_checkpoint_ms_ = env_.clock->WallMs();
-      run_.mutable_progress()->set_last_checkpoint_step(we.checkpoint_step());
-    }
-    StoreBatch b;
-    b.what = "worker event";
-    b.events.push_back(e);
-    Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
-    return;
-  }
-  if (m.has_exit()) {
-    ExitFile f;
-    f.code = m.exit().code();
-    f.reason = m.exit().reason();
-    f.message = m.exit().message();
-    f.last_step = m.exit().last_step();
-    f.first_bad_step = m.exit().first_bad_step();
-    r.exit_report = f;
-  }
-}
-
-void RunUnit::OnLinkClosed(int attempt, int rank, const WorkerLink* link) {
-  if (attempt != attempt_.number() || At(rank) == nullptr) return;
-  if (At(rank)->link.get() == link) At(rank)->link.reset();
-}
-
-bool RunUnit::FillCluster(v1::ClusterStatus* out) const {
-  if (!cluster_) return false;
-  cluster_->Fill(out);
-  return true;
-}
-
-void RunUnit::FillLive(v1::Run* out) const {
-  if (cluster_) cluster_->Fill(out->mutable_cluster());
-  *out->mutable_progress() = run_.progress();
-  for (v1::Attempt& a : *out->mutable_attempts()) {
-    if (a.number() != attempt_.number()) continue;
-    a.clear_ranks();
-    for (const RankState& r : ranks_) {
-      v1::RankStatus rs = r.status;
-      rs.set_rank(r.rank);
-      rs.set_pid(r.pid);
-      rs.set_slot(r.slot);
-      rs.set_gpu(r.gpu);
-      rs.set_alive(r.alive);
-      *a.add_ranks() = rs;
+    if (r.died_unwatched) {
+      r.forced = cls;
+      r.forced_reason = why;
+    } else {
+      StopRank(r, cls, why, /*graceful=*/true);
     }
   }
 }

@@ -23,7 +23,7 @@
 #include "contracts/daemon_config.h"
 #include "contracts/exit_file.h"
 #include "contracts/spec.h"
-#include "supervisor/cluster/cluster_protocol.h"
+#include "supervisor/policy/cluster_protocol.h"
 #include "supervisor/policy/group_identity.h"
 #include "supervisor/policy/restart_policy.h"
 #include "supervisor/store/store_thread.h"

@@ -90,11 +90,12 @@ using store_internal::SqliteError;
 
 namespace {
 
-// Version 6 (version 1 lacked attempts.stop_requested, version 2
+// Version 7 (version 1 lacked attempts.stop_requested, version 2
 // attempts.generation, version 3 runs.cluster_submission, version 4
 // runs.rollbacks and runs.skip_windows, version 5 attempts.world_size and
-// the drains table; Initialize migrates them). Each version's changes from the one before (nothing
-// is ever renumbered; a new version appends its row).
+// the drains table, version 6 runs.stop_request; Initialize migrates them).
+// Each version's changes from the one before (nothing is ever renumbered; a
+// new version appends its row).
 struct Migration {
   int64_t to;
   std::vector<const char*> sql;
@@ -117,6 +118,8 @@ const std::vector<Migration>& Migrations() {
        {"ALTER TABLE attempts ADD COLUMN world_size INTEGER NOT NULL DEFAULT 0",
         "CREATE TABLE drains (slot TEXT PRIMARY KEY NOT NULL, reason TEXT NOT NULL DEFAULT '',"
         " drained_ms INTEGER NOT NULL DEFAULT 0)"}},
+      // runs.stop_request (a requested stop outlives the daemon, issue 42).
+      {7, {"ALTER TABLE runs ADD COLUMN stop_request BLOB"}},
   };
   return kMigrations;
 }
@@ -144,7 +147,8 @@ CREATE TABLE runs (
   steps_observed  INTEGER NOT NULL DEFAULT 0,
   cluster_submission TEXT NOT NULL DEFAULT '',
   rollbacks       INTEGER NOT NULL DEFAULT 0,
-  skip_windows    BLOB
+  skip_windows    BLOB,
+  stop_request    BLOB
 );
 CREATE INDEX runs_by_state ON runs (state, seq);
 CREATE TABLE attempts (

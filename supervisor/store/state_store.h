@@ -75,7 +75,7 @@ class StateStore {
  public:
   // The schema this build reads and writes (meta.schema_version).
   // A file of an older version is migrated on Open.
-  static constexpr int kSchemaVersion = 6;
+  static constexpr int kSchemaVersion = 7;
   static constexpr int kDefaultPageSize = 50;
   static constexpr int kMaxPageSize = 500;
   // How long a call waits for a lock held by another connection.
@@ -172,8 +172,11 @@ class StateStore {
   // The sequence number the next CreateRun will give (1 for an empty store).
   absl::StatusOr<int64_t> NextRunSeq();
 
- private:
+  // A prepared statement in use (state_store_query.h): named here for the
+  // store's own files; nothing outside supervisor/store/ has its definition.
   class Query;
+
+ private:
   struct DbCloser {
     void operator()(sqlite3* db) const;
   };

@@ -46,18 +46,20 @@ enum RunColumn {
   kClusterSubmission,
   kRollbacks,
   kSkipWindows,
+  kStopRequest,
 };
 
 inline constexpr char kSelectRun[] =
     "SELECT run_id, name, state, priority, world_size, created_ms, updated_ms, ended_ms, reason,"
     " restarts, oom_restarts, progress, run_dir, next_restart_ms, spec_toml, seq,"
-    " cluster_submission, rollbacks, skip_windows FROM runs WHERE run_id = ?1";
+    " cluster_submission, rollbacks, skip_windows, stop_request FROM runs WHERE run_id = ?1";
 
 // ?2 is a bit mask of the wanted states, 0 for all of them.
 inline constexpr char kListRuns[] =
     "SELECT run_id, name, state, priority, world_size, created_ms, updated_ms, ended_ms, reason,"
     " restarts, oom_restarts, progress, run_dir, next_restart_ms, '', seq, cluster_submission,"
-    " rollbacks, skip_windows FROM runs WHERE seq < ?1 AND (?2 = 0 OR (state BETWEEN 0 AND 62 AND "
+    " rollbacks, skip_windows, stop_request FROM runs WHERE seq < ?1 AND (?2 = 0 OR (state BETWEEN "
+    "0 AND 62 AND "
     "(?2 >> state) & 1 = 1))"
     " ORDER BY seq DESC LIMIT ?3";
 

@@ -25,6 +25,75 @@ v1::Run SkipWindowsOf(const v1::Run& run) {
   return windows;
 }
 
+// The runs columns that UpdateRun writes, and CreateRun with them: one
+// list, from which both statements and their bindings are made, so that the
+// two cannot disagree. CreateRun also writes the columns that never change
+// (run_id, seq, request_id, created_ms, spec_toml).
+struct UpdatedColumn {
+  const char* name;
+  void (*bind)(StateStore::Query& q, const v1::Run& run);
+};
+constexpr UpdatedColumn kUpdatedRunColumns[] = {
+    {"name", [](StateStore::Query& q, const v1::Run& r) { q.BindText(r.name()); }},
+    {"state", [](StateStore::Query& q, const v1::Run& r) { q.BindInt(r.state()); }},
+    {"priority", [](StateStore::Query& q, const v1::Run& r) { q.BindInt(r.priority()); }},
+    {"world_size", [](StateStore::Query& q, const v1::Run& r) { q.BindInt(r.world_size()); }},
+    {"updated_ms", [](StateStore::Query& q, const v1::Run& r) { q.BindInt(r.updated_ms()); }},
+    {"ended_ms", [](StateStore::Query& q, const v1::Run& r) { q.BindInt(r.ended_ms()); }},
+    {"reason", [](StateStore::Query& q, const v1::Run& r) { q.BindText(r.reason()); }},
+    {"restarts", [](StateStore::Query& q, const v1::Run& r) { q.BindInt(r.restarts()); }},
+    {"oom_restarts", [](StateStore::Query& q, const v1::Run& r) { q.BindInt(r.oom_restarts()); }},
+    {"progress",
+     [](StateStore::Query& q, const v1::Run& r) { q.BindMessage(r.has_progress(), r.progress()); }},
+    {"run_dir", [](StateStore::Query& q, const v1::Run& r) { q.BindText(r.run_dir()); }},
+    {"next_restart_ms",
+     [](StateStore::Query& q, const v1::Run& r) { q.BindInt(r.next_restart_ms()); }},
+    {"cluster_submission",
+     [](StateStore::Query& q, const v1::Run& r) { q.BindText(r.cluster_submission()); }},
+    {"rollbacks", [](StateStore::Query& q, const v1::Run& r) { q.BindInt(r.rollbacks()); }},
+    {"skip_windows",
+     [](StateStore::Query& q, const v1::Run& r) {
+       q.BindMessage(r.skip_windows_size() > 0, SkipWindowsOf(r));
+     }},
+    {"stop_request",
+     [](StateStore::Query& q, const v1::Run& r) {
+       q.BindMessage(r.has_stop_request(), r.stop_request());
+     }},
+};
+// CreateRun binds these first, in this order, then kUpdatedRunColumns.
+constexpr const char* kCreatedRunColumns[] = {"run_id", "seq", "request_id", "created_ms",
+                                              "spec_toml"};
+
+void BindUpdatedRunColumns(StateStore::Query& q, const v1::Run& run) {
+  for (const UpdatedColumn& c : kUpdatedRunColumns) c.bind(q, run);
+}
+
+// "INSERT INTO runs (run_id, ..., skip_windows) VALUES (?1, ..., ?20)".
+std::string InsertRunSql() {
+  std::string names;
+  std::string values;
+  int n = 0;
+  auto add = [&](const char* name) {
+    absl::StrAppend(&names, n == 0 ? "" : ", ", name);
+    absl::StrAppend(&values, n == 0 ? "" : ", ", "?", n + 1);
+    ++n;
+  };
+  for (const char* name : kCreatedRunColumns) add(name);
+  for (const UpdatedColumn& c : kUpdatedRunColumns) add(c.name);
+  return absl::StrCat("INSERT INTO runs (", names, ") VALUES (", values, ")");
+}
+
+// "UPDATE runs SET name = ?2, ..., skip_windows = ?16 WHERE run_id = ?1".
+std::string UpdateRunSql() {
+  std::string sets;
+  int n = 2;
+  for (const UpdatedColumn& c : kUpdatedRunColumns) {
+    absl::StrAppend(&sets, n == 2 ? "" : ", ", c.name, " = ?", n);
+    ++n;
+  }
+  return absl::StrCat("UPDATE runs SET ", sets, " WHERE run_id = ?1");
+}
+
 }  // namespace
 
 absl::Status StateStore::CreateRun(const v1::Run& run, const std::string& request_id) {
@@ -33,33 +102,15 @@ absl::Status StateStore::CreateRun(const v1::Run& run, const std::string& reques
   return InTransaction(true, op, [&]() -> absl::Status {
     absl::StatusOr<int64_t> seq = ReadNextRunSeq(op);
     if (!seq.ok()) return seq.status();
-    absl::StatusOr<Query> q = Prepare(
-        "INSERT INTO runs (run_id, seq, request_id, name, state, priority, world_size, created_ms,"
-        " updated_ms, ended_ms, spec_toml, reason, restarts, oom_restarts, progress, run_dir,"
-        " next_restart_ms, cluster_submission, rollbacks, skip_windows) VALUES (?1, ?2, ?3, ?4,"
-        " ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
-        op);
+    static const std::string sql = InsertRunSql();
+    absl::StatusOr<Query> q = Prepare(sql.c_str(), op);
     if (!q.ok()) return q.status();
     q->BindText(run.run_id())
         .BindInt(*seq)
         .BindTextOrNull(request_id)
-        .BindText(run.name())
-        .BindInt(run.state())
-        .BindInt(run.priority())
-        .BindInt(run.world_size())
         .BindInt(run.created_ms())
-        .BindInt(run.updated_ms())
-        .BindInt(run.ended_ms())
-        .BindText(run.spec_toml())
-        .BindText(run.reason())
-        .BindInt(run.restarts())
-        .BindInt(run.oom_restarts())
-        .BindMessage(run.has_progress(), run.progress())
-        .BindText(run.run_dir())
-        .BindInt(run.next_restart_ms())
-        .BindText(run.cluster_submission())
-        .BindInt(run.rollbacks())
-        .BindMessage(run.skip_windows_size() > 0, SkipWindowsOf(run));
+        .BindText(run.spec_toml());
+    BindUpdatedRunColumns(*q, run);
     return q->Run();
   });
 }
@@ -78,30 +129,11 @@ absl::StatusOr<std::string> StateStore::FindRunByRequestId(const std::string& re
 
 absl::Status StateStore::UpdateRun(const v1::Run& run) {
   const std::string op = absl::StrCat("UpdateRun ", run.run_id());
-  absl::StatusOr<Query> q = Prepare(
-      "UPDATE runs SET name = ?2, state = ?3, priority = ?4, world_size = ?5, updated_ms = ?6,"
-      " ended_ms = ?7, reason = ?8, restarts = ?9, oom_restarts = ?10, progress = ?11, run_dir = "
-      "?12,"
-      " next_restart_ms = ?13, cluster_submission = ?14, rollbacks = ?15, skip_windows = ?16"
-      " WHERE run_id = ?1",
-      op);
+  static const std::string sql = UpdateRunSql();
+  absl::StatusOr<Query> q = Prepare(sql.c_str(), op);
   if (!q.ok()) return q.status();
-  q->BindText(run.run_id())
-      .BindText(run.name())
-      .BindInt(run.state())
-      .BindInt(run.priority())
-      .BindInt(run.world_size())
-      .BindInt(run.updated_ms())
-      .BindInt(run.ended_ms())
-      .BindText(run.reason())
-      .BindInt(run.restarts())
-      .BindInt(run.oom_restarts())
-      .BindMessage(run.has_progress(), run.progress())
-      .BindText(run.run_dir())
-      .BindInt(run.next_restart_ms())
-      .BindText(run.cluster_submission())
-      .BindInt(run.rollbacks())
-      .BindMessage(run.skip_windows_size() > 0, SkipWindowsOf(run));
+  q->BindText(run.run_id());
+  BindUpdatedRunColumns(*q, run);
   if (absl::Status s = q->Run(); !s.ok()) return s;
   if (q->Changes() == 0) return absl::NotFoundError(absl::StrCat(op, ": no such run"));
   return absl::OkStatus();
@@ -134,6 +166,9 @@ absl::Status StateStore::RunFromRow(const Query& q, v1::Run* run) {
   bool present = false;
   if (absl::Status s = q.Message(kProgress, &progress, &present); !s.ok()) return s;
   if (present) *run->mutable_progress() = std::move(progress);
+  v1::StopRequest stop;
+  if (absl::Status s = q.Message(kStopRequest, &stop, &present); !s.ok()) return s;
+  if (present) *run->mutable_stop_request() = std::move(stop);
   return absl::OkStatus();
 }
 

@@ -164,7 +164,11 @@ absl::StatusOr<LaunchedProcess> Launch(const LaunchSpec& spec) {
 
   std::error_code ec;
   // Runs in the child between fork and exec: async-signal-safe calls only.
-  auto setup = [log_fd, &dir](auto&) {
+  const std::string argv0 = spec.argv0;
+  auto setup = [log_fd, &dir, &argv0](auto& executor) {
+    // The argv array was built before the fork: only its first pointer
+    // changes, to a string that lives in this copy of the parent's memory.
+    if (!argv0.empty()) const_cast<char**>(executor.cmd_line)[0] = const_cast<char*>(argv0.c_str());
     setpgid(0, 0);
     dup2(log_fd, STDOUT_FILENO);
     dup2(log_fd, STDERR_FILENO);

@@ -14,6 +14,20 @@ constexpr double kGpuRefreshS = 1.0;
 
 bool Checking(SlotState s) { return s == SlotState::kReleasing || s == SlotState::kStranded; }
 
+// Off the loop: asks `gpus` for the GPUs (nothing when null); sets *answer,
+// or *error when the query failed.
+void QueryGpus(const std::shared_ptr<GpuMonitor>& gpus, std::optional<std::vector<GpuInfo>>* answer,
+               std::string* error) {
+  if (gpus) {
+    absl::StatusOr<std::vector<GpuInfo>> q = gpus->Query();
+    if (q.ok()) {
+      *answer = std::move(*q);
+    } else {
+      *error = std::string(q.status().message());
+    }
+  }
+}
+
 }  // namespace
 
 std::string ToString(SlotState state) {
@@ -226,100 +240,112 @@ void SlotTable::StartCheck(int64_t idle_bytes) {
   }
   std::shared_ptr<GpuMonitor> gpus = need_gpu ? gpus_ : nullptr;
   hooks_.off_loop([this, targets, gpus, idle_bytes] {
-    std::vector<Facts> facts;
-    for (const auto& [slot, group] : targets) {
-      Facts f;
-      f.slot = slot;
-      f.pgid = group.pgid;
-      if (group.pgid > 1) {
-        std::vector<GroupMember> members = ReadGroupMembers(group.pgid);
-        f.ownership = JudgeGroup(group, members);
-        if (f.ownership == GroupOwnership::kOurs) {
-          for (const GroupMember& m : members) f.members.push_back(m.pid);
-        }
-      }
-      facts.push_back(std::move(f));
-    }
+    std::vector<Facts> facts = GatherFacts(targets);
     std::optional<std::vector<GpuInfo>> answer;
     std::string error;
-    if (gpus) {
-      absl::StatusOr<std::vector<GpuInfo>> q = gpus->Query();
-      if (q.ok()) {
-        answer = std::move(*q);
-      } else {
-        error = std::string(q.status().message());
-      }
-    }
+    QueryGpus(gpus, &answer, &error);
     hooks_.post([this, facts, answer, error, idle_bytes, queried = gpus != nullptr] {
-      check_in_flight_ = false;
-      if (queried) {
-        gpu_refreshed_s_ = hooks_.now();
-        if (answer) {
-          LogHealthErrors(*answer);
-          gpu_cache_ = *answer;
-          JudgeGpuHealth(*answer);
-        }
-      }
-      std::optional<std::vector<GpuInfo>> seen = answer;
-      if (queried && !answer) seen = std::vector<GpuInfo>{};
-      bool freed = false;
-      for (const Facts& f : facts) {
-        Slot& s = slots_[f.slot];
-        if (!Checking(s.state) || s.group.pgid != f.pgid) continue;
-        if (f.ownership == GroupOwnership::kOurs) s.group.known_alive_ticks = BootTicksNow();
-        ReleaseFacts rf;
-        rf.our_group = f.members;
-        rf.pgid = f.pgid;
-        rf.gpu_checked = s.gpu_index >= 0 && queried;
-        rf.gpu_index = s.gpu_index;
-        rf.query_error = error;
-        rf.idle_bytes = idle_bytes;
-        rf.stranded = s.state == SlotState::kStranded;
-        rf.past_deadline = hooks_.now() > s.release_deadline_s;
-        if (seen) {
-          for (const GpuInfo& g : *seen) {
-            if (g.index == s.gpu_index) rf.gpu = g;
-          }
-        }
-        if (s.gpu_index >= 0 && nvml() && !queried) continue;  // no answer this round
-        const ReleaseDecision d = DecideRelease(rf);
-        if (d.kill_group) SignalWorkerGroup(s.group, SIGKILL).IgnoreError();
-        for (int pid : d.kill_holders) kill(pid, SIGKILL);
-        switch (d.verdict) {
-          case ReleaseDecision::kFree:
-            if (s.state == SlotState::kStranded)
-              hooks_.log(absl::StrCat("slot ", s.index, " recovered"));
-            EndDrainFor(s, kDrainStranded, "its memory was released");
-            s = Slot{s.index, s.gpu_index, s.gpu_uuid, s.name, s.drain};
-            freed = true;
-            break;
-          case ReleaseDecision::kStrand:
-            if (s.state != SlotState::kStranded) {
-              s.state = SlotState::kStranded;
-              s.reason = d.reason;
-              s.stranded_since_s = hooks_.now();
-              hooks_.stranded(s);
-            } else {
-              s.reason = d.reason;
-              if (drain_stranded_after_s_ > 0 &&
-                  hooks_.now() - s.stranded_since_s >= drain_stranded_after_s_) {
-                DrainFor(s, kDrainStranded,
-                         absl::StrCat("stranded for more than ", drain_stranded_after_s_,
-                                      " s: ", s.reason));
-              }
-            }
-            break;
-          case ReleaseDecision::kWait:
-            break;
-        }
-      }
-      if (freed) hooks_.freed();
-      if (check_again_) {
-        check_again_ = false;
-        StartCheck(idle_bytes);
-      }
+      FinishCheck(facts, answer, error, idle_bytes, queried);
     });
   });
+}
+
+std::vector<SlotTable::Facts> SlotTable::GatherFacts(
+    const std::vector<std::pair<int, GroupIdentity>>& targets) {
+  std::vector<Facts> facts;
+  for (const auto& [slot, group] : targets) {
+    Facts f;
+    f.slot = slot;
+    f.pgid = group.pgid;
+    if (group.pgid > 1) {
+      std::vector<GroupMember> members = ReadGroupMembers(group.pgid);
+      f.ownership = JudgeGroup(group, members);
+      if (f.ownership == GroupOwnership::kOurs) {
+        for (const GroupMember& m : members) f.members.push_back(m.pid);
+      }
+    }
+    facts.push_back(std::move(f));
+  }
+  return facts;
+}
+
+void SlotTable::FinishCheck(const std::vector<Facts>& facts,
+                            const std::optional<std::vector<GpuInfo>>& answer,
+                            const std::string& error, int64_t idle_bytes, bool queried) {
+  check_in_flight_ = false;
+  if (queried) {
+    gpu_refreshed_s_ = hooks_.now();
+    if (answer) {
+      LogHealthErrors(*answer);
+      gpu_cache_ = *answer;
+      JudgeGpuHealth(*answer);
+    }
+  }
+  std::optional<std::vector<GpuInfo>> seen = answer;
+  if (queried && !answer) seen = std::vector<GpuInfo>{};
+  bool freed = false;
+  for (const Facts& f : facts) {
+    freed = JudgeRelease(f, seen, error, idle_bytes, queried) || freed;
+  }
+  if (freed) hooks_.freed();
+  if (check_again_) {
+    check_again_ = false;
+    StartCheck(idle_bytes);
+  }
+}
+
+bool SlotTable::JudgeRelease(const Facts& f, const std::optional<std::vector<GpuInfo>>& seen,
+                             const std::string& error, int64_t idle_bytes, bool queried) {
+  Slot& s = slots_[f.slot];
+  if (!Checking(s.state) || s.group.pgid != f.pgid) return false;
+  if (f.ownership == GroupOwnership::kOurs) s.group.known_alive_ticks = BootTicksNow();
+  ReleaseFacts rf;
+  rf.our_group = f.members;
+  rf.pgid = f.pgid;
+  rf.gpu_checked = s.gpu_index >= 0 && queried;
+  rf.gpu_index = s.gpu_index;
+  rf.query_error = error;
+  rf.idle_bytes = idle_bytes;
+  rf.stranded = s.state == SlotState::kStranded;
+  rf.past_deadline = hooks_.now() > s.release_deadline_s;
+  if (seen) {
+    for (const GpuInfo& g : *seen) {
+      if (g.index == s.gpu_index) rf.gpu = g;
+    }
+  }
+  if (s.gpu_index >= 0 && nvml() && !queried) return false;  // no answer this round
+  return ApplyRelease(s, DecideRelease(rf));
+}
+
+bool SlotTable::ApplyRelease(Slot& s, const ReleaseDecision& d) {
+  if (d.kill_group) SignalWorkerGroup(s.group, SIGKILL).IgnoreError();
+  for (int pid : d.kill_holders) kill(pid, SIGKILL);
+  switch (d.verdict) {
+    case ReleaseDecision::kFree:
+      if (s.state == SlotState::kStranded) hooks_.log(absl::StrCat("slot ", s.index, " recovered"));
+      EndDrainFor(s, kDrainStranded, "its memory was released");
+      s = Slot{s.index, s.gpu_index, s.gpu_uuid, s.name, s.drain};
+      return true;
+    case ReleaseDecision::kStrand:
+      if (s.state != SlotState::kStranded) {
+        s.state = SlotState::kStranded;
+        s.reason = d.reason;
+        s.stranded_since_s = hooks_.now();
+        hooks_.stranded(s);
+      } else {
+        s.reason = d.reason;
+        if (drain_stranded_after_s_ > 0 &&
+            hooks_.now() - s.stranded_since_s >= drain_stranded_after_s_) {
+          DrainFor(
+              s, kDrainStranded,
+              absl::StrCat("stranded for more than ", drain_stranded_after_s_, " s: ", s.reason));
+        }
+      }
+      return false;
+    case ReleaseDecision::kWait:
+      return false;
+  }
+  return false;
 }
 
 }  // namespace trainsup::supervisor

@@ -1,5 +1,5 @@
 // The node's slots (one per GPU, else cpu_slots) and the release check that
-// runs before a slot is used again (DESIGN.md, Slots and GPUs): the facts
+// runs before a slot is used again (docs/design.md, Slots and GPUs): the facts
 // (the dead worker's process group, the GPU query) are gathered off the
 // loop, the decision is slot_release.h's, and only groups that still are
 // the worker's (group_identity.h) are ever signalled. The GPU query's last
@@ -16,6 +16,7 @@
 
 #include "supervisor/policy/group_identity.h"
 #include "supervisor/policy/scheduler.h"
+#include "supervisor/policy/slot_release.h"
 #include "supervisor/sys/gpu_monitor.h"
 #include "trainsup/v1/supervisor.pb.h"
 
@@ -116,6 +117,27 @@ class SlotTable {
  private:
   struct Facts;
   void StartCheck(int64_t idle_bytes);
+  // Off the loop: for each (slot, group) target, whether its process group
+  // is still the worker's and, if so, its members' pids. One Facts per
+  // target, in order.
+  static std::vector<Facts> GatherFacts(const std::vector<std::pair<int, GroupIdentity>>& targets);
+  // On the loop, ending the check StartCheck began: `queried` says a GPU
+  // query was made (`answer`, or `error` when it failed); caches the answer,
+  // judges each slot in `facts`, runs hooks_.freed once if any slot was
+  // freed, and starts the check asked for meanwhile.
+  void FinishCheck(const std::vector<Facts>& facts,
+                   const std::optional<std::vector<GpuInfo>>& answer, const std::string& error,
+                   int64_t idle_bytes, bool queried);
+  // One slot's release from its facts, unless the slot moved on since they
+  // were gathered or its GPU had no answer this round (`seen`: the GPUs
+  // the query listed, empty when it failed; unset when none was made).
+  // Returns whether the slot was freed.
+  bool JudgeRelease(const Facts& f, const std::optional<std::vector<GpuInfo>>& seen,
+                    const std::string& error, int64_t idle_bytes, bool queried);
+  // Carries out decision `d` on checking slot `s`: the kills it asks for,
+  // then frees, strands (draining it once stranded too long) or keeps
+  // waiting. Returns whether the slot was freed.
+  bool ApplyRelease(Slot& s, const ReleaseDecision& d);
   // After a GPU query: drains a slot whose GPU has a health problem, and
   // ends the health drain of one whose GPU has none any more.
   void JudgeGpuHealth(const std::vector<GpuInfo>& gpus);

@@ -155,6 +155,45 @@ TEST_F(StoreTest, DamagedCheckpointsAreQuarantinedAndThePreviousOneChosen) {
   }
 }
 
+// Issue 42, 12: the quarantine keeps the newest `keep` entries and every
+// entry younger than min_age_s; older ones beyond those go, and entries of
+// another name are left alone.
+TEST_F(StoreTest, TheQuarantineKeepsTheNewestAndTheYoungAndDropsTheRest) {
+  CheckpointStore store(root_);
+  const std::string q = root_ + "/quarantine";
+  ASSERT_TRUE(FileSystem::Default()->CreateDirs(q).ok());
+  for (const char* name : {"step-1.100", "step-2.200", "step-3.300", "step-3.300.1", "step-4.900",
+                           "step-5.950", "notes", "step-x.100"}) {
+    ASSERT_TRUE(FileSystem::Default()->CreateDirs(q + "/" + name).ok()) << name;
+  }
+  // At 1000 with keep 2, min age 75: the newest two are step-5.950 and
+  // step-4.900; step-4.900 and below are older than 75 s, so beyond the
+  // newest two every old one goes: step-3.300.1, step-3.300, step-2.200,
+  // step-1.100.
+  QuarantineRetention r;
+  r.keep = 2;
+  r.min_age_s = 75;
+  absl::StatusOr<std::vector<std::string>> deleted = store.PruneQuarantine(r, 1000);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(*deleted,
+            (std::vector<std::string>{"step-3.300.1", "step-3.300", "step-2.200", "step-1.100"}));
+  auto left = FileSystem::Default()->ListDir(q);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(*left, (std::vector<std::string>{"notes", "step-4.900", "step-5.950", "step-x.100"}));
+  // Young entries stay beyond `keep`.
+  r.keep = 0;
+  r.min_age_s = 200;
+  deleted = store.PruneQuarantine(r, 1000);
+  ASSERT_TRUE(deleted.ok());
+  EXPECT_TRUE(deleted->empty()) << "both are younger than 200 s";
+  deleted = store.PruneQuarantine(r, 1200);
+  ASSERT_TRUE(deleted.ok());
+  EXPECT_EQ(*deleted, (std::vector<std::string>{"step-5.950", "step-4.900"}));
+  // A store without a quarantine prunes nothing.
+  CheckpointStore empty(dir_ + "/none");
+  EXPECT_TRUE(empty.PruneQuarantine(r, 1000)->empty());
+}
+
 TEST_F(StoreTest, NoCheckpointThatVerifiesIsNotFound) {
   CheckpointStore store(root_);
   EXPECT_EQ(store.ChooseLatest(nullptr).status().code(), absl::StatusCode::kNotFound);

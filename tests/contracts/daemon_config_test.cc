@@ -407,6 +407,22 @@ TEST(Config, CommandsAreAbsoluteAndNotResolvedAgainstTheFile) {
   EXPECT_EQ(again->commands.allowed_dirs, c->commands.allowed_dirs);
 }
 
+// The allowlist model of command.env (issue 42, 7): names and prefixes.
+TEST(Config, CommandEnvNamesAreNamesOrPrefixes) {
+  absl::StatusOr<DaemonConfig> c =
+      ParseConfig("[commands]\nenv_names = [\"OMP_NUM_THREADS\", \"WANDB_*\"]\n", "/etc");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->commands.env_names, (std::vector<std::string>{"OMP_NUM_THREADS", "WANDB_*"}));
+  EXPECT_TRUE(DefaultConfig().commands.env_names.empty());
+  EXPECT_EQ(ParseConfig(FormatConfig(*c), "/etc")->commands.env_names, c->commands.env_names);
+  for (const char* bad : {"*", "A-B", "1X", "A*B*", ""}) {
+    EXPECT_EQ(ParseError(absl::StrCat("[commands]\nenv_names = [\"", bad, "\"]\n")),
+              absl::StrCat("commands.env_names: '", bad,
+                           "' is neither a variable name nor a prefix of one ending in '*'"))
+        << bad;
+  }
+}
+
 // With no token the daemon authorizes nobody apart: every caller is an
 // operator, which only the socket's mode bounds. A TCP port has no such
 // bound, so that combination is refused, naming the keys that make it.

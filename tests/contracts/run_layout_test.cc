@@ -70,5 +70,20 @@ TEST(ExitCodes, AreTheContractsAndRoundTrip) {
   EXPECT_FALSE(WorkerExitFromString("crash").has_value());
 }
 
+TEST(CrashReason, WordsRoundTripAndNoOtherIsOne) {
+  for (CrashReason r : {CrashReason::kCheckpointFailed, CrashReason::kCheckpointIo,
+                        CrashReason::kCheckpointCorrupt, CrashReason::kError}) {
+    EXPECT_EQ(CrashReasonFromString(ToString(r)), r) << ToString(r);
+    // A crash reason is never a contract code's word, so an exit file's
+    // reason reads one way only.
+    EXPECT_FALSE(WorkerExitFromString(ToString(r)).has_value()) << ToString(r);
+  }
+  EXPECT_EQ(ToString(CrashReason::kCheckpointIo), "checkpoint_io");
+  EXPECT_EQ(ToString(CrashReason::kCheckpointCorrupt), "checkpoint_corrupt");
+  EXPECT_EQ(ToString(CrashReason::kCheckpointFailed), "checkpoint_failed");
+  EXPECT_EQ(ToString(CrashReason::kError), "error");
+  EXPECT_FALSE(CrashReasonFromString("oom").has_value());
+}
+
 }  // namespace
 }  // namespace trainsup

@@ -323,6 +323,10 @@ TEST(RunSpec, ElasticRangeAndGlobalBatch) {
   EXPECT_EQ(GlobalBatch(*fixed), 12) << "today's specs keep their global batch";
   EXPECT_EQ(fixed->elastic.wait_s, 60);
   EXPECT_EQ(fixed->elastic.grow_after_s, 10);
+  EXPECT_EQ(fixed->elastic.max_blocked_s, 0) << "waits for the drained slots for ever";
+  EXPECT_EQ(ParseRunSpec("[elastic]\nmax_blocked_s = 600\n")->elastic.max_blocked_s, 600);
+  EXPECT_EQ(Error("[elastic]\nmax_blocked_s = -5\n"),
+            "elastic.max_blocked_s: must be in [0, 604800], got -5");
   EXPECT_TRUE(CheckGangSize(*fixed, 4).ok());
   EXPECT_EQ(CheckGangSize(*fixed, 3).message(),
             "a gang of 3 ranks, but the spec says world_size = 4");

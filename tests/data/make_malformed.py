@@ -3,7 +3,7 @@
 
     tests/data/valid/<format>/...      tiny files the readers must read exactly
     tests/data/malformed/<format>/...  damaged files, each with the error the
-                                       reader must give (tests/worker/readers_test.cc)
+                                       reader must give (tests/worker/data/readers_test.cc)
 
 Run without arguments to (re)write the files; with --check to verify that the
 committed files are exactly what this script makes (a ctest does this).

@@ -44,7 +44,7 @@ def check_binary(name, needed, paths, torch_free, needs_cuda_dir, torch_root):
         if lib.startswith("libgloo"):
             problems.append(f"{name} needs {lib} (Gloo's code must be the wheel's)")
         if torch_free and re.match(r"lib(torch|c10|cudart|cublas|cudnn|nccl)", lib):
-            problems.append(f"{name} links {lib}, but must stay torch-free (DESIGN.md)")
+            problems.append(f"{name} links {lib}, but must stay torch-free (docs/design.md)")
     for p in paths:
         if "stubs" in p:
             problems.append(f"{name}: RPATH entry {p} names the toolkit's stubs")

@@ -21,8 +21,8 @@
 
 #include <string>
 
-#include "supervisor/cluster/cluster_protocol.h"
 #include "supervisor/cluster/etcd_client.h"
+#include "supervisor/policy/cluster_protocol.h"
 #include "tests/integration/cluster_test_util.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/daemon_test_util.h"

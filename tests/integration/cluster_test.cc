@@ -34,8 +34,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "contracts/run_layout.h"
-#include "supervisor/cluster/cluster_protocol.h"
 #include "supervisor/cluster/etcd_client.h"
+#include "supervisor/policy/cluster_protocol.h"
 #include "tests/common/etcd_server.h"
 #include "tests/integration/cluster_test_util.h"
 #include "tests/integration/daemon_harness.h"

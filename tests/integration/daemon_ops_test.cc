@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "contracts/run_layout.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/daemon_test_util.h"
 #include "trainsup/v1/worker.grpc.pb.h"
@@ -509,6 +510,33 @@ TEST(Daemon, SocketIsForOwnerAndGroupOnlyWhateverTheUmask) {
   EXPECT_EQ(st.st_mode & 07777, 0750u) << std::oct << (st.st_mode & 07777);
   ASSERT_EQ(stat(h.state_dir().c_str(), &st), 0) << strerror(errno);
   EXPECT_EQ(st.st_mode & 07777, 0750u) << std::oct << (st.st_mode & 07777);
+}
+
+// Issue 42, 6: the trainsup group, which is how users reach the socket,
+// may read a run's logs (trainctl logs) but neither its frozen spec (the
+// command.env values the API redacts for viewers) nor its checkpoints.
+TEST(Daemon, ARunsSpecAndCheckpointsAreTheDaemonsAloneWhateverTheUmask) {
+  DaemonHarness h;
+  const mode_t old_umask = umask(0);
+  ::testing::AssertionResult started = h.Start();
+  umask(old_umask);
+  ASSERT_TRUE(started);
+  const std::string id = h.Submit(Spec("modes", 3, 10, 1));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForEnd(id, kRunLimit, &run));
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  const RunLayout layout(run.run_dir());
+  auto mode = [](const std::string& path) -> unsigned {
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0) return 07777;
+    return st.st_mode & 07777;
+  };
+  EXPECT_EQ(mode(h.state_dir() + "/runs"), 0750u);
+  EXPECT_EQ(mode(run.run_dir()), 0710u) << "the group passes through, lists nothing";
+  EXPECT_EQ(mode(layout.SpecPath()), 0600u);
+  EXPECT_EQ(mode(layout.CheckpointsDir()), 0700u);
+  EXPECT_EQ(mode(layout.AttemptsDir()), 0750u);
+  EXPECT_EQ(mode(layout.LogPath(1, 0)) & 0740, 0640u) << "trainctl logs reads it";
 }
 
 // --- 20. health and reflection ----------------------------------------------------------------

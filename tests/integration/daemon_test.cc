@@ -411,6 +411,44 @@ TEST(Daemon, RestartedDaemonAdoptsRunningWorker) {
   EXPECT_TRUE(HasEvent(events, v1::EVENT_KIND_LOG, "adopted 1 of 1")) << Describe(events);
 }
 
+// Issue 42, 2, as a user found it: a cancel answered OK, then the daemon
+// SIGKILLed while the worker writes its (slow) stop checkpoint. The restarted
+// daemon must end the run CANCELLED, not read the worker's exit 143 as an
+// unrequested stop and train it again.
+TEST(Daemon, ACancelAnsweredBeforeTheDaemonWasKilledHoldsAfterItsRestart) {
+  DaemonHarness h;
+  h.Set("workers.heartbeat_timeout_s", "8");
+  ASSERT_TRUE(h.Start());
+  const std::string id = h.Submit(Spec("cancelkill", 400, 50, 100, "checkpoint_delay_ms = 3000"));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitFor(
+      id,
+      [](const v1::Run& r) {
+        return r.state() == v1::RUN_STATE_RUNNING && r.progress().step() >= 2;
+      },
+      kRunLimit, &run));
+  const int pid = run.attempts(0).ranks(0).pid();
+  v1::CancelRunRequest req;
+  req.set_run_id(id);
+  req.set_reason("enough");
+  auto ctx = h.Context(h.operator_token());
+  grpc::Status s = h.stub().CancelRun(ctx.get(), req, &run);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  // The worker is writing its stop checkpoint (3 s) when the daemon dies.
+  ASSERT_TRUE(h.WaitFor(
+      id, [](const v1::Run& r) { return r.progress().phase() == v1::PHASE_CHECKPOINTING; },
+      Seconds(20), &run))
+      << Describe(run);
+  h.Kill();
+  EXPECT_TRUE(ProcessAlive(pid));
+  ASSERT_TRUE(h.Start());
+  ASSERT_TRUE(h.WaitForEnd(id, kRunLimit, &run));
+  EXPECT_EQ(run.state(), v1::RUN_STATE_CANCELLED) << Describe(run);
+  EXPECT_EQ(run.attempts_size(), 1) << Describe(run);
+  EXPECT_EQ(run.restarts(), 0);
+  EXPECT_THAT(run.reason(), HasSubstr("enough"));
+}
+
 TEST(Daemon, WorkerThatDiedWhileTheDaemonWasDownIsLostAndRestarted) {
   DaemonHarness h;
   h.Set("workers.heartbeat_timeout_s", "8");

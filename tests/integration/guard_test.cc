@@ -9,7 +9,7 @@
 //  - SGD at lr 1e4 (no injection) diverges every time: one rollback with
 //    the learning rate halved, then FAILED "diverged at step N after 1
 //    rollback"; never an OOM. (That no checkpoint then holds a non-finite
-//    value is checked file by file in tests/worker/guard_process_test.cc.)
+//    value is checked file by file in tests/worker/train/guard_process_test.cc.)
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -410,6 +410,47 @@ TEST(Hardening, UnreadableStoreFailsStartUpNamingIt) {
   EXPECT_THAT(h.DaemonLog(), HasSubstr("cannot read the state store"));
 }
 
+// Issue 42, 3: a drain the store holds when the daemon starts (stored by a
+// daemon that died before it acted on it) resizes the gang it adopts on
+// that slot, as the drain itself would have; no restart is counted.
+TEST(Hardening, ADrainInTheStoreAtStartResizesTheGangTheDaemonAdopts) {
+  DaemonHarness h;
+  h.Set("workers.heartbeat_timeout_s", "8");
+  ASSERT_TRUE(h.Start());
+  const std::string id = h.Submit(
+      "name = \"drained\"\nworld_size = 2\nmin_world_size = 1\n[elastic]\nwait_s = 0\n"
+      "[train]\nsteps = 300\ncheckpoint_every_steps = 5\n[testing]\nstep_ms = 50\n");
+  v1::Run run;
+  ASSERT_TRUE(h.WaitFor(
+      id,
+      [](const v1::Run& r) {
+        return r.state() == v1::RUN_STATE_RUNNING && r.progress().step() >= 3;
+      },
+      kRunLimit, &run))
+      << Describe(run);
+  h.Kill();
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((h.state_dir() + "/trainsupd.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "INSERT INTO drains (slot, reason, drained_ms) VALUES"
+                         " ('cpu:1', 'fan noise', 1)",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  ASSERT_TRUE(h.Start());
+  ASSERT_TRUE(h.WaitFor(
+      id,
+      [](const v1::Run& r) {
+        return r.attempts_size() >= 2 && r.attempts(1).world_size() == 1 &&
+               r.state() == v1::RUN_STATE_RUNNING;
+      },
+      kRunLimit, &run))
+      << Describe(run);
+  EXPECT_EQ(run.restarts(), 0) << Describe(run);
+  EXPECT_EQ(run.attempts(1).ranks_size(), 1);
+  EXPECT_EQ(run.attempts(1).ranks(0).slot(), 0) << "nothing on the drained slot";
+}
+
 // --- #17: a full disk ----------------------------------------------------------------------
 
 // The run directories sit on a small file system the test fills. The worker

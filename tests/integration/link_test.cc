@@ -1,7 +1,7 @@
 // SupervisorLink against an in-process WorkerChannel server on a unix
 // socket, and the exit file. The test worker as a process:
 // test_worker_test.cc.
-#include "worker/link.h"
+#include "worker/link/link.h"
 
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>

@@ -34,7 +34,7 @@
 #include "contracts/run_layout.h"
 #include "contracts/spec.h"
 #include "nlohmann/json.hpp"
-#include "worker/link.h"
+#include "worker/link/link.h"
 
 namespace trainsup::worker {
 namespace {
@@ -255,7 +255,7 @@ class TestWorker {
   // and the worker starts neither from scratch nor from an older step.
   int CheckpointIoError(const absl::Status& s) {
     return Finish(
-        kExitCrash, "checkpoint_io",
+        kExitCrash, ToString(CrashReason::kCheckpointIo),
         absl::StrCat("cannot resume (nothing quarantined; the attempt is retried): ", s.message()));
   }
 
@@ -306,7 +306,7 @@ class TestWorker {
                          args_.rank == 0 ? " quarantined: " : " corrupt: ", s.message());
         Say(msg);
         Event(trainsup::v1::EVENT_KIND_LOG, msg);
-        return Finish(kExitCrash, "checkpoint_corrupt", msg);
+        return Finish(kExitCrash, ToString(CrashReason::kCheckpointCorrupt), msg);
       } else if (!s.ok()) {
         return CheckpointIoError(s);
       }
@@ -349,6 +349,11 @@ class TestWorker {
                                   {"loss", Loss()}};
     auto pending = store_.Begin(step_);
     absl::Status s = pending.status();
+    // testing.checkpoint_delay_ms: the write is slow, as the real worker's
+    // (busy shared storage).
+    if (faults_ && spec_.testing.checkpoint_delay_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(spec_.testing.checkpoint_delay_ms));
+    }
     if (s.ok()) s = (*pending)->WriteFile(kStateFile, state.dump() + "\n");
     if (s.ok()) {
       s = store_.Commit(std::move(*pending));
@@ -393,7 +398,7 @@ class TestWorker {
     absl::Status s = Checkpoint();
     if (s.ok()) return -1;
     if (!absl::IsResourceExhausted(s)) {
-      return Finish(kExitCrash, "checkpoint_failed", std::string(s.message()));
+      return Finish(kExitCrash, ToString(CrashReason::kCheckpointFailed), std::string(s.message()));
     }
     return Finish(
         kExitNoSpace, ToString(WorkerExit::kNoSpace),

@@ -29,7 +29,7 @@
 #include "tests/common/fault_open.h"
 #include "tests/common/small_fs.h"
 #include "tests/integration/link_test_util.h"
-#include "worker/link.h"
+#include "worker/link/link.h"
 
 extern char** environ;
 

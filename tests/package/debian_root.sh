@@ -39,6 +39,9 @@ listing() {
 listing >"$build/debian-root-before.txt"
 
 # -- install -------------------------------------------------------------------------
+# A state directory left with the wrong owner and mode (issue 42, 14): the
+# package's postinst sets them.
+install -d -m 0777 "$root/var/lib/trainsup"
 cp "$deb" "$root/tmp/"
 say "apt-get install ./$(basename "$deb")"
 in_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
@@ -57,7 +60,9 @@ check_mode() {
   [ "$got" = "$2" ] || fail "$1 is $got, docs/operations.md says $2"
 }
 check_mode /var/lib/trainsup "750 trainsup:trainsup"
-check_mode /srv/trainsup/data "2775 root:trainsup"
+check_mode /srv/trainsup/data "2770 root:trainsup-data"
+in_root id -nG trainsup | tr ' ' '\n' | grep -qx trainsup-data ||
+  fail "the trainsup user cannot read the data root: not in group trainsup-data"
 check_mode /etc/trainsup/trainsupd.toml "640 root:trainsup"
 in_root trainsupd --version | grep -qx "trainsupd $version" || fail "trainsupd --version"
 in_root trainctl --version | grep -qx "trainctl $version" || fail "trainctl --version"

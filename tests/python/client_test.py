@@ -637,5 +637,74 @@ class Channel(unittest.TestCase):
         self.assertEqual(len(hellos), 1)
 
 
+class StoreWriters(unittest.TestCase):
+    """Issue 42, 11: writers that share a checkpoint store (a script and its
+    async-checkpoint child) never delete each other's save in progress; a
+    dead writer's leftover is removed by the next save."""
+
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="store_writers_")
+        self.addCleanup(shutil.rmtree, self.root, True)
+
+    def other_process(self, body):
+        script = textwrap.dedent("""
+            import os, sys
+            from trainsup import _store
+            store = _store.CheckpointStore(sys.argv[1])
+            """) + textwrap.dedent(body)
+        return subprocess.run([PYTHON, "-c", script, self.root], env=clean_env(),
+                              capture_output=True, text=True, timeout=60)
+
+    def test_another_writers_save_does_not_delete_one_in_progress(self):
+        from trainsup import _store
+        mine = _store.CheckpointStore(self.root)
+        tmp = mine.begin(5)
+        with open(os.path.join(tmp, "model.bin"), "wb") as f:
+            f.write(b"m" * 1000)
+        r = self.other_process("""
+            tmp = store.begin(6)
+            open(os.path.join(tmp, "opt.bin"), "wb").write(b"o")
+            store.commit(6, tmp)
+            """)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.isfile(os.path.join(tmp, "model.bin")),
+                        "the other writer deleted this one's save: %s" % os.listdir(self.root))
+        final = mine.commit(5, tmp)
+        with open(os.path.join(final, "MANIFEST.json")) as f:
+            manifest = json.load(f)
+        self.assertEqual([e["name"] for e in manifest["files"]], ["model.bin"])
+        self.assertEqual(sorted(os.listdir(self.root)), ["step-5", "step-6"])
+
+    def test_the_same_step_from_two_live_writers_is_refused(self):
+        from trainsup import _store
+        mine = _store.CheckpointStore(self.root)
+        tmp = mine.begin(9)
+        r = self.other_process("""
+            try:
+                store.begin(9)
+            except RuntimeError as e:
+                print(e)
+                sys.exit(3)
+            """)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("another process is saving it", r.stdout)
+        mine.abort(tmp)
+        self.assertEqual(os.listdir(self.root), [])
+
+    def test_a_dead_writers_leftover_goes_with_the_next_save(self):
+        from trainsup import _store
+        r = self.other_process("""
+            tmp = store.begin(7)
+            open(os.path.join(tmp, "model.bin"), "wb").write(b"m")
+            os._exit(0)
+            """)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("step-7.tmp", os.listdir(self.root))
+        store = _store.CheckpointStore(self.root)
+        tmp = store.begin(8)
+        store.commit(8, tmp)
+        self.assertEqual(sorted(os.listdir(self.root)), ["step-8"])
+
+
 if __name__ == "__main__":
     unittest.main()

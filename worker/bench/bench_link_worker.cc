@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "contracts/spec.h"
-#include "worker/link.h"
+#include "worker/link/link.h"
 
 namespace {
 

@@ -37,11 +37,11 @@
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
 #include "sparse/runtime.h"
-#include "worker/dataset.h"
-#include "worker/loader.h"
-#include "worker/split.h"
-#include "worker/step.h"
-#include "worker/trainer.h"
+#include "worker/dataset/dataset.h"
+#include "worker/dataset/loader.h"
+#include "worker/split/split.h"
+#include "worker/split/step.h"
+#include "worker/train/trainer.h"
 
 namespace ts = trainsup::sparse;
 namespace tw = trainsup::worker;
@@ -102,7 +102,7 @@ void Load(const HostState& host, const std::vector<at::Tensor>& live) {
   }
 }
 
-// One optimizer step as the trainer takes it (worker/trainer.cc Step):
+// One optimizer step as the trainer takes it (worker/train/trainer.cc Step):
 // forward+backward with splitting into `accum`, then SGD on the accumulated
 // gradient. Returns false (after printing why) on a hard out-of-memory or
 // another error.

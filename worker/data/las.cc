@@ -33,12 +33,55 @@ constexpr uint16_t kRecordSize[4] = {20, 28, 26, 34};
 constexpr size_t kRgbOffset[4] = {0, 0, 20, 28};
 constexpr size_t kClassification = 15;
 
-}  // namespace
+// Where and how the point records lie, from a checked header.
+struct PointLayout {
+  int format = 0;  // point data format, 0-3
+  uint64_t point_offset = 0;
+  uint64_t record_length = 0;  // at least kRecordSize[format]
+  uint64_t count = 0;          // records, all inside the file
+  double scale[3], offset[3];  // finite; no scale is 0
+};
 
-absl::StatusOr<PointCloud> ReadLas(const std::string& path, const ReadOptions& options) {
-  absl::StatusOr<std::string> file = internal::ReadWholeFile(path, options);
-  if (!file.ok()) return file.status();
-  const std::string& data = *file;
+// The point count of a LAS 1.`minor` header `d`: the legacy 32-bit count,
+// or from 1.4 the 64-bit one when set (a set legacy count must agree).
+absl::StatusOr<uint64_t> ReadPointCount(const std::string& path, const char* d, int minor) {
+  uint64_t count = LoadLE<uint32_t>(d + kLegacyPointCount);
+  if (minor >= 4) {
+    const uint64_t count64 = LoadLE<uint64_t>(d + kPointCount64);
+    if (count64 != 0) {
+      if (count != 0 && count != count64) {
+        return CorruptFile(path, absl::StrCat("legacy point count ", count,
+                                              " disagrees with the 64-bit point count ", count64));
+      }
+      count = count64;
+    }
+  }
+  return count;
+}
+
+// The x, y, z scale factors and offsets of header `d` into *layout:
+// CorruptFile when a scale is not finite or 0, or an offset not finite.
+absl::Status ReadScaleAndOffset(const std::string& path, const char* d, PointLayout* layout) {
+  static constexpr const char* kAxis[3] = {"x", "y", "z"};
+  for (int a = 0; a < 3; ++a) {
+    layout->scale[a] = LoadLE<double>(d + kScale + 8 * a);
+    layout->offset[a] = LoadLE<double>(d + kOffset + 8 * a);
+    if (!std::isfinite(layout->scale[a]) || layout->scale[a] == 0) {
+      return CorruptFile(path, absl::StrCat("scale factor ", kAxis[a], " = ", layout->scale[a],
+                                            " is not a finite non-zero number"));
+    }
+    if (!std::isfinite(layout->offset[a])) {
+      return CorruptFile(path, absl::StrCat("coordinate offset ", kAxis[a], " = ",
+                                            layout->offset[a], " is not finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The checked layout of the LAS file `data`: InvalidFile when it is not
+// LAS or a version, compression or point format we do not read,
+// CorruptFile when its header is inconsistent or the file too short.
+absl::StatusOr<PointLayout> ReadHeader(const std::string& path, const std::string& data) {
   const char* d = data.data();
   if (data.compare(0, 4, "LASF") != 0) {
     return InvalidFile(path, "not a LAS file: no 'LASF' magic");
@@ -88,63 +131,65 @@ absl::StatusOr<PointCloud> ReadLas(const std::string& path, const ReadOptions& o
         path, absl::StrCat("point record length ", record_length, " is shorter than point format ",
                            format, "'s ", kRecordSize[format], " bytes"));
   }
-  uint64_t count = LoadLE<uint32_t>(d + kLegacyPointCount);
-  if (minor >= 4) {
-    const uint64_t count64 = LoadLE<uint64_t>(d + kPointCount64);
-    if (count64 != 0) {
-      if (count != 0 && count != count64) {
-        return CorruptFile(path, absl::StrCat("legacy point count ", count,
-                                              " disagrees with the 64-bit point count ", count64));
-      }
-      count = count64;
-    }
-  }
-  if (!internal::FitsIn(count, record_length, point_offset, data.size())) {
+  absl::StatusOr<uint64_t> count = ReadPointCount(path, d, minor);
+  if (!count.ok()) return count.status();
+  if (!internal::FitsIn(*count, record_length, point_offset, data.size())) {
     const uint64_t room =
         data.size() > point_offset ? (data.size() - point_offset) / record_length : 0;
-    return CorruptFile(path, absl::StrCat("truncated: ", count, " points of ", record_length,
+    return CorruptFile(path, absl::StrCat("truncated: ", *count, " points of ", record_length,
                                           " bytes from offset ", point_offset, " but the file has ",
                                           data.size(), " bytes (room for ", room, ")"));
   }
-  double scale[3], offset[3];
-  static constexpr const char* kAxis[3] = {"x", "y", "z"};
-  for (int a = 0; a < 3; ++a) {
-    scale[a] = LoadLE<double>(d + kScale + 8 * a);
-    offset[a] = LoadLE<double>(d + kOffset + 8 * a);
-    if (!std::isfinite(scale[a]) || scale[a] == 0) {
-      return CorruptFile(path, absl::StrCat("scale factor ", kAxis[a], " = ", scale[a],
-                                            " is not a finite non-zero number"));
-    }
-    if (!std::isfinite(offset[a])) {
-      return CorruptFile(
-          path, absl::StrCat("coordinate offset ", kAxis[a], " = ", offset[a], " is not finite"));
-    }
-  }
+  PointLayout layout;
+  layout.format = format;
+  layout.point_offset = point_offset;
+  layout.record_length = record_length;
+  layout.count = *count;
+  absl::Status status = ReadScaleAndOffset(path, d, &layout);
+  if (!status.ok()) return status;
+  return layout;
+}
 
-  const size_t n = static_cast<size_t>(count);
+// Decodes the point records of `d` laid out as `layout`: coordinates into
+// the returned xyz (n x 3), classifications into cloud->labels when
+// `read_labels`, and rgb (formats 2 and 3) into cloud->features.
+std::vector<double> DecodePoints(const char* d, const PointLayout& layout, bool read_labels,
+                                 PointCloud* cloud) {
+  const size_t n = static_cast<size_t>(layout.count);
   std::vector<double> xyz(3 * n);
-  PointCloud cloud;
-  cloud.source = path;
-  const bool read_labels = options.label_file.empty();
-  if (read_labels) cloud.labels.resize(n);
-  const bool has_rgb = format >= 2;
+  if (read_labels) cloud->labels.resize(n);
+  const bool has_rgb = layout.format >= 2;
   if (has_rgb) {
-    cloud.feature_channels = 3;
-    cloud.features.resize(3 * n);
+    cloud->feature_channels = 3;
+    cloud->features.resize(3 * n);
   }
-  const char* record = d + point_offset;
-  for (size_t i = 0; i < n; ++i, record += record_length) {
+  const char* record = d + layout.point_offset;
+  for (size_t i = 0; i < n; ++i, record += layout.record_length) {
     for (int a = 0; a < 3; ++a) {
-      xyz[3 * i + a] = LoadLE<int32_t>(record + 4 * a) * scale[a] + offset[a];
+      xyz[3 * i + a] = LoadLE<int32_t>(record + 4 * a) * layout.scale[a] + layout.offset[a];
     }
-    if (read_labels) cloud.labels[i] = static_cast<uint8_t>(record[kClassification]) & 0x1F;
+    if (read_labels) cloud->labels[i] = static_cast<uint8_t>(record[kClassification]) & 0x1F;
     if (has_rgb) {
       for (int c = 0; c < 3; ++c) {
-        cloud.features[3 * i + c] =
-            static_cast<float>(LoadLE<uint16_t>(record + kRgbOffset[format] + 2 * c) / 65535.0);
+        cloud->features[3 * i + c] = static_cast<float>(
+            LoadLE<uint16_t>(record + kRgbOffset[layout.format] + 2 * c) / 65535.0);
       }
     }
   }
+  return xyz;
+}
+
+}  // namespace
+
+absl::StatusOr<PointCloud> ReadLas(const std::string& path, const ReadOptions& options) {
+  absl::StatusOr<std::string> file = internal::ReadWholeFile(path, options);
+  if (!file.ok()) return file.status();
+  absl::StatusOr<PointLayout> layout = ReadHeader(path, *file);
+  if (!layout.ok()) return layout.status();
+  PointCloud cloud;
+  cloud.source = path;
+  const bool read_labels = options.label_file.empty();
+  const std::vector<double> xyz = DecodePoints(file->data(), *layout, read_labels, &cloud);
   absl::Status status = internal::SetCoordinates(path, xyz, /*recenter=*/true, &cloud);
   if (!status.ok()) return status;
   status = internal::FinishLabels(path, options, &cloud);

@@ -24,7 +24,8 @@ void Executable(const fs::path& path) {
   fs::permissions(path, fs::perms::owner_all);
 }
 
-std::string Message(const absl::StatusOr<std::string>& s) {
+template <class T>
+std::string Message(const absl::StatusOr<T>& s) {
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   return std::string(s.status().message());
@@ -73,10 +74,23 @@ TEST(AllowedProgram, ProgramsCompareByRealPath) {
 
   CommandsSection c;
   c.allowed_programs = {link.string()};
-  EXPECT_EQ(AllowedProgram(python.string(), c).value(), python.string());
-  EXPECT_EQ(AllowedProgram(link.string(), c).value(), link.string());
-  // Executed by its own path: a venv's python finds its pyvenv.cfg.
-  EXPECT_EQ(AllowedProgram(venv_python.string(), c).value(), venv_python.string());
+  EXPECT_EQ(AllowedProgram(python.string(), c).value().exec_path, Real(python.string()));
+  EXPECT_EQ(AllowedProgram(link.string(), c).value().argv0, link.string());
+  // Issue 42, 8: what runs is the file that was checked (the real path),
+  // never the name again; argv[0] is the name, so a venv's python finds
+  // its pyvenv.cfg.
+  EXPECT_EQ(AllowedProgram(link.string(), c).value().exec_path, Real(python.string()));
+  EXPECT_EQ(AllowedProgram(venv_python.string(), c).value().exec_path, Real(python.string()));
+  EXPECT_EQ(AllowedProgram(venv_python.string(), c).value().argv0, venv_python.string());
+  // The venv's link swapped for another program after the check: the
+  // checked path still names the allowed file.
+  const CheckedProgram checked = AllowedProgram(venv_python.string(), c).value();
+  fs::remove(venv_python);
+  fs::create_symlink(other, venv_python);
+  EXPECT_EQ(checked.exec_path, Real(python.string()));
+  EXPECT_FALSE(AllowedProgram(venv_python.string(), c).ok());
+  fs::remove(venv_python);
+  fs::create_symlink(link, venv_python);
   const std::string refused = Message(AllowedProgram(other.string(), c));
   EXPECT_EQ(refused.rfind("command.argv[0]: \"" + other.string() + "\" (" + Real(other.string()) +
                               ") is not allowed by the daemon's configuration",
@@ -88,9 +102,10 @@ TEST(AllowedProgram, ProgramsCompareByRealPath) {
   // A bare name resolves in the fixed search path, then compares by real path.
   CommandsSection sh;
   sh.allowed_programs = {"/bin/sh"};
-  absl::StatusOr<std::string> bare = AllowedProgram("sh", sh);
+  absl::StatusOr<CheckedProgram> bare = AllowedProgram("sh", sh);
   ASSERT_TRUE(bare.ok()) << bare.status();
-  EXPECT_EQ(Real(*bare), Real("/bin/sh"));
+  EXPECT_EQ(bare->exec_path, Real("/bin/sh"));
+  EXPECT_EQ(Real(bare->argv0), Real("/bin/sh"));
   // An allowed program that does not exist allows nothing.
   CommandsSection missing;
   missing.allowed_programs = {(fs::path(dir.path()) / "gone").string()};
@@ -142,6 +157,38 @@ TEST(CheckCommandEnv, VariablesThatLoadCodeAreRefusedUnlessAllowed) {
   commands.deny_env = {"MY_PLUGIN_DIR"};
   EXPECT_NE(EnvRefusal({{"MY_PLUGIN_DIR", "/x"}}, commands).find("command.env.MY_PLUGIN_DIR"),
             std::string::npos);
+}
+
+// Issue 42, 7: more variables that load code into an allowed program: the
+// CUDA driver's injection library, NCCL's plugins, the home directory (and
+// with it Python's user site and its .pth files), caches of compiled code.
+TEST(CheckCommandEnv, CudaNcclHomeAndCompiledCachesAreRefused) {
+  CommandsSection commands;
+  for (const char* name :
+       {"CUDA_INJECTION64_PATH", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN",
+        "NCCL_NET", "HOME", "PYTHONPYCACHEPREFIX", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+        "TORCH_EXTENSIONS_DIR", "XDG_CACHE_HOME", "OMPI_MCA_BTL_PLUGIN", "SOME_LIB_PLUGIN_PATH"}) {
+    EXPECT_FALSE(CheckCommandEnv({{name, "/tmp/evil"}}, commands).ok()) << name;
+  }
+  EXPECT_TRUE(CheckCommandEnv({{"NCCL_DEBUG", "INFO"}}, commands).ok());
+}
+
+// The allowlist model: with commands.env_names set, only matching names
+// pass, and the built-in list still holds for them.
+TEST(CheckCommandEnv, WithEnvNamesOnlyTheListedNamesPass) {
+  CommandsSection commands;
+  commands.env_names = {"OMP_NUM_THREADS", "WANDB_*", "PYTHONPATH"};
+  EXPECT_TRUE(CheckCommandEnv({{"OMP_NUM_THREADS", "4"}, {"WANDB_API_KEY", "k"}}, commands).ok());
+  EXPECT_EQ(EnvRefusal({{"MY_SETTING", "x"}}, commands),
+            "command.env.MY_SETTING: not allowed: the daemon's configuration lets command runs "
+            "set only the variables of commands.env_names (OMP_NUM_THREADS, WANDB_*, PYTHONPATH)");
+  EXPECT_FALSE(CheckCommandEnv({{"WANDB", "x"}}, commands).ok()) << "a prefix, not a name";
+  EXPECT_NE(EnvRefusal({{"PYTHONPATH", "/opt"}}, commands).find("load other code"),
+            std::string::npos);
+  commands.allow_env = {"PYTHONPATH"};
+  EXPECT_TRUE(CheckCommandEnv({{"PYTHONPATH", "/opt"}}, commands).ok());
+  EXPECT_TRUE(EnvNameMatches({"A_*"}, "A_"));
+  EXPECT_FALSE(EnvNameMatches({"A_*"}, "B_A"));
 }
 
 // PATH decides what a wrapper finds by name: only the fixed search path's

@@ -1,10 +1,53 @@
-// How a rank and an attempt ended, from plain facts.
+// The kinds of end, and how a rank and an attempt ended, from plain facts.
 #include "supervisor/policy/exit_classify.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 namespace trainsup::supervisor {
 namespace {
+
+constexpr ExitClass kAllClasses[] = {
+    ExitClass::kSuccess, ExitClass::kUsage,    ExitClass::kData,      ExitClass::kOom,
+    ExitClass::kStopped, ExitClass::kCrash,    ExitClass::kSignal,    ExitClass::kFrozen,
+    ExitClass::kHung,    ExitClass::kGang,     ExitClass::kCancelled, ExitClass::kLost,
+    ExitClass::kNoSpace, ExitClass::kPeerLost, ExitClass::kDiverged,
+};
+
+TEST(ExitClass, StringAndProtoRoundTrip) {
+  for (ExitClass c : kAllClasses) {
+    EXPECT_EQ(ExitClassFromString(ToString(c)), c) << ToString(c);
+    EXPECT_EQ(ExitClassFromProto(ToProto(c)), c) << ToString(c);
+  }
+  EXPECT_EQ(ToString(ExitClass::kOom), "oom");
+  EXPECT_EQ(ToProto(ExitClass::kSuccess), 1);
+  EXPECT_EQ(ToProto(ExitClass::kLost), 12);
+  EXPECT_FALSE(ExitClassFromString("OOM").has_value());
+  EXPECT_FALSE(ExitClassFromProto(0).has_value());
+  EXPECT_EQ(ToProto(ExitClass::kNoSpace), 13);
+  EXPECT_EQ(ToProto(ExitClass::kPeerLost), 14);
+  EXPECT_EQ(ToString(ExitClass::kPeerLost), "peer_lost");
+  EXPECT_EQ(ToProto(ExitClass::kDiverged), 15);
+  EXPECT_EQ(ToString(ExitClass::kDiverged), "diverged");
+  EXPECT_FALSE(ExitClassFromProto(16).has_value());
+}
+
+TEST(ClassifyExit, CodesAndSignals) {
+  EXPECT_EQ(ClassifyExit(true, 0), ExitClass::kSuccess);
+  EXPECT_EQ(ClassifyExit(true, 64), ExitClass::kUsage);
+  EXPECT_EQ(ClassifyExit(true, 65), ExitClass::kData);
+  EXPECT_EQ(ClassifyExit(true, 75), ExitClass::kOom);
+  EXPECT_EQ(ClassifyExit(true, 143), ExitClass::kStopped);
+  EXPECT_EQ(ClassifyExit(true, 74), ExitClass::kNoSpace);
+  EXPECT_EQ(ClassifyExit(true, 76), ExitClass::kPeerLost);
+  EXPECT_EQ(ClassifyExit(true, 79), ExitClass::kDiverged);
+  EXPECT_EQ(ClassifyExit(true, 1), ExitClass::kCrash);
+  EXPECT_EQ(ClassifyExit(true, 134), ExitClass::kCrash);
+  EXPECT_EQ(ClassifyExit(false, 9), ExitClass::kSignal);
+  EXPECT_EQ(ClassifyExit(false, 15), ExitClass::kSignal);
+  EXPECT_EQ(DescribeExit(true, 1), "exit 1");
+  EXPECT_EQ(DescribeExit(false, 9), "signal 9");
+}
 
 ExitFile Report(int code, const std::string& message = "") {
   ExitFile f;
@@ -86,13 +129,75 @@ TEST(ClassifyRankEnd, ExitZeroWithoutHelloOrExitFileIsACrash) {
   f.said_hello = false;
   f.report = Report(0, "completed 12 steps");
   EXPECT_EQ(ClassifyRankEnd(f).cls, ExitClass::kSuccess);
-  // Forced, exit 0, but never a trainsup worker: still not a success.
+  // Asked to stop, exit 0, but never a trainsup worker: still not a
+  // success, nor the stop that was asked for (exit 143).
   RankEndFacts g;
   g.reaped = true;
   g.exited = true;
   g.forced = ExitClass::kCancelled;
   g.forced_reason = "cancelled";
-  EXPECT_EQ(ClassifyRankEnd(g).cls, ExitClass::kCancelled);
+  EXPECT_EQ(ClassifyRankEnd(g).cls, ExitClass::kCrash);
+}
+
+// Issue 42, 1: a worker asked to stop (a cancel, a drain or a grow's
+// resize, the daemon's shutdown) answers with exit 143 after its stop
+// checkpoint; any other end on the way is what it would be without the
+// stop: a diverged exit is still a divergence, an out-of-memory exit still
+// one, a crash or a signal a failure.
+TEST(ClassifyRankEnd, OnlyExit143AnswersAStopRequest) {
+  for (ExitClass asked : {ExitClass::kStopped, ExitClass::kCancelled}) {
+    RankEndFacts f;
+    f.reaped = true;
+    f.exited = true;
+    f.said_hello = true;
+    f.forced = asked;
+    f.forced_reason = "resizing the gang: slot cpu:1 drained (bad fan)";
+    f.code_or_signal = 143;
+    RankEnd e = ClassifyRankEnd(f);
+    EXPECT_EQ(e.cls, asked);
+    EXPECT_EQ(e.reason, "resizing the gang: slot cpu:1 drained (bad fan) (then exit 143)");
+    f.code_or_signal = 0;
+    EXPECT_EQ(ClassifyRankEnd(f).cls, ExitClass::kSuccess);
+    const struct {
+      bool exited;
+      int code;
+      ExitClass cls;
+    } others[] = {{true, 79, ExitClass::kDiverged}, {true, 75, ExitClass::kOom},
+                  {true, 3, ExitClass::kCrash},     {true, 74, ExitClass::kNoSpace},
+                  {false, 9, ExitClass::kSignal},   {false, 11, ExitClass::kSignal}};
+    for (const auto& o : others) {
+      f.exited = o.exited;
+      f.code_or_signal = o.code;
+      e = ClassifyRankEnd(f);
+      EXPECT_EQ(e.cls, o.cls) << ToString(asked) << " " << o.code;
+      EXPECT_THAT(
+          e.reason,
+          ::testing::EndsWith("; while stopping: resizing the gang: slot cpu:1 drained (bad fan)"));
+    }
+    f.exited = true;
+    f.code_or_signal = 79;
+    f.report = Report(79, "weights not finite: the stop checkpoint was refused");
+    e = ClassifyRankEnd(f);
+    EXPECT_EQ(e.cls, ExitClass::kDiverged);
+    EXPECT_THAT(e.reason, ::testing::HasSubstr("weights not finite"));
+    // Gone while no daemon watched, without an exit file: lost, not a stop.
+    RankEndFacts lost;
+    lost.forced = asked;
+    lost.forced_reason = "cancelled";
+    EXPECT_EQ(ClassifyRankEnd(lost).cls, ExitClass::kLost);
+  }
+  // A kill is still ours whatever the exit: frozen, hung, gang.
+  RankEndFacts k;
+  k.reaped = true;
+  k.exited = true;
+  k.code_or_signal = 79;
+  k.forced = ExitClass::kGang;
+  k.forced_reason = "stopped because rank 1 ended";
+  EXPECT_EQ(ClassifyRankEnd(k).cls, ExitClass::kGang);
+  EXPECT_TRUE(IsStopRequest(ExitClass::kStopped));
+  EXPECT_TRUE(IsStopRequest(ExitClass::kCancelled));
+  EXPECT_FALSE(IsStopRequest(ExitClass::kGang));
+  EXPECT_FALSE(IsStopRequest(ExitClass::kHung));
 }
 
 // A command run without heartbeats is judged by its exit code alone: it

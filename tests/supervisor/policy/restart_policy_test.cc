@@ -1,4 +1,4 @@
-// The restart decision: classification, backoff, budgets, crash loops and
+// The restart decision: backoff, budgets, crash loops and
 // requested stops, all from plain histories.
 #include "supervisor/policy/restart_policy.h"
 
@@ -30,46 +30,11 @@ RestartPolicy NoJitter() {
   return p;
 }
 
-TEST(ExitClass, StringAndProtoRoundTrip) {
-  for (ExitClass c : kAllClasses) {
-    EXPECT_EQ(ExitClassFromString(ToString(c)), c) << ToString(c);
-    EXPECT_EQ(ExitClassFromProto(ToProto(c)), c) << ToString(c);
-  }
-  EXPECT_EQ(ToString(ExitClass::kOom), "oom");
-  EXPECT_EQ(ToProto(ExitClass::kSuccess), 1);
-  EXPECT_EQ(ToProto(ExitClass::kLost), 12);
-  EXPECT_FALSE(ExitClassFromString("OOM").has_value());
-  EXPECT_FALSE(ExitClassFromProto(0).has_value());
-  EXPECT_EQ(ToProto(ExitClass::kNoSpace), 13);
-  EXPECT_EQ(ToProto(ExitClass::kPeerLost), 14);
-  EXPECT_EQ(ToString(ExitClass::kPeerLost), "peer_lost");
-  EXPECT_EQ(ToProto(ExitClass::kDiverged), 15);
-  EXPECT_EQ(ToString(ExitClass::kDiverged), "diverged");
-  EXPECT_FALSE(ExitClassFromProto(16).has_value());
-}
-
 TEST(Action, StringRoundTrip) {
   for (Action a : {Action::kSucceed, Action::kFail, Action::kRestart, Action::kStop}) {
     EXPECT_EQ(ActionFromString(ToString(a)), a);
   }
   EXPECT_FALSE(ActionFromString("retry").has_value());
-}
-
-TEST(ClassifyExit, CodesAndSignals) {
-  EXPECT_EQ(ClassifyExit(true, 0), ExitClass::kSuccess);
-  EXPECT_EQ(ClassifyExit(true, 64), ExitClass::kUsage);
-  EXPECT_EQ(ClassifyExit(true, 65), ExitClass::kData);
-  EXPECT_EQ(ClassifyExit(true, 75), ExitClass::kOom);
-  EXPECT_EQ(ClassifyExit(true, 143), ExitClass::kStopped);
-  EXPECT_EQ(ClassifyExit(true, 74), ExitClass::kNoSpace);
-  EXPECT_EQ(ClassifyExit(true, 76), ExitClass::kPeerLost);
-  EXPECT_EQ(ClassifyExit(true, 79), ExitClass::kDiverged);
-  EXPECT_EQ(ClassifyExit(true, 1), ExitClass::kCrash);
-  EXPECT_EQ(ClassifyExit(true, 134), ExitClass::kCrash);
-  EXPECT_EQ(ClassifyExit(false, 9), ExitClass::kSignal);
-  EXPECT_EQ(ClassifyExit(false, 15), ExitClass::kSignal);
-  EXPECT_EQ(DescribeExit(true, 1), "exit 1");
-  EXPECT_EQ(DescribeExit(false, 9), "signal 9");
 }
 
 TEST(DecideRestart, NoSpaceWaitsForSpaceAndCountsAgainstNoBudget) {

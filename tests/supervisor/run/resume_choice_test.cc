@@ -102,5 +102,58 @@ TEST(ChooseResume, ARollbackResumesBelowItsStepAndMovesTheNewerCheckpointsAside)
   EXPECT_EQ(c.step, -1);
 }
 
+// Issue 42, 12: rollbacks fill the quarantine; the choice prunes it to the
+// retention, saying what it deleted.
+TEST(ChooseResume, TheQuarantineIsPrunedToItsRetention) {
+  trainsup::testing::TempDir dir("resume_choice_test");
+  ckpt::CheckpointStore store(RunLayout(dir.path()).CheckpointsDir(), ckpt::FileSystem::Default(),
+                              ckpt::StoreOptions{10});
+  for (int64_t step : {10, 20, 30, 40}) Commit(store, step);
+  const ckpt::QuarantineRetention keep_all{100, 0};
+  ResumeChoice c = ChooseResume(dir.path(), 20, keep_all);  // 20, 30, 40 aside
+  EXPECT_EQ(c.step, 10);
+  const std::string q = RunLayout(dir.path()).CheckpointsDir() + "/quarantine";
+  ASSERT_EQ(ckpt::FileSystem::Default()->ListDir(q)->size(), 3u);
+  c = ChooseResume(dir.path(), -1, ckpt::QuarantineRetention{1, 0});
+  EXPECT_EQ(c.step, 10);
+  EXPECT_EQ(ckpt::FileSystem::Default()->ListDir(q)->size(), 1u);
+  int deleted = 0;
+  for (const std::string& note : c.notes) {
+    deleted += note.find("deleted: beyond the newest 1") != std::string::npos;
+  }
+  EXPECT_EQ(deleted, 2) << ::testing::PrintToString(c.notes);
+  // Young entries stay whatever their number.
+  for (int64_t step : {50, 60}) Commit(store, step);
+  c = ChooseResume(dir.path(), 50, ckpt::QuarantineRetention{0, 3600});
+  EXPECT_EQ(ckpt::FileSystem::Default()->ListDir(q)->size(), 3u);
+}
+
+}  // namespace
+}  // namespace trainsup::supervisor
+
+namespace trainsup::supervisor {
+namespace {
+
+// Issue 42, 14: a multi-node job's shared store replaced by a symbolic link
+// after the submit is refused at the next attempt, and the run fails
+// rather than write through the link.
+TEST(ChooseResumeShared, ACheckpointDirThatIsALinkIsRefused) {
+  trainsup::testing::TempDir dir("resume_choice_shared");
+  const std::string run_dir = dir.path() + "/run";
+  const std::string elsewhere = dir.path() + "/elsewhere";
+  const std::string shared = dir.path() + "/shared";
+  std::filesystem::create_directories(run_dir);
+  std::filesystem::create_directories(elsewhere);
+  ResumeChoice c = ChooseResumeShared(run_dir, shared);
+  EXPECT_TRUE(c.error.ok()) << c.error;
+  std::filesystem::remove_all(shared);
+  std::filesystem::create_directory_symlink(elsewhere, shared);
+  c = ChooseResumeShared(run_dir, shared);
+  EXPECT_EQ(c.error.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(c.fatal);
+  EXPECT_NE(std::string(c.error.message()).find("is a symbolic link: refused"), std::string::npos)
+      << c.error;
+}
+
 }  // namespace
 }  // namespace trainsup::supervisor

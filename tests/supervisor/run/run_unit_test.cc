@@ -192,6 +192,9 @@ TEST_F(RunUnitTest, CancelAsksTheWorkerToStopThenEndsCancelled) {
   auto link = Hello(*u, 0);
   absl::Status answer = absl::UnknownError("not called");
   u->Cancel("by test", [&](absl::Status s) { answer = s; });
+  // The request is stored before it is answered or acted on (issue 42, 2).
+  EXPECT_EQ(answer.code(), absl::StatusCode::kUnknown);
+  env_.Settle();
   EXPECT_TRUE(answer.ok());
   ASSERT_GE(link->sent.size(), 2u);
   EXPECT_TRUE(link->sent.back().has_stop());
@@ -216,6 +219,7 @@ TEST_F(RunUnitTest, GracefulShutdownStoresARequestedStopAndGoesBackToPending) {
   auto link = Hello(*u, 0);
   env_.shutting_down_ = true;
   u->Shutdown();
+  env_.Settle();  // the request is stored first
   EXPECT_TRUE(link->sent.back().has_stop());
   env_.Exit(*u, 0, pids[0], true, 143);
   env_.Settle();
@@ -243,6 +247,7 @@ TEST_F(RunUnitTest, AResizeStopsTheGangGracefullyAndTheNextAttemptSaysWhy) {
   ASSERT_EQ(u->run().state(), v1::RUN_STATE_RUNNING);
   EXPECT_EQ(u->running_world_size(), 3);
   u->Resize("slot cpu:2 drained (maintenance)");
+  env_.Settle();  // the request is stored first
   for (int r = 0; r < 3; ++r) {
     ASSERT_FALSE(links[r]->sent.empty());
     EXPECT_TRUE(links[r]->sent.back().has_stop()) << "rank " << r;

@@ -28,6 +28,7 @@ TEST_F(StateStoreTest, VersionTwoStoreIsMigrated) {
                    " ALTER TABLE runs DROP COLUMN rollbacks;"
                    " ALTER TABLE runs DROP COLUMN skip_windows;"
                    " ALTER TABLE attempts DROP COLUMN world_size; DROP TABLE drains;"
+                   " ALTER TABLE runs DROP COLUMN stop_request;"
                    " UPDATE meta SET value = 2 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "2");
@@ -58,6 +59,7 @@ TEST_F(StateStoreTest, VersionThreeStoreIsMigrated) {
                    " ALTER TABLE runs DROP COLUMN rollbacks;"
                    " ALTER TABLE runs DROP COLUMN skip_windows;"
                    " ALTER TABLE attempts DROP COLUMN world_size; DROP TABLE drains;"
+                   " ALTER TABLE runs DROP COLUMN stop_request;"
                    " UPDATE meta SET value = 3 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "3");
@@ -86,6 +88,7 @@ TEST_F(StateStoreTest, VersionFourStoreIsMigrated) {
   ASSERT_EQ(RawSql("ALTER TABLE runs DROP COLUMN rollbacks;"
                    " ALTER TABLE runs DROP COLUMN skip_windows;"
                    " ALTER TABLE attempts DROP COLUMN world_size; DROP TABLE drains;"
+                   " ALTER TABLE runs DROP COLUMN stop_request;"
                    " UPDATE meta SET value = 4 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "4");
@@ -143,6 +146,7 @@ TEST_F(StateStoreTest, VersionOneStoreIsMigrated) {
                    " ALTER TABLE runs DROP COLUMN rollbacks;"
                    " ALTER TABLE runs DROP COLUMN skip_windows;"
                    " ALTER TABLE attempts DROP COLUMN world_size; DROP TABLE drains;"
+                   " ALTER TABLE runs DROP COLUMN stop_request;"
                    " UPDATE meta SET value = 1 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "1");
@@ -230,12 +234,14 @@ TEST_F(StateStoreTest, VersionFiveStoreIsMigratedAndKeepsDrains) {
     ASSERT_TRUE(store->UpsertAttempt("five", a).ok());
   }
   ASSERT_EQ(RawSql("ALTER TABLE attempts DROP COLUMN world_size; DROP TABLE drains;"
+                   " ALTER TABLE runs DROP COLUMN stop_request;"
                    " UPDATE meta SET value = 5 WHERE key = 'schema_version';"
                    " SELECT value FROM meta WHERE key = 'schema_version'"),
             "5");
   absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(path_);
   ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"), "6");
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"),
+            absl::StrCat(StateStore::kSchemaVersion));
   absl::StatusOr<v1::Run> run = (*store)->GetRun("five");
   ASSERT_TRUE(run.ok()) << run.status();
   ASSERT_EQ(run->attempts_size(), 1);
@@ -268,4 +274,40 @@ TEST_F(StateStoreTest, VersionFiveStoreIsMigratedAndKeepsDrains) {
 }
 
 }  // namespace
+// 6 -> 7: a run's requested stop (issue 42): none after the migration, and
+// stored, read back and cleared by UpdateRun.
+TEST_F(StateStoreTest, VersionSixStoreIsMigratedAndKeepsARequestedStop) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->CreateRun(MakeRun("six"), "").ok());
+  }
+  ASSERT_EQ(RawSql("ALTER TABLE runs DROP COLUMN stop_request;"
+                   " UPDATE meta SET value = 6 WHERE key = 'schema_version';"
+                   " SELECT value FROM meta WHERE key = 'schema_version'"),
+            "6");
+  absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(RawSql("SELECT value FROM meta WHERE key = 'schema_version'"), "7");
+  absl::StatusOr<v1::Run> run = (*store)->GetRun("six");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_FALSE(run->has_stop_request());
+  run->mutable_stop_request()->set_kind(v1::StopRequest::KIND_CANCEL);
+  run->mutable_stop_request()->set_reason("cancelled: enough");
+  run->mutable_stop_request()->set_attempt(3);
+  ASSERT_TRUE((*store)->UpdateRun(*run).ok());
+  store->reset();
+  store = StateStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  run = (*store)->GetRun("six");
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_TRUE(run->has_stop_request());
+  EXPECT_EQ(run->stop_request().kind(), v1::StopRequest::KIND_CANCEL);
+  EXPECT_EQ(run->stop_request().reason(), "cancelled: enough");
+  EXPECT_EQ(run->stop_request().attempt(), 3);
+  run->clear_stop_request();
+  ASSERT_TRUE((*store)->UpdateRun(*run).ok());
+  EXPECT_FALSE((*store)->GetRun("six")->has_stop_request());
+}
+
 }  // namespace trainsup::supervisor

@@ -88,6 +88,19 @@ TEST(Launch, EnvironmentIsExactlyTheGivenOne) {
   EXPECT_EQ(ReadFile(log), "FOO=bar\n");
 }
 
+// Issue 42, 8: a command run executes the real path it checked, under the
+// name it was given as argv[0].
+TEST(Launch, Argv0CanNameTheProgramOtherThanItsPath) {
+  TempDir dir;
+  const std::string log = dir.path() + "/argv0.log";
+  LaunchSpec spec{"/bin/sh", {"-c", "tr '\\0' ' ' < /proc/$$/cmdline"}, {}, "", log};
+  spec.argv0 = "/opt/venv/bin/sh";
+  absl::StatusOr<LaunchedProcess> child = Launch(spec);
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_EQ(WEXITSTATUS(Reap(child->pid)), 0);
+  EXPECT_EQ(ReadFile(log).rfind("/opt/venv/bin/sh -c ", 0), 0u) << ReadFile(log);
+}
+
 TEST(Launch, OutputIsAppendedToTheLogAndStdinIsDevNull) {
   TempDir dir;
   const std::string log = dir.path() + "/a/b/worker.log";
