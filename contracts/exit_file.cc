@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -40,15 +41,58 @@ absl::Status WriteExitFile(ckpt::FileSystem* fs, const std::string& run_dir, int
   const RunLayout layout(run_dir);
   absl::Status s = fs->CreateDirs(layout.AttemptDir(attempt));
   if (!s.ok()) return s;
-  const nlohmann::json j = {
-      {"code", exit_file.code},       {"reason", exit_file.reason},
-      {"message", exit_file.message}, {"last_step", exit_file.last_step},
-      {"time_ms", exit_file.time_ms}, {"first_bad_step", exit_file.first_bad_step}};
+  nlohmann::json j = {{"code", exit_file.code},       {"reason", exit_file.reason},
+                      {"message", exit_file.message}, {"last_step", exit_file.last_step},
+                      {"time_ms", exit_file.time_ms}, {"first_bad_step", exit_file.first_bad_step}};
+  if (exit_file.tally.present()) {
+    const TrainingTally& t = exit_file.tally;
+    j["tally"] = {{"steps", t.steps},
+                  {"applied", t.applied},
+                  {"skipped_window", t.skipped_window},
+                  {"skipped_guard", t.skipped_guard},
+                  {"skipped_scaler", t.skipped_scaler},
+                  {"final_metric", t.final_metric},
+                  {"baseline_metric", t.baseline_metric}};
+  }
   // Invalid UTF-8 in a message must not make the write throw.
   return fs->WriteFileAtomically(
       layout.ExitFilePath(attempt, rank),
       j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
+
+namespace {
+
+// The exit file's "tally" object: its five counts (integers >= -1) and,
+// when there, its two metrics (finite numbers).
+absl::Status ReadTally(const nlohmann::json& t, const std::string& path, TrainingTally* out) {
+  if (!t.is_object())
+    return absl::DataLossError(absl::StrCat(path, ": \"tally\" must be an object"));
+  for (const auto& [name, field] : {std::pair{"steps", &out->steps},
+                                    {"applied", &out->applied},
+                                    {"skipped_window", &out->skipped_window},
+                                    {"skipped_guard", &out->skipped_guard},
+                                    {"skipped_scaler", &out->skipped_scaler}}) {
+    const auto f = t.find(name);
+    if (f == t.end() || !f->is_number_integer() || f->get<int64_t>() < -1) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": \"tally.", name, "\" must be an integer >= -1"));
+    }
+    *field = f->get<int64_t>();
+  }
+  for (const auto& [name, field] : {std::pair{"final_metric", &out->final_metric},
+                                    {"baseline_metric", &out->baseline_metric}}) {
+    const auto f = t.find(name);
+    if (f == t.end()) continue;
+    if (!f->is_number() || !std::isfinite(f->get<double>())) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": \"tally.", name, "\" must be a finite number"));
+    }
+    *field = f->get<double>();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<ExitFile> ReadExitFile(const std::string& path) {
   // The run directory is the worker's: O_NONBLOCK so a FIFO in the exit
@@ -138,6 +182,9 @@ absl::StatusOr<ExitFile> ReadExitFile(const std::string& path) {
   }
   if (const auto it = j.find("time_ms"); it != j.end()) {
     if (absl::Status s = integer(*it, "time_ms", 0, kMax, &out.time_ms); !s.ok()) return s;
+  }
+  if (const auto it = j.find("tally"); it != j.end()) {
+    if (absl::Status st = ReadTally(*it, path, &out.tally); !st.ok()) return st;
   }
   return out;
 }

@@ -19,6 +19,20 @@ namespace ckpt {
 class FileSystem;
 }
 
+// What a run trained, as its rank 0 reports it on exit (docs/guard.md,
+// "SUCCEEDED means trained"); -1: not said. Steps are the run's, on the
+// lineage of the final model (a rolled-back timeline does not count).
+struct TrainingTally {
+  int64_t steps = -1;           // the steps the run went through (its last step)
+  int64_t applied = -1;         // optimizer steps applied
+  int64_t skipped_window = -1;  // steps in skip windows: their batches not trained on
+  int64_t skipped_guard = -1;   // not applied by the guard (non-finite, spike)
+  int64_t skipped_scaler = -1;  // skipped by fp16's loss scaler on an overflow
+  double final_metric = -1;     // the final model on the validation split (mIoU)
+  double baseline_metric = -1;  // the majority-class baseline on the same split
+  bool present() const { return steps >= 0; }
+};
+
 struct ExitFile {
   int code = 0;            // the process's exit status, 0..255
   std::string reason;      // a short machine word: "completed", "stopped", "usage", ...
@@ -28,6 +42,8 @@ struct ExitFile {
   // A diverged exit (79): the first bad step of the window that ended the
   // attempt, which the supervisor rolls back past; -1 otherwise.
   int64_t first_bad_step = -1;
+  // Exit 0 of rank 0: what the run trained (JSON key "tally").
+  TrainingTally tally;
 };
 
 // DIR/attempts/A/rank-R.exit.json.

@@ -134,6 +134,8 @@ absl::Status ReadGuard(const toml::table* t, GuardSpec* g) {
   TRAINSUP_RETURN_IF_ERROR(r.Int("skip_batches", &g->skip_batches, 1, 1000000));
   TRAINSUP_RETURN_IF_ERROR(r.Double("lr_factor_on_rollback", &g->lr_factor_on_rollback, 0, 1,
                                     /*lo_open=*/true));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("max_skipped_fraction", &g->max_skipped_fraction, 0, 1));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("fail_below_baseline", &g->fail_below_baseline));
   TRAINSUP_RETURN_IF_ERROR(r.Finish());
   if (g->max_bad_steps > g->bad_window) {
     return absl::InvalidArgumentError(absl::StrCat("guard.max_bad_steps: ", g->max_bad_steps,
@@ -175,6 +177,13 @@ absl::Status ReadTrain(const toml::table* t, TrainSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.String("device", &s->device, {"auto", "cpu", "cuda"}));
   TRAINSUP_RETURN_IF_ERROR(
       r.Int("empty_cache_every_steps", &s->empty_cache_every_steps, 0, kBillion));
+  TRAINSUP_RETURN_IF_ERROR(r.String("cuda_alloc_conf", &s->cuda_alloc_conf));
+  if (s->cuda_alloc_conf.size() > 256 ||
+      s->cuda_alloc_conf.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                           "0123456789_:,.") != std::string::npos) {
+    return r.Error("cuda_alloc_conf",
+                   "must be up to 256 of A-Z a-z 0-9 _ : , . (e.g. \"expandable_segments:True\")");
+  }
   return r.Finish();
 }
 

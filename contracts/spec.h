@@ -97,6 +97,13 @@ struct GuardSpec {
   int64_t max_rollbacks = 3;  // 0..1000
   int64_t skip_batches = 20;  // 1..1e6
   double lr_factor_on_rollback = 1;
+  // SUCCEEDED means trained (docs/guard.md): a run that completed with more
+  // than this fraction of its steps skipped (windows, guard, loss scaler)
+  // ends FAILED with the counts. [0, 1]; 1: never.
+  double max_skipped_fraction = 0.1;
+  // A run whose final evaluation scores below the majority-class baseline
+  // ends FAILED; false: SUCCEEDED, with a warning event.
+  bool fail_below_baseline = true;
 };
 
 struct OptimizerSpec {
@@ -121,6 +128,9 @@ struct TrainSpec {
   int64_t seed = 1;     // 0..2^63-1
   int64_t threads = 2;  // 1..256
   bool predictive_split = true;
+  // PYTORCH_CUDA_ALLOC_CONF for this run's workers ("" = the daemon's, else
+  // expandable_segments:True): up to 256 of [A-Za-z0-9_:,.].
+  std::string cuda_alloc_conf;
   int64_t min_piece_points = 500;  // 1..1e9: the splitting floor
   // auto: cuda:0 when the worker's LibTorch has CUDA and a device is visible
   // (CUDA_VISIBLE_DEVICES), else the CPU | cpu | cuda (an error without one).

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 
 namespace trainsup::sparse {
 namespace {
@@ -42,28 +43,38 @@ class BatchNormStatsGuard {
   std::vector<std::pair<at::Tensor, at::Tensor>> saved_;
 };
 
-// Sets LibTorch's CPU generator to `state` for a scope and puts the state it
-// had back afterwards (the recomputation must not consume random numbers of
-// the training loop).
+// LibTorch's default generator of `device`: the CPU's, or the CUDA device's
+// (whose kernels draw from it: dropout, random augmentation on the device).
+at::Generator DefaultGenerator(const c10::Device& device) {
+  return device.is_cpu() ? at::detail::getDefaultCPUGenerator()
+                         : at::globalContext().defaultGenerator(device);
+}
+
+// Sets the default generator of `device` to `state` for a scope and puts the
+// state it had back afterwards (the recomputation must not consume random
+// numbers of the training loop). An undefined `state` replays nothing.
 class GeneratorReplay {
  public:
-  explicit GeneratorReplay(const at::Tensor& state) : gen_(at::detail::getDefaultCPUGenerator()) {
-    std::lock_guard<std::mutex> lock(gen_.mutex());
-    previous_ = gen_.get_state();
-    gen_.set_state(state);
+  GeneratorReplay(const c10::Device& device, const at::Tensor& state) {
+    if (!state.defined()) return;
+    gen_ = DefaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen_->mutex());
+    previous_ = gen_->get_state();
+    gen_->set_state(state);
   }
   ~GeneratorReplay() {
-    std::lock_guard<std::mutex> lock(gen_.mutex());
-    gen_.set_state(previous_);
+    if (!gen_) return;
+    std::lock_guard<std::mutex> lock(gen_->mutex());
+    gen_->set_state(previous_);
   }
 
  private:
-  at::Generator gen_;
+  std::optional<at::Generator> gen_;
   at::Tensor previous_;
 };
 
-at::Tensor GeneratorState() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
+at::Tensor GeneratorState(const c10::Device& device) {
+  at::Generator gen = DefaultGenerator(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   return gen.get_state();
 }
@@ -78,7 +89,9 @@ struct CheckpointState : torch::CustomClassHolder {
   CheckpointableBlock* block = nullptr;
   std::shared_ptr<CoordinateManager> manager;
   std::vector<CoordinateSetId> input_sets;
-  at::Tensor rng_state;
+  at::Tensor rng_state;            // the CPU generator's
+  c10::Device device = c10::kCPU;  // the inputs'
+  at::Tensor device_rng_state;     // the inputs' CUDA device's generator; undefined on the CPU
 };
 
 // Runs the block on features `f` (one or two inputs) over the given sets.
@@ -108,7 +121,9 @@ class BlockCheckpointFunction : public torch::autograd::Function<BlockCheckpoint
     state->block = block;
     state->manager = (*meta)[0].manager();
     for (const auto& m : *meta) state->input_sets.push_back(m.set_id());
-    state->rng_state = GeneratorState();
+    state->rng_state = GeneratorState(c10::kCPU);
+    state->device = inputs[0].device();
+    if (!state->device.is_cpu()) state->device_rng_state = GeneratorState(state->device);
     // Runs without recording (custom forwards run in no-grad mode): no
     // activation is kept.
     SparseTensor y = RunBlock(block, state->manager, state->input_sets, inputs.vec());
@@ -128,7 +143,8 @@ class BlockCheckpointFunction : public torch::autograd::Function<BlockCheckpoint
     variable_list result(n_in + params.size() + 3);
     {
       BatchNormStatsGuard bn_stats(*block);
-      GeneratorReplay replay(state->rng_state);
+      GeneratorReplay replay(c10::kCPU, state->rng_state);
+      GeneratorReplay device_replay(state->device, state->device_rng_state);
       at::AutoGradMode enable_grad(true);
       std::vector<at::Tensor> f;
       variable_list inputs;

@@ -575,6 +575,11 @@ void DaemonImpl::UpdateMetrics() {
     }
     metrics_->SetRunWorldSize(id, u->running_world_size());
     metrics_->SetRunBlocked(id, u->blocked_s());
+    if (const v1::Progress& p = u->run().progress(); p.has_tally() && p.tally().steps() >= 0) {
+      const v1::TrainingTally& t = p.tally();
+      metrics_->SetRunSteps(id, t.applied(), t.skipped_window(), t.skipped_guard(),
+                            t.skipped_scaler());
+    }
     if (v1::ClusterStatus c; u->FillCluster(&c)) {
       metrics_->SetCluster(id, c.job(), c.etcd_reachable(), c.generation());
     }

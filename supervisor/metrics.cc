@@ -154,6 +154,10 @@ struct Metrics::Impl {
       NewGauge(*registry, "trainsup_run_blocked_seconds",
                "How long the run has waited because drained slots leave fewer usable slots than "
                "its smallest gang needs (0 while it does not; elastic.max_blocked_s fails it).");
+  Family<Gauge>& run_steps =
+      NewGauge(*registry, "trainsup_run_steps",
+               "Steps of the run by what became of them (kind: applied, skipped_window, "
+               "skipped_guard, skipped_scaler), on the lineage of its current model.");
   Family<Gauge>& etcd_reachable =
       NewGauge(*registry, "trainsup_cluster_etcd_reachable",
                "Multi-node runs: 1 while the job's etcd answers this daemon, 0 while it does not.");
@@ -316,6 +320,9 @@ void Metrics::RemoveRun(const std::string& run_id) {
     RemoveSeries(impl_->resizes, {{"run", run_id}, {"direction", d}});
   RemoveSeries(impl_->run_world_size, {{"run", run_id}});
   RemoveSeries(impl_->run_blocked, {{"run", run_id}});
+  for (const char* kind : {"applied", "skipped_window", "skipped_guard", "skipped_scaler"}) {
+    RemoveSeries(impl_->run_steps, {{"run", run_id}, {"kind", kind}});
+  }
   const auto run = impl_->workers.find(run_id);
   if (run == impl_->workers.end()) return;
   for (int rank : run->second) impl_->RemoveWorkerLocked(run_id, rank);
@@ -383,6 +390,17 @@ void Metrics::SetRunWorldSize(const std::string& run_id, int world_size) {
 void Metrics::SetRunBlocked(const std::string& run_id, double seconds) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->run_blocked.Add({{"run", run_id}}).Set(seconds);
+}
+
+void Metrics::SetRunSteps(const std::string& run_id, int64_t applied, int64_t skipped_window,
+                          int64_t skipped_guard, int64_t skipped_scaler) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (const auto& [kind, n] : {std::pair{"applied", applied},
+                                {"skipped_window", skipped_window},
+                                {"skipped_guard", skipped_guard},
+                                {"skipped_scaler", skipped_scaler}}) {
+    impl_->run_steps.Add({{"run", run_id}, {"kind", kind}}).Set(static_cast<double>(n));
+  }
 }
 
 void Metrics::CountRollback(const std::string& run_id) {

@@ -28,6 +28,8 @@
 //   trainsup_resizes_total{run,direction}                 counter, direction = shrink|grow
 //   trainsup_run_world_size{run}                          gauge, ranks of the running gang
 //   trainsup_run_blocked_seconds{run}                     gauge, waited for drained slots (0: not)
+//   trainsup_run_steps{run,kind}                          gauge, kind = applied|skipped_window|
+//                                                         skipped_guard|skipped_scaler
 //   trainsup_cluster_etcd_reachable{run,job}              gauge, 1/0
 //   trainsup_cluster_generation{run,job}                  gauge
 //
@@ -151,6 +153,10 @@ class Metrics {
   // How long the run has waited because drains leave fewer usable slots
   // than its smallest gang (0 while it does not).
   void SetRunBlocked(const std::string& run_id, double seconds);
+  // What the run trained (rank 0's tally, docs/guard.md): steps applied and
+  // skipped, by kind. RemoveRun drops them.
+  void SetRunSteps(const std::string& run_id, int64_t applied, int64_t skipped_window,
+                   int64_t skipped_guard, int64_t skipped_scaler);
 
   // trainsup_daemon_info{version} = 1 (only the latest version has a
   // series) and trainsup_daemon_start_time_seconds = start_time_s (unix

@@ -62,6 +62,7 @@ void Line(const std::string& text) { std::cout << text << std::endl; }
     f.message = r.message;
     f.last_step = r.last_step;
     f.first_bad_step = r.first_bad_step;
+    f.tally = r.tally;
     f.time_ms = UnixMillis();
     absl::Status s = trainsup::WriteExitFile(run_dir, attempt, rank, f);
     if (!s.ok()) std::cerr << "cannot write the exit file: " << s.message() << std::endl;
@@ -73,6 +74,7 @@ void Line(const std::string& text) { std::cout << text << std::endl; }
     report.set_message(r.message);
     report.set_last_step(r.last_step);
     report.set_first_bad_step(r.first_bad_step);
+    if (r.tally.present()) trainsup::worker::FillTally(r.tally, report.mutable_tally());
     link->ReportExit(report, 2.0);
     link->Stop();
   }

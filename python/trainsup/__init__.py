@@ -20,6 +20,7 @@ in), so the same script runs by hand. See docs/python-client.md.
 import atexit
 import contextlib
 import faulthandler
+import json
 import os
 import shutil
 import signal
@@ -35,7 +36,7 @@ __all__ = [
     "progress", "phase", "checkpoint", "save_checkpoint", "resume_path", "resume_step",
     "load_checkpoint", "exit_on_oom", "exit", "stop_requested", "checkpoint_requested",
     "handle_sigterm", "stop_deadline_s", "supervised", "EXIT_CODES", "Guard", "skip_windows",
-    "skip_step", "lr_factor", "__version__",
+    "skip_step", "lr_factor", "report_final", "__version__",
 ]
 
 # The worker contract's exit codes and their exit-file reasons
@@ -87,6 +88,18 @@ class _Client:
             self.progress = self.link._pb.Progress()
             self.progress.last_checkpoint_step = -1
             self.progress.val_miou = -1
+            # What the run trained (docs/python-client.md, "SUCCEEDED means
+            # trained"): counted from the checkpoint resumed from on, so a
+            # resumed run's tally is its model's whole lineage.
+            t = self.progress.tally
+            t.steps = -1
+            t.final_metric = -1
+            t.baseline_metric = -1
+            base = _read_tally(resume_path())
+            t.skipped_window = base.get("skipped_window", 0)
+            t.skipped_guard = base.get("skipped_guard", 0)
+            t.skipped_scaler = base.get("skipped_scaler", 0)
+            self.window_steps = set()
             self.progress.phase = self.link._pb.PHASE_LOADING
             self.link.update_progress(self.progress)
             self.link.start()
@@ -121,6 +134,12 @@ class _Client:
         if self.link is not None and os.getpid() == self.pid:
             self.link.flush(_REPORT_EXIT_TIMEOUT_S)
             self.link.stop()
+
+    def update_tally(self):
+        """tally.applied from the steps and the skips (caller holds self.lock)."""
+        t = self.progress.tally
+        if t.steps >= 0:
+            t.applied = max(0, t.steps - t.skipped_window - t.skipped_guard - t.skipped_scaler)
 
     def publish(self):
         """Hands the current Progress to the link (caller holds self.lock)."""
@@ -170,6 +189,8 @@ class _Client:
                 self.progress.spike_steps += 1
             else:
                 self.progress.nonfinite_steps += 1
+            self.progress.tally.skipped_guard += 1
+            self.update_tally()
             self.publish()
         event = self.link._wpb.WorkerEvent()
         event.kind = self.link._pb.EVENT_KIND_GUARD
@@ -233,6 +254,8 @@ def progress(step, loss=None, samples_per_s=None, total_steps=None, epoch=None):
             p.total_steps = int(total_steps)
         if epoch is not None:
             p.epoch = int(epoch)
+        p.tally.steps = int(step)
+        c.update_tally()
         c.publish()
         c.link.advance_progress()
 
@@ -302,6 +325,14 @@ def checkpoint(step, root=None, keep_last=3, keep_every=0):
         tmp = store.begin(step)
         try:
             yield tmp
+            if c is not None and c.link is not None:
+                with c.lock:
+                    t = c.progress.tally
+                    counts = {"skipped_window": t.skipped_window,
+                              "skipped_guard": t.skipped_guard,
+                              "skipped_scaler": t.skipped_scaler}
+                with open(os.path.join(tmp, _TALLY_FILE), "w") as f:
+                    json.dump(counts, f)
         except BaseException:
             store.abort(tmp)
             raise
@@ -446,8 +477,48 @@ def skip_windows():
 
 def skip_step(step):
     """True when step `step`'s batch is in a skip window: draw it (so the
-    data order goes on) and do not train on it."""
-    return any(first <= step <= last for first, last in skip_windows())
+    data order goes on) and do not train on it. Counted as a skipped step
+    of the run's tally."""
+    skip = any(first <= step <= last for first, last in skip_windows())
+    c = _client()
+    if skip and c is not None and c.link is not None:
+        with c.lock:
+            if step not in c.window_steps:
+                c.window_steps.add(step)
+                c.progress.tally.skipped_window += 1
+                c.update_tally()
+                c.publish()
+    return skip
+
+
+def report_final(metric, baseline=None):
+    """The final model's score on the validation split (`metric`, e.g. its
+    mIoU) and, when known, the majority-class baseline's on the same split.
+    trainsupd judges a run that completed by them (docs/guard.md): below the
+    baseline it ends FAILED unless the spec's guard.fail_below_baseline is
+    false. Call it before the script returns. No-op outside trainsupd."""
+    c = _client()
+    if c is None or c.link is None:
+        return
+    with c.lock:
+        c.progress.tally.final_metric = float(metric)
+        c.progress.tally.baseline_metric = -1.0 if baseline is None else float(baseline)
+        c.publish()
+
+
+_TALLY_FILE = "trainsup_tally.json"
+
+
+def _read_tally(path):
+    """The skip counts a checkpoint recorded ({} when none)."""
+    if not path:
+        return {}
+    try:
+        with open(os.path.join(path, _TALLY_FILE)) as f:
+            data = json.load(f)
+        return {k: int(v) for k, v in data.items() if isinstance(v, int) and v >= 0}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def lr_factor():

@@ -317,6 +317,18 @@ std::string DescribeProgress(const v1::Run& run, int64_t now_ms) {
                                           " spiking steps not applied, ", p.window_skipped_steps(),
                                           " steps of skip windows (this attempt)")));
   }
+  if (p.has_tally() && p.tally().steps() >= 0) {
+    const v1::TrainingTally& t = p.tally();
+    std::string trained = absl::StrCat(t.applied(), " of ", t.steps(),
+                                       " steps applied; skipped: ", t.skipped_window(),
+                                       " in windows, ", t.skipped_guard(), " by the guard, ",
+                                       t.skipped_scaler(), " by the loss scaler");
+    if (t.final_metric() >= 0 && t.baseline_metric() >= 0) {
+      absl::StrAppend(&trained, absl::StrFormat("; val mIoU %.4g vs baseline %.4g",
+                                                t.final_metric(), t.baseline_metric()));
+    }
+    absl::StrAppend(&out, Field("Trained", trained));
+  }
   absl::StrAppend(
       &out, Field("Restarts",
                   absl::StrCat(

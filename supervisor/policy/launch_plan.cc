@@ -3,12 +3,24 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "contracts/data_roots.h"
 #include "contracts/run_layout.h"
 
 namespace trainsup::supervisor {
+
+bool PassedThroughFromDaemon(const std::string& name) {
+  for (const char* n : kPassedThrough) {
+    if (name == n) return true;
+  }
+  if (name == "NCCL_NET" || absl::EndsWith(name, "_PLUGIN")) return false;
+  for (const char* prefix : kPassedThroughPrefixes) {
+    if (absl::StartsWith(name, prefix)) return true;
+  }
+  return false;
+}
 
 LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
   LaunchSpec spec;
@@ -19,9 +31,17 @@ LaunchSpec BuildWorkerLaunch(const WorkerLaunch& w) {
                "--attempt",    std::to_string(w.attempt),
                "--supervisor", w.supervisor_endpoint,
                "--resume",     w.resume_step >= 0 ? std::to_string(w.resume_step) : "none"};
-  for (const char* name : kPassedThrough) {
-    auto it = w.daemon_env.find(name);
-    if (it != w.daemon_env.end()) spec.env[name] = it->second;
+  for (const auto& [name, value] : w.daemon_env) {
+    if (PassedThroughFromDaemon(name)) spec.env[name] = value;
+  }
+  // The caching allocator's settings: the spec's, else the operator's (the
+  // daemon's environment), else ours.
+  if (!w.cuda_alloc_conf.empty()) {
+    spec.env["PYTORCH_CUDA_ALLOC_CONF"] = w.cuda_alloc_conf;
+  } else if (auto it = w.daemon_env.find("PYTORCH_CUDA_ALLOC_CONF"); it != w.daemon_env.end()) {
+    spec.env["PYTORCH_CUDA_ALLOC_CONF"] = it->second;
+  } else {
+    spec.env["PYTORCH_CUDA_ALLOC_CONF"] = kDefaultCudaAllocConf;
   }
   if (spec.env.count("PATH") == 0) spec.env["PATH"] = "/usr/local/bin:/usr/bin:/bin";
   spec.env["TRAINSUP_TOKEN"] = w.token;

@@ -22,6 +22,27 @@ inline constexpr const char* kPassedThrough[] = {
     // daemon (a systemd Environment= line): Gloo and NCCL read them.
     "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"};
 
+// Prefixes of the daemon's variables a worker gets too: NCCL's settings
+// (NCCL_DEBUG, NCCL_IB_*, ...) and PyTorch's for its NCCL process group
+// (the flight recorder's TORCH_NCCL_DUMP_ON_TIMEOUT and
+// TORCH_NCCL_TRACE_BUFFER_SIZE, ...), so that a hung NCCL gang leaves its
+// trace in the rank's log. Never the ones that load code
+// (PassedThroughFromDaemon).
+inline constexpr const char* kPassedThroughPrefixes[] = {"NCCL_", "TORCH_NCCL_"};
+
+// Whether the daemon's variable `name` reaches a worker: one of
+// kPassedThrough, or of kPassedThroughPrefixes unless it names code to
+// load: a name ending in _PLUGIN (NCCL_NET_PLUGIN, NCCL_TUNER_PLUGIN,
+// NCCL_PROFILER_PLUGIN, NCCL_ENV_PLUGIN), or NCCL_NET (which picks a
+// network plugin by name).
+bool PassedThroughFromDaemon(const std::string& name);
+
+// PYTORCH_CUDA_ALLOC_CONF when neither the spec (train.cuda_alloc_conf) nor
+// the daemon's environment sets it: expandable segments, PyTorch 2.x's
+// answer to the caching allocator's fragmentation under shapes that change
+// every step, as a sparse network's do (docs/operations.md, "On a GPU box").
+inline constexpr char kDefaultCudaAllocConf[] = "expandable_segments:True";
+
 struct WorkerLaunch {
   std::string binary;
   std::string run_id;
@@ -56,6 +77,8 @@ struct WorkerLaunch {
   std::string program;
   // argv[0] for `program` ("" = `program`): AllowedProgram's argv0.
   std::string program_argv0;
+  // The spec's train.cuda_alloc_conf ("" = the daemon's, else the default).
+  std::string cuda_alloc_conf;
   std::string resume_dir;  // the chosen checkpoint's directory; "" = fresh start
 };
 

@@ -28,6 +28,30 @@ bool IsTerminal(v1::RunState s) {
 
 v1::ExitClass ExitClassProto(ExitClass cls) { return static_cast<v1::ExitClass>(ToProto(cls)); }
 
+v1::TrainingTally TallyToProto(const TrainingTally& t) {
+  v1::TrainingTally p;
+  p.set_steps(t.steps);
+  p.set_applied(t.applied);
+  p.set_skipped_window(t.skipped_window);
+  p.set_skipped_guard(t.skipped_guard);
+  p.set_skipped_scaler(t.skipped_scaler);
+  p.set_final_metric(t.final_metric);
+  p.set_baseline_metric(t.baseline_metric);
+  return p;
+}
+
+TrainingTally TallyFromProto(const v1::TrainingTally& p) {
+  TrainingTally t;
+  t.steps = p.steps();
+  t.applied = p.applied();
+  t.skipped_window = p.skipped_window();
+  t.skipped_guard = p.skipped_guard();
+  t.skipped_scaler = p.skipped_scaler();
+  t.final_metric = p.final_metric();
+  t.baseline_metric = p.baseline_metric();
+  return t;
+}
+
 std::string StateName(v1::RunState s) {
   std::string name = v1::RunState_Name(s);
   return name.substr(std::string("RUN_STATE_").size());

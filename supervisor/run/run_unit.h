@@ -29,6 +29,7 @@
 #include "supervisor/policy/command_policy.h"
 #include "supervisor/policy/exit_classify.h"
 #include "supervisor/policy/group_identity.h"
+#include "supervisor/policy/launch_plan.h"
 #include "supervisor/policy/progress_timeout.h"
 #include "supervisor/policy/restart_policy.h"
 #include "supervisor/policy/scheduler.h"
@@ -43,6 +44,9 @@ bool IsTerminal(v1::RunState state);
 std::string StateName(v1::RunState state);
 // The trainsup.v1.ExitClass of `cls`.
 v1::ExitClass ExitClassProto(ExitClass cls);
+// TrainingTally between the contract's struct and the API's message.
+v1::TrainingTally TallyToProto(const TrainingTally& t);
+TrainingTally TallyFromProto(const v1::TrainingTally& t);
 
 // One rank of the current (or last) attempt.
 struct RankState {
@@ -68,6 +72,7 @@ struct RankState {
   StopStage stop_stage = StopStage::kNone;
   UnitTimers::TimerId stop_timer = 0;
   std::optional<ExitFile> exit_report;  // sent on the stream
+  std::optional<ExitFile> end_report;   // the account its end was classified by
   // Found dead at adoption: it died while no daemon watched, so its group
   // was last known alive at its last heartbeat, not when we noticed.
   bool died_unwatched = false;
@@ -254,8 +259,16 @@ class RunUnit {
   // A multi-node run's attempt belongs to job generation `generation`.
   void StartAttempt(ResumeChoice choice, int64_t generation = 0);
   void LaunchRanks();
+  // The launch facts of rank `r`, the `local`-th of this node's ranks.
+  WorkerLaunch RankLaunch(const RankState& r, size_t local, int port, int64_t budget,
+                          const std::string& binary, const std::string& argv0,
+                          const std::map<std::string, std::string>& daemon_env) const;
   absl::StatusOr<CheckedProgram> AllowedCommand() const;
   void EndAttempt();
+  // A decision to succeed, checked against what rank 0 says the run trained
+  // (policy/training_outcome.h): d.reason becomes the tally's summary, or
+  // d turns into a failure with the verdict's reason; events go into `b`.
+  void JudgeCompletedRun(StoreBatch& b, RestartDecision& d);
   void AfterDecision(const RestartDecision& d);
   // The training guard's rollbacks (run_unit_guard.cc, docs/guard.md).
   // The restart policy with the spec's guard.max_rollbacks.
@@ -266,6 +279,15 @@ class RunUnit {
   // A rollback was decided: the window from the first bad step goes into
   // the run (stored with `b`), with its event.
   void AddRollbackWindow(StoreBatch& b, const RestartDecision& d);
+  // diverged_at_ set: from the ranks' exit files when they ended while no
+  // daemon watched, else past rank 0's last step.
+  void LocateDivergence();
+  // The newest rollback window this divergence came back right after
+  // (policy/rollback.h), or nullptr.
+  const v1::SkipWindow* WindowDivergedAgainAfter() const;
+  // A diverged run out of rollbacks: the reason says when skipping data
+  // did not help.
+  void NoteDivergenceFailed(RestartDecision& d);
   // The step the next attempt must resume below (the newest window's first
   // step when the attempt that just ended diverged), or -1.
   int64_t RollbackBefore() const;

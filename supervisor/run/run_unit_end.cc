@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "contracts/run_layout.h"
+#include "supervisor/policy/training_outcome.h"
 #include "supervisor/run/run_unit.h"
 
 namespace trainsup::supervisor {
@@ -34,6 +35,7 @@ void RunUnit::OnProcessExit(int attempt, int rank) {
   f.forced = r.forced;
   f.forced_reason = r.forced_reason;
   const RankEnd end = ClassifyRankEnd(f);
+  r.end_report = f.report;
   if (end.cls == ExitClass::kDiverged) NoteDiverged(r, f.report);
   if (r.end_order < 0) r.end_order = r.died_unwatched ? 0 : ++ends_seen_;
   // The exit report is newer than any heartbeat (a short run may never have
@@ -41,6 +43,14 @@ void RunUnit::OnProcessExit(int attempt, int rank) {
   if (f.report && f.report->last_step > r.status.progress().step()) {
     r.status.mutable_progress()->set_step(f.report->last_step);
     if (rank == rank_base_) run_.mutable_progress()->set_step(f.report->last_step);
+  }
+  // An attempt too short for a heartbeat leaves the step target unknown
+  // ("step 30/?"): the spec's, when it says.
+  if (rank == rank_base_ && run_.progress().total_steps() <= 0) {
+    const int64_t total = spec_.has_command         ? spec_.command.total_steps
+                          : spec_.train.epochs == 0 ? spec_.train.steps
+                                                    : 0;
+    if (total > 0) run_.mutable_progress()->set_total_steps(total);
   }
   r.alive = false;
   if (r.stop_timer != 0) env_.timers->Cancel(r.stop_timer);
@@ -163,17 +173,56 @@ void RunUnit::EndAttempt() {
     FollowClusterVerdict(std::move(b), told, o.cls);
     return;
   }
-  const RestartDecision d = DecideRestart(Policy(), history_, env_.host->JitterUnit());
+  RestartDecision d = DecideRestart(Policy(), history_, env_.host->JitterUnit());
+  if (d.action == Action::kSucceed) JudgeCompletedRun(b, d);
+  if (d.action == Action::kFail && o.cls == ExitClass::kDiverged) NoteDivergenceFailed(d);
   if (d.rollback) AddRollbackWindow(b, d);
   ApplyDecision(std::move(b), o.cls, d);
+}
+
+void RunUnit::JudgeCompletedRun(StoreBatch& b, RestartDecision& d) {
+  // Rank 0 reports what the run trained; on the other nodes of a job there
+  // is no rank 0 to judge by, and the job's node 0 judges.
+  const RankState* zero = At(0);
+  if (zero == nullptr) {
+    d.reason.clear();
+    return;
+  }
+  // The exit report's tally, else the last heartbeat's (a script that
+  // returns normally writes no exit file; the Python client flushes its
+  // progress on the way out).
+  TrainingTally tally;
+  if (zero->end_report && zero->end_report->tally.present()) {
+    tally = zero->end_report->tally;
+  } else if (zero->status.progress().has_tally()) {
+    tally = TallyFromProto(zero->status.progress().tally());
+  }
+  if (!tally.present()) {
+    d.reason.clear();
+    return;
+  }
+  *run_.mutable_progress()->mutable_tally() = TallyToProto(tally);
+  const TrainingVerdict v = JudgeTraining(tally, spec_.guard);
+  d.reason = v.summary;
+  if (!v.warning.empty()) {
+    Log(LogLevel::kWarn, v.warning);
+    b.events.push_back(Event(v1::EVENT_KIND_GUARD, -1, v.warning));
+  }
+  if (v.trained) return;
+  Log(LogLevel::kError, v.reason);
+  b.events.push_back(Event(v1::EVENT_KIND_GUARD, -1, v.reason));
+  d.action = Action::kFail;
+  d.reason = v.reason;
 }
 
 void RunUnit::ApplyDecision(StoreBatch b, ExitClass cls, const RestartDecision& d,
                             int64_t restarts) {
   switch (d.action) {
     case Action::kSucceed:
-      SetState(v1::RUN_STATE_SUCCEEDED, "every rank completed", std::move(b),
-               [this] { MaybeFinished(); });
+      SetState(v1::RUN_STATE_SUCCEEDED,
+               d.reason.empty() ? "every rank completed"
+                                : absl::StrCat("every rank completed; ", d.reason),
+               std::move(b), [this] { MaybeFinished(); });
       return;
     case Action::kFail:
       SetState(v1::RUN_STATE_FAILED, d.reason, std::move(b), [this] { MaybeFinished(); });

@@ -8,6 +8,7 @@
 #include "contracts/run_layout.h"
 #include "contracts/spec.h"
 #include "supervisor/policy/from_config.h"
+#include "supervisor/policy/rollback.h"
 #include "supervisor/run/run_unit.h"
 
 namespace trainsup::supervisor {
@@ -25,7 +26,7 @@ void RunUnit::NoteDiverged(const RankState& r, const std::optional<ExitFile>& re
   diverged_through_ = std::max(diverged_through_, reached + 1);
 }
 
-void RunUnit::AddRollbackWindow(StoreBatch& b, const RestartDecision& d) {
+void RunUnit::LocateDivergence() {
   if (diverged_at_ < 0) {
     // The ranks ended while no daemon watched (adopted after a restart):
     // their exit files say where; without any, the step after rank 0's
@@ -40,6 +41,38 @@ void RunUnit::AddRollbackWindow(StoreBatch& b, const RestartDecision& d) {
       diverged_seen_ = "exit 79; no exit file said where";
     }
   }
+}
+
+const v1::SkipWindow* RunUnit::WindowDivergedAgainAfter() const {
+  // The newest rollback's window (the spec's windows are not rollbacks).
+  for (int i = run_.skip_windows_size() - 1; i >= 0; --i) {
+    const v1::SkipWindow& w = run_.skip_windows(i);
+    if (w.attempt() <= 0) continue;
+    return DivergesAgainAfterItsWindow(w.first_step(), w.last_step(),
+                                       std::max<int64_t>(diverged_at_, 1), spec_.guard.skip_batches)
+               ? &w
+               : nullptr;
+  }
+  return nullptr;
+}
+
+void RunUnit::NoteDivergenceFailed(RestartDecision& d) {
+  LocateDivergence();
+  if (WindowDivergedAgainAfter() == nullptr) return;
+  d.reason = absl::StrCat(
+      "diverges again after skipping its data: the learning rate or the model, not the data; ",
+      d.reason);
+}
+
+void RunUnit::AddRollbackWindow(StoreBatch& b, const RestartDecision& d) {
+  LocateDivergence();
+  const v1::SkipWindow* again = WindowDivergedAgainAfter();
+  const std::string why_halved =
+      again == nullptr
+          ? std::string()
+          : absl::StrCat(" (halved: diverged again at step ", diverged_at_,
+                         ", right after the window of steps ", again->first_step(), " to ",
+                         again->last_step(), ": the learning rate or the model, not the data)");
   const int64_t first = std::max<int64_t>(diverged_at_, 1);
   const int64_t last = std::max(first + spec_.guard.skip_batches - 1, diverged_through_);
   v1::SkipWindow* w = run_.add_skip_windows();
@@ -48,15 +81,25 @@ void RunUnit::AddRollbackWindow(StoreBatch& b, const RestartDecision& d) {
   w->set_attempt(attempt_.number());
   w->set_resumed_from_step(-1);
   w->set_reason(diverged_seen_);
+  w->set_lr_halved(again != nullptr);
   run_.set_rollbacks(d.rollbacks);
   env_.host->CountRollback(id());
-  const std::string line =
-      absl::StrCat("rollback ", d.rollbacks, " of ", spec_.guard.max_rollbacks,
-                   ": the next attempt resumes from the newest checkpoint before step ", first,
-                   " and skips the batches of steps ", first, " to ", last,
-                   spec_.guard.lr_factor_on_rollback < 1
-                       ? absl::StrCat(", learning rate x", LearningRateFactor())
-                       : std::string());
+  // A window that runs past the run's last step says so: the run's
+  // remaining steps are all skipped, which guard.max_skipped_fraction
+  // then judges.
+  const int64_t total = run_.progress().total_steps();
+  const std::string past_end =
+      total > 0 && last > total
+          ? absl::StrCat(", past the run's last step ", total, ": its remaining ",
+                         std::max<int64_t>(total - first + 1, 0), " steps are all skipped")
+          : std::string();
+  const std::string line = absl::StrCat(
+      "rollback ", d.rollbacks, " of ", spec_.guard.max_rollbacks,
+      ": the next attempt resumes from the newest checkpoint before step ", first,
+      " and skips the batches of steps ", first, " to ", last, past_end,
+      LearningRateFactor() < 1 ? absl::StrCat(", learning rate x", LearningRateFactor())
+                               : std::string(),
+      why_halved);
   Log(LogLevel::kWarn, line);
   b.events.push_back(Event(v1::EVENT_KIND_GUARD, -1, line));
 }
@@ -86,8 +129,9 @@ std::string RunUnit::SkipWindowsText() const {
 }
 
 double RunUnit::LearningRateFactor() const {
-  // Never 0 (the worker refuses it): 1e-12 at the least.
-  return std::max(1e-12, std::pow(spec_.guard.lr_factor_on_rollback, run_.rollbacks()));
+  int halved = 0;
+  for (const v1::SkipWindow& w : run_.skip_windows()) halved += w.lr_halved() ? 1 : 0;
+  return RollbackLrFactor(spec_.guard.lr_factor_on_rollback, run_.rollbacks(), halved);
 }
 
 }  // namespace trainsup::supervisor

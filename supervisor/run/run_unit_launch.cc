@@ -177,6 +177,40 @@ absl::StatusOr<CheckedProgram> RunUnit::AllowedCommand() const {
   return program;
 }
 
+WorkerLaunch RunUnit::RankLaunch(const RankState& r, size_t local, int port, int64_t budget,
+                                 const std::string& binary, const std::string& argv0,
+                                 const std::map<std::string, std::string>& daemon_env) const {
+  WorkerLaunch w;
+  w.binary = binary;
+  w.run_id = id();
+  w.run_dir = run_.run_dir();
+  w.attempt = attempt_.number();
+  w.rank = r.rank;
+  w.world_size = attempt_.world_size() > 0 ? attempt_.world_size() : run_.world_size();
+  w.local_rank = static_cast<int>(local);
+  w.local_world_size = static_cast<int>(slots_.size());
+  if (!master_addr_.empty()) w.master_addr = master_addr_;
+  if (Clustered()) w.node_addr = cfg().cluster.advertise_addr;
+  w.supervisor_endpoint = env_.host->SupervisorEndpoint();
+  w.resume_step = attempt_.resumed_from_step();
+  w.token = r.token;
+  w.gpu = r.gpu;
+  w.master_port = port;
+  w.memory_budget_mb = budget;
+  w.skip_windows = SkipWindowsText();
+  w.lr_factor = LearningRateFactor();
+  w.data_roots = cfg().daemon.data_roots;
+  w.daemon_env = daemon_env;
+  w.cuda_alloc_conf = spec_.train.cuda_alloc_conf;
+  if (spec_.has_command) {
+    w.command = &spec_.command;
+    w.program = binary;
+    w.program_argv0 = argv0;
+    w.resume_dir = attempt_.resumed_from();
+  }
+  return w;
+}
+
 void RunUnit::LaunchRanks() {
   launching_ = false;
   const int number = attempt_.number();
@@ -216,33 +250,7 @@ void RunUnit::LaunchRanks() {
     r.slot = slots_[i];
     r.gpu = i < gpus_.size() ? gpus_[i] : "";
     r.token = env_.host->NewSecret(32);
-    WorkerLaunch w;
-    w.binary = binary;
-    w.run_id = id();
-    w.run_dir = run_.run_dir();
-    w.attempt = number;
-    w.rank = r.rank;
-    w.world_size = attempt_.world_size() > 0 ? attempt_.world_size() : run_.world_size();
-    w.local_rank = static_cast<int>(i);
-    w.local_world_size = static_cast<int>(slots_.size());
-    if (!master_addr_.empty()) w.master_addr = master_addr_;
-    if (Clustered()) w.node_addr = cfg().cluster.advertise_addr;
-    w.supervisor_endpoint = env_.host->SupervisorEndpoint();
-    w.resume_step = attempt_.resumed_from_step();
-    w.token = r.token;
-    w.gpu = r.gpu;
-    w.master_port = port;
-    w.memory_budget_mb = budget;
-    w.skip_windows = SkipWindowsText();
-    w.lr_factor = LearningRateFactor();
-    w.data_roots = cfg().daemon.data_roots;
-    w.daemon_env = daemon_env;
-    if (spec_.has_command) {
-      w.command = &spec_.command;
-      w.program = binary;
-      w.program_argv0 = argv0;
-      w.resume_dir = attempt_.resumed_from();
-    }
+    const WorkerLaunch w = RankLaunch(r, i, port, budget, binary, argv0, daemon_env);
     const LaunchSpec spec = BuildWorkerLaunch(w);
     r.status.set_log_path(spec.log_path);
     r.status.set_exit_code(-1);

@@ -174,6 +174,7 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
     f.message = m.exit().message();
     f.last_step = m.exit().last_step();
     f.first_bad_step = m.exit().first_bad_step();
+    if (m.exit().has_tally()) f.tally = TallyFromProto(m.exit().tally());
     r.exit_report = f;
   }
 }

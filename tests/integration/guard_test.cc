@@ -88,6 +88,14 @@ TEST(Guard, ADivergedRunRollsBackPastItsFirstBadStepAndEndsAsARunThatSkippedTheW
   EXPECT_EQ(run.skip_windows(0).last_step(), 8);
   EXPECT_EQ(run.skip_windows(0).attempt(), 1);
   EXPECT_EQ(run.skip_windows(0).resumed_from_step(), 4);
+  // Issue 46: the run says what it trained; 3 of 30 skipped is within
+  // guard.max_skipped_fraction 0.1, so it is a success.
+  ASSERT_TRUE(run.progress().has_tally()) << Describe(run);
+  EXPECT_EQ(run.progress().tally().steps(), 30);
+  EXPECT_EQ(run.progress().tally().skipped_window(), 3);
+  EXPECT_EQ(run.progress().tally().skipped_guard(), 0);
+  EXPECT_EQ(run.progress().tally().applied(), 27);
+  EXPECT_THAT(run.reason(), HasSubstr("trained 27 of 30 steps (3 skipped: 3 in windows"));
   for (int attempt : {2, 3}) {
     EXPECT_THAT(RankLog(run, attempt, 0), HasSubstr("skip windows: 6-8")) << "attempt " << attempt;
   }
@@ -134,6 +142,30 @@ TEST(Guard, ARealDivergenceIsRolledBackWithALowerLearningRateThenFailsPastTheBud
   for (int attempt : {1, 2}) {
     EXPECT_THAT(RankLog(run, attempt, 0), ::testing::Not(HasSubstr("out-of-memory")));
   }
+}
+
+// Issue 46, as a user found it: SGD at lr 10000 (a typo), 30 steps,
+// checkpoints every 5, the guard's defaults. The run diverges again right
+// after each window: it must never end SUCCEEDED having skipped most of its
+// steps. With these rules it lowers its learning rate and, still diverging,
+// fails saying the data was not the cause (or fails on the skipped fraction).
+TEST(Guard, ABadLearningRateNeverEndsSucceededWithMostStepsSkipped) {
+  DaemonHarness h;
+  UseRealWorker(h, 1);
+  ASSERT_TRUE(h.Start());
+  std::string spec = Spec("typo", 30, "", "lr = 10000\n", "");
+  spec.replace(spec.find("checkpoint_every_steps = 2"), 26, "checkpoint_every_steps = 5");
+  const std::string id = h.Submit(spec);
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForEnd(id, Seconds(400), &run));
+  EXPECT_EQ(run.state(), v1::RUN_STATE_FAILED) << Describe(run);
+  const bool said_why =
+      run.reason().find("diverges again after skipping its data") != std::string::npos ||
+      run.reason().find("guard.max_skipped_fraction") != std::string::npos;
+  EXPECT_TRUE(said_why) << run.reason();
+  bool halved = false;
+  for (const v1::SkipWindow& w : run.skip_windows()) halved = halved || w.lr_halved();
+  EXPECT_TRUE(halved) << Describe(run);
 }
 
 }  // namespace

@@ -115,7 +115,10 @@ TEST(CommandRun, ClientGuardDivergesAndTheDaemonRollsTheScriptBackPastTheBadStep
   DaemonHarness h;
   AllowPython(h);
   ASSERT_TRUE(h.Start());
-  const std::string guard = "[guard]\nskip_batches = 3\n";
+  // 3 of the 16 steps skipped is over the default guard.max_skipped_fraction
+  // (0.1): a run this short would end FAILED (issue 46); this test is about
+  // the rollback, so it allows 20%.
+  const std::string guard = "[guard]\nskip_batches = 3\nmax_skipped_fraction = 0.2\n";
   const std::string ref_id = h.Submit(
       ScriptSpec("skipped", "train_guard.py", true, "EXTRA_SKIP = \"7-9\"", 1, 16) + guard);
   v1::Run ref;
@@ -138,6 +141,9 @@ TEST(CommandRun, ClientGuardDivergesAndTheDaemonRollsTheScriptBackPastTheBadStep
   EXPECT_EQ(run.skip_windows(0).last_step(), 9);
   EXPECT_EQ(run.skip_windows(0).attempt(), 1);
   EXPECT_EQ(run.skip_windows(0).resumed_from_step(), 6);
+  // The client's tally (skip_step counted the window) reaches the run.
+  EXPECT_THAT(run.reason(), HasSubstr("trained 13 of 16 steps (3 skipped: 3 in windows"))
+      << Describe(run);
   EXPECT_THAT(RankLog(run, 1, 0), HasSubstr("step 7 not applied (not finite): loss nan"));
   EXPECT_THAT(RankLog(run, 2, 0), HasSubstr("resumed from step 6; skip windows [(7, 9)]"));
   EXPECT_TRUE(SameWeights(ref.run_dir() + "/final.pt", run.run_dir() + "/final.pt"))

@@ -699,11 +699,26 @@ std::string Trainer::WeightsDigest() const {
   return absl::StrFormat("%016x", h);
 }
 
+}  // namespace internal
+
+void FillTally(const TrainingTally& t, ::trainsup::v1::TrainingTally* out) {
+  out->set_steps(t.steps);
+  out->set_applied(t.applied);
+  out->set_skipped_window(t.skipped_window);
+  out->set_skipped_guard(t.skipped_guard);
+  out->set_skipped_scaler(t.skipped_scaler);
+  out->set_final_metric(t.final_metric);
+  out->set_baseline_metric(t.baseline_metric);
+}
+
+namespace internal {
+
 TrainerResult Trainer::Completed(TrainerResult result) {
   Log(absl::StrCat("weights digest ", WeightsDigest(), " (rank ", options_.rank, ")"));
   result.exit_code = ExitStatus(WorkerExit::kCompleted);
   result.reason = ToString(WorkerExit::kCompleted);
   result.last_step = step_;
+  result.tally = Tally();
   result.message = absl::StrCat("completed ", step_, " steps; splits ", counters_.splits, " (",
                                 counters_.predicted_splits, " predicted), out-of-memory retries ",
                                 counters_.retries, ", wasted forwards ", counters_.wasted_forwards,

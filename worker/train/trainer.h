@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "contracts/exit_file.h"
 #include "contracts/spec.h"
 #include "trainsup/v1/supervisor.pb.h"
 #include "worker/dataset/dataset.h"
@@ -85,6 +86,9 @@ struct TrainerHooks {
   std::function<void(const std::string&)> log;  // one line for the rank's log
 };
 
+// `t` as the API's message (a heartbeat's progress, the exit report).
+void FillTally(const TrainingTally& t, ::trainsup::v1::TrainingTally* out);
+
 struct TrainerResult {
   int exit_code = 0;
   std::string reason;   // completed | stopped | usage | data | oom | ...
@@ -95,6 +99,8 @@ struct TrainerResult {
   double val_miou = -1;
   double baseline_miou = -1;  // predicting the training split's majority class
   double val_accuracy = -1;
+  // Exit 0: what the run trained (rank 0's is the run's).
+  TrainingTally tally;
 };
 
 // The device a run trains on, from train.device and whether this worker

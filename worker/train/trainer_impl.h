@@ -178,7 +178,22 @@ class Trainer {
     p.set_nonfinite_steps(counters_.nonfinite_steps - at_start_.nonfinite_steps);
     p.set_spike_steps(counters_.spike_steps - at_start_.spike_steps);
     p.set_window_skipped_steps(counters_.window_skipped_steps - at_start_.window_skipped_steps);
+    FillTally(Tally(), p.mutable_tally());
     hooks_.progress(p);
+  }
+  // What the run has trained, on the current model's lineage (the counters
+  // are the checkpoint's): docs/guard.md, "SUCCEEDED means trained".
+  TrainingTally Tally() const {
+    TrainingTally t;
+    t.steps = step_;
+    t.skipped_window = counters_.window_skipped_steps;
+    t.skipped_guard = counters_.nonfinite_steps + counters_.spike_steps;
+    t.skipped_scaler = 0;
+    t.applied = std::max<int64_t>(
+        0, step_ - t.skipped_window - t.skipped_guard - t.skipped_scaler - counters_.skipped_steps);
+    t.final_metric = val_miou_;
+    t.baseline_metric = baseline_miou_;
+    return t;
   }
   // A data error's message for the exit file and the supervisor, which
   // viewers see: the file's content withheld (ViewerMessage). The rank's

@@ -440,6 +440,33 @@ TEST(Describe, ValidationOnlyOnceEvaluated) {
       << text;
 }
 
+// Issue 46: what the run trained, on its own line.
+TEST(Describe, WhatTheRunTrained) {
+  v1::Run run = RunningRun();
+  EXPECT_EQ(FormatRunDescription(run, kT).find("Trained:"), std::string::npos);
+  v1::TrainingTally* t = run.mutable_progress()->mutable_tally();
+  t->set_steps(30);
+  t->set_applied(4);
+  t->set_skipped_window(20);
+  t->set_skipped_guard(6);
+  t->set_final_metric(0.0065);
+  t->set_baseline_metric(0.27);
+  const std::string text = FormatRunDescription(run, kT);
+  EXPECT_NE(text.find("Trained:        4 of 30 steps applied; skipped: 20 in windows, 6 by the "
+                      "guard, 0 by the loss scaler; val mIoU 0.0065 vs baseline 0.27\n"),
+            std::string::npos)
+      << text;
+}
+
+// Only a clean success is exit 0 for `trainctl watch` and `submit --watch`.
+TEST(ExitCodes, OnlySucceededIsZero) {
+  EXPECT_EQ(ExitCodeForRunState(v1::RUN_STATE_SUCCEEDED), 0);
+  for (v1::RunState s : {v1::RUN_STATE_FAILED, v1::RUN_STATE_CANCELLED, v1::RUN_STATE_PENDING,
+                         v1::RUN_STATE_RUNNING}) {
+    EXPECT_NE(ExitCodeForRunState(s), 0) << v1::RunState_Name(s);
+  }
+}
+
 TEST(Node, GpusAndSlots) {
   v1::Node node;
   node.set_hostname("box1");

@@ -60,6 +60,38 @@ TEST(BuildWorkerLaunch, EnvironmentIsBuiltNotInherited) {
   EXPECT_EQ(s.env.count("TRAINSUP_MEMORY_BUDGET_MB"), 0u);
 }
 
+// Issue 41: NCCL's and PyTorch's NCCL settings reach the worker from the
+// daemon's environment, never a variable that loads a plugin; the caching
+// allocator's settings come from the spec, else the daemon, else ours.
+TEST(BuildWorkerLaunch, NcclSettingsAndTheAllocatorsConf) {
+  WorkerLaunch w = Facts();
+  w.daemon_env = {{"NCCL_DEBUG", "INFO"},
+                  {"NCCL_IB_HCA", "mlx5_0"},
+                  {"TORCH_NCCL_DUMP_ON_TIMEOUT", "1"},
+                  {"TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"},
+                  {"NCCL_NET_PLUGIN", "/tmp/evil.so"},
+                  {"NCCL_TUNER_PLUGIN", "x"},
+                  {"NCCL_PROFILER_PLUGIN", "x"},
+                  {"NCCL_NET", "evil"},
+                  {"NCCLX", "no"},
+                  {"PATH", "/opt/bin"}};
+  LaunchSpec s = BuildWorkerLaunch(w);
+  EXPECT_EQ(s.env.at("NCCL_DEBUG"), "INFO");
+  EXPECT_EQ(s.env.at("NCCL_IB_HCA"), "mlx5_0");
+  EXPECT_EQ(s.env.at("TORCH_NCCL_DUMP_ON_TIMEOUT"), "1");
+  EXPECT_EQ(s.env.at("TORCH_NCCL_TRACE_BUFFER_SIZE"), "2000");
+  for (const char* refused :
+       {"NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN", "NCCL_NET", "NCCLX"}) {
+    EXPECT_EQ(s.env.count(refused), 0u) << refused;
+  }
+  EXPECT_EQ(s.env.at("PYTORCH_CUDA_ALLOC_CONF"), "expandable_segments:True");
+  w.daemon_env["PYTORCH_CUDA_ALLOC_CONF"] = "garbage_collection_threshold:0.6";
+  EXPECT_EQ(BuildWorkerLaunch(w).env.at("PYTORCH_CUDA_ALLOC_CONF"),
+            "garbage_collection_threshold:0.6");
+  w.cuda_alloc_conf = "expandable_segments:False";
+  EXPECT_EQ(BuildWorkerLaunch(w).env.at("PYTORCH_CUDA_ALLOC_CONF"), "expandable_segments:False");
+}
+
 TEST(BuildWorkerLaunch, ARootTheWorkerCannotBeToldLeavesItNone) {
   WorkerLaunch w = Facts();
   w.data_roots = {"/srv/a:b"};
@@ -106,6 +138,8 @@ TEST(BuildWorkerLaunch, ACommandRunExecutesItsProgramWithTheTorchrunEnvironment)
       {"PATH", "/data/project/bin:/usr/bin"},
       {"HOME", "/root"},
       {"OMP_NUM_THREADS", "4"},
+      // The allocator's default reaches a script too (issue 41).
+      {"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"},
       {"TRAINSUP_TOKEN", "t0k3n"},
       {"TRAINSUP_RUN_ID", "r-1"},
       {"TRAINSUP_ATTEMPT", "3"},
