@@ -70,6 +70,8 @@ packages=(
   # the Debian package (tests/package): manual pages from --help, lintian,
   # and a clean Debian 12 root to install it into
   help2man lintian debootstrap
+  # the GPU machine's bundle (deploy/bundle.sh): its RPATH
+  patchelf xz-utils
 )
 
 if [ "$worker_only" -eq 1 ]; then packages=("${worker_packages[@]}"); fi

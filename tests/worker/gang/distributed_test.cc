@@ -509,8 +509,20 @@ int JoinRole(int rank, int port, const std::string& ifname, const std::string& o
   go.connect_timeout_s = 30;
   go.gloo_ifname = ifname;
   absl::StatusOr<std::unique_ptr<Gang>> gang = Gang::Join(go);
-  std::ofstream(out) << (gang.ok() ? std::string("joined") : std::string(gang.status().message()));
-  return gang.ok() ? 0 : 3;
+  // Gloo's full mesh may be complete on one rank while the other still
+  // reads its last handshake: a rank that exited at once closed that
+  // socket under its peer ("Connection closed by peer", seen in CI). A
+  // barrier holds both until both are in, and shows the gang works.
+  std::string result = gang.ok() ? "joined" : std::string(gang.status().message());
+  if (gang.ok()) {
+    try {
+      (*gang)->Barrier("gloo_ifname");
+    } catch (const std::exception& e) {
+      result = std::string("joined, but the barrier failed: ") + e.what();
+    }
+  }
+  std::ofstream(out) << result;
+  return result == "joined" ? 0 : 3;
 }
 
 // Both ranks' JoinRole outputs.
