@@ -131,6 +131,7 @@ absl::Status DaemonImpl::Init() {
   } else if (config_.slots.use_gpus) {
     gpus = OpenNvmlMonitor();
   }
+  if (gpus) log_->info("GPUs: {}", gpus->Describe());
   SlotTable::Hooks hooks;
   hooks.now = [this] { return env_->NowS(); };
   hooks.off_loop = [this](std::function<void()> work) { asio::post(pool_, std::move(work)); };

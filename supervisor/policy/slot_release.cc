@@ -82,6 +82,7 @@ ReleaseDecision DecideRelease(const ReleaseFacts& facts) {
   }
   if (group_empty && gpu_released) {
     d.verdict = ReleaseDecision::kFree;
+    d.reason = why;
     return d;
   }
   if (facts.stranded || facts.past_deadline) {

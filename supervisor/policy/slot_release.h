@@ -76,7 +76,7 @@ struct ReleaseFacts {
 struct ReleaseDecision {
   enum Verdict { kFree, kWait, kStrand };
   Verdict verdict = kWait;
-  std::string reason;             // why it is (being) stranded
+  std::string reason;             // why it is (being) stranded; kFree: the GPU's reading
   bool kill_group = false;        // SIGKILL the worker's group (leftovers)
   std::vector<int> kill_holders;  // GPU holders of the worker's group to SIGKILL
 };

@@ -66,9 +66,13 @@ struct nvmlProcessInfo_v1_t {
 
 class NvmlMonitor final : public GpuMonitor {
  public:
-  explicit NvmlMonitor(const std::string& library) {
+  explicit NvmlMonitor(const std::string& library) : library_(library) {
     handle_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle_ == nullptr) return;
+    if (handle_ == nullptr) {
+      const char* error = dlerror();
+      load_error_ = error != nullptr ? error : "dlopen failed";
+      return;
+    }
     const bool resolved = Resolve("nvmlInit_v2", &init_) && Resolve("nvmlShutdown", &shutdown_) &&
                           Resolve("nvmlDeviceGetCount_v2", &get_count_) &&
                           Resolve("nvmlDeviceGetHandleByIndex_v2", &get_handle_) &&
@@ -98,6 +102,25 @@ class NvmlMonitor final : public GpuMonitor {
   }
 
   bool available() const override { return initialized_; }
+
+  std::string Describe() const override {
+    if (handle_ == nullptr) return absl::StrCat("NVML: cannot load ", library_, ": ", load_error_);
+    // The file the dynamic linker chose for the name asked for.
+    std::string file = library_;
+    Dl_info info;
+    if (init_ != nullptr && dladdr(reinterpret_cast<void*>(init_), &info) != 0 &&
+        info.dli_fname != nullptr) {
+      file = info.dli_fname;
+    }
+    if (!initialized_) return absl::StrCat("NVML from ", file, ": not initialized");
+    std::string driver = "unknown";
+    using VersionFn = nvmlReturn_t (*)(char*, unsigned);
+    if (auto get = reinterpret_cast<VersionFn>(dlsym(handle_, "nvmlSystemGetDriverVersion"))) {
+      char text[96] = {};
+      if (get(text, sizeof(text)) == kNvmlSuccess) driver = text;
+    }
+    return absl::StrCat("NVML from ", file, ", driver ", driver);
+  }
 
   absl::StatusOr<std::vector<GpuInfo>> Query() override {
     if (!initialized_) return absl::FailedPreconditionError("NVML is not available");
@@ -275,6 +298,8 @@ class NvmlMonitor final : public GpuMonitor {
     return kNvmlInsufficientSize;
   }
 
+  std::string library_;
+  std::string load_error_;
   void* handle_ = nullptr;
   bool initialized_ = false;
   nvmlReturn_t (*init_)() = nullptr;
@@ -304,6 +329,8 @@ class FakeMonitor final : public GpuMonitor {
   explicit FakeMonitor(std::string path) : path_(std::move(path)) {}
 
   bool available() const override { return true; }
+
+  std::string Describe() const override { return absl::StrCat("the fake GPU file ", path_); }
 
   absl::StatusOr<std::vector<GpuInfo>> Query() override {
     std::ifstream in(path_);

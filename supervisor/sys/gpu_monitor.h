@@ -28,6 +28,10 @@ class GpuMonitor {
   // errors carry NVML's (or the file's) message. A failing health query
   // never fails Query: it is noted in that GPU's health_error.
   virtual absl::StatusOr<std::vector<GpuInfo>> Query() = 0;
+  // Where the readings come from, for the daemon's start-up log: NVML's
+  // loaded file and the driver's version, or the fake GPU file; when not
+  // available(), why.
+  virtual std::string Describe() const = 0;
 };
 
 // NVML from `library` (default libnvidia-ml.so.1). Never null: when the

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "supervisor/policy/slot_release.h"
 #include "supervisor/sys/process.h"
 
@@ -215,7 +216,8 @@ void SlotTable::Release(int slot, const GroupIdentity& group, double timeout_s,
   Slot& s = slots_[slot];
   s.state = SlotState::kReleasing;
   s.group = group;
-  s.release_deadline_s = hooks_.now() + timeout_s;
+  s.release_started_s = hooks_.now();
+  s.release_deadline_s = s.release_started_s + timeout_s;
   StartCheck(idle_bytes);
 }
 
@@ -323,6 +325,12 @@ bool SlotTable::ApplyRelease(Slot& s, const ReleaseDecision& d) {
   switch (d.verdict) {
     case ReleaseDecision::kFree:
       if (s.state == SlotState::kStranded) hooks_.log(absl::StrCat("slot ", s.index, " recovered"));
+      // How long a GPU takes to come back after its worker: the figure an
+      // operator (and tests/gpu/e2e.sh) reads between exit and relaunch.
+      if (s.gpu_index >= 0 && !d.reason.empty()) {
+        hooks_.log(absl::StrFormat("slot %s free %.3f s after its worker ended: %s", s.name,
+                                   hooks_.now() - s.release_started_s, d.reason));
+      }
       EndDrainFor(s, kDrainStranded, "its memory was released");
       s = Slot{s.index, s.gpu_index, s.gpu_uuid, s.name, s.drain};
       return true;

@@ -56,7 +56,8 @@ struct Slot {
   SlotState state = SlotState::kFree;
   std::string run_id;
   int rank = -1;
-  GroupIdentity group;  // the last worker's
+  GroupIdentity group;           // the last worker's
+  double release_started_s = 0;  // when its worker ended (Release)
   double release_deadline_s = 0;
   std::string reason;
 };

@@ -468,6 +468,11 @@ TEST(Daemon, GpuHeldByTheWorkersOwnGroupIsReclaimed) {
   std::vector<v1::RunEvent> events = h.History(id);
   EXPECT_THAT(EventsOfKind(events, v1::EVENT_KIND_GPU), ::testing::IsEmpty()) << Describe(events);
   EXPECT_THAT(h.DaemonLog(), ::testing::Not(HasSubstr("STRANDED")));
+  // How long the GPU took to come back, for the operator (and the GPU
+  // box's e2e script): the freed slot is logged with its time and reading.
+  EXPECT_THAT(h.DaemonLog(), ::testing::ContainsRegex(
+                                 "slot gpu:0 free [0-9]+\\.[0-9]{3} s after its worker ended: "
+                                 "GPU 0 \\([^)]*\\) released: 10 MiB used"));
 }
 
 // --- 18. OOM lowers the memory budget ---------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/temp_dir.h"
 
@@ -30,11 +31,17 @@ TEST(NvmlMonitor, MissingLibraryIsUnavailableNotFatal) {
   ASSERT_NE(monitor, nullptr);
   EXPECT_FALSE(monitor->available());
   EXPECT_EQ(monitor->Query().status().code(), absl::StatusCode::kFailedPrecondition);
+  // The start-up log says why: the name asked for and the loader's error.
+  EXPECT_THAT(
+      monitor->Describe(),
+      ::testing::AllOf(::testing::HasSubstr("NVML: cannot load libtrainsup-no-such-nvml.so.1"),
+                       ::testing::HasSubstr("No such file")));
 }
 
 TEST(NvmlMonitor, LibraryWithoutNvmlSymbolsIsUnavailable) {
   std::unique_ptr<GpuMonitor> monitor = OpenNvmlMonitor("libc.so.6");
   EXPECT_FALSE(monitor->available());
+  EXPECT_EQ(monitor->Describe(), "NVML from libc.so.6: not initialized");
 }
 
 // The real library: on machines without a driver this is the "absent" case;
@@ -46,6 +53,8 @@ TEST(NvmlMonitor, DefaultLibraryEitherWorksOrIsUnavailable) {
     EXPECT_FALSE(monitor->Query().ok());
     return;
   }
+  // The file the loader chose, by its full path, and the driver.
+  EXPECT_THAT(monitor->Describe(), ::testing::MatchesRegex("NVML from /.*, driver [0-9].*"));
   absl::StatusOr<std::vector<GpuInfo>> gpus = monitor->Query();
   ASSERT_TRUE(gpus.ok()) << gpus.status();
   for (size_t i = 0; i < gpus->size(); ++i) {
@@ -62,6 +71,7 @@ TEST(FakeMonitor, ReadsTheFileOnEveryQuery) {
   TempDir dir;
   const std::string path = dir.path() + "/gpus.json";
   std::unique_ptr<GpuMonitor> monitor = OpenFakeMonitor(path);
+  EXPECT_EQ(monitor->Describe(), "the fake GPU file " + path);
   EXPECT_TRUE(monitor->available());
   EXPECT_EQ(monitor->Query().status().code(), absl::StatusCode::kNotFound);
 
