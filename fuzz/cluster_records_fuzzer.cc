@@ -70,8 +70,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default: {
       const JobKeys keys("job");
       const JobKeys::Parsed p = keys.Parse(keys.prefix() + text);
-      Check(p.kind.empty() || p.kind == "spec" || p.kind == "generation" || p.kind == "node" ||
-                p.kind == "join",
+      Check(p.kind.empty() || p.kind == "spec" || p.kind == "generation" ||
+                p.kind == "submission" || p.kind == "node" || p.kind == "join",
             "a key parses to a known kind or none");
       break;
     }
