@@ -46,7 +46,6 @@ set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 self="$root/tests/gpu/e2e.sh"
-stages=(nvml killed oom_split stranded script nccl determinism)
 
 # ---- arguments --------------------------------------------------------------
 if [[ ${1:-} == --stage ]]; then
@@ -406,7 +405,7 @@ stage_script() {
   fake_gpus 1
   start_daemon
   cp "$root/tests/gpu/e2e_train.py" "$sdir/e2e_train.py"
-  local figures="{}" id end
+  local figures id end
   for fault in CRASH_AT_STEP OOM_AT_STEP; do
     cat >"$sdir/$fault.toml" <<TOML
 name = "e2e-script-${fault,,}"
@@ -571,7 +570,7 @@ for entry in "${caps[@]}"; do
 done
 
 commit=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
-"$python" - "$logs" "$mode" "$(($(date +%s) - start))" "$commit" "$(uname -n)" "${stages[@]}" <<'PY'
+"$python" - "$logs" "$mode" "$(($(date +%s) - start))" "$commit" "$(uname -n)" "${caps[@]%%:*}" <<'PY'
 import json, os, sys
 logs, mode, seconds, commit, host, names = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6:]
 out = {"mode": mode, "seconds": seconds, "commit": commit, "host": host, "stages": []}
