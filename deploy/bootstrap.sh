@@ -47,6 +47,8 @@ packages=(
   # multi-node jobs: etcd (the tests start their own on loopback) and the
   # .proto files of its v3 API, compiled at build time (docs/building.md)
   etcd-server golang-etcd-server-dev
+  # the training metrics' test starts a real Prometheus on loopback
+  prometheus
   # the two-host test (a network namespace and a veth pair; it skips, with
   # the reason, where it cannot make them) and the TLS test's certificates
   iproute2 openssl

@@ -15,8 +15,13 @@ at::Tensor KaimingFanOut(int64_t volume, int64_t in, int64_t out) {
   return torch::randn({volume, in, out}) * std::sqrt(2.0 / static_cast<double>(volume * out));
 }
 
+// Checkpointed blocks being recomputed on this thread (their backward runs
+// the forward again): BatchNorm records no moments for BatchNormStepStats.
+thread_local int recomputing_blocks = 0;
+
 // Running statistics of every BatchNorm inside a block, restored when this
-// goes out of scope (also by an exception).
+// goes out of scope (also by an exception); while it lives, deferred
+// BatchNorm layers record nothing.
 class BatchNormStatsGuard {
  public:
   explicit BatchNormStatsGuard(torch::nn::Module& block) {
@@ -24,8 +29,10 @@ class BatchNormStatsGuard {
     for (const auto& m : block.modules(/*include_self=*/false)) {
       Save(dynamic_cast<BatchNormLayerImpl*>(m.get()));
     }
+    ++recomputing_blocks;
   }
   ~BatchNormStatsGuard() {
+    --recomputing_blocks;
     at::NoGradGuard no_grad;
     for (auto& [live, copy] : saved_) live.copy_(copy);
   }
@@ -204,6 +211,13 @@ BatchNormLayerImpl::BatchNormLayerImpl(int64_t channels, double eps, std::option
 
 SparseTensor BatchNormLayerImpl::forward(const SparseTensor& x, bool relu) {
   const bool tracking = running_mean.defined();
+  if (x.F().scalar_type() != weight.scalar_type()) {
+    TORCH_CHECK(false, "BatchNorm: features are ", x.F().scalar_type(), " but the module is ",
+                weight.scalar_type(), " (convert the module with ->to())");
+  }
+  if (is_training() && tracking && deferred_ != nullptr && recomputing_blocks == 0) {
+    return ForwardDeferred(x, relu);
+  }
   double factor = 0.0;
   if (is_training() && tracking) {
     {
@@ -214,16 +228,91 @@ SparseTensor BatchNormLayerImpl::forward(const SparseTensor& x, bool relu) {
         momentum_ ? *momentum_ : 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
   }
   at::Tensor w = weight, b = bias;
-  if (x.F().scalar_type() != w.scalar_type()) {
-    TORCH_CHECK(false, "BatchNorm: features are ", x.F().scalar_type(), " but the module is ",
-                w.scalar_type(), " (convert the module with ->to())");
-  }
   if (is_training() && allreduce_ != nullptr) {
     return x.WithFeatures(SyncBatchNormTraining(x.F(), w, b, running_mean, running_var, factor,
                                                 eps_, relu, allreduce_.get()));
   }
   return BatchNorm(x, w, b, running_mean, running_var, is_training() || !tracking, factor, eps_,
                    relu);
+}
+
+SparseTensor BatchNormLayerImpl::ForwardDeferred(const SparseTensor& x, bool relu) {
+  // Momentum 1 into scratch buffers: they receive this batch's mean and
+  // unbiased variance from the same kernels (and, with an allreduce, the
+  // same collectives) as a direct update would use.
+  at::Tensor mean = at::zeros_like(running_mean);
+  at::Tensor var = at::ones_like(running_var);
+  double rows = static_cast<double>(x.size());
+  SparseTensor y = allreduce_ != nullptr
+                       ? x.WithFeatures(SyncBatchNormTraining(x.F(), weight, bias, mean, var, 1.0,
+                                                              eps_, relu, allreduce_.get(), &rows))
+                       : BatchNorm(x, weight, bias, mean, var, /*training=*/true, 1.0, eps_, relu);
+  if (rows > 0) {
+    at::NoGradGuard no_grad;
+    deferred_->piece.Add(rows, mean.to(at::kDouble),
+                         var.to(at::kDouble) * (rows > 1 ? rows - 1 : 0.0));
+  }
+  return y;
+}
+
+void BatchNormLayerImpl::Moments::Add(double n, const at::Tensor& piece_mean,
+                                      const at::Tensor& piece_m2) {
+  if (n <= 0) return;
+  at::NoGradGuard no_grad;
+  if (rows == 0) {
+    rows = n;
+    mean = piece_mean.clone();
+    m2 = piece_m2.clone();
+    return;
+  }
+  const double total = rows + n;
+  at::Tensor delta = piece_mean - mean;
+  mean = mean + delta * (n / total);
+  m2 = m2 + piece_m2 + delta * delta * (rows * n / total);
+  rows = total;
+}
+
+void BatchNormLayerImpl::ApplyStep(const Moments& step) {
+  if (step.rows <= 0 || !running_mean.defined()) return;
+  at::NoGradGuard no_grad;
+  num_batches_tracked.add_(1);
+  const double factor =
+      momentum_ ? *momentum_ : 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
+  at::Tensor var = step.rows > 1 ? step.m2 / (step.rows - 1) : at::zeros_like(step.m2);
+  running_mean.mul_(1 - factor).add_(step.mean.to(running_mean.scalar_type()), factor);
+  running_var.mul_(1 - factor).add_(var.to(running_var.scalar_type()), factor);
+}
+
+BatchNormStepStats::BatchNormStepStats(torch::nn::Module& model) {
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    auto* bn = dynamic_cast<BatchNormLayerImpl*>(m.get());
+    if (bn == nullptr || !bn->running_mean.defined()) continue;
+    auto deferred = std::make_shared<BatchNormLayerImpl::Deferred>();
+    bn->SetDeferred(deferred);
+    layers_.emplace_back(bn, std::move(deferred));
+  }
+}
+
+BatchNormStepStats::~BatchNormStepStats() {
+  for (auto& [bn, deferred] : layers_) bn->SetDeferred(nullptr);
+}
+
+void BatchNormStepStats::BeginPiece() {
+  for (auto& [bn, deferred] : layers_) deferred->piece = {};
+}
+
+void BatchNormStepStats::CommitPiece() {
+  for (auto& [bn, deferred] : layers_) {
+    deferred->step.Add(deferred->piece);
+    deferred->piece = {};
+  }
+}
+
+void BatchNormStepStats::ApplyStep() {
+  for (auto& [bn, deferred] : layers_) {
+    bn->ApplyStep(deferred->step);
+    deferred->step = {};
+  }
 }
 
 namespace {
@@ -235,13 +324,15 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, at::Tensor running_mean, at::Tensor running_var,
-                            double momentum, double eps, int64_t allreduce_address) {
+                            double momentum, double eps, int64_t allreduce_address,
+                            int64_t rows_address) {
     const auto* allreduce = reinterpret_cast<const StatsAllreduce*>(allreduce_address);
     const int64_t c = x.size(1);
     at::Tensor packed = at::cat({x.sum(0, false, at::kDouble), (x.to(at::kDouble) * x).sum(0),
                                  at::full({1}, static_cast<double>(x.size(0)), at::kDouble)});
     (*allreduce)(packed);
     const double n = packed[2 * c].item<double>();
+    if (rows_address != 0) *reinterpret_cast<double*>(rows_address) = n;
     at::Tensor mean = packed.narrow(0, 0, c) / std::max(n, 1.0);
     at::Tensor var = (packed.narrow(0, c, c) / std::max(n, 1.0) - mean * mean).clamp_min(0);
     at::Tensor invstd = (var + eps).rsqrt();
@@ -285,7 +376,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     at::Tensor dw = weight.defined() ? local_dy_xhat.to(weight.scalar_type()) : at::Tensor();
     at::Tensor db =
         ctx->saved_data["has_bias"].toBool() ? local_dy.to(x.scalar_type()) : at::Tensor();
-    return {dx.to(x.scalar_type()), dw,           db,           at::Tensor(),
+    return {dx.to(x.scalar_type()), dw,           db,           at::Tensor(), at::Tensor(),
             at::Tensor(),           at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -295,11 +386,12 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
 at::Tensor SyncBatchNormTraining(const at::Tensor& features, const at::Tensor& weight,
                                  const at::Tensor& bias, const at::Tensor& running_mean,
                                  const at::Tensor& running_var, double momentum, double eps,
-                                 bool relu, const StatsAllreduce* allreduce) {
+                                 bool relu, const StatsAllreduce* allreduce, double* rows) {
   TORCH_CHECK(allreduce != nullptr && *allreduce, "SyncBatchNormTraining: no allreduce");
   at::Tensor y =
       SyncBatchNormFunction::apply(features, weight, bias, running_mean, running_var, momentum, eps,
-                                   static_cast<int64_t>(reinterpret_cast<intptr_t>(allreduce)));
+                                   static_cast<int64_t>(reinterpret_cast<intptr_t>(allreduce)),
+                                   static_cast<int64_t>(reinterpret_cast<intptr_t>(rows)));
   return relu ? at::relu(y) : y;
 }
 

@@ -8,6 +8,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "sparse/ops.h"
 #include "sparse/sparse_tensor.h"
@@ -54,6 +56,24 @@ class BatchNormLayerImpl : public torch::nn::Module {
   at::Tensor weight, bias;
   at::Tensor running_mean, running_var, num_batches_tracked;  // undefined without tracking
 
+  // The moments of the rows this layer normalised in training (float64):
+  // mean and sum of squared deviations per channel, and the row count.
+  // Combined across pieces with Chan's parallel formula (the law of total
+  // variance), so the moments of a batch run in pieces are the batch's.
+  struct Moments {
+    double rows = 0;
+    at::Tensor mean, m2;
+    void Add(double n, const at::Tensor& piece_mean, const at::Tensor& piece_m2);
+    void Add(const Moments& other) {
+      if (other.rows > 0) Add(other.rows, other.mean, other.m2);
+    }
+  };
+  // Where a BatchNormStepStats collects this layer's moments; null: each
+  // training forward moves the running statistics itself.
+  struct Deferred {
+    Moments piece, step;
+  };
+
   // Set: training-mode statistics are those of every process's batch
   // together (PyTorch's SyncBatchNorm): the per-channel sums, sums of
   // squares and row count are allreduced in forward, and the sums of the
@@ -64,21 +84,64 @@ class BatchNormLayerImpl : public torch::nn::Module {
     if (!*allreduce_) allreduce_.reset();
   }
 
+  // BatchNormStepStats: while `deferred` is set, training forwards record
+  // their moments in it and leave the running statistics alone; ApplyStep
+  // moves them once from the step's moments.
+  void SetDeferred(std::shared_ptr<Deferred> deferred) { deferred_ = std::move(deferred); }
+  void ApplyStep(const Moments& step);
+
  private:
+  SparseTensor ForwardDeferred(const SparseTensor& x, bool relu);
+
   double eps_;
   std::optional<double> momentum_;
   std::shared_ptr<StatsAllreduce> allreduce_;
+  std::shared_ptr<Deferred> deferred_;
 };
 TORCH_MODULE(BatchNormLayer);
+
+// BatchNorm running statistics moved once per optimizer step, however many
+// pieces the step's batch ran in (worker/split/step.h). While this object
+// lives, every tracking BatchNormLayer of `model` records the moments of the
+// rows it normalises in training instead of moving its running statistics:
+// a piece's into a pending set that CommitPiece adds to the step's, and
+// that BeginPiece (or the next piece) discards, so a piece that fails (an
+// out-of-memory error in its forward or backward) leaves no trace. ApplyStep
+// moves each layer's running mean and variance once, with its momentum,
+// from the combined moments: for the rows a layer saw, exactly the mean and
+// unbiased variance of the whole batch (the normalisation itself still uses
+// each piece's own statistics, as ghost batch norm does). With a statistics
+// allreduce (SyncBatchNorm) the moments are the gang's. num_batches_tracked
+// counts steps in which the layer saw a row. The recomputation of a
+// checkpointed block records nothing. Detaches from the layers when
+// destroyed; moments not applied are dropped.
+class BatchNormStepStats {
+ public:
+  explicit BatchNormStepStats(torch::nn::Module& model);
+  ~BatchNormStepStats();
+  BatchNormStepStats(const BatchNormStepStats&) = delete;
+  BatchNormStepStats& operator=(const BatchNormStepStats&) = delete;
+
+  void BeginPiece();
+  void CommitPiece();
+  // Moves the running statistics and clears the step's moments.
+  void ApplyStep();
+  int64_t layers() const { return static_cast<int64_t>(layers_.size()); }
+
+ private:
+  std::vector<std::pair<BatchNormLayerImpl*, std::shared_ptr<BatchNormLayerImpl::Deferred>>>
+      layers_;
+};
 
 // Training-mode BatchNorm over rows whose statistics are summed across
 // processes by `allreduce` (see BatchNormLayerImpl::SetStatsAllreduce),
 // then ReLU if `relu`. Sums in float64. `allreduce` must outlive the
-// backward pass.
+// backward pass. `rows`, when set, receives the gang's row count.
 at::Tensor SyncBatchNormTraining(const at::Tensor& features, const at::Tensor& weight,
                                  const at::Tensor& bias, const at::Tensor& running_mean,
                                  const at::Tensor& running_var, double momentum, double eps,
-                                 bool relu, const StatsAllreduce* allreduce);
+                                 bool relu, const StatsAllreduce* allreduce,
+                                 double* rows = nullptr);
 
 // Sets (or, with an empty function, clears) the statistics allreduce of
 // every BatchNormLayer in `model`; returns how many there are.

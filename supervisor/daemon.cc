@@ -569,6 +569,11 @@ void DaemonImpl::UpdateMetrics() {
       sample.memory_peak = static_cast<double>(p.memory_peak_bytes());
       sample.memory_budget = static_cast<double>(p.memory_budget_bytes());
       sample.step = static_cast<double>(p.step());
+      sample.loss = p.loss();
+      sample.learning_rate = p.learning_rate();
+      sample.oom_splits = static_cast<double>(p.splits());
+      sample.oom_retries = static_cast<double>(p.oom_retries());
+      sample.oom_wasted_s = p.oom_wasted_seconds();
       metrics_->SetWorker(id, r.rank, sample);
     }
     if (u->last_checkpoint_ms() > 0) {
@@ -576,6 +581,7 @@ void DaemonImpl::UpdateMetrics() {
     }
     metrics_->SetRunWorldSize(id, u->running_world_size());
     metrics_->SetRunBlocked(id, u->blocked_s());
+    if (u->run().has_progress()) metrics_->SetRunValMiou(id, u->run().progress().val_miou());
     if (const v1::Progress& p = u->run().progress(); p.has_tally() && p.tally().steps() >= 0) {
       const v1::TrainingTally& t = p.tally();
       metrics_->SetRunSteps(id, t.applied(), t.skipped_window(), t.skipped_guard(),

@@ -116,6 +116,25 @@ struct Metrics::Impl {
                "Worker memory in bytes: current use, peak use and budget (label kind).");
   Family<Gauge>& step =
       NewGauge(*registry, "trainsup_worker_step", "Last training step the worker reported.");
+  Family<Gauge>& loss = NewGauge(*registry, "trainsup_worker_loss",
+                                 "The loss of the worker's last step (its batch's mean).");
+  Family<Gauge>& learning_rate = NewGauge(*registry, "trainsup_worker_learning_rate",
+                                          "The learning rate of the worker's last step.");
+  Family<Gauge>& oom_splits =
+      NewGauge(*registry, "trainsup_worker_oom_splits",
+               "Batches or pieces the worker cut in two (out of memory, or planned not to fit), "
+               "on the lineage of the run's current model.");
+  Family<Gauge>& oom_retries =
+      NewGauge(*registry, "trainsup_worker_oom_retries",
+               "Forward passes the worker ran again after an out-of-memory error, on the lineage "
+               "of the run's current model.");
+  Family<Gauge>& oom_wasted_seconds =
+      NewGauge(*registry, "trainsup_worker_oom_wasted_seconds",
+               "Seconds of forward and backward passes thrown away by out-of-memory errors "
+               "(measured), on the lineage of the run's current model.");
+  Family<Gauge>& run_val_miou =
+      NewGauge(*registry, "trainsup_run_val_miou",
+               "The run's last validation mIoU (rank 0's evaluation); absent before the first.");
   Family<Gauge>& checkpoint_age = NewGauge(*registry, "trainsup_checkpoint_age_seconds",
                                            "Seconds since the run's newest verified checkpoint.");
   Family<Gauge>& slot_state = NewGauge(*registry, "trainsup_slot_state",
@@ -190,13 +209,24 @@ struct Metrics::Impl {
   std::string daemon_version;
   bool has_daemon_info = false;
 
+  // The series of one worker labelled {run, rank} only, with their values
+  // in `sample` (or 0 without one), in one order for SetWorker and removal.
+  std::vector<std::pair<Family<Gauge>*, double>> WorkerGauges(const WorkerSample& s) {
+    return {{&heartbeat_age, s.heartbeat_age_s},
+            {&step_rate, s.steps_per_s},
+            {&samples_rate, s.samples_per_s},
+            {&step, s.step},
+            {&loss, s.loss},
+            {&learning_rate, s.learning_rate},
+            {&oom_splits, s.oom_splits},
+            {&oom_retries, s.oom_retries},
+            {&oom_wasted_seconds, s.oom_wasted_s}};
+  }
+
   // Requires mu.
   void RemoveWorkerLocked(const std::string& run_id, int rank) {
     const Labels labels = {{"run", run_id}, {"rank", std::to_string(rank)}};
-    RemoveSeries(heartbeat_age, labels);
-    RemoveSeries(step_rate, labels);
-    RemoveSeries(samples_rate, labels);
-    RemoveSeries(step, labels);
+    for (const auto& [family, value] : WorkerGauges({})) RemoveSeries(*family, labels);
     for (const char* kind : kMemoryKinds) {
       Labels with_kind = labels;
       with_kind["kind"] = kind;
@@ -269,10 +299,7 @@ void Metrics::SetWorker(const std::string& run_id, int rank, const WorkerSample&
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->workers[run_id].insert(rank);
   const Labels labels = {{"run", run_id}, {"rank", std::to_string(rank)}};
-  impl_->heartbeat_age.Add(labels).Set(sample.heartbeat_age_s);
-  impl_->step_rate.Add(labels).Set(sample.steps_per_s);
-  impl_->samples_rate.Add(labels).Set(sample.samples_per_s);
-  impl_->step.Add(labels).Set(sample.step);
+  for (const auto& [family, value] : impl_->WorkerGauges(sample)) family->Add(labels).Set(value);
   const double memory[] = {sample.memory_current, sample.memory_peak, sample.memory_budget};
   for (int i = 0; i < 3; ++i) {
     Labels with_kind = labels;
@@ -320,6 +347,7 @@ void Metrics::RemoveRun(const std::string& run_id) {
     RemoveSeries(impl_->resizes, {{"run", run_id}, {"direction", d}});
   RemoveSeries(impl_->run_world_size, {{"run", run_id}});
   RemoveSeries(impl_->run_blocked, {{"run", run_id}});
+  RemoveSeries(impl_->run_val_miou, {{"run", run_id}});
   for (const char* kind : {"applied", "skipped_window", "skipped_guard", "skipped_scaler"}) {
     RemoveSeries(impl_->run_steps, {{"run", run_id}, {"kind", kind}});
   }
@@ -400,6 +428,15 @@ void Metrics::SetRunSteps(const std::string& run_id, int64_t applied, int64_t sk
                                 {"skipped_guard", skipped_guard},
                                 {"skipped_scaler", skipped_scaler}}) {
     impl_->run_steps.Add({{"run", run_id}, {"kind", kind}}).Set(static_cast<double>(n));
+  }
+}
+
+void Metrics::SetRunValMiou(const std::string& run_id, double miou) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (miou < 0) {
+    RemoveSeries(impl_->run_val_miou, {{"run", run_id}});
+  } else {
+    impl_->run_val_miou.Add({{"run", run_id}}).Set(miou);
   }
 }
 

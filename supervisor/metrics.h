@@ -12,6 +12,12 @@
 //   trainsup_worker_samples_per_second{run,rank}          gauge
 //   trainsup_worker_memory_bytes{run,rank,kind}           gauge, kind = current|peak|budget
 //   trainsup_worker_step{run,rank}                        gauge
+//   trainsup_worker_loss{run,rank}                        gauge, the last step's
+//   trainsup_worker_learning_rate{run,rank}               gauge, the last step's
+//   trainsup_worker_oom_splits{run,rank}                  gauge, on the model's lineage
+//   trainsup_worker_oom_retries{run,rank}                 gauge, on the model's lineage
+//   trainsup_worker_oom_wasted_seconds{run,rank}          gauge, on the model's lineage
+//   trainsup_run_val_miou{run}                            gauge, the last evaluation's
 //   trainsup_checkpoint_age_seconds{run}                  gauge
 //   trainsup_slot_state{slot,gpu,state}                   gauge, 1 for the current state
 //   trainsup_slot_healthy{slot,gpu}                       gauge, 0 while STRANDED or DRAINED
@@ -94,10 +100,19 @@ class Metrics {
     double memory_peak = 0;     // bytes
     double memory_budget = 0;   // bytes
     double step = 0;            // last reported training step
+    double loss = 0;            // the last step's
+    double learning_rate = 0;   // the last step's
+    // Counts on the lineage of the run's current model (the worker's
+    // checkpointed counters: they go back with a rollback or a restart
+    // from an older checkpoint, so these are gauges, not counters).
+    double oom_splits = 0;
+    double oom_retries = 0;
+    double oom_wasted_s = 0;  // seconds of passes thrown away by out-of-memory errors
   };
 
   // Sets the worker series of (run_id, rank): heartbeat age, step rate,
-  // samples/s, memory (kind=current|peak|budget) and step, each labelled
+  // samples/s, memory (kind=current|peak|budget), step, loss, learning
+  // rate and the out-of-memory splits, retries and wasted seconds, each labelled
   // run="<run_id>", rank="<rank>". Creates them on first call.
   void SetWorker(const std::string& run_id, int rank, const WorkerSample& sample);
 
@@ -157,6 +172,10 @@ class Metrics {
   // skipped, by kind. RemoveRun drops them.
   void SetRunSteps(const std::string& run_id, int64_t applied, int64_t skipped_window,
                    int64_t skipped_guard, int64_t skipped_scaler);
+
+  // trainsup_run_val_miou{run} = miou; a negative miou (none yet) removes
+  // the series. RemoveRun drops it.
+  void SetRunValMiou(const std::string& run_id, double miou);
 
   // trainsup_daemon_info{version} = 1 (only the latest version has a
   // series) and trainsup_daemon_start_time_seconds = start_time_s (unix

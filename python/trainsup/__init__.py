@@ -231,11 +231,13 @@ def supervised():
     return c is not None and c.supervised
 
 
-def progress(step, loss=None, samples_per_s=None, total_steps=None, epoch=None):
+def progress(step, loss=None, samples_per_s=None, total_steps=None, epoch=None, lr=None):
     """Reports that training step `step` is done: advances the progress
     counter that the daemon's hang detection watches (only this call does)
     and updates the Progress sent with the next heartbeats. Sets the phase
-    to "training". No-op outside trainsupd."""
+    to "training". `loss` and `lr` (the step's learning rate) go to the
+    daemon's /metrics as trainsup_worker_loss and
+    trainsup_worker_learning_rate. No-op outside trainsupd."""
     c = _client()
     if c is None:
         return
@@ -250,6 +252,8 @@ def progress(step, loss=None, samples_per_s=None, total_steps=None, epoch=None):
             p.loss = float(loss)
         if samples_per_s is not None:
             p.samples_per_sec = float(samples_per_s)
+        if lr is not None:
+            p.learning_rate = float(lr)
         if total_steps is not None:
             p.total_steps = int(total_steps)
         if epoch is not None:

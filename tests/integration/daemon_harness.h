@@ -19,6 +19,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -43,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/common/http_get.h"
 #include "trainsup/v1/supervisor.grpc.pb.h"
 
 extern char** environ;
@@ -51,6 +53,7 @@ namespace trainsup::integration {
 
 namespace v1 = ::trainsup::v1;
 using Clock = std::chrono::steady_clock;
+using ::trainsup::testing::HttpGet;
 using Seconds = std::chrono::duration<double>;
 
 // The whole file, or "" when it cannot be read.

@@ -220,30 +220,6 @@ TEST(Daemon, GracefulShutdownStopsWorkersAndTheNextDaemonResumes) {
 
 // --- 15. metrics ----------------------------------------------------------------------------
 
-std::string HttpGet(int port, const std::string& path) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-      char buf[8192];
-      for (;;) {
-        pollfd p{fd, POLLIN, 0};
-        if (poll(&p, 1, 10000) <= 0) break;
-        ssize_t n = read(fd, buf, sizeof(buf));
-        if (n <= 0) break;
-        response.append(buf, n);
-      }
-    }
-  }
-  close(fd);
-  return response;
-}
-
 TEST(Daemon, ServesPrometheusMetrics) {
   DaemonHarness h;
   const int port = FreeLoopbackPort();

@@ -2,7 +2,9 @@
 """Checks the sample Grafana dashboard: valid JSON, unique panel ids, and
 queries that use only metrics supervisor/metrics.h exports, covering the
 ones an operator needs (runs, restarts, heartbeat age, step rate, memory,
-slot health, checkpoint age, elastic gangs' size and resizes).
+slot health, checkpoint age, elastic gangs' size and resizes, and the
+learning row: loss, learning rate, validation mIoU, out-of-memory splits,
+retries and their wasted seconds, steps by outcome).
 Usage: check_dashboard.py DASHBOARD_JSON METRICS_H
 """
 import json
@@ -19,6 +21,13 @@ REQUIRED = [
     "trainsup_checkpoint_age_seconds",
     "trainsup_run_world_size",
     "trainsup_resizes_total",
+    "trainsup_worker_loss",
+    "trainsup_worker_learning_rate",
+    "trainsup_run_val_miou",
+    "trainsup_worker_oom_splits",
+    "trainsup_worker_oom_retries",
+    "trainsup_worker_oom_wasted_seconds",
+    "trainsup_run_steps",
 ]
 
 

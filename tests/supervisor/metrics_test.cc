@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "gtest/gtest.h"
+#include "tests/common/http_get.h"
 
 namespace trainsup::supervisor {
 namespace {
@@ -39,28 +40,6 @@ std::optional<double> ValueOf(const std::string& scrape, const std::string& seri
 
 bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
-}
-
-// Sends `GET /metrics HTTP/1.0` to 127.0.0.1:port and returns the whole
-// response (status line, headers, body); "" if the connection failed.
-std::string HttpGetMetrics(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
-      char buffer[4096];
-      ssize_t n;
-      while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, n);
-    }
-  }
-  close(fd);
-  return response;
 }
 
 TEST(Metrics, WithoutEndpointHasNoPortAndStillScrapes) {
@@ -132,6 +111,11 @@ Metrics::WorkerSample Sample(double scale) {
   sample.memory_peak = 2048 * scale;
   sample.memory_budget = 4096 * scale;
   sample.step = 100 * scale;
+  sample.loss = 0.25 * scale;
+  sample.learning_rate = 0.01 * scale;
+  sample.oom_splits = 5 * scale;
+  sample.oom_retries = 7 * scale;
+  sample.oom_wasted_s = 0.5 * scale;
   return sample;
 }
 
@@ -146,6 +130,11 @@ TEST(Metrics, SetWorkerExportsEverySeriesWithRunAndRank) {
   EXPECT_EQ(ValueOf(scrape, "trainsup_worker_step_rate" + labels), 8.0) << scrape;
   EXPECT_EQ(ValueOf(scrape, "trainsup_worker_samples_per_second" + labels), 64.0) << scrape;
   EXPECT_EQ(ValueOf(scrape, "trainsup_worker_step" + labels), 200.0) << scrape;
+  EXPECT_EQ(ValueOf(scrape, "trainsup_worker_loss" + labels), 0.5) << scrape;
+  EXPECT_EQ(ValueOf(scrape, "trainsup_worker_learning_rate" + labels), 0.02) << scrape;
+  EXPECT_EQ(ValueOf(scrape, "trainsup_worker_oom_splits" + labels), 10.0) << scrape;
+  EXPECT_EQ(ValueOf(scrape, "trainsup_worker_oom_retries" + labels), 14.0) << scrape;
+  EXPECT_EQ(ValueOf(scrape, "trainsup_worker_oom_wasted_seconds" + labels), 1.0) << scrape;
   EXPECT_EQ(ValueOf(scrape, "trainsup_worker_memory_bytes{kind=\"current\",rank=\"0\",run=\"r1\"}"),
             2048.0)
       << scrape;
@@ -181,8 +170,12 @@ TEST(Metrics, RemoveRunRemovesCheckpointAgeAndAllItsWorkers) {
   metrics->SetWorker("r2", 0, Sample(1));
   metrics->SetCheckpointAge("r1", 42);
   metrics->SetCheckpointAge("r2", 7);
+  metrics->SetRunValMiou("r1", 0.5);
+  metrics->SetRunValMiou("r2", -1);  // none yet: no series
   std::string scrape = metrics->Scrape();
   EXPECT_EQ(ValueOf(scrape, "trainsup_checkpoint_age_seconds{run=\"r1\"}"), 42.0) << scrape;
+  EXPECT_EQ(ValueOf(scrape, "trainsup_run_val_miou{run=\"r1\"}"), 0.5) << scrape;
+  EXPECT_FALSE(Contains(scrape, "trainsup_run_val_miou{run=\"r2\"}")) << scrape;
 
   metrics->RemoveRun("r1");
   scrape = metrics->Scrape();
@@ -313,7 +306,7 @@ TEST(Metrics, ServesTheScrapeOverHttpOnLoopback) {
   (*metrics)->CountRestart("oom");
   (*metrics)->SetWorker("r9", 2, Sample(1));
 
-  const std::string response = HttpGetMetrics(port);
+  const std::string response = trainsup::testing::HttpGet(port, "/metrics");
   ASSERT_EQ(response.rfind("HTTP/1.", 0), 0u) << response;
   EXPECT_TRUE(Contains(response.substr(0, response.find('\n')), " 200")) << response;
   const std::string::size_type body_start = response.find("\r\n\r\n");

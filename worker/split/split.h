@@ -90,6 +90,9 @@ struct SplitStats {
   // apart because the trainer also counts OOMs outside the splittable region
   // (optimizer step, checkpointing), which waste no forward pass.
   int64_t wasted_forwards = 0;
+  // Seconds of the RunGroup calls that ran out of memory: work thrown away.
+  // Measured by the caller that runs the model (ForwardBackward); 0 here.
+  double wasted_seconds = 0;
   int64_t dropped_pieces = 0;  // pieces at the floor that still did not fit
   int64_t dropped_voxels = 0;
   int64_t dropped_labelled = 0;

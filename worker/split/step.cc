@@ -3,10 +3,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
+#include "sparse/nn.h"
 #include "worker/gang/distributed.h"
 
 namespace trainsup::worker {
@@ -72,10 +74,10 @@ c10::Device ParamsDevice(const std::vector<at::Tensor>& params) {
 // no parameter's .grad is written; a data-parallel reducer's hooks on the
 // parameters see each gradient as backward makes it (LibTorch 1.13 fired
 // no leaf hook under autograd::grad, and this step wrote .grad through
-// backward() instead; 2.x fires them): when the group completes the rank's batch
-// (`remaining_labelled`, the labelled voxels not trained yet, equals the
-// group's), `reducer` takes the gradients (sealing them) and launches their
-// allreduce during backward; sealed gradients are never added again.
+// backward() instead; 2.x fires them): when `arm` (the group is the
+// rank's last, ArmsReducer), `reducer` takes the gradients (sealing them)
+// and launches their allreduce during backward; sealed gradients are never
+// added again.
 // Returns the absolute peak bytes (the allocator's memory statistics), or
 // ResourceExhausted on c10::OutOfMemoryError.
 absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& batch,
@@ -84,8 +86,7 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
                                      std::vector<at::Tensor>& accum, double weight,
                                      at::ScalarType dtype, double height, c10::Device device,
                                      StepOutcome* outcome, GradientReducer* reducer = nullptr,
-                                     int64_t remaining_labelled = -1,
-                                     const StepFaults& faults = {}) {
+                                     bool arm = false, const StepFaults& faults = {}) {
   struct DisarmAtExit {
     GradientReducer* reducer;
     ~DisarmAtExit() {
@@ -108,15 +109,7 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
       const at::Tensor& p = params.front();
       scaled = scaled + at::sqrt((p - p.detach()).sum()) * 0.0;
     }
-    // A batch without any labelled voxel arms too (each of its groups: the
-    // first seals every gradient, as zeros): every rank must launch its
-    // buckets from the same hooks, between the same SyncBN backward
-    // allreduces, or Gloo pairs a bucket with BatchNorm statistics.
-    const bool completes_batch =
-        t.labelled == remaining_labelled && (t.labelled > 0 || outcome->labelled == 0);
-    if (reducer != nullptr && completes_batch) {
-      reducer->ArmFinalBackward();
-    }
+    if (reducer != nullptr && arm) reducer->ArmFinalBackward();
     const std::vector<at::Tensor> grads = torch::autograd::grad(
         {scaled}, params, /*grad_outputs=*/{}, /*retain_graph=*/false, /*create_graph=*/false,
         /*allow_unused=*/true);
@@ -137,6 +130,66 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
   } catch (const c10::OutOfMemoryError& e) {
     return absl::ResourceExhaustedError(e.what());
   }
+}
+
+// Whether `group`, run reactively (RunSplitting), is the last backward of
+// the rank's batch: its labelled voxels are all that are left
+// (`remaining`). A batch without any labelled voxel arms too (each of its
+// groups: the first seals every gradient, as zeros): every rank must
+// launch its buckets from the same hooks, between the same SyncBN backward
+// allreduces, or Gloo pairs a bucket with BatchNorm statistics.
+bool ArmsReducer(const Group& group, int64_t remaining, int64_t trained) {
+  const int64_t labelled = GroupLabelled(group);
+  return labelled == remaining && (labelled > 0 || trained == 0);
+}
+
+// A group with no row (of scene 0, which every batch ForwardBackward runs
+// has): what a rank runs when the gang agreed on more groups than it has.
+Group EmptyGroup() {
+  Piece p;
+  p.all = false;
+  return {p};
+}
+
+// The groups of a sync_batchnorm step (DataParallel): planned up front,
+// the gang agrees on the most any rank planned, and this rank pads with
+// empty groups; the reducer arms in the last one on every rank. `run`'s
+// ResourceExhausted is not retried: it becomes Aborted.
+absl::StatusOr<SplitStats> RunAgreedGroups(
+    const std::vector<SceneView>& views, const SplitOptions& options, const MemoryModel* predictor,
+    int64_t budget_bytes, Gang& gang,
+    const std::function<absl::Status(const Group&, double, bool)>& run) {
+  SplitStats stats;
+  std::vector<Group> groups;
+  if (predictor != nullptr && predictor->ready() && budget_bytes > 0) {
+    groups = PlanGroups(views, *predictor, budget_bytes, options, &stats);
+  } else {
+    groups.emplace_back();
+    for (size_t i = 0; i < views.size(); ++i) {
+      groups.back().push_back(WholeScene(static_cast<int>(i), views[i]));
+    }
+  }
+  at::Tensor counts = at::zeros({gang.world_size()}, at::kDouble);
+  counts[gang.rank()] = static_cast<double>(groups.size());
+  gang.AllreduceSum(counts, "the number of groups of a sync_batchnorm step");
+  const auto agreed = static_cast<size_t>(counts.max().item<double>());
+  const int64_t labelled = BatchLabelled(views);
+  for (size_t g = 0; g < agreed; ++g) {
+    const Group group = g < groups.size() ? groups[g] : EmptyGroup();
+    const double weight =
+        labelled > 0 ? static_cast<double>(GroupLabelled(group)) / static_cast<double>(labelled)
+                     : 0.0;
+    ++stats.forwards;
+    absl::Status s = run(group, weight, g + 1 == agreed);
+    if (absl::IsResourceExhausted(s)) {
+      ++stats.oom_events;
+      ++stats.wasted_forwards;
+      return absl::AbortedError(absl::StrCat("group ", g + 1, " of ", agreed, " (",
+                                             GroupVoxels(group), " voxels): ", s.message()));
+    }
+    if (!s.ok()) return s;
+  }
+  return stats;
 }
 
 }  // namespace
@@ -197,14 +250,14 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
                                             int64_t* run_peak, double height, bool baseline,
                                             const DataParallel* parallel,
                                             const StepFaults& faults) {
-  const bool unsplit = parallel != nullptr && parallel->unsplit;
+  const bool sync_bn = parallel != nullptr && parallel->sync_batchnorm;
   // A rank without a share of the global batch (the last, small batch of
   // an epoch, over more ranks than scenes) adds nothing, but takes part in
   // every collective: its gradient buckets go out (zeros) in Finish(), and
   // with synchronised BatchNorm it runs the forward and backward of an
   // empty scene, whose statistics count no row, for the layers' allreduces.
   Batch empty_share;
-  const Batch& work = batch.scenes.empty() && unsplit ? empty_share : batch;
+  const Batch& work = batch.scenes.empty() && sync_bn ? empty_share : batch;
   if (&work == &empty_share) empty_share.scenes.emplace_back();
   const std::vector<SceneView> views = SceneViews(work);
   for (at::Tensor& a : accum) a.zero_();
@@ -219,34 +272,47 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
           ? static_cast<double>(local_labelled) / static_cast<double>(parallel->global_labelled)
           : 1.0;
   StepOutcome outcome;
-  RunGroup run = [&](const Group& group, double weight) -> absl::Status {
+  // BatchNorm's running statistics move once, at the end, from the moments
+  // of the groups that completed (sparse/nn.h).
+  sparse::BatchNormStepStats bn_stats(model);
+  double wasted_seconds = 0;
+  auto run_group = [&](const Group& group, double weight, bool arm) -> absl::Status {
+    bn_stats.BeginPiece();
+    const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<int64_t> peak =
         RunGroupOnce(model, work, group, channels, params, accum, weight * scale, dtype, height,
-                     device, &outcome, reducer, local_labelled - outcome.labelled, faults);
+                     device, &outcome, reducer, arm, faults);
     if (!peak.ok()) {
-      if (unsplit && absl::IsResourceExhausted(peak.status())) {
-        // Not retried: another split would desynchronise the collectives.
-        return absl::AbortedError(peak.status().message());
-      }
+      // The pass's work is thrown away; the device has finished it (the
+      // error came from an allocation, which waits for nothing, but the
+      // next pass starts behind it on the same stream).
+      wasted_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       return peak.status();
     }
+    bn_stats.CommitPiece();
     if (run_peak != nullptr) *run_peak = std::max(*run_peak, *peak);
     if (predictor != nullptr) predictor->Observe(GroupVoxels(group), -1, *peak);
     return absl::OkStatus();
+  };
+  RunGroup run = [&](const Group& group, double weight) {
+    return run_group(group, weight,
+                     ArmsReducer(group, local_labelled - outcome.labelled, outcome.labelled));
   };
   // Freed tensors are already back; hand the allocator's cached blocks
   // back too (CUDA: torch.cuda.empty_cache()).
   auto free_memory = [device] { sparse::ReleaseCachedMemory(device); };
   // The memory model learns on every step; it plans only under a budget.
   absl::StatusOr<SplitStats> stats =
-      baseline ? RunBaselineSplitting(views, run, free_memory, options.min_piece_voxels)
-               : RunSplitting(views, options, run, free_memory,
-                              budget_bytes > 0 && !unsplit ? predictor : nullptr,
-                              unsplit ? 0 : budget_bytes);
+      sync_bn ? RunAgreedGroups(views, options, predictor, budget_bytes, *parallel->gang, run_group)
+      : baseline ? RunBaselineSplitting(views, run, free_memory, options.min_piece_voxels)
+                 : RunSplitting(views, options, run, free_memory,
+                                budget_bytes > 0 ? predictor : nullptr, budget_bytes);
   if (!stats.ok()) {
-    if (unsplit && absl::IsAborted(stats.status())) {
+    if (sync_bn && absl::IsAborted(stats.status())) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "out of memory with model.sync_batchnorm, which trains every rank's batch unsplit: ",
+          "out of memory with model.sync_batchnorm, whose groups are planned up front and "
+          "not cut further (the restart's lowered budget plans smaller ones): ",
           stats.status().message()));
     }
     return stats.status();
@@ -255,7 +321,9 @@ absl::StatusOr<StepOutcome> ForwardBackward(sparse::MinkUNetImpl& model, const B
     predictor->ObserveFailure(stats->smallest_failed_voxels);
   }
   if (reducer != nullptr) reducer->Finish();
+  bn_stats.ApplyStep();
   outcome.stats = *stats;
+  outcome.stats.wasted_seconds = wasted_seconds;
   return outcome;
 }
 

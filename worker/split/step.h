@@ -23,6 +23,7 @@ class MinkUNetImpl;
 
 namespace trainsup::worker {
 
+class Gang;
 class GradientReducer;
 
 // A data-parallel step (worker/gang/distributed.h): this rank's part of a global
@@ -32,9 +33,15 @@ struct DataParallel {
   GradientReducer* reducer = nullptr;
   int64_t global_labelled = 0;
   // model.sync_batchnorm: the batch statistics are collectives, so every
-  // rank must run the same passes: the batch runs unsplit, and an
-  // out-of-memory error is hard (ResourceExhausted).
-  bool unsplit = false;
+  // rank must run the same passes. The groups are planned up front (the
+  // memory model under the budget), the gang agrees on the most groups any
+  // rank planned (an allreduce through `gang`), and a rank with fewer runs
+  // empty ones. An out-of-memory error is not retried, since a reactive
+  // cut would desynchronise the collectives: it is hard (ResourceExhausted,
+  // exit 75), and the daemon's restart lowers the budget, under which the
+  // plan cuts smaller groups.
+  bool sync_batchnorm = false;
+  Gang* gang = nullptr;
 };
 
 // The guard's fault injection (testing.nan_loss_at_step, nan_grad_at_step,
@@ -76,7 +83,10 @@ struct StepOutcome {
 // split when it runs out of memory (RunSplitting): `accum` (one tensor per
 // parameter, zeroed first) receives the gradient of the batch's mean loss
 // over its labelled voxels; the parameters' own .grad are not touched and
-// no optimizer step is taken. Features are converted to `dtype` (float64 for
+// no optimizer step is taken. BatchNorm's running statistics move once,
+// from the combined moments of the groups that completed: a group that
+// runs out of memory leaves no trace in them (sparse::BatchNormStepStats).
+// Features are converted to `dtype` (float64 for
 // tests). `height` > 0 appends the height channel (model.height_feature)
 // scaled by it. Only c10::OutOfMemoryError is caught; any other exception
 // propagates. ResourceExhausted: a hard out-of-memory.

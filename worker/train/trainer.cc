@@ -120,7 +120,7 @@ absl::Status Trainer::Calibrate(const LoaderOptions& loader) {
 
 absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
   const bool gang = gang_->world_size() > 1;
-  DataParallel parallel{reducer_.get(), global_labelled, sync_batchnorm_};
+  DataParallel parallel{reducer_.get(), global_labelled, sync_batchnorm_, gang_.get()};
   // As DistributedDataParallel's broadcast_buffers: every rank's BatchNorm
   // running statistics are rank 0's, so evaluation and the checkpoint (rank
   // 0's) agree with every rank. With sync_batchnorm they are equal already.
@@ -188,6 +188,7 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
     double lr = LearningRate(spec_.optimizer, step_, total_steps_) * options_.lr_factor;
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
     optimizer_->step();
+    last_lr_ = lr;
     for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
   } catch (const c10::OutOfMemoryError& e) {
     return absl::ResourceExhaustedError(absl::StrCat("optimizer step: ", e.what()));
@@ -493,7 +494,7 @@ std::optional<TrainerResult> Trainer::PrepareLoader() {
     });
     Log(absl::StrCat("sync_batchnorm: the statistics of ", layers,
                      " BatchNorm layers are allreduced over ", options_.world_size,
-                     " ranks; every rank's batch trains unsplit"));
+                     " ranks; a step's groups are planned up front and agreed by the gang"));
   }
   if (inject_ && spec_.testing.stop_in_collective_at_step > 0) {
     reducer_->StopInCollectiveAt(spec_.testing.stop_in_collective_at_step);

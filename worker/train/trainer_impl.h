@@ -40,6 +40,7 @@ struct Counters {
   int64_t retries = 0;
   int64_t oom_events = 0;
   int64_t wasted_forwards = 0;
+  double wasted_seconds = 0;  // of those forwards (and their backwards), measured
   int64_t dropped_pieces = 0;
   int64_t dropped_voxels = 0;
   int64_t skipped_steps = 0;
@@ -56,6 +57,7 @@ struct Counters {
     retries += c.retries;
     oom_events += c.oom_events;
     wasted_forwards += c.wasted_forwards;
+    wasted_seconds += c.wasted_seconds;
     dropped_pieces += c.dropped_pieces;
     dropped_voxels += c.dropped_voxels;
   }
@@ -71,6 +73,7 @@ struct Counters {
     retries += s.retries;
     oom_events += s.oom_events;
     wasted_forwards += s.wasted_forwards;
+    wasted_seconds += s.wasted_seconds;
     dropped_pieces += s.dropped_pieces;
     dropped_voxels += s.dropped_voxels;
   }
@@ -80,6 +83,7 @@ struct Counters {
             {"retries", retries},
             {"oom_events", oom_events},
             {"wasted_forwards", wasted_forwards},
+            {"wasted_seconds", wasted_seconds},
             {"dropped_pieces", dropped_pieces},
             {"dropped_voxels", dropped_voxels},
             {"skipped_steps", skipped_steps},
@@ -93,6 +97,7 @@ struct Counters {
     retries = j.value("retries", int64_t{0});
     oom_events = j.value("oom_events", int64_t{0});
     wasted_forwards = j.value("wasted_forwards", int64_t{0});
+    wasted_seconds = j.value("wasted_seconds", 0.0);
     dropped_pieces = j.value("dropped_pieces", int64_t{0});
     dropped_voxels = j.value("dropped_voxels", int64_t{0});
     skipped_steps = j.value("skipped_steps", int64_t{0});
@@ -168,6 +173,8 @@ class Trainer {
     p.set_oom_retries(counters_.retries);
     p.set_dropped_pieces(counters_.dropped_pieces);
     p.set_wasted_forwards(counters_.wasted_forwards);
+    p.set_oom_wasted_seconds(counters_.wasted_seconds);
+    p.set_learning_rate(last_lr_);
     p.set_accuracy(last_accuracy_);
     p.set_val_miou(val_miou_);
     p.set_baseline_miou(baseline_miou_);
@@ -307,6 +314,7 @@ class Trainer {
   int64_t checkpoint_failures_ = 0;    // failed saves in this attempt
   std::string last_checkpoint_error_;  // the newest save's error; "" once one succeeds
   double last_loss_ = 0;
+  double last_lr_ = 0;  // of the last step the optimizer took
   double last_accuracy_ = 0;
   double samples_per_sec_ = 0;
   int64_t majority_class_ = 0;
