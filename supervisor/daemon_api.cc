@@ -288,6 +288,46 @@ void DaemonImpl::Drain(const v1::DrainSlotRequest& req,
   });
 }
 
+void DaemonImpl::Checkpoint(const v1::CheckpointRunRequest& req,
+                            std::function<void(absl::StatusOr<v1::CheckpointRunResponse>)> done) {
+  asio::post(io_, [this, req, done] {
+    std::vector<RunUnit*> units;
+    if (req.all()) {
+      for (const auto& [id, u] : units_) {
+        if (u->run().state() == v1::RUN_STATE_RUNNING) units.push_back(u.get());
+      }
+    } else if (RunUnit* u = Find(req.run_id()); u != nullptr) {
+      units.push_back(u);
+    } else {
+      Get(req.run_id(), [done](absl::StatusOr<v1::Run> run) {
+        if (!run.ok()) return done(run.status());
+        done(absl::FailedPreconditionError(
+            absl::StrCat("run ", run->run_id(), " already ended: ", StateName(run->state()))));
+      });
+      return;
+    }
+    auto response = std::make_shared<v1::CheckpointRunResponse>();
+    auto left = std::make_shared<size_t>(units.size());
+    if (units.empty()) return done(*response);
+    for (RunUnit* u : units) {
+      v1::CheckpointResult* r = response->add_results();
+      r->set_run_id(u->id());
+      r->set_step(-1);
+    }
+    const double timeout_s = req.timeout_s() > 0 ? req.timeout_s() : 600;
+    // The units answer on the loop, one by one; the last answer sends all.
+    for (size_t i = 0; i < units.size(); ++i) {
+      units[i]->RequestCheckpoint(
+          timeout_s, [response, left, i, done](int64_t step, const std::string& error) {
+            v1::CheckpointResult* r = response->mutable_results(static_cast<int>(i));
+            r->set_step(step);
+            r->set_error(error);
+            if (--*left == 0) done(*response);
+          });
+    }
+  });
+}
+
 void DaemonImpl::Undrain(const v1::UndrainSlotRequest& req,
                          std::function<void(absl::StatusOr<v1::Slot>)> done) {
   asio::post(io_, [this, req, done] {

@@ -121,6 +121,8 @@ class DaemonImpl final : public Daemon,
              std::function<void(absl::StatusOr<v1::Slot>)> done) override;
   void Undrain(const v1::UndrainSlotRequest& req,
                std::function<void(absl::StatusOr<v1::Slot>)> done) override;
+  void Checkpoint(const v1::CheckpointRunRequest& req,
+                  std::function<void(absl::StatusOr<v1::CheckpointRunResponse>)> done) override;
   void CountApiCall(const std::string& method, int code) override {
     metrics_->CountApiCall(method, std::to_string(code));
   }

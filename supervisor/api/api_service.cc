@@ -191,6 +191,28 @@ grpc::ServerUnaryReactor* SupervisorService::CancelRun(grpc::CallbackServerConte
   return reactor;
 }
 
+grpc::ServerUnaryReactor* SupervisorService::CheckpointRun(grpc::CallbackServerContext* ctx,
+                                                           const v1::CheckpointRunRequest* req,
+                                                           v1::CheckpointRunResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status s = Authorize(ctx, TokenRole::kOperator, "CheckpointRun", *policy_(), nullptr);
+  if (s.ok() && req->all() == !req->run_id().empty()) {
+    s = absl::InvalidArgumentError("name one run (run_id) or ask for all, not both or neither");
+  } else if (s.ok() && !(req->timeout_s() >= 0 && req->timeout_s() <= 86400)) {
+    s = absl::InvalidArgumentError("timeout_s: must be within 0..86400 (0: 600)");
+  }
+  if (!s.ok()) {
+    Finish(reactor, "CheckpointRun", s);
+    return reactor;
+  }
+  backend_->Checkpoint(*req,
+                       [this, reactor, resp](absl::StatusOr<v1::CheckpointRunResponse> result) {
+                         if (result.ok()) *resp = std::move(*result);
+                         Finish(reactor, "CheckpointRun", result.status());
+                       });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* SupervisorService::GetNode(grpc::CallbackServerContext* ctx,
                                                      const v1::GetNodeRequest*, v1::Node* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();

@@ -60,6 +60,10 @@ class ApiBackend {
                      std::function<void(absl::StatusOr<v1::Slot>)> done) = 0;
   virtual void Undrain(const v1::UndrainSlotRequest& request,
                        std::function<void(absl::StatusOr<v1::Slot>)> done) = 0;
+  // Checkpoint on demand (CheckpointRun): answers once every run asked has
+  // committed a checkpoint or failed, or the request's timeout passed.
+  virtual void Checkpoint(const v1::CheckpointRunRequest& request,
+                          std::function<void(absl::StatusOr<v1::CheckpointRunResponse>)> done) = 0;
   virtual void CountApiCall(const std::string& method, int grpc_code) = 0;
 };
 
@@ -102,6 +106,9 @@ class SupervisorService final : public v1::Supervisor::CallbackService {
                                     v1::Node* resp) override;
   grpc::ServerUnaryReactor* DrainSlot(grpc::CallbackServerContext* ctx,
                                       const v1::DrainSlotRequest* req, v1::Slot* resp) override;
+  grpc::ServerUnaryReactor* CheckpointRun(grpc::CallbackServerContext* ctx,
+                                          const v1::CheckpointRunRequest* req,
+                                          v1::CheckpointRunResponse* resp) override;
   grpc::ServerUnaryReactor* UndrainSlot(grpc::CallbackServerContext* ctx,
                                         const v1::UndrainSlotRequest* req, v1::Slot* resp) override;
 

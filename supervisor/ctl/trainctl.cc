@@ -361,6 +361,41 @@ int Cancel(const Client& client, const std::string& run_id, const std::string& r
   return kExitOk;
 }
 
+// trainctl checkpoint RUN / --all: waits for the commits (the daemon answers
+// once each run has committed or failed, within `wait_s`); one line a run,
+// "RUN step N" or "RUN failed: why". Exit 0 when every run committed,
+// kExitRunFailed when any failed (the others still listed).
+int Checkpoint(const Client& client, const std::string& run_id, bool all, double wait_s,
+               const Options& o) {
+  if (all == !run_id.empty()) {
+    std::cerr << "trainctl checkpoint: name a run or give --all\n";
+    return kExitUsage;
+  }
+  v1::CheckpointRunRequest req;
+  req.set_run_id(run_id);
+  req.set_all(all);
+  req.set_timeout_s(wait_s);
+  grpc::ClientContext ctx;
+  client.Prepare(&ctx, false);
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>((wait_s + 30) * 1000)));
+  v1::CheckpointRunResponse out;
+  grpc::Status status = client.stub().CheckpointRun(&ctx, req, &out);
+  if (!status.ok()) return client.Fail(status);
+  if (o.json()) PrintJson(out);
+  int rc = kExitOk;
+  for (const v1::CheckpointResult& r : out.results()) {
+    if (!o.json()) {
+      std::cout << r.run_id()
+                << (r.error().empty() ? absl::StrCat(" step ", r.step()) : " failed: " + r.error())
+                << "\n";
+    }
+    if (!r.error().empty()) rc = kExitRunFailed;
+  }
+  if (all && out.results().empty() && !o.json()) std::cout << "no run is running\n";
+  return rc;
+}
+
 // trainctl drain SLOT --reason TEXT / trainctl undrain SLOT.
 int DrainOrUndrain(const Client& client, bool drain, const std::string& slot,
                    const std::string& reason, const Options& o) {
@@ -575,6 +610,18 @@ int Main(int argc, char** argv) {
   cancel->add_option("id", run_id, "run id")->required();
   cancel->add_option("--reason", reason, "recorded with the run");
 
+  bool checkpoint_all = false;
+  double checkpoint_wait_s = 600;
+  CLI::App* checkpoint = app.add_subcommand(
+      "checkpoint",
+      "every rank of a run (--all: of every running run) writes a checkpoint at its next step; "
+      "prints its step once committed");
+  checkpoint->add_option("id", run_id, "run id");
+  checkpoint->add_flag("--all", checkpoint_all, "every running run (before maintenance)");
+  checkpoint->add_option("--wait", checkpoint_wait_s, "seconds to wait for the commits")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
+
   CLI::App* node = app.add_subcommand("node", "this machine: GPUs, slots, runs");
 
   std::string slot, drain_reason;
@@ -610,6 +657,7 @@ int Main(int argc, char** argv) {
   if (*watch_cmd) return Watch(*client, run_id, o);
   if (*logs) return Logs(*client, run_id, rank, attempt, follow);
   if (*cancel) return Cancel(*client, run_id, reason, o);
+  if (*checkpoint) return Checkpoint(*client, run_id, checkpoint_all, checkpoint_wait_s, o);
   if (*node) return Node(*client, o);
   if (*drain) return DrainOrUndrain(*client, true, slot, drain_reason, o);
   if (*undrain) return DrainOrUndrain(*client, false, slot, "", o);

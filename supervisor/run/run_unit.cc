@@ -65,6 +65,7 @@ RunUnit::RunUnit(v1::Run run, RunSpec spec, int64_t seq, UnitEnv env)
 }
 
 RunUnit::~RunUnit() {
+  FailCheckpointRequests(-1, "the daemon let go of the run before a checkpoint committed");
   life_.reset();
   if (restart_timer_ != 0) env_.timers->Cancel(restart_timer_);
   for (RankState& r : ranks_) {

@@ -174,8 +174,18 @@ class RunUnit {
   // the run goes back to PENDING and resumes with the next daemon.
   void Shutdown();
 
-  // Frozen (no heartbeat) and hung (no progress) detection.
+  // Frozen (no heartbeat) and hung (no progress) detection; requests for a
+  // checkpoint that waited too long are answered.
   void CheckLiveness();
+
+  // Checkpoint on demand (CheckpointRun): every live rank is sent
+  // CheckpointNow, and `done` gets the step of the first checkpoint
+  // committed at or after the last step a rank had reported finished
+  // (a CHECKPOINT event or any rank's heartbeat, so a multi-node run's
+  // daemons all learn it), or an error: the save failed, the attempt
+  // ended first, `timeout_s` passed, or the run is not running.
+  using CheckpointDone = std::function<void(int64_t step, const std::string& error)>;
+  void RequestCheckpoint(double timeout_s, CheckpointDone done);
 
   // Overlays what only the loop knows (live ranks, progress) on a stored run.
   void FillLive(v1::Run* out) const;
@@ -318,6 +328,20 @@ class RunUnit {
   void WaitForPythonStacks(int attempt, int rank, const std::string& log_path, int64_t from,
                            int64_t last_size, double deadline_s);
   void MaybeFinished();
+  // A worker's event (CHECKPOINT, OOM_SPLIT, LOG, GUARD ...): stored and
+  // published; a checkpoint's commit or failure answers the requests.
+  void OnWorkerEvent(int rank, const worker::v1::WorkerEvent& we);
+  // Answers the checkpoint requests that `last_checkpoint_step` satisfies.
+  void CheckpointCommitted(int64_t last_checkpoint_step);
+  // Answers every checkpoint request with `error`.
+  void FailCheckpointRequests(int64_t step, const std::string& error);
+
+  struct CheckpointRequest {
+    CheckpointDone done;
+    int64_t after_step = 0;  // a checkpoint at this step or later answers it
+    double deadline_s = 0;
+  };
+  std::vector<CheckpointRequest> checkpoint_requests_;
 
   UnitEnv env_;
   std::shared_ptr<int> life_ = std::make_shared<int>(0);

@@ -117,6 +117,8 @@ void RunUnit::EndAttempt() {
                         r.status.exit_reason(), r.progressed, r.end_order});
   }
   const AttemptOutcome o = ClassifyAttemptEnd(outcomes);
+  FailCheckpointRequests(-1, absl::StrCat("the attempt ended (", ToString(o.cls), ": ", o.detail,
+                                          ") before a checkpoint committed"));
   // A stop we asked for ended the attempt only when the deciding rank
   // answered it (exit 143: stopped or cancelled, ClassifyRankEnd rule 2a);
   // a crash, an out-of-memory or a diverged exit on the way is decided as

@@ -19,8 +19,54 @@ constexpr double kProgressPersistS = 30;
 
 }  // namespace
 
+void RunUnit::RequestCheckpoint(double timeout_s, CheckpointDone done) {
+  if (run_.state() != v1::RUN_STATE_RUNNING) {
+    return done(-1, absl::StrCat("the run is ", StateName(run_.state()),
+                                 ": no worker to write a checkpoint"));
+  }
+  wv1::SupervisorCommand c;
+  c.mutable_checkpoint_now();
+  int sent = 0;
+  int64_t after = 0;
+  for (RankState& r : ranks_) {
+    if (!r.alive || !r.link) continue;
+    r.link->Send(c);
+    ++sent;
+    after = std::max(after, r.status.progress().step());
+  }
+  if (sent == 0) {
+    return done(-1, "no worker of the run is connected to the daemon yet (it is starting)");
+  }
+  checkpoint_requests_.push_back({std::move(done), after, env_.clock->NowS() + timeout_s});
+}
+
+void RunUnit::CheckpointCommitted(int64_t last_checkpoint_step) {
+  std::vector<CheckpointRequest> waiting;
+  std::vector<CheckpointRequest> answered;
+  for (CheckpointRequest& q : checkpoint_requests_) {
+    (last_checkpoint_step >= q.after_step ? answered : waiting).push_back(std::move(q));
+  }
+  checkpoint_requests_ = std::move(waiting);
+  for (CheckpointRequest& q : answered) q.done(last_checkpoint_step, "");
+}
+
+void RunUnit::FailCheckpointRequests(int64_t step, const std::string& error) {
+  std::vector<CheckpointRequest> answered = std::move(checkpoint_requests_);
+  checkpoint_requests_.clear();
+  for (CheckpointRequest& q : answered) q.done(step, error);
+}
+
 void RunUnit::CheckLiveness() {
   const double now = env_.clock->NowS();
+  for (size_t i = 0; i < checkpoint_requests_.size();) {
+    if (now < checkpoint_requests_[i].deadline_s) {
+      ++i;
+      continue;
+    }
+    CheckpointDone done = std::move(checkpoint_requests_[i].done);
+    checkpoint_requests_.erase(checkpoint_requests_.begin() + static_cast<std::ptrdiff_t>(i));
+    done(-1, "no checkpoint committed within the request's timeout");
+  }
   ReportToCluster();
   // Judged by their exit codes only.
   if (!Heartbeats()) return;
@@ -116,6 +162,9 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
           hb.progress().spike_steps() - r.status.progress().spike_steps());
     }
     *r.status.mutable_progress() = hb.progress();
+    if (!checkpoint_requests_.empty() && hb.progress().last_checkpoint_step() >= 0) {
+      CheckpointCommitted(hb.progress().last_checkpoint_step());
+    }
     if (spec_.has_command && hb.progress().total_steps() <= 0) {
       // The program did not say how far it goes: the spec's guess, if any.
       r.status.mutable_progress()->set_total_steps(spec_.command.total_steps);
@@ -150,23 +199,7 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
     }
     return;
   }
-  if (m.has_event()) {
-    const wv1::WorkerEvent& we = m.event();
-    v1::RunEvent e = Event(we.kind() == v1::EVENT_KIND_UNSPECIFIED ? v1::EVENT_KIND_LOG : we.kind(),
-                           rank, we.message());
-    e.set_checkpoint_step(we.checkpoint_step());
-    // A CHECKPOINT event with an error reports a failed save (the worker
-    // trains on); its step is the newest good checkpoint, unchanged.
-    if (we.kind() == v1::EVENT_KIND_CHECKPOINT && we.checkpoint_step() > 0 && we.error().empty()) {
-      last_checkpoint_ms_ = env_.clock->WallMs();
-      run_.mutable_progress()->set_last_checkpoint_step(we.checkpoint_step());
-    }
-    StoreBatch b;
-    b.what = "worker event";
-    b.events.push_back(e);
-    Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
-    return;
-  }
+  if (m.has_event()) return OnWorkerEvent(rank, m.event());
   if (m.has_exit()) {
     ExitFile f;
     f.code = m.exit().code();
@@ -177,6 +210,26 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
     if (m.exit().has_tally()) f.tally = TallyFromProto(m.exit().tally());
     r.exit_report = f;
   }
+}
+
+void RunUnit::OnWorkerEvent(int rank, const wv1::WorkerEvent& we) {
+  v1::RunEvent e = Event(we.kind() == v1::EVENT_KIND_UNSPECIFIED ? v1::EVENT_KIND_LOG : we.kind(),
+                         rank, we.message());
+  e.set_checkpoint_step(we.checkpoint_step());
+  // A CHECKPOINT event with an error reports a failed save (the worker
+  // trains on); its step is the newest good checkpoint, unchanged.
+  if (we.kind() == v1::EVENT_KIND_CHECKPOINT && we.checkpoint_step() > 0 && we.error().empty()) {
+    last_checkpoint_ms_ = env_.clock->WallMs();
+    run_.mutable_progress()->set_last_checkpoint_step(we.checkpoint_step());
+    CheckpointCommitted(we.checkpoint_step());
+  } else if (we.kind() == v1::EVENT_KIND_CHECKPOINT && !we.error().empty()) {
+    FailCheckpointRequests(we.checkpoint_step(), absl::StrCat("the save of checkpoint step-",
+                                                              we.step(), " failed: ", we.error()));
+  }
+  StoreBatch b;
+  b.what = "worker event";
+  b.events.push_back(e);
+  Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
 }
 
 void RunUnit::OnLinkClosed(int attempt, int rank, const WorkerLink* link) {

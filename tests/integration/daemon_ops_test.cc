@@ -284,6 +284,61 @@ TEST(Daemon, TrainctlSubmitsWatchesAndLists) {
   EXPECT_THAT(dump, HasSubstr("ctlbad-"));
 }
 
+// trainctl checkpoint (issue 43): a run's workers checkpoint at their next
+// step and the command prints the committed step; --all does it for every
+// running run; a run that ended, or no run named, is refused.
+TEST(Daemon, TrainctlCheckpointReturnsTheStepOnceCommitted) {
+  DaemonHarness h;
+  h.Set("slots.cpu_slots", "2");
+  ASSERT_TRUE(h.Start());
+  // No periodic checkpoint within the test: only the requested ones.
+  const std::string ended = h.Submit(Spec("ckptend", 3, 10, 1));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForEnd(ended, kRunLimit, &run));
+  const std::string a = h.Submit(Spec("ckpta", 2000, 20, 100000));
+  const std::string b = h.Submit(Spec("ckptb", 2000, 20, 100000));
+  for (const std::string& id : {a, b}) {
+    ASSERT_TRUE(h.WaitFor(
+        id,
+        [](const v1::Run& r) {
+          return r.state() == v1::RUN_STATE_RUNNING && r.progress().step() >= 3;
+        },
+        kRunLimit, &run))
+        << Describe(run);
+  }
+  const std::vector<std::string> base = {TRAINCTL_BIN, "--socket", h.socket_path(), "--token-file",
+                                         h.operator_token_path()};
+  auto ctl = [&](std::vector<std::string> more, const std::string& log) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), more.begin(), more.end());
+    return RunCommand(argv, Seconds(120), h.dir() + "/" + log);
+  };
+  run = h.GetRun(a);
+  const int64_t before = run.progress().step();
+  CommandResult one = ctl({"checkpoint", a}, "ctl-checkpoint");
+  ASSERT_EQ(one.code, 0) << one.out << one.err;
+  ASSERT_THAT(one.out, ::testing::StartsWith(a + " step "));
+  const int64_t step = std::stoll(one.out.substr(a.size() + 6));
+  EXPECT_GE(step, before) << one.out;
+  EXPECT_TRUE(
+      fs::is_directory(RunLayout(run.run_dir()).CheckpointsDir() + "/step-" + std::to_string(step)))
+      << one.out;
+  run = h.GetRun(a);
+  EXPECT_GE(run.progress().last_checkpoint_step(), step);
+
+  CommandResult all = ctl({"checkpoint", "--all"}, "ctl-checkpoint-all");
+  ASSERT_EQ(all.code, 0) << all.out << all.err;
+  EXPECT_THAT(all.out, ::testing::HasSubstr(a + " step "));
+  EXPECT_THAT(all.out, ::testing::HasSubstr(b + " step "));
+  EXPECT_THAT(all.out, ::testing::Not(::testing::HasSubstr(ended)));
+
+  CommandResult gone = ctl({"checkpoint", ended}, "ctl-checkpoint-ended");
+  EXPECT_NE(gone.code, 0);
+  EXPECT_THAT(gone.err, ::testing::HasSubstr("already ended"));
+  CommandResult neither = ctl({"checkpoint"}, "ctl-checkpoint-usage");
+  EXPECT_EQ(neither.code, 2) << neither.err;
+}
+
 // --- 17. GPU release (fake GPUs) -------------------------------------------------------------
 
 TEST(Daemon, GpuHeldByAForeignProcessIsStrandedUntilReleased) {

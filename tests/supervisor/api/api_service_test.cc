@@ -59,6 +59,14 @@ class RecordingBackend final : public ApiBackend {
     done(slot);
   }
   void Node(std::function<void(v1::Node)> done) override { done(v1::Node()); }
+  void Checkpoint(const v1::CheckpointRunRequest& r,
+                  std::function<void(absl::StatusOr<v1::CheckpointRunResponse>)> done) override {
+    v1::CheckpointRunResponse out;
+    v1::CheckpointResult* result = out.add_results();
+    result->set_run_id(r.run_id());
+    result->set_step(7);
+    done(out);
+  }
   void CountApiCall(const std::string&, int) override {}
 
   std::atomic<int> submits{0};
@@ -116,6 +124,36 @@ class ApiServiceTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::Supervisor::Stub> stub_;
 };
+
+// CheckpointRun (issue 43): an operator's verb; one run or all, never both
+// or neither; a timeout within 0..86400 s.
+TEST_F(ApiServiceTest, CheckpointRunIsAnOperatorsAndNamesOneRunOrAll) {
+  auto call = [&](const std::string& token, const std::string& run, bool all, double timeout_s) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    v1::CheckpointRunRequest req;
+    req.set_run_id(run);
+    req.set_all(all);
+    req.set_timeout_s(timeout_s);
+    v1::CheckpointRunResponse resp;
+    grpc::Status s = stub_->CheckpointRun(&ctx, req, &resp);
+    return std::make_pair(s, resp);
+  };
+  EXPECT_EQ(call("viewer-secret", "r", false, 0).first.error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(call("operator-secret", "", false, 0).first.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(call("operator-secret", "r", true, 0).first.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(call("operator-secret", "r", false, -1).first.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  auto [ok, resp] = call("operator-secret", "r", false, 30);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  ASSERT_EQ(resp.results_size(), 1);
+  EXPECT_EQ(resp.results(0).run_id(), "r");
+  EXPECT_EQ(resp.results(0).step(), 7);
+  EXPECT_TRUE(call("operator-secret", "", true, 0).first.ok());
+}
 
 TEST_F(ApiServiceTest, UnauthorizedSubmitsNeverReachTheParser) {
   const std::string spec = "name = \"ok\"\n";
