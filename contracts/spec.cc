@@ -195,7 +195,15 @@ absl::Status ReadDistributed(const toml::table* t, DistributedSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.Double("checkpoint_timeout_s", &s->checkpoint_timeout_s, 1, 86400));
   TRAINSUP_RETURN_IF_ERROR(r.Double("bucket_mb", &s->bucket_mb, 0.01, 1024));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("overlap_backward", &s->overlap_backward));
-  return r.Finish();
+  TRAINSUP_RETURN_IF_ERROR(r.Double("straggler_factor", &s->straggler_factor, 0, 100));
+  TRAINSUP_RETURN_IF_ERROR(r.Double("straggler_window_s", &s->straggler_window_s, 1, 86400));
+  TRAINSUP_RETURN_IF_ERROR(r.Finish());
+  if (s->straggler_factor != 0 && s->straggler_factor < 1.1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("distributed.straggler_factor: ", s->straggler_factor,
+                     " flags ranks at noise level; 0 (off) or from 1.1 to 100"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ReadElastic(const toml::table* t, ElasticSpec* e) {
@@ -221,6 +229,7 @@ absl::Status ReadTesting(const toml::table* t, TestingSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.Bool("ignore_sigterm", &s->ignore_sigterm));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("spawn_grandchild", &s->spawn_grandchild));
   TRAINSUP_RETURN_IF_ERROR(r.Int("step_ms", &s->step_ms, 0, 600000));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("slow_step_ms", &s->slow_step_ms, 0, 600000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("checkpoint_delay_ms", &s->checkpoint_delay_ms, 0, 600000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("nan_loss_at_step", &s->nan_loss_at_step, -1, kBillion));
   TRAINSUP_RETURN_IF_ERROR(r.Int("nan_grad_at_step", &s->nan_grad_at_step, -1, kBillion));

@@ -159,6 +159,12 @@ struct DistributedSpec {
   // false: every bucket is launched after backward instead of during it
   // (for comparison; docs/distributed.md shows what the overlap saves).
   bool overlap_backward = true;
+  // Stragglers (docs/distributed.md): a rank whose step time outside the
+  // collectives stays above straggler_factor times the median of the other
+  // ranks' for straggler_window_s is reported (an event, a metric, a line
+  // in trainctl describe). 0: off (the default), else [1.1, 100].
+  double straggler_factor = 0;
+  double straggler_window_s = 60;  // [1, 86400]
 };
 
 // Fault injection for tests and the demo (the [testing] table). -1: off.
@@ -178,6 +184,7 @@ struct TestingSpec {
   bool ignore_sigterm = false;
   bool spawn_grandchild = false;    // leave a process in the group
   int64_t step_ms = 0;              // test worker: time per step, 0..600000
+  int64_t slow_step_ms = 0;         // real worker: each step computes this much longer, 0..600000
   int64_t checkpoint_delay_ms = 0;  // real worker: each checkpoint write takes this much longer
   // world_size > 1: raise(SIGSTOP) inside the gradient allreduce of step N
   // (after its first bucket is launched).

@@ -574,6 +574,10 @@ void DaemonImpl::UpdateMetrics() {
       sample.oom_splits = static_cast<double>(p.splits());
       sample.oom_retries = static_cast<double>(p.oom_retries());
       sample.oom_wasted_s = p.oom_wasted_seconds();
+      sample.step_compute_s = r.status.window_compute_seconds() > 0
+                                  ? r.status.window_compute_seconds()
+                                  : p.step_compute_seconds();
+      sample.straggler = r.status.straggler_ratio() > 0 ? 1 : 0;
       metrics_->SetWorker(id, r.rank, sample);
     }
     if (u->last_checkpoint_ms() > 0) {

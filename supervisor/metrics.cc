@@ -132,6 +132,13 @@ struct Metrics::Impl {
       NewGauge(*registry, "trainsup_worker_oom_wasted_seconds",
                "Seconds of forward and backward passes thrown away by out-of-memory errors "
                "(measured), on the lineage of the run's current model.");
+  Family<Gauge>& step_compute_seconds =
+      NewGauge(*registry, "trainsup_worker_step_compute_seconds",
+               "A step's seconds outside collectives (computing, not waiting for the other "
+               "ranks): the straggler window's median when detection is on, else the last step's.");
+  Family<Gauge>& straggler =
+      NewGauge(*registry, "trainsup_worker_straggler",
+               "1 while the rank is a straggler (distributed.straggler_factor), else 0.");
   Family<Gauge>& run_val_miou =
       NewGauge(*registry, "trainsup_run_val_miou",
                "The run's last validation mIoU (rank 0's evaluation); absent before the first.");
@@ -220,7 +227,9 @@ struct Metrics::Impl {
             {&learning_rate, s.learning_rate},
             {&oom_splits, s.oom_splits},
             {&oom_retries, s.oom_retries},
-            {&oom_wasted_seconds, s.oom_wasted_s}};
+            {&oom_wasted_seconds, s.oom_wasted_s},
+            {&step_compute_seconds, s.step_compute_s},
+            {&straggler, s.straggler}};
   }
 
   // Requires mu.

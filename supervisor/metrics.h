@@ -18,6 +18,8 @@
 //   trainsup_worker_oom_retries{run,rank}                 gauge, on the model's lineage
 //   trainsup_worker_oom_wasted_seconds{run,rank}          gauge, on the model's lineage
 //   trainsup_run_val_miou{run}                            gauge, the last evaluation's
+//   trainsup_worker_step_compute_seconds{run,rank}        gauge, outside collectives
+//   trainsup_worker_straggler{run,rank}                   gauge, 1 while a straggler
 //   trainsup_checkpoint_age_seconds{run}                  gauge
 //   trainsup_slot_state{slot,gpu,state}                   gauge, 1 for the current state
 //   trainsup_slot_healthy{slot,gpu}                       gauge, 0 while STRANDED or DRAINED
@@ -108,6 +110,10 @@ class Metrics {
     double oom_splits = 0;
     double oom_retries = 0;
     double oom_wasted_s = 0;  // seconds of passes thrown away by out-of-memory errors
+    // A step's seconds outside collectives (the straggler window's median
+    // when detection is on), and 1 while the rank is a straggler.
+    double step_compute_s = 0;
+    double straggler = 0;
   };
 
   // Sets the worker series of (run_id, rank): heartbeat age, step rate,

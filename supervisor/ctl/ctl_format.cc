@@ -404,6 +404,12 @@ std::string DescribeAttempts(const v1::Run& run, int64_t now_ms) {
       if (!r.exit_reason().empty()) {
         absl::StrAppend(&reasons, "      rank ", r.rank(), ": ", r.exit_reason(), "\n");
       }
+      if (r.straggler_ratio() > 0) {
+        absl::StrAppend(
+            &reasons, "      rank ", r.rank(), " (slot ", r.slot(), "): straggler: step compute ",
+            absl::StrFormat("%.3g s, %.2g", r.window_compute_seconds(), r.straggler_ratio()),
+            " times the other ranks' median\n");
+      }
     }
     absl::StrAppend(&out, FormatTable(rows, "      "), reasons);
   }

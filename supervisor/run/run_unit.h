@@ -34,6 +34,7 @@
 #include "supervisor/policy/restart_policy.h"
 #include "supervisor/policy/scheduler.h"
 #include "supervisor/policy/stop_stage.h"
+#include "supervisor/policy/straggler.h"
 #include "supervisor/run/resume_choice.h"
 #include "supervisor/run/unit_env.h"
 
@@ -328,6 +329,11 @@ class RunUnit {
   void WaitForPythonStacks(int attempt, int rank, const std::string& log_path, int64_t from,
                            int64_t last_size, double deadline_s);
   void MaybeFinished();
+  // Straggler detection (distributed.straggler_factor > 0): each rank's
+  // step compute time from its heartbeats, judged on every tick; a change
+  // is a STRAGGLER event and the ranks' status says who is one.
+  void ObserveStepCompute(int rank, double now_s, double compute_s);
+  void JudgeStragglers(double now_s);
   // A worker's event (CHECKPOINT, OOM_SPLIT, LOG, GUARD ...): stored and
   // published; a checkpoint's commit or failure answers the requests.
   void OnWorkerEvent(int rank, const worker::v1::WorkerEvent& we);
@@ -342,6 +348,7 @@ class RunUnit {
     double deadline_s = 0;
   };
   std::vector<CheckpointRequest> checkpoint_requests_;
+  std::unique_ptr<StragglerDetector> stragglers_;  // this attempt's; null when off
 
   UnitEnv env_;
   std::shared_ptr<int> life_ = std::make_shared<int>(0);

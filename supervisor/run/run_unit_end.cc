@@ -117,6 +117,7 @@ void RunUnit::EndAttempt() {
                         r.status.exit_reason(), r.progressed, r.end_order});
   }
   const AttemptOutcome o = ClassifyAttemptEnd(outcomes);
+  stragglers_.reset();
   FailCheckpointRequests(-1, absl::StrCat("the attempt ended (", ToString(o.cls), ": ", o.detail,
                                           ") before a checkpoint committed"));
   // A stop we asked for ended the attempt only when the deciding rank

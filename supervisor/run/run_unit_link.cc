@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "contracts/version.h"
 #include "supervisor/policy/auth.h"
 #include "supervisor/policy/from_config.h"
@@ -67,6 +68,7 @@ void RunUnit::CheckLiveness() {
     checkpoint_requests_.erase(checkpoint_requests_.begin() + static_cast<std::ptrdiff_t>(i));
     done(-1, "no checkpoint committed within the request's timeout");
   }
+  JudgeStragglers(now);
   ReportToCluster();
   // Judged by their exit codes only.
   if (!Heartbeats()) return;
@@ -148,6 +150,7 @@ void RunUnit::OnWorkerMessage(int attempt, int rank, const WorkerLink* link,
       r.progress_counter = hb.progress_counter();
       r.last_progress_s = now;
       r.progressed = true;
+      ObserveStepCompute(rank, now, hb.progress().step_compute_seconds());
     }
     r.phase = WorkerPhaseFromProto(hb.progress().phase()).value_or(WorkerPhase::kTraining);
     // Failed saves, counted per attempt by the worker.
@@ -230,6 +233,45 @@ void RunUnit::OnWorkerEvent(int rank, const wv1::WorkerEvent& we) {
   b.what = "worker event";
   b.events.push_back(e);
   Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
+}
+
+void RunUnit::ObserveStepCompute(int rank, double now_s, double compute_s) {
+  const DistributedSpec& d = spec_.distributed;
+  if (d.straggler_factor <= 0 || ranks_.size() < 2 || compute_s <= 0) return;
+  if (!stragglers_) {
+    stragglers_ = std::make_unique<StragglerDetector>(d.straggler_factor, d.straggler_window_s);
+  }
+  stragglers_->Observe(rank, now_s, compute_s);
+}
+
+void RunUnit::JudgeStragglers(double now_s) {
+  if (!stragglers_) return;
+  for (const StragglerDetector::Change& c : stragglers_->Judge(now_s)) {
+    const RankState* r = At(c.rank);
+    if (r == nullptr) continue;
+    const std::string where =
+        absl::StrCat("rank ", c.rank, " on slot ", r->slot, r->gpu.empty() ? "" : " (GPU ", r->gpu,
+                     r->gpu.empty() ? "" : ")");
+    const std::string line =
+        c.straggler ? absl::StrFormat(
+                          "%s is a straggler: step compute %.3g s, %.2g times the other "
+                          "ranks' median (%.3g s) over %g s",
+                          where, c.median_s, c.median_s / c.others_s, c.others_s,
+                          spec_.distributed.straggler_window_s)
+                    : absl::StrFormat(
+                          "%s is no longer a straggler: step compute %.3g s against the "
+                          "other ranks' %.3g s",
+                          where, c.median_s, c.others_s);
+    Log(c.straggler ? LogLevel::kWarn : LogLevel::kInfo, line);
+    StoreBatch b;
+    b.what = "straggler";
+    b.events.push_back(Event(v1::EVENT_KIND_STRAGGLER, c.rank, line));
+    Persist(std::move(b), [this](const StoreBatch& stored) { PublishAll(stored); });
+  }
+  for (RankState& r : ranks_) {
+    r.status.set_window_compute_seconds(stragglers_->median_s(r.rank));
+    r.status.set_straggler_ratio(stragglers_->ratio(r.rank));
+  }
 }
 
 void RunUnit::OnLinkClosed(int attempt, int rank, const WorkerLink* link) {

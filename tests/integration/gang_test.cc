@@ -35,6 +35,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kSteps = 200;
 constexpr int kCheckpointEvery = 7;
@@ -318,6 +319,75 @@ TEST(Gang, CancelStopsEveryRankAfterTheSameStepWithOneCheckpoint) {
   EXPECT_THAT(RankLog(run, 1, 1),
               HasSubstr("checkpoint step-" + std::to_string(stopped_at) + " (written by rank 0)"));
   EXPECT_TRUE(Eventually([&] { return ProcessesMentioning(run.run_dir()).empty(); }, Seconds(10)));
+}
+
+// Stragglers (issue 43): in a gang of three, rank 1 computes every step
+// 1.5 s longer (testing.slow_step_ms, only_rank = 1). Every rank steps at
+// the slow rank's pace, but only rank 1's time outside the collectives is
+// long: it is named in a STRAGGLER event with its slot, in the live
+// attempt's status (trainctl describe's line) and in /metrics; ranks 0 and
+// 2 are not.
+TEST(Gang, ASlowedRankIsNamedAStragglerAndTheOthersAreNot) {
+  DaemonHarness h;
+  UseRealWorker(h, 3);
+  const int metrics_port = FreeLoopbackPort();
+  h.Set("daemon.metrics_address", "\"127.0.0.1:" + std::to_string(metrics_port) + "\"");
+  ASSERT_TRUE(h.Start());
+  const std::string id =
+      h.Submit(GangSpec("straggler", 3, 400, 0,
+                        "[distributed]\nstraggler_factor = 2\nstraggler_window_s = 4\n"
+                        "[testing]\nslow_step_ms = 1500\nonly_rank = 1\n"));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitFor(
+      id,
+      [](const v1::Run& r) {
+        return r.attempts_size() > 0 && r.attempts(0).ranks_size() == 3 &&
+               r.attempts(0).ranks(1).straggler_ratio() > 0;
+      },
+      Seconds(180), &run))
+      << Describe(run);
+  ASSERT_EQ(run.state(), v1::RUN_STATE_RUNNING) << Describe(run);
+  const v1::RankStatus& slow = run.attempts(0).ranks(1);
+  const std::vector<std::string> base = {TRAINCTL_BIN, "--socket", h.socket_path(), "--token-file",
+                                         h.operator_token_path()};
+  std::vector<std::string> describe = base;
+  describe.insert(describe.end(), {"describe", id});
+  CommandResult d = RunCommand(describe, Seconds(30), h.dir() + "/describe");
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_THAT(d.out, HasSubstr("rank 1 (slot " + std::to_string(slow.slot()) + "): straggler"));
+  for (int other : {0, 2}) {
+    EXPECT_THAT(d.out, Not(HasSubstr("rank " + std::to_string(other) + " (slot")));
+    EXPECT_EQ(run.attempts(0).ranks(other).straggler_ratio(), 0) << other;
+  }
+  EXPECT_GT(slow.straggler_ratio(), 2);
+  std::string metrics;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        metrics = HttpGet(metrics_port, "/metrics");
+        return metrics.find("trainsup_worker_straggler{rank=\"1\",run=\"" + id + "\"} 1") !=
+               std::string::npos;
+      },
+      Seconds(20)))
+      << metrics;
+  EXPECT_THAT(metrics, HasSubstr("trainsup_worker_straggler{rank=\"0\",run=\"" + id + "\"} 0"));
+  EXPECT_THAT(metrics, HasSubstr("trainsup_worker_straggler{rank=\"2\",run=\"" + id + "\"} 0"));
+  // The events, once the run has ended (the history stream ends with it).
+  v1::CancelRunRequest req;
+  req.set_run_id(id);
+  req.set_reason("seen");
+  auto ctx = h.Context(h.operator_token());
+  ASSERT_TRUE(h.stub().CancelRun(ctx.get(), req, &run).ok());
+  ASSERT_TRUE(h.WaitForState(id, v1::RUN_STATE_CANCELLED, Seconds(120), &run));
+  const std::vector<v1::RunEvent> stragglers =
+      EventsOfKind(h.History(id), v1::EVENT_KIND_STRAGGLER);
+  ASSERT_FALSE(stragglers.empty());
+  for (const v1::RunEvent& e : stragglers) {
+    EXPECT_EQ(e.rank(), 1) << e.reason();
+    std::printf("STRAGGLER event: %s\n", e.reason().c_str());
+  }
+  EXPECT_THAT(stragglers[0].reason(),
+              HasSubstr("rank 1 on slot " + std::to_string(run.attempts(0).ranks(1).slot()) +
+                        " is a straggler"));
 }
 
 }  // namespace

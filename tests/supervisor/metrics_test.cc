@@ -116,6 +116,8 @@ Metrics::WorkerSample Sample(double scale) {
   sample.oom_splits = 5 * scale;
   sample.oom_retries = 7 * scale;
   sample.oom_wasted_s = 0.5 * scale;
+  sample.step_compute_s = 0.125 * scale;
+  sample.straggler = 1;
   return sample;
 }
 
@@ -135,6 +137,8 @@ TEST(Metrics, SetWorkerExportsEverySeriesWithRunAndRank) {
   EXPECT_EQ(ValueOf(scrape, "trainsup_worker_oom_splits" + labels), 10.0) << scrape;
   EXPECT_EQ(ValueOf(scrape, "trainsup_worker_oom_retries" + labels), 14.0) << scrape;
   EXPECT_EQ(ValueOf(scrape, "trainsup_worker_oom_wasted_seconds" + labels), 1.0) << scrape;
+  EXPECT_EQ(ValueOf(scrape, "trainsup_worker_step_compute_seconds" + labels), 0.25) << scrape;
+  EXPECT_EQ(ValueOf(scrape, "trainsup_worker_straggler" + labels), 1.0) << scrape;
   EXPECT_EQ(ValueOf(scrape, "trainsup_worker_memory_bytes{kind=\"current\",rank=\"0\",run=\"r1\"}"),
             2048.0)
       << scrape;

@@ -599,6 +599,12 @@ std::optional<TrainerResult> Trainer::TrainOneStep(TrainerResult* result) {
     if (std::optional<TrainerResult> failed = CheckpointOrExit(nullptr)) return failed;
   }
   const auto t0 = Clock::now();
+  // Time blocked in collectives is waiting for the other ranks, not this
+  // rank's work: the step's compute time leaves it out (stragglers).
+  const double blocked_before = gang_->stats().blocked_s;
+  if (inject_ && spec_.testing.slow_step_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(spec_.testing.slow_step_ms));
+  }
   bool trained = false;
   if (InStepWindows(skip_windows_, next)) {
     // The same on every rank (the windows are the spec's and the
@@ -620,7 +626,9 @@ std::optional<TrainerResult> Trainer::TrainOneStep(TrainerResult* result) {
     if (diverged_) return diverged_;
     trained = step_applied_;
   }
-  AfterStep(*batch, std::chrono::duration<double>(Clock::now() - t0).count(), next, trained);
+  const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  step_compute_s_ = std::max(0.0, step_s - (gang_->stats().blocked_s - blocked_before));
+  AfterStep(*batch, step_s, next, trained);
   LogStep(iteration_start);
   // The same on every rank (the steps are); the timed and requested ones
   // were agreed on before the step.

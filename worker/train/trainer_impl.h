@@ -175,6 +175,7 @@ class Trainer {
     p.set_wasted_forwards(counters_.wasted_forwards);
     p.set_oom_wasted_seconds(counters_.wasted_seconds);
     p.set_learning_rate(last_lr_);
+    p.set_step_compute_seconds(step_compute_s_);
     p.set_accuracy(last_accuracy_);
     p.set_val_miou(val_miou_);
     p.set_baseline_miou(baseline_miou_);
@@ -314,7 +315,8 @@ class Trainer {
   int64_t checkpoint_failures_ = 0;    // failed saves in this attempt
   std::string last_checkpoint_error_;  // the newest save's error; "" once one succeeds
   double last_loss_ = 0;
-  double last_lr_ = 0;  // of the last step the optimizer took
+  double last_lr_ = 0;         // of the last step the optimizer took
+  double step_compute_s_ = 0;  // the last step's time outside collectives
   double last_accuracy_ = 0;
   double samples_per_sec_ = 0;
   int64_t majority_class_ = 0;

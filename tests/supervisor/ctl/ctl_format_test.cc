@@ -363,6 +363,30 @@ TEST(Describe, AttemptsRanksCheckpoints) {
   }
 }
 
+// A straggler (distributed.straggler_factor) is a line naming its rank and
+// slot under the attempt's table; the others have none.
+TEST(Describe, AStragglerIsNamedWithItsSlot) {
+  v1::Run run = RunningRun();
+  v1::Attempt* a = run.add_attempts();
+  a->set_number(1);
+  a->set_started_ms(kT - 60'000);
+  for (int i = 0; i < 3; ++i) {
+    v1::RankStatus* r = a->add_ranks();
+    r->set_rank(i);
+    r->set_slot(10 + i);
+    r->set_alive(true);
+    r->set_window_compute_seconds(i == 1 ? 0.42 : 0.1);
+    if (i == 1) r->set_straggler_ratio(4.2);
+  }
+  const std::string text = FormatRunDescription(run, kT);
+  EXPECT_NE(text.find("rank 1 (slot 11): straggler: step compute 0.42 s, 4.2 times the other "
+                      "ranks' median"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("rank 0 (slot 10): straggler"), std::string::npos) << text;
+  EXPECT_EQ(text.find("rank 2 (slot 12): straggler"), std::string::npos) << text;
+}
+
 TEST(Describe, ACommandRunShowsItsArgvAndHeartbeatMode) {
   v1::Run run = RunningRun();
   EXPECT_EQ(FormatRunDescription(run, kT).find("Command:"), std::string::npos);
