@@ -39,10 +39,12 @@ std::vector<StragglerDetector::Change> StragglerDetector::Judge(double now_s) {
   std::map<int, double> medians;
   for (auto& [rank, r] : ranks_) {
     Trim(r, now_s);
+    r.median = 0;
     if (r.samples.empty()) continue;
     std::vector<double> values;
     for (const auto& [t, s] : r.samples) values.push_back(s);
-    medians[rank] = Median(std::move(values));
+    r.median = Median(std::move(values));
+    medians[rank] = r.median;
   }
   std::vector<Change> changes;
   for (auto& [rank, r] : ranks_) {
@@ -71,10 +73,7 @@ bool StragglerDetector::straggler(int rank) const {
 
 double StragglerDetector::median_s(int rank) const {
   const auto it = ranks_.find(rank);
-  if (it == ranks_.end() || it->second.samples.empty()) return 0;
-  std::vector<double> values;
-  for (const auto& [t, s] : it->second.samples) values.push_back(s);
-  return Median(std::move(values));
+  return it == ranks_.end() ? 0 : it->second.median;
 }
 
 double StragglerDetector::ratio(int rank) const {

@@ -43,8 +43,9 @@ class StragglerDetector {
   std::vector<Change> Judge(double now_s);
 
   bool straggler(int rank) const;
-  // The rank's windowed median (0 without samples), and its ratio to the
-  // others' median while it is a straggler (0 otherwise).
+  // The rank's windowed median at the last Judge (0 before one, or without
+  // samples), and its ratio to the others' median while it is a straggler
+  // (0 otherwise).
   double median_s(int rank) const;
   double ratio(int rank) const;
 
@@ -52,6 +53,7 @@ class StragglerDetector {
   struct Rank {
     std::deque<std::pair<double, double>> samples;  // (time, seconds), oldest first
     double first_s = -1;                            // when first observed
+    double median = 0;                              // of the samples, at the last Judge
     bool straggler = false;
     double ratio = 0;
   };

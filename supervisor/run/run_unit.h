@@ -337,6 +337,10 @@ class RunUnit {
   // A worker's event (CHECKPOINT, OOM_SPLIT, LOG, GUARD ...): stored and
   // published; a checkpoint's commit or failure answers the requests.
   void OnWorkerEvent(int rank, const worker::v1::WorkerEvent& we);
+  struct CheckpointRequest;
+  // Answers, with (step, error), and drops the requests `pick` selects.
+  void AnswerCheckpointRequests(const std::function<bool(const CheckpointRequest&)>& pick,
+                                int64_t step, const std::string& error);
   // Answers the checkpoint requests that `last_checkpoint_step` satisfies.
   void CheckpointCommitted(int64_t last_checkpoint_step);
   // Answers every checkpoint request with `error`.

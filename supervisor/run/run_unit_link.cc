@@ -41,33 +41,31 @@ void RunUnit::RequestCheckpoint(double timeout_s, CheckpointDone done) {
   checkpoint_requests_.push_back({std::move(done), after, env_.clock->NowS() + timeout_s});
 }
 
-void RunUnit::CheckpointCommitted(int64_t last_checkpoint_step) {
+void RunUnit::AnswerCheckpointRequests(const std::function<bool(const CheckpointRequest&)>& pick,
+                                       int64_t step, const std::string& error) {
   std::vector<CheckpointRequest> waiting;
   std::vector<CheckpointRequest> answered;
   for (CheckpointRequest& q : checkpoint_requests_) {
-    (last_checkpoint_step >= q.after_step ? answered : waiting).push_back(std::move(q));
+    (pick(q) ? answered : waiting).push_back(std::move(q));
   }
   checkpoint_requests_ = std::move(waiting);
-  for (CheckpointRequest& q : answered) q.done(last_checkpoint_step, "");
+  for (CheckpointRequest& q : answered) q.done(step, error);
+}
+
+void RunUnit::CheckpointCommitted(int64_t last_checkpoint_step) {
+  AnswerCheckpointRequests(
+      [&](const CheckpointRequest& q) { return last_checkpoint_step >= q.after_step; },
+      last_checkpoint_step, "");
 }
 
 void RunUnit::FailCheckpointRequests(int64_t step, const std::string& error) {
-  std::vector<CheckpointRequest> answered = std::move(checkpoint_requests_);
-  checkpoint_requests_.clear();
-  for (CheckpointRequest& q : answered) q.done(step, error);
+  AnswerCheckpointRequests([](const CheckpointRequest&) { return true; }, step, error);
 }
 
 void RunUnit::CheckLiveness() {
   const double now = env_.clock->NowS();
-  for (size_t i = 0; i < checkpoint_requests_.size();) {
-    if (now < checkpoint_requests_[i].deadline_s) {
-      ++i;
-      continue;
-    }
-    CheckpointDone done = std::move(checkpoint_requests_[i].done);
-    checkpoint_requests_.erase(checkpoint_requests_.begin() + static_cast<std::ptrdiff_t>(i));
-    done(-1, "no checkpoint committed within the request's timeout");
-  }
+  AnswerCheckpointRequests([now](const CheckpointRequest& q) { return now >= q.deadline_s; }, -1,
+                           "no checkpoint committed within the request's timeout");
   JudgeStragglers(now);
   ReportToCluster();
   // Judged by their exit codes only.
