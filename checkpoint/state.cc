@@ -3,8 +3,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -34,8 +37,18 @@ NamedTensors ModelTensors(const torch::nn::Module& model) {
   return out;
 }
 
+// With `copy`, a malloc'd host tensor outside LibTorch's CPU allocator
+// (Snapshot says why); without, `t` itself when it is a contiguous CPU
+// tensor.
 at::Tensor HostCopy(const at::Tensor& t, bool copy) {
-  return t.detach().to(at::kCPU, /*non_blocking=*/false, copy).contiguous();
+  if (!copy) return t.detach().to(at::kCPU, /*non_blocking=*/false, false).contiguous();
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  void* p = std::malloc(std::max<size_t>(bytes, 1));
+  if (p == nullptr) throw std::bad_alloc();
+  at::Tensor out = at::from_blob(
+      p, t.sizes(), [](void* q) { std::free(q); }, t.options().device(at::kCPU));
+  out.copy_(t.detach());
+  return out;
 }
 
 std::string TrainerJson(const TrainerState& t) {
@@ -211,16 +224,22 @@ template <typename T>
 int64_t NonFiniteIn(const at::Tensor& t) {
   const T* p = t.data_ptr<T>();
   int64_t bad = 0;
-  for (int64_t i = 0, n = t.numel(); i < n; ++i) bad += !std::isfinite(p[i]);
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) bad += !std::isfinite(static_cast<double>(p[i]));
   return bad;
 }
+
+// Allocates nothing for a contiguous CPU tensor: a background write
+// (AsyncCheckpointer) runs this beside a training step whose memory
+// budget counts LibTorch's CPU allocations.
 
 int64_t NonFinite(const at::Tensor& tensor) {
   const at::Tensor t =
       tensor.is_contiguous() && tensor.is_cpu() ? tensor : tensor.contiguous().cpu();
   if (t.scalar_type() == at::kFloat) return NonFiniteIn<float>(t);
   if (t.scalar_type() == at::kDouble) return NonFiniteIn<double>(t);
-  return t.numel() - at::isfinite(t).sum().item<int64_t>();  // half, bfloat16
+  if (t.scalar_type() == at::kHalf) return NonFiniteIn<c10::Half>(t);
+  if (t.scalar_type() == at::kBFloat16) return NonFiniteIn<c10::BFloat16>(t);
+  return t.numel() - at::isfinite(t).sum().item<int64_t>();  // other floating types
 }
 
 }  // namespace
@@ -469,8 +488,8 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
   return absl::OkStatus();
 }
 
-AsyncCheckpointer::AsyncCheckpointer(CheckpointStore* store)
-    : store_(store), thread_([this] { Run(); }) {}
+AsyncCheckpointer::AsyncCheckpointer(CheckpointStore* store, std::function<void()> before_write)
+    : store_(store), before_write_(std::move(before_write)), thread_([this] { Run(); }) {}
 
 AsyncCheckpointer::~AsyncCheckpointer() {
   {
@@ -482,26 +501,35 @@ AsyncCheckpointer::~AsyncCheckpointer() {
   thread_.join();
 }
 
-absl::Status AsyncCheckpointer::Save(StateSnapshot snapshot) {
+std::optional<WriteResult> AsyncCheckpointer::Save(StateSnapshot snapshot) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !busy_; });
-  absl::Status previous = last_status_;
-  last_status_ = absl::OkStatus();
+  std::optional<WriteResult> previous = std::move(finished_);
+  finished_.reset();
   next_ = std::make_unique<StateSnapshot>(std::move(snapshot));
   busy_ = true;
   cv_.notify_all();
   return previous;
 }
 
-absl::Status AsyncCheckpointer::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !busy_; });
-  return last_status_;
+std::optional<WriteResult> AsyncCheckpointer::Poll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<WriteResult> r = std::move(finished_);
+  finished_.reset();
+  return r;
 }
 
-double AsyncCheckpointer::last_write_seconds() const {
+std::optional<WriteResult> AsyncCheckpointer::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !busy_; });
+  std::optional<WriteResult> r = std::move(finished_);
+  finished_.reset();
+  return r;
+}
+
+bool AsyncCheckpointer::in_flight() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return last_write_seconds_;
+  return busy_;
 }
 
 void AsyncCheckpointer::Run() {
@@ -512,18 +540,18 @@ void AsyncCheckpointer::Run() {
     std::unique_ptr<StateSnapshot> job = std::move(next_);
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
-    absl::Status s;
+    WriteResult result;
+    result.step = job->step;
     try {
-      s = WriteSnapshot(*store_, *job);
+      if (before_write_) before_write_();
+      result.status = WriteSnapshot(*store_, *job);
     } catch (const std::exception& e) {
-      s = absl::InternalError(absl::StrCat("checkpoint writer: ", e.what()));
+      result.status = absl::InternalError(absl::StrCat("checkpoint writer: ", e.what()));
     }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     job.reset();
     lock.lock();
-    last_status_ = s;
-    last_write_seconds_ = seconds;
+    finished_ = std::move(result);
     busy_ = false;
     cv_.notify_all();
   }

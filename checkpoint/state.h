@@ -10,7 +10,10 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -51,7 +54,10 @@ struct StateSnapshot {
 };
 
 // Copies the state to host memory; the training loop may go on changing
-// the originals. With copy = false, CPU tensors are shared instead (for a
+// the originals. The copies are malloc'd, outside LibTorch's CPU allocator,
+// so a training memory budget (sparse/memory.h counts that allocator) does
+// not see them: on a GPU they are not device memory, and on the CPU they
+// are not the step's. With copy = false, CPU tensors are shared instead (for a
 // synchronous save that finishes before training goes on). Supports
 // torch::optim::SGD and torch::optim::AdamW; anything else gives
 // InvalidArgument. Fills trainer.cpu_rng_state from LibTorch's generator.
@@ -96,34 +102,47 @@ absl::Status LoadState(CheckpointStore& store, const CheckpointInfo& checkpoint,
                        torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                        TrainerState* trainer);
 
-// Writes snapshots on a background thread, at most one in flight.
+// A write AsyncCheckpointer finished: the checkpoint's step, how it went,
+// and the seconds it took on the writer thread.
+struct WriteResult {
+  int64_t step = -1;
+  absl::Status status;
+  double seconds = 0;
+};
+
+// Writes snapshots on a background thread, one at a time: the worker's
+// background checkpoints (docs/checkpoints.md). A finished write's result
+// is kept until it is taken (Save, Poll or Wait), so none is lost; a write
+// that fails has committed nothing (WriteSnapshot).
 class AsyncCheckpointer {
  public:
-  explicit AsyncCheckpointer(CheckpointStore* store);
-  ~AsyncCheckpointer();  // waits for the save in flight
+  // `before_write`, if set, runs on the writer thread before each write
+  // (fault injection: slow storage).
+  explicit AsyncCheckpointer(CheckpointStore* store, std::function<void()> before_write = {});
+  ~AsyncCheckpointer();  // waits for the write in flight
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
-  // Waits for the previous save, then hands `snapshot` to the writer.
-  // Returns the previous save's status (so a failure is seen at the next
-  // save at the latest), OK if there was none.
-  absl::Status Save(StateSnapshot snapshot);
-  // Waits for the save in flight and returns its status.
-  absl::Status Wait();
-  // Seconds the last completed save took on the writer thread.
-  double last_write_seconds() const;
+  // Waits for the write in flight, if any, then hands `snapshot` to the
+  // writer. Returns the result that was waiting to be taken, if any.
+  std::optional<WriteResult> Save(StateSnapshot snapshot);
+  // The finished write's result, if one waits to be taken; never blocks.
+  std::optional<WriteResult> Poll();
+  // Waits for the write in flight, if any, then as Poll.
+  std::optional<WriteResult> Wait();
+  bool in_flight() const;
 
  private:
   void Run();
 
   CheckpointStore* store_;
+  std::function<void()> before_write_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool busy_ = false;
   bool stop_ = false;
   std::unique_ptr<StateSnapshot> next_;
-  absl::Status last_status_;
-  double last_write_seconds_ = 0;
+  std::optional<WriteResult> finished_;
   std::thread thread_;
 };
 

@@ -333,9 +333,10 @@ absl::Status CheckpointStore::ApplyRetention(int64_t keep_step) {
   if (!all.ok()) return all.status();
   const int64_t n = static_cast<int64_t>(all->size());
   int64_t rollback_target = -1;
-  if (keep_before_ >= 0) {
+  const int64_t keep_before = keep_before_.load();
+  if (keep_before >= 0) {
     for (const CheckpointInfo& c : *all) {
-      if (c.step < keep_before_) rollback_target = std::max(rollback_target, c.step);
+      if (c.step < keep_before) rollback_target = std::max(rollback_target, c.step);
     }
   }
   std::vector<std::string> doomed;

@@ -14,6 +14,7 @@
 #ifndef TRAINSUP_CHECKPOINT_STORE_H_
 #define TRAINSUP_CHECKPOINT_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -153,9 +154,10 @@ class CheckpointStore {
   absl::Status ApplyRetention(int64_t keep_step = -1);
   // Retention keeps the newest checkpoint whose step is below `step` as
   // well (the trainer sets it to the oldest bad step its guard still
-  // counts); -1: none.
-  void set_keep_before(int64_t step) { keep_before_ = step; }
-  int64_t keep_before() const { return keep_before_; }
+  // counts); -1: none. The one setting that may change while another
+  // thread writes a checkpoint (AsyncCheckpointer): the others do not.
+  void set_keep_before(int64_t step) { keep_before_.store(step); }
+  int64_t keep_before() const { return keep_before_.load(); }
   // Waits until background deletions are done.
   void WaitForDeletions();
   // Restores interrupted replacements, then removes step-N.*.tmp leftovers.
@@ -174,7 +176,7 @@ class CheckpointStore {
   std::string root_;
   FileSystem* fs_;
   StoreOptions options_;
-  int64_t keep_before_ = -1;
+  std::atomic<int64_t> keep_before_{-1};
   std::thread deleter_;
 };
 

@@ -167,6 +167,7 @@ absl::Status ReadTrain(const toml::table* t, TrainSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(
       r.Double("checkpoint_every_seconds", &s->checkpoint_every_seconds, 0, 1e6));
   TRAINSUP_RETURN_IF_ERROR(r.Int("keep_checkpoints", &s->keep_checkpoints, 1, 1000));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("background_checkpoints", &s->background_checkpoints));
   TRAINSUP_RETURN_IF_ERROR(r.Int("memory_budget_mb", &s->memory_budget_mb, 0, 10000000));
   TRAINSUP_RETURN_IF_ERROR(r.Int("eval_every_steps", &s->eval_every_steps, 0, kBillion));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("deterministic", &s->deterministic));

@@ -122,8 +122,11 @@ struct TrainSpec {
   int64_t checkpoint_every_steps = 50;  // 0..1e9 (0: off)
   double checkpoint_every_seconds = 0;  // 0..1e6 (0: off)
   int64_t keep_checkpoints = 3;         // 1..1000
-  int64_t memory_budget_mb = 0;         // 0 (none)..1e7
-  int64_t eval_every_steps = 0;         // 0..1e9
+  // Periodic checkpoints are written on a thread while training goes on
+  // (docs/worker.md, "Checkpoints and exact resume"); false: between steps.
+  bool background_checkpoints = true;
+  int64_t memory_budget_mb = 0;  // 0 (none)..1e7
+  int64_t eval_every_steps = 0;  // 0..1e9
   bool deterministic = true;
   int64_t seed = 1;     // 0..2^63-1
   int64_t threads = 2;  // 1..256

@@ -192,12 +192,28 @@ class _Client:
             self.progress.tally.skipped_guard += 1
             self.update_tally()
             self.publish()
+        self.send_guard_event(step, line)
+
+    def send_guard_event(self, step, line):
         event = self.link._wpb.WorkerEvent()
         event.kind = self.link._pb.EVENT_KIND_GUARD
         event.step = int(step)
         event.checkpoint_step = -1
         event.message = line
         self.link.send_event(event)
+
+
+    def send_scaler_skip(self, step, line):
+        """A step the loss scaler skipped on an overflow: counted in the
+        run's tally (skipped_scaler) and sent as a GUARD event, never as a
+        bad step (nonfinite_steps and spike_steps stay)."""
+        if self.link is None:
+            return
+        with self.lock:
+            self.progress.tally.skipped_scaler += 1
+            self.update_tally()
+            self.publish()
+        self.send_guard_event(step, line)
 
 
 # Set to the pid of the process whose client talks to the daemon; a child
@@ -563,20 +579,45 @@ class Guard:
     GUARD event, the heartbeat's counters). max_bad_steps of them within
     the last bad_window steps end the process with exit 79 ("diverged"),
     naming the first: trainsupd then resumes from the newest checkpoint
-    before it and skips a window of batches (skip_step())."""
+    before it and skips a window of batches (skip_step()).
+
+    With fp16 and a torch.amp.GradScaler, pass it (docs/python-client.md,
+    "Mixed precision"):
+
+        scaler.scale(loss).backward()
+        if guard.check(step, loss, model, scaler=scaler):
+            scaler.step(optimizer)   # skips the step itself on an overflow
+            scaler.update()          # and lowers the scale
+
+    A finite loss whose gradient is not finite is then the scaler's routine
+    overflow, as GradScaler sees it: check() is True (scaler.step skips it),
+    and the step is counted as skipped by the loss scaler, never as a bad
+    step. Overflows become divergence (exit 79, the usual rollback) when
+    max_overflow_streak of them come in a row, or when the scale would fall
+    below min_scale: at a scale under 1 the gradient overflows fp16 without
+    any scaling, which no healthy run does. A non-finite loss is a bad step
+    with or without a scaler: lowering the scale does not mend a forward
+    pass. bf16 needs no scaler, and its non-finite steps are bad steps."""
 
     def __init__(self, max_bad_steps=3, bad_window=100, spike_factor=6.0, spike_window=50,
-                 spike_warmup=20):
+                 spike_warmup=20, max_overflow_streak=20, min_scale=1.0):
         if not 1 <= max_bad_steps <= bad_window:
             raise ValueError("trainsup.Guard: need 1 <= max_bad_steps <= bad_window")
         if spike_factor != 0 and spike_factor < 1.5:
             raise ValueError("trainsup.Guard: spike_factor must be 0 (off) or >= 1.5")
+        if int(max_overflow_streak) < 1:
+            raise ValueError("trainsup.Guard: max_overflow_streak must be >= 1")
+        if not float(min_scale) > 0:
+            raise ValueError("trainsup.Guard: min_scale must be > 0")
         self.max_bad_steps, self.bad_window = int(max_bad_steps), int(bad_window)
         self.spike_factor, self.spike_window = float(spike_factor), int(spike_window)
         self.spike_warmup = int(spike_warmup)
+        self.max_overflow_streak, self.min_scale = int(max_overflow_streak), float(min_scale)
         self._losses = []
         self._applied = 0
         self._bad = []  # (step, what was seen)
+        self._overflows = []  # the current streak of scaler overflows: (step, scale)
+        self.overflow_steps = 0  # steps the scaler skipped, in this process
 
     def median(self):
         v = sorted(self._losses)
@@ -592,17 +633,22 @@ class Guard:
         norms = [p.grad.detach().double().norm() for p in parameters if p.grad is not None]
         return float(torch.stack(norms).norm()) if norms else 0.0
 
-    def check(self, step, loss, model=None):
-        """Judges step `step`: True to apply it. `loss` a number or a
-        one-element tensor; `model` a module or parameters whose .grad
-        backward() filled (None: the loss only). In a DDP script, pass the
-        loss every rank sees (all-reduced): each rank must decide alike."""
+    def check(self, step, loss, model=None, scaler=None):
+        """Judges step `step`: True to apply it (with a scaler: to hand it
+        to scaler.step). `loss` a number or a one-element tensor, unscaled;
+        `model` a module or parameters whose .grad backward() filled (None:
+        the loss only); `scaler` a torch.amp.GradScaler or None. In a DDP
+        script, pass the loss every rank sees (all-reduced), and the
+        gradient after DDP's allreduce: each rank must decide alike."""
         global _keep_before
-        loss = float(loss)
+        loss = float(loss.detach()) if hasattr(loss, "detach") else float(loss)
         seen, spike = None, False
+        scaling = scaler is not None and scaler.is_enabled()
         if not _finite(loss):
             seen = "loss %s" % ("nan" if loss != loss else loss)
         elif model is not None and not _finite(self._grad_norm(model)):
+            if scaling:
+                return self._overflow(step, loss, scaler)
             seen = "gradient norm not finite (loss %g)" % loss
         elif self.spike_factor > 0 and self._applied >= self.spike_warmup:
             median = self.median()
@@ -610,6 +656,7 @@ class Guard:
                 seen, spike = "loss %g is %.1f times the median %g" % (loss, loss / median,
                                                                         median), True
         if seen is None:
+            self._overflows = []
             self._losses = (self._losses + [loss])[-self.spike_window:]
             self._applied += 1
             self._bad = [b for b in self._bad if b[0] > step - self.bad_window]
@@ -630,6 +677,33 @@ class Guard:
                 "; ".join("step %d: %s" % b for b in self._bad))
             _exit_with(79, "diverged", message, first)
         return False
+
+    def _overflow(self, step, loss, scaler):
+        """A gradient overflow under loss scaling: the scaler's skip, or
+        divergence when the streak or the scale says so."""
+        global _keep_before
+        scale = float(scaler.get_scale())
+        backoff = float(scaler.get_backoff_factor())
+        self._overflows.append((step, scale))
+        self.overflow_steps += 1
+        first = self._overflows[0][0]
+        if len(self._overflows) >= self.max_overflow_streak or scale * backoff < self.min_scale:
+            why = ("%d overflows in a row" % len(self._overflows)
+                   if len(self._overflows) >= self.max_overflow_streak else
+                   "the scale would fall to %g, below min_scale %g" % (scale * backoff,
+                                                                       self.min_scale))
+            message = ("diverged at step %d: the loss scaler overflowed at every step since "
+                       "(%s; loss %g, scale %g at step %d)" % (first, why, loss, scale, step))
+            print("trainsup: " + message, file=sys.stderr)
+            _keep_before = first
+            _exit_with(79, "diverged", message, first)
+        line = ("step %d skipped by the loss scaler: gradient overflow at scale %g, the scale "
+                "goes to %g (loss %g; not a bad step)" % (step, scale, scale * backoff, loss))
+        print("trainsup: " + line, file=sys.stderr)
+        c = _client()
+        if c is not None:
+            c.send_scaler_skip(step, line)
+        return True
 
 
 def handle_sigterm():

@@ -9,6 +9,8 @@
 
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -353,7 +355,7 @@ TEST(LoadState, AMismatchNamesTheKeyAndLoadsNothing) {
   FileSystem::Default()->DeleteTree(dir).IgnoreError();
 }
 
-TEST(AsyncCheckpointer, WritesInTheBackgroundAndReportsFailures) {
+TEST(AsyncCheckpointer, WritesInTheBackgroundAndKeepsEachResultUntilTaken) {
   const std::string dir = TempDir();
   testing::FaultInjectionFileSystem fs;
   CheckpointStore store(dir + "/checkpoints", &fs);
@@ -362,19 +364,77 @@ TEST(AsyncCheckpointer, WritesInTheBackgroundAndReportsFailures) {
   AsyncCheckpointer saver(&store);
   TrainerState t;
   t.step = 10;
-  EXPECT_TRUE(saver.Save(*Snapshot(net, sgd, t)).ok());
-  EXPECT_TRUE(saver.Wait().ok());
+  EXPECT_FALSE(saver.Save(*Snapshot(net, sgd, t)).has_value());  // nothing before it
+  std::optional<WriteResult> first = saver.Wait();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->step, 10);
+  EXPECT_TRUE(first->status.ok()) << first->status;
+  EXPECT_GT(first->seconds, 0.0);
   EXPECT_TRUE(store.Verify({10, dir + "/checkpoints/step-10"}).ok());
-  EXPECT_GT(saver.last_write_seconds(), 0.0);
+  EXPECT_FALSE(saver.Wait().has_value());  // taken once
+  // A full disk: the write fails, is reported, and commits nothing.
   fs.space_left = 100;
   t.step = 20;
-  EXPECT_TRUE(saver.Save(*Snapshot(net, sgd, t)).ok());  // the previous save was fine
-  absl::Status s = saver.Wait();
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_FALSE(saver.Save(*Snapshot(net, sgd, t)).has_value());
+  t.step = 30;
+  // The next save waits for the one in flight and hands back its result.
+  std::optional<WriteResult> second = saver.Save(*Snapshot(net, sgd, t));
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->step, 20);
+  EXPECT_EQ(second->status.code(), absl::StatusCode::kResourceExhausted) << second->status;
+  std::optional<WriteResult> third = saver.Wait();
+  ASSERT_TRUE(third.has_value());
+  EXPECT_EQ(third->step, 30);
+  EXPECT_FALSE(third->status.ok());
   fs.space_left = -1;
   auto latest = store.ChooseLatest(nullptr);
   ASSERT_TRUE(latest.ok());
   EXPECT_EQ(latest->step, 10);
+  auto listed = store.List();
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->size(), 1u);
+  FileSystem::Default()->DeleteTree(dir).IgnoreError();
+}
+
+// Poll never blocks: while the write is held up (the before_write hook,
+// slow storage) it has nothing, and the training thread goes on; the
+// snapshot is a copy, so changing the weights meanwhile does not reach
+// the checkpoint.
+TEST(AsyncCheckpointer, PollDoesNotWaitAndTheSnapshotIsACopy) {
+  const std::string dir = TempDir();
+  CheckpointStore store(dir + "/checkpoints");
+  TinyNet net;
+  torch::optim::SGD sgd(net.parameters(), torch::optim::SGDOptions(0.1));
+  std::mutex gate;
+  gate.lock();
+  AsyncCheckpointer saver(&store, [&] { std::lock_guard<std::mutex> hold(gate); });
+  TrainerState t;
+  t.step = 5;
+  absl::StatusOr<StateSnapshot> snapshot = Snapshot(net, sgd, t);
+  ASSERT_TRUE(snapshot.ok());
+  // The copies are not LibTorch's CPU allocator's (a training memory
+  // budget counts that one).
+  for (const auto& [name, tensor] : snapshot->model) {
+    EXPECT_EQ(tensor.storage().allocator(), nullptr) << name;
+  }
+  const at::Tensor before = net.w1.detach().clone();
+  EXPECT_FALSE(saver.Save(std::move(*snapshot)).has_value());
+  EXPECT_TRUE(saver.in_flight());
+  EXPECT_FALSE(saver.Poll().has_value());
+  {
+    torch::NoGradGuard no_grad;
+    net.w1.add_(1.0);
+  }
+  gate.unlock();
+  std::optional<WriteResult> done = saver.Wait();
+  ASSERT_TRUE(done.has_value());
+  ASSERT_TRUE(done->status.ok()) << done->status;
+  EXPECT_FALSE(saver.in_flight());
+  TinyNet fresh;
+  torch::optim::SGD fresh_sgd(fresh.parameters(), torch::optim::SGDOptions(0.1));
+  TrainerState loaded;
+  ASSERT_TRUE(LoadState(store, {5, dir + "/checkpoints/step-5"}, fresh, fresh_sgd, &loaded).ok());
+  EXPECT_TRUE(torch::equal(fresh.w1, before));
   FileSystem::Default()->DeleteTree(dir).IgnoreError();
 }
 

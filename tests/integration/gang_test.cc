@@ -278,6 +278,34 @@ TEST(Gang, ACheckpointSlowerThanTheCollectiveTimeoutDoesNotRestartTheGang) {
   EXPECT_THAT(RankLog(run, 1, 1), HasSubstr("checkpoint step-6 (written by rank 0)"));
 }
 
+// Background checkpoints in a gang: rank 0's slow write of step-3 (4 s)
+// goes on while both ranks train steps 4 and 5; rank 1 learns that it was
+// committed from a later step's control collective, not by waiting for
+// it; the final checkpoint waits for the write in flight.
+TEST(Gang, RanksTrainOnWhileRankZeroWritesACheckpoint) {
+  DaemonHarness h;
+  UseRealWorker(h, 2);
+  ASSERT_TRUE(h.Start());
+  const std::string id = h.Submit(GangSpec(
+      "background-ckpt", 2, 8, 3, "[testing]\ncheckpoint_delay_ms = 4000\nonly_rank = 0\n"));
+  v1::Run run;
+  ASSERT_TRUE(h.WaitForEnd(id, Seconds(300), &run));
+  EXPECT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << Describe(run);
+  ASSERT_EQ(run.attempts_size(), 1) << Describe(run);
+  for (int rank : {0, 1}) {
+    const std::string log = RankLog(run, 1, rank);
+    const size_t committed = log.find(rank == 0 ? "checkpoint step-3 (written in "
+                                                : "checkpoint step-3 (written by rank 0)");
+    const size_t step5 = log.find("\nstep 5/8 ");
+    ASSERT_NE(committed, std::string::npos) << "rank " << rank << ":\n" << log;
+    ASSERT_NE(step5, std::string::npos) << "rank " << rank << ":\n" << log;
+    EXPECT_LT(step5, committed) << "rank " << rank << " waited for the write:\n" << log;
+    EXPECT_THAT(log, HasSubstr("checkpoint step-6 ")) << "rank " << rank;
+    EXPECT_THAT(log, HasSubstr("checkpoint step-8 ")) << "rank " << rank;
+  }
+  EXPECT_THAT(RankLog(run, 1, 0), HasSubstr("checkpoint step-3: "));  // the snapshot
+}
+
 // Cancel (the daemon's Stop command to every rank, then SIGTERM): the stop
 // requests reach the ranks at different moments, but the ranks agree on
 // it in the next step's control collective, so both stop after the same

@@ -74,6 +74,49 @@ def run_script(body, env, cwd, timeout=60):
                           timeout=timeout)
 
 
+# A training loop on the CPU in mixed precision, for the scripts below:
+# fp16 autocast with a real torch.amp.GradScaler whose first scale is
+# INIT_SCALE (2**24 overflows fp16's gradients for a few steps, until the
+# scaler has halved it far enough), checked by trainsup.Guard(GUARD_ARGS).
+# Prints "step S applied|skipped scale X" and, at the end, the guard's
+# overflow count. Exits 3 where the CPU build cannot autocast to fp16.
+FP16_LOOP = """
+import sys, torch, trainsup
+torch.manual_seed(0)
+try:
+    with torch.autocast("cpu", dtype=torch.float16):
+        torch.ones(2, 2) @ torch.ones(2, 2)
+except RuntimeError as e:
+    print("no fp16 autocast on this CPU build: %s" % e)
+    sys.exit(3)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE)
+guard = trainsup.Guard(GUARD_ARGS)
+x, y = torch.randn(32, 8), torch.randn(32, 1)
+for step in range(1, STEPS + 1):
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(x)
+    assert out.dtype == torch.float16
+    loss = ((out.float() - y) ** 2).mean()
+    scaler.scale(loss).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    scale = scaler.get_scale()
+    if guard.check(step, loss, model, scaler=scaler):
+        scaler.step(optimizer)
+        scaler.update()
+    changed = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    print("step %d %s scale %g" % (step, "applied" if changed else "skipped", scale), flush=True)
+print("overflow steps %d" % guard.overflow_steps)
+"""
+
+
+def fp16_loop(init_scale, steps, guard_args=""):
+    return (FP16_LOOP.replace("INIT_SCALE", repr(float(init_scale)))
+            .replace("STEPS", str(steps)).replace("GUARD_ARGS", guard_args))
+
+
 class NoOpOutsideTrainsupd(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="trainsup-py-")
@@ -210,6 +253,76 @@ class NoOpOutsideTrainsupd(unittest.TestCase):
         self.assertEqual(exit_file["first_bad_step"], 6)
         self.assertTrue(exit_file["message"].startswith(
             "diverged at step 6: 3 bad steps within 10 (step 6: loss nan; "), exit_file["message"])
+
+    def test_guard_counts_scaler_overflows_apart_from_bad_steps(self):
+        # fp16 with a real GradScaler: its routine overflows are skipped by
+        # scaler.step and counted as overflows, never as bad steps (three
+        # bad steps would have ended the script with 79); training goes on
+        # once the scale has come down.
+        r = run_script(fp16_loop(2 ** 24, 14), clean_env(TRAINSUP_RUN_DIR=self.dir,
+                                                         TRAINSUP_ATTEMPT=1), self.dir)
+        if r.returncode == 3:
+            self.skipTest(r.stdout)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        skipped = [l for l in r.stdout.splitlines() if " skipped " in l]
+        applied = [l for l in r.stdout.splitlines() if " applied " in l]
+        self.assertGreaterEqual(len(skipped), 3, r.stdout)
+        self.assertGreaterEqual(len(applied), 3, r.stdout)
+        self.assertIn("overflow steps %d" % len(skipped), r.stdout)
+        self.assertTrue(r.stdout.index(applied[0]) > r.stdout.index(skipped[-1]), r.stdout)
+        self.assertIn("step 1 skipped by the loss scaler: gradient overflow at scale 1.67772e+07, "
+                      "the scale goes to 8.38861e+06", r.stderr)
+        self.assertNotIn("not applied", r.stderr)
+
+    def test_guard_under_bf16_autocast_has_no_scaler_and_judges_as_in_fp32(self):
+        r = run_script("""
+            import torch, trainsup
+            torch.manual_seed(0)
+            model = torch.nn.Linear(8, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            guard = trainsup.Guard(max_bad_steps=2, bad_window=10)
+            x, y = torch.randn(16, 8), torch.randn(16, 1)
+            for step in range(1, 5):
+                optimizer.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    out = model(x)
+                assert out.dtype == torch.bfloat16
+                loss = ((out.float() - y) ** 2).mean()
+                loss.backward()
+                if step == 3:
+                    model.weight.grad[0, 0] = float("inf")
+                print(step, guard.check(step, loss, model), flush=True)
+            """, clean_env(), self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), ["1", "True", "2", "True", "3", "False", "4", "True"])
+        self.assertIn("step 3 not applied (not finite): gradient norm not finite", r.stderr)
+
+    def test_overflows_in_a_row_are_divergence_and_exit_79(self):
+        # 2**40 overflows for many steps: the third in a row is divergence,
+        # named from the first, as a bad step's would be.
+        r = run_script(fp16_loop(2 ** 40, 10, "max_overflow_streak=3"),
+                       clean_env(TRAINSUP_RUN_DIR=self.dir, TRAINSUP_ATTEMPT=1), self.dir)
+        if r.returncode == 3:
+            self.skipTest(r.stdout)
+        self.assertEqual(r.returncode, 79, r.stderr)
+        self.assertIn("step 2 skipped scale", r.stdout)
+        self.assertNotIn("step 3 ", r.stdout)
+        with open(os.path.join(self.dir, "attempts", "1", "rank-0.exit.json")) as f:
+            exit_file = json.load(f)
+        self.assertEqual((exit_file["code"], exit_file["reason"], exit_file["first_bad_step"]),
+                         (79, "diverged", 1))
+        self.assertTrue(exit_file["message"].startswith(
+            "diverged at step 1: the loss scaler overflowed at every step since (3 overflows in "
+            "a row;"), exit_file["message"])
+
+    def test_a_scale_below_the_floor_is_divergence(self):
+        r = run_script(fp16_loop(2 ** 24, 10, "min_scale=2.0 ** 23 + 1"),
+                       clean_env(TRAINSUP_RUN_DIR=self.dir, TRAINSUP_ATTEMPT=1), self.dir)
+        if r.returncode == 3:
+            self.skipTest(r.stdout)
+        self.assertEqual(r.returncode, 79, r.stderr)
+        self.assertIn("the scale would fall to 8.38861e+06, below min_scale 8.38861e+06",
+                      r.stderr)
 
     def test_retention_keeps_the_checkpoint_before_a_counted_bad_step(self):
         # keep_last=2: a bad step at 5 keeps step-4, a rollback's target,
@@ -414,6 +527,23 @@ class Channel(unittest.TestCase):
         finally:
             script.kill()
             script.communicate()
+
+    def test_scaler_skips_reach_the_tally_and_events_not_the_bad_steps(self):
+        r = run_script(fp16_loop(2 ** 24, 12), self.env(), self.dir)
+        if r.returncode == 3:
+            self.skipTest(r.stdout)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        skipped = len([l for l in r.stdout.splitlines() if " skipped " in l])
+        self.assertGreater(skipped, 0, r.stdout)
+        messages = self.messages()
+        guard_events = [m.event for m in messages
+                        if m.HasField("event") and m.event.kind == supervisor_pb2.EVENT_KIND_GUARD]
+        self.assertEqual(len(guard_events), skipped)
+        self.assertTrue(all("skipped by the loss scaler" in e.message for e in guard_events))
+        last = [m.heartbeat.progress for m in messages if m.HasField("heartbeat")][-1]
+        self.assertEqual(last.tally.skipped_scaler, skipped)
+        self.assertEqual((last.tally.skipped_guard, last.nonfinite_steps, last.spike_steps),
+                         (0, 0, 0))
 
     def test_commands_reach_the_script(self):
         script = subprocess.Popen([PYTHON, "-c", textwrap.dedent("""

@@ -544,13 +544,14 @@ std::optional<TrainerResult> Trainer::InjectFaults(int64_t next) {
 }
 
 // The one place a checkpoint is written from the loop. `must` names when a
-// checkpoint that has to be written is (its failure ends the attempt,
-// CheckpointFailed); nullptr: a periodic one, whose failure has been
-// reported and training goes on. A hard out-of-memory while saving ends
-// the attempt either way.
+// checkpoint that has to be written is (written now, after the write in
+// flight; its failure ends the attempt, CheckpointFailed); nullptr: a
+// periodic one (in the background with train.background_checkpoints),
+// whose failure is reported and training goes on. A hard out-of-memory
+// while saving ends the attempt either way.
 std::optional<TrainerResult> Trainer::CheckpointOrExit(const char* must) {
   try {
-    absl::Status c = Checkpoint();
+    absl::Status c = Checkpoint(must == nullptr && spec_.train.background_checkpoints);
     if (!c.ok() && must != nullptr) return CheckpointFailed(c, must);
   } catch (const c10::OutOfMemoryError& e) {
     return Fail(WorkerExit::kOom,
@@ -577,17 +578,25 @@ std::optional<TrainerResult> Trainer::TrainOneStep(TrainerResult* result) {
     Log(line);
   }
   // What the ranks agree on before the step (one collective; with one
-  // rank, the local values): the global batch's labelled voxels, and
-  // whether any rank was asked to stop or to checkpoint (rank 0's clock
-  // decides checkpoint_every_seconds), so all take the same decisions.
+  // rank, the local values): the global batch's labelled voxels, whether
+  // any rank was asked to stop or to checkpoint (rank 0's clock decides
+  // checkpoint_every_seconds), so all take the same decisions, and the
+  // background writes rank 0 saw finish, so all count them alike.
   const int64_t local_labelled = BatchLabelled(*batch);
   const bool stop = hooks_.stop_requested && hooks_.stop_requested();
   const bool timed = options_.rank == 0 && spec_.train.checkpoint_every_seconds > 0 &&
                      std::chrono::duration<double>(Clock::now() - last_checkpoint_time_).count() >=
                          spec_.train.checkpoint_every_seconds;
   const bool requested = hooks_.checkpoint_requested && hooks_.checkpoint_requested();
-  at::Tensor control = at::tensor({local_labelled, int64_t{stop}, int64_t{timed || requested}});
+  at::Tensor control = at::zeros({3 + 2 * kWriteSlots}, at::kLong);
+  control[0] = local_labelled;
+  control[1] = int64_t{stop};
+  control[2] = int64_t{timed || requested};
+  std::vector<ckpt::WriteResult> written;
+  if (options_.rank == 0) written = TakeWrites(/*wait=*/false);
+  PutWrites(written, control, 3);
   gang_->AllreduceSum(control, absl::StrCat("control of step ", next));
+  SettleWrites(control, 3, written);
   if (control[1].item<int64_t>() > 0) {
     if (std::optional<TrainerResult> failed = CheckpointOrExit("before stopping on request")) {
       return failed;
@@ -595,7 +604,7 @@ std::optional<TrainerResult> Trainer::TrainOneStep(TrainerResult* result) {
     return Fail(WorkerExit::kStopped,
                 absl::StrCat("stopped on request after checkpoint step-", step_));
   }
-  if (control[2].item<int64_t>() > 0 && step_ > last_checkpoint_) {
+  if (control[2].item<int64_t>() > 0 && step_ > checkpoint_started_) {
     if (std::optional<TrainerResult> failed = CheckpointOrExit(nullptr)) return failed;
   }
   const auto t0 = Clock::now();

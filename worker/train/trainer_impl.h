@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/state.h"
 #include "checkpoint/store.h"
 #include "contracts/exit_codes.h"
 #include "contracts/run_layout.h"
@@ -229,10 +230,34 @@ class Trainer {
     r.last_step = step_;
     return r;
   }
-  // Saves the current step. A failure is counted and reported (log,
-  // checkpoint_failed, the heartbeat) and returned; the checkpoints
-  // committed before are untouched.
-  absl::Status Checkpoint();
+  // Checkpoints the current step. `background`: rank 0 snapshots the
+  // state to host memory and a thread writes it (StartBackgroundWrite),
+  // training goes on, and every rank learns the outcome from a later
+  // step's control collective; OK means started. Else the write in flight
+  // finishes and the step is written now (WriteNow), and the result is
+  // the write's. A failure is counted and reported (Settle) wherever it is
+  // learnt; the checkpoints committed before are untouched.
+  absl::Status Checkpoint(bool background);
+  absl::Status StartBackgroundWrite(ckpt::TrainerState state);
+  absl::Status WriteNow(ckpt::TrainerState state);
+  // Writes shared per collective: at most kWriteSlots, [step + 1, code]
+  // each, from offset on (the step's control tensor, WriteNow's).
+  static constexpr int64_t kWriteSlots = 4;
+  // Rank 0: finished writes not yet shared (with `wait`, after the write
+  // in flight), the oldest kWriteSlots of them.
+  std::vector<ckpt::WriteResult> TakeWrites(bool wait);
+  static void PutWrites(const std::vector<ckpt::WriteResult>& writes, at::Tensor& t,
+                        int64_t offset);
+  // Every rank: Settle each write in t (rank 0 with its own statuses,
+  // `own`, which TakeWrites returned); the status of the current step's
+  // write, if t holds one.
+  std::optional<absl::Status> SettleWrites(const at::Tensor& t, int64_t offset,
+                                           const std::vector<ckpt::WriteResult>& own);
+  // A write's outcome, on every rank alike: a commit moves
+  // last_checkpoint_ and is an event; a failure is counted and reported
+  // (log, checkpoint_failed, the heartbeat). `seconds`: the write's time,
+  // on rank 0 (else -1).
+  void Settle(int64_t step, const absl::Status& s, double seconds);
   // The end of an attempt whose checkpoint had to be written (`when`: at
   // the end, before a requested stop) but failed with `s`: exit 74 when the
   // file system is full (ResourceExhausted: ENOSPC, EDQUOT), else 1.
@@ -281,6 +306,12 @@ class Trainer {
   TrainerOptions options_;
   TrainerHooks hooks_;
   ckpt::CheckpointStore store_;
+  // Rank 0 with train.background_checkpoints, from the first such
+  // checkpoint on; declared after store_, so it is destroyed (waiting
+  // for the write in flight) before the store.
+  std::unique_ptr<ckpt::AsyncCheckpointer> writer_;
+  std::vector<ckpt::WriteResult> unshared_;  // rank 0: finished writes the gang has not heard of
+  int64_t checkpoint_started_ = -1;          // the newest step whose checkpoint was started
   std::unique_ptr<Dataset> train_, val_;
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<Gang> gang_;  // world size 1 too: collectives are then the identity

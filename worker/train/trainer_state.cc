@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "checkpoint/state.h"
 #include "worker/train/trainer_impl.h"
 
@@ -128,72 +130,198 @@ nlohmann::json Trainer::GangState(const std::vector<nlohmann::json>& ranks) cons
           {"class_counts", class_counts}};
 }
 
-absl::Status Trainer::Checkpoint() {
+namespace {
+
+// A write's outcome as the gang shares it (a step's control collective,
+// or rank 0's broadcast): [step + 1 (0: no write), code] per write.
+enum WriteCode : int64_t { kWritten = 0, kOutOfSpace = 1, kRefused = 2, kFailed = 3 };
+
+int64_t CodeOf(const absl::Status& s) {
+  if (s.ok()) return kWritten;
+  if (absl::IsResourceExhausted(s)) return kOutOfSpace;
+  if (absl::IsFailedPrecondition(s)) return kRefused;
+  return kFailed;
+}
+
+// What a rank other than rank 0 knows of a write that failed.
+absl::Status StatusOf(int64_t code, int64_t step) {
+  const std::string why =
+      absl::StrCat("rank 0 could not write checkpoint step-", step, " (its log says why)");
+  switch (code) {
+    case kWritten:
+      return absl::OkStatus();
+    case kOutOfSpace:
+      return absl::ResourceExhaustedError(why);
+    case kRefused:
+      return absl::FailedPreconditionError(why);
+    default:
+      return absl::UnavailableError(why);
+  }
+}
+
+}  // namespace
+
+std::vector<ckpt::WriteResult> Trainer::TakeWrites(bool wait) {
+  if (writer_ != nullptr) {
+    std::optional<ckpt::WriteResult> r = wait ? writer_->Wait() : writer_->Poll();
+    if (r.has_value()) unshared_.push_back(std::move(*r));
+  }
+  const size_t n = std::min<size_t>(unshared_.size(), kWriteSlots);
+  std::vector<ckpt::WriteResult> out(std::make_move_iterator(unshared_.begin()),
+                                     std::make_move_iterator(unshared_.begin() + n));
+  unshared_.erase(unshared_.begin(), unshared_.begin() + n);
+  return out;
+}
+
+void Trainer::PutWrites(const std::vector<ckpt::WriteResult>& writes, at::Tensor& t,
+                        int64_t offset) {
+  for (size_t i = 0; i < writes.size(); ++i) {
+    t[offset + 2 * i] = writes[i].step + 1;
+    t[offset + 2 * i + 1] = CodeOf(writes[i].status);
+  }
+}
+
+std::optional<absl::Status> Trainer::SettleWrites(const at::Tensor& t, int64_t offset,
+                                                  const std::vector<ckpt::WriteResult>& own) {
+  std::optional<absl::Status> current;
+  for (int64_t i = 0; i < kWriteSlots; ++i) {
+    const int64_t step = t[offset + 2 * i].item<int64_t>() - 1;
+    if (step < 0) continue;
+    const bool mine = options_.rank == 0 && static_cast<size_t>(i) < own.size();
+    const absl::Status s =
+        mine ? own[i].status : StatusOf(t[offset + 2 * i + 1].item<int64_t>(), step);
+    Settle(step, s, mine ? own[i].seconds : -1);
+    if (step == step_) current = s;
+  }
+  return current;
+}
+
+void Trainer::Settle(int64_t step, const absl::Status& s, double seconds) {
+  const std::string name = absl::StrCat("checkpoint step-", step);
+  if (s.ok()) {
+    last_checkpoint_ = std::max(last_checkpoint_, step);
+    last_checkpoint_error_.clear();
+    if (options_.rank == 0) Event(v1::EVENT_KIND_CHECKPOINT, step, name);
+    if (options_.rank != 0) {
+      Log(absl::StrCat(name, " (written by rank 0)"));
+    } else if (seconds >= 0) {
+      Log(absl::StrFormat("%s (written in %.3f s)", name, seconds));
+    } else {
+      Log(name);
+    }
+    return;
+  }
+  ++checkpoint_failures_;
+  last_checkpoint_error_ = std::string(s.message());
+  Log(absl::StrCat(name, " failed (", checkpoint_failures_, " failed so far; newest checkpoint ",
+                   last_checkpoint_ >= 0 ? absl::StrCat("step-", last_checkpoint_) : "none",
+                   "): ", s.message()));
+  if (hooks_.checkpoint_failed && options_.rank == 0) {
+    hooks_.checkpoint_failed(step, last_checkpoint_, last_checkpoint_error_);
+  }
+}
+
+absl::Status Trainer::Checkpoint(bool background) {
   Report(v1::PHASE_CHECKPOINTING);
   // A rollback's target outlives keep_checkpoints while the guard counts a
   // bad step (docs/guard.md).
   store_.set_keep_before(guard_.oldest_bad_step());
   const int world = gang_->world_size();
   const std::string name = absl::StrCat("checkpoint step-", step_);
+  // Every rank has finished the step (in a gang this gather is the
+  // barrier); rank 0 writes the one checkpoint, in a form any gang size
+  // resumes from (GangState).
+  std::vector<std::string> ranks = {RankState().dump()};
+  if (world > 1) ranks = gang_->AllGather(ranks[0], name + ": rank states");
   ckpt::TrainerState state;
   state.step = step_;
   state.epoch = epoch_;
   state.cursor = cursor_;
-  absl::Status s;
-  // testing.checkpoint_delay_ms: the write is slow, as on busy shared storage.
-  auto slow_storage = [this] {
-    if (inject_ && spec_.testing.checkpoint_delay_ms > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(spec_.testing.checkpoint_delay_ms));
-    }
-  };
-  // Every rank has finished the step (in a gang this gather is the
-  // barrier); rank 0 writes the one checkpoint, in a form any gang size
-  // resumes from (GangState), and tells the others how it went.
-  std::vector<std::string> ranks = {RankState().dump()};
-  if (world > 1) ranks = gang_->AllGather(ranks[0], name + ": rank states");
-  at::Tensor result = at::zeros({3}, at::kLong);  // [written, out of space, refused]
   if (options_.rank == 0) {
     std::vector<nlohmann::json> all;
     for (const std::string& r : ranks) all.push_back(nlohmann::json::parse(r));
     state.extra_json = GangState(all).dump();
-    slow_storage();
-    s = ckpt::SaveState(store_, *model_, *optimizer_, state);
-    result[0] = s.ok() ? 1 : 0;
-    result[1] = absl::IsResourceExhausted(s) ? 1 : 0;
-    result[2] = absl::IsFailedPrecondition(s) ? 1 : 0;
   }
-  if (world > 1) {
-    // The others wait while rank 0 writes to what may be slow shared
-    // storage: distributed.checkpoint_timeout_s, not the collective timeout.
-    gang_->Broadcast(result, 0, name + ": written", spec_.distributed.checkpoint_timeout_s);
-    if (options_.rank != 0) {
-      if (result[0].item<int64_t>() == 1) {
-        s = absl::OkStatus();
-      } else {
-        const std::string why =
-            absl::StrCat("rank 0 could not write ", name, " (its log says why)");
-        s = result[1].item<int64_t>() == 1   ? absl::ResourceExhaustedError(why)
-            : result[2].item<int64_t>() == 1 ? absl::FailedPreconditionError(why)
-                                             : absl::UnavailableError(why);
-      }
-    }
-  }
-  if (s.ok()) {
-    last_checkpoint_ = step_;
-    last_checkpoint_error_.clear();
-    if (options_.rank == 0) Event(v1::EVENT_KIND_CHECKPOINT, step_, name);
-    Log(world == 1 || options_.rank == 0 ? name : absl::StrCat(name, " (written by rank 0)"));
-  } else {
-    ++checkpoint_failures_;
-    last_checkpoint_error_ = std::string(s.message());
-    Log(absl::StrCat(name, " failed (", checkpoint_failures_, " failed so far; newest checkpoint ",
-                     last_checkpoint_ >= 0 ? absl::StrCat("step-", last_checkpoint_) : "none",
-                     "): ", s.message()));
-    if (hooks_.checkpoint_failed && options_.rank == 0)
-      hooks_.checkpoint_failed(step_, last_checkpoint_, last_checkpoint_error_);
-  }
+  checkpoint_started_ = step_;
+  absl::Status s = background ? StartBackgroundWrite(std::move(state)) : WriteNow(std::move(state));
   Report(v1::PHASE_TRAINING);
   return s;
+}
+
+// Rank 0 snapshots to host memory and hands the write to writer_ (after
+// the write in flight, if any); the outcome reaches every rank with a
+// later step's control collective (TrainOneStep) or the next checkpoint
+// written now. The other ranks do not wait.
+absl::Status Trainer::StartBackgroundWrite(ckpt::TrainerState state) {
+  if (options_.rank != 0) return absl::OkStatus();
+  if (writer_ == nullptr) {
+    // testing.checkpoint_delay_ms: the write is slow, as on busy shared
+    // storage; it delays the writer thread, not training.
+    const int64_t delay_ms = inject_ ? spec_.testing.checkpoint_delay_ms : 0;
+    writer_ = std::make_unique<ckpt::AsyncCheckpointer>(&store_, [delay_ms] {
+      if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    });
+  }
+  const auto t0 = Clock::now();
+  absl::StatusOr<ckpt::StateSnapshot> snapshot =
+      ckpt::Snapshot(*model_, *optimizer_, std::move(state), /*copy=*/true);
+  if (!snapshot.ok()) {
+    unshared_.push_back({step_, snapshot.status(), 0});
+    return snapshot.status();
+  }
+  const uint64_t bytes = snapshot->bytes();
+  if (std::optional<ckpt::WriteResult> r = writer_->Save(std::move(*snapshot))) {
+    unshared_.push_back(std::move(*r));
+  }
+  const double blocked = std::chrono::duration<double>(Clock::now() - t0).count();
+  Log(absl::StrFormat(
+      "checkpoint step-%d: %.1f MiB snapshotted in %.3f s, written in the background", step_,
+      bytes / double(1 << 20), blocked));
+  return absl::OkStatus();
+}
+
+// The write in flight finishes first and every finished write is shared;
+// then rank 0 writes the current step unless it is committed already, and
+// tells the others how it went. They wait under
+// distributed.checkpoint_timeout_s, not the collective timeout: the write
+// may go to slow shared storage.
+absl::Status Trainer::WriteNow(ckpt::TrainerState state) {
+  const int world = gang_->world_size();
+  const std::string name = absl::StrCat("checkpoint step-", step_);
+  bool wait = true;
+  bool write = true;
+  std::optional<absl::Status> current;
+  while (true) {
+    at::Tensor t = at::zeros({1 + 2 * kWriteSlots}, at::kLong);  // [more follow, writes]
+    std::vector<ckpt::WriteResult> own;
+    if (options_.rank == 0) {
+      own = TakeWrites(wait);
+      wait = false;
+      const bool committed = last_checkpoint_ == step_ ||
+                             std::any_of(own.begin(), own.end(), [&](const ckpt::WriteResult& w) {
+                               return w.step == step_ && w.status.ok();
+                             });
+      const bool room = unshared_.empty() && static_cast<int64_t>(own.size()) < kWriteSlots;
+      if (write && !committed && room) {
+        write = false;
+        if (inject_ && spec_.testing.checkpoint_delay_ms > 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(spec_.testing.checkpoint_delay_ms));
+        }
+        const auto t0 = Clock::now();
+        absl::Status s = ckpt::SaveState(store_, *model_, *optimizer_, state);
+        own.push_back({step_, s, std::chrono::duration<double>(Clock::now() - t0).count()});
+      }
+      PutWrites(own, t, 1);
+      t[0] = !unshared_.empty() || (write && !committed) ? 1 : 0;
+    }
+    if (world > 1) {
+      gang_->Broadcast(t, 0, name + ": written", spec_.distributed.checkpoint_timeout_s);
+    }
+    if (std::optional<absl::Status> s = SettleWrites(t, 1, own)) current = s;
+    if (t[0].item<int64_t>() == 0) break;
+  }
+  if (last_checkpoint_ == step_) return absl::OkStatus();
+  return current.value_or(absl::InternalError(absl::StrCat(name, " was not written")));
 }
 
 TrainerResult Trainer::CheckpointFailed(const absl::Status& s, const std::string& when) {
@@ -268,6 +396,7 @@ absl::Status Trainer::Resume() {
   epoch_ = state.epoch;
   cursor_ = state.cursor;
   last_checkpoint_ = state.step;
+  checkpoint_started_ = state.step;
   nlohmann::json extra = nlohmann::json::parse(state.extra_json, nullptr, false);
   absl::StatusOr<nlohmann::json> gang = ResumableGangState(extra);
   if (!gang.ok()) {

@@ -481,6 +481,55 @@ TEST(Train, NoSpaceForTheFinalCheckpointExits74) {
   EXPECT_TRUE(store.Verify({2, root + "/step-2"}).ok());
 }
 
+// The index of the first log line that starts with `prefix` (-1: none).
+int64_t FirstLine(const std::vector<std::string>& logs, const std::string& prefix) {
+  for (size_t i = 0; i < logs.size(); ++i) {
+    if (logs[i].rfind(prefix, 0) == 0) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// Background checkpoints (train.background_checkpoints, the default): a
+// slow write (testing.checkpoint_delay_ms on the writer thread) goes on
+// while the next steps train; the next periodic checkpoint and the final
+// one wait for it; every checkpoint is committed; and the weights end as
+// with checkpoints written between steps, where the same slow write holds
+// training up.
+TEST(Train, CheckpointsAreWrittenWhileTheNextStepsTrain) {
+  sparse::InstallCountingAllocator();
+  BudgetGuard guard;
+  RunSpec spec = SyntheticSpec(4, 0.05, 8);
+  spec.train.checkpoint_every_steps = 3;
+  spec.train.keep_checkpoints = 10;
+  spec.testing.checkpoint_delay_ms = 2000;
+  std::string digest[2];
+  for (bool background : {true, false}) {
+    spec.train.background_checkpoints = background;
+    CheckpointFaults t(background ? "background_ckpt" : "sync_ckpt");
+    TrainerResult r = t.Train(spec, /*full_after=*/-1, /*failures_until_space=*/-1);
+    ASSERT_EQ(r.exit_code, 0) << r.reason << ": " << r.message;
+    const std::vector<std::string>& logs = t.captured.logs;
+    std::string all;
+    for (const std::string& line : logs) all += line + "\n";
+    for (int64_t step : {3, 6, 8}) EXPECT_TRUE(t.Committed(step)) << step << "\n" << all;
+    EXPECT_TRUE(t.failed.empty()) << all;
+    const int64_t written = FirstLine(logs, "checkpoint step-3 (written in ");
+    const int64_t step4 = FirstLine(logs, "step 4/8");
+    ASSERT_GE(written, 0) << all;
+    ASSERT_GE(step4, 0) << all;
+    if (background) {
+      EXPECT_GE(FirstLine(logs, "checkpoint step-3: "), 0) << all;  // the snapshot's line
+      EXPECT_LT(step4, written) << "step 4 did not train while step-3 was written:\n" << all;
+    } else {
+      EXPECT_LT(written, step4) << all;
+    }
+    const int64_t d = FirstLine(logs, "weights digest ");
+    ASSERT_GE(d, 0) << all;
+    digest[background ? 0 : 1] = logs[d];
+  }
+  EXPECT_EQ(digest[0], digest[1]);
+}
+
 // Calibration before the first step: probes through the real model make
 // the memory model ready, stay within the budget, and leave parameters,
 // BatchNorm statistics and accumulators as they were.
