@@ -176,6 +176,12 @@ absl::Status ReadTrain(const toml::table* t, TrainSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.Bool("predictive_split", &s->predictive_split));
   TRAINSUP_RETURN_IF_ERROR(r.Int("min_piece_points", &s->min_piece_points, 1, kBillion));
   TRAINSUP_RETURN_IF_ERROR(r.String("device", &s->device, {"auto", "cpu", "cuda"}));
+  TRAINSUP_RETURN_IF_ERROR(r.String("precision", &s->precision, {"fp32", "bf16", "fp16"}));
+  if (s->precision == "fp16") {
+    return r.Error("precision",
+                   "\"fp16\" needs dynamic loss scaling, which trainsup-worker does not have yet; "
+                   "\"bf16\" has float32's range and needs none");
+  }
   TRAINSUP_RETURN_IF_ERROR(
       r.Int("empty_cache_every_steps", &s->empty_cache_every_steps, 0, kBillion));
   TRAINSUP_RETURN_IF_ERROR(r.String("cuda_alloc_conf", &s->cuda_alloc_conf));

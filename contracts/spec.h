@@ -139,6 +139,10 @@ struct TrainSpec {
   // (CUDA_VISIBLE_DEVICES), else the CPU | cpu | cuda (an error without one).
   std::string device = "auto";
   int64_t empty_cache_every_steps = 0;  // 0 (off)..1e9: hand cached memory back
+  // fp32 | bf16: the features' type (docs/engine.md, "Mixed precision");
+  // weights and optimizer state stay float32. fp16 needs loss scaling,
+  // which the worker does not have yet: refused.
+  std::string precision = "fp32";
 };
 
 // How the ranks of a run with world_size > 1 talk (the [distributed]

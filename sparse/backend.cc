@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "sparse/cpu/backend.h"
+#include "sparse/cpu/kernels.h"
 #include "sparse/generic/backend.h"
 #if TRAINSUP_HAVE_CUDA
 #include "sparse/cuda/backend.h"
@@ -155,6 +156,27 @@ const Backend& BackendFor(c10::Device device) {
   TORCH_CHECK(b != nullptr && b->runs_on(device.type()), "no backend of this build runs on ",
               device, " (built: ", BuiltNames(), ")");
   return *b;
+}
+
+}  // namespace trainsup::sparse
+
+namespace trainsup::sparse {
+
+std::string DescribePrecision(at::ScalarType features, c10::Device device) {
+  const Backend& backend = BackendFor(device);
+  std::string kernels = backend.name;
+  if (backend.kind == BackendKind::kCpu) {
+    kernels = std::string("cpu backend, ") + cpu::ToString(cpu::ActiveKernelSet()) + " kernels";
+  } else {
+    kernels += " backend";
+  }
+  if (!IsHalf(features)) {
+    return std::string(features == at::kDouble ? "fp64" : "fp32") + " on the " + kernels;
+  }
+  const char* name = features == at::kBFloat16 ? "bf16" : "fp16";
+  return std::string(name) + " features, float32 weights and sums, on the " + kernels +
+         (backend.takes_half_inputs ? " (half inputs, float32 accumulation)"
+                                    : " (convert-to-fp32: half in memory, float32 arithmetic)");
 }
 
 }  // namespace trainsup::sparse

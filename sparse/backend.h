@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "sparse/coordinate_manager.h"
+#include "sparse/sparse_tensor.h"
 
 namespace trainsup::sparse {
 
@@ -81,9 +82,9 @@ struct KernelMapInputs {
 
 // One backend's entry points. Every entry gets contiguous tensors on a
 // device the backend runs on, checked by the engine (shapes, dtypes,
-// devices) before the call; float32 and float64. Results are on the same
-// device. Each entry states what its result must equal; the cross-backend
-// test (tests/sparse/backend_test.cc) holds every backend to the cpu one.
+// devices) before the call: float32 and float64, and bfloat16 and float16
+// as takes_half_inputs says. Results are on the same device. Each entry states what its result must
+// equal; the cross-backend test (tests/sparse/backend_test.cc) holds every backend to the cpu one.
 struct Backend {
   BackendKind kind;
   const char* name;
@@ -125,10 +126,18 @@ struct Backend {
   // Training-mode BatchNorm over rows, then ReLU if `relu`, differentiable
   // in features, weight and bias; running statistics (when defined) updated
   // in place as at::batch_norm does. weight and bias may be undefined.
+  // Half features come with float32 weight, bias and statistics: the
+  // arithmetic is float32, the result and what backward keeps of the
+  // input are in the features' type.
   at::Tensor (*batch_norm_training)(const at::Tensor& features, const at::Tensor& weight,
                                     const at::Tensor& bias, const at::Tensor& running_mean,
                                     const at::Tensor& running_var, double momentum, double eps,
                                     bool relu);
+  // Whether the convolution and pooling entries take bfloat16 and float16
+  // tensors (all of one type; `inv_divisor` float32), accumulating in
+  // float32. When false the engine converts them to float32 around the
+  // call and the result back: the "convert-to-fp32" path (conv.cc).
+  bool takes_half_inputs = false;
 };
 
 // The backend that runs ops on `device` (see the top of this file). Throws

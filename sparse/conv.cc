@@ -50,6 +50,18 @@ const Backend& SavedBackend(AutogradContext* ctx) {
       static_cast<intptr_t>(ctx->saved_data["backend"].toInt()));
 }
 
+// What a backend's conv and pooling entries get for half-precision
+// tensors: as they are where it takes them, else float32 (the
+// convert-to-fp32 path); Back() returns a result in the features' type.
+struct HalfPath {
+  HalfPath(const Backend& backend, at::ScalarType type)
+      : type(type), convert(IsHalf(type) && !backend.takes_half_inputs) {}
+  at::Tensor In(const at::Tensor& t) const { return convert ? t.to(at::kFloat) : t; }
+  at::Tensor Back(const at::Tensor& t) const { return convert && t.defined() ? t.to(type) : t; }
+  at::ScalarType type;
+  bool convert;
+};
+
 // The pairs of a saved map, oriented as at forward. `begin` holds the
 // offsets the view points into.
 PairView LoadPairs(AutogradContext* ctx, const at::Tensor& in_rows, const at::Tensor& out_rows,
@@ -77,7 +89,10 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
     at::Tensor f = features.contiguous();
     at::Tensor w = weight.contiguous();
     const Backend& backend = BackendFor(f.device());
-    at::Tensor out = backend.conv_forward(f, w, PairsOf(*map, transposed), num_out);
+    const HalfPath half(backend, f.scalar_type());
+    at::Tensor out =
+        half.Back(backend.conv_forward(half.In(f), half.In(w), PairsOf(*map, transposed), num_out));
+    // Half features are kept as they are: the memory mixed precision saves.
     ctx->save_for_backward({f, w, map->in_rows, map->out_rows});
     SaveMap(ctx, *map, transposed, backend);
     ctx->saved_data["scope"] = ConvScope(*map, transposed);
@@ -99,8 +114,10 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
     const PairView pairs = LoadPairs(ctx, saved[2], saved[3], &begin);
     at::Tensor grad = grad_outputs[0].contiguous();
     at::Tensor grad_in, grad_w;
-    SavedBackend(ctx).conv_backward(f, w, pairs, grad, need_in, need_w, &grad_in, &grad_w);
-    return {grad_in, grad_w, at::Tensor(), at::Tensor()};
+    const HalfPath half(SavedBackend(ctx), f.scalar_type());
+    SavedBackend(ctx).conv_backward(half.In(f), half.In(w), pairs, half.In(grad), need_in, need_w,
+                                    &grad_in, &grad_w);
+    return {half.Back(grad_in), half.Back(grad_w), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -112,11 +129,13 @@ class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
                             const at::Tensor& order) {
     at::Tensor f = features.contiguous();
     const Backend& backend = BackendFor(f.device());
+    const HalfPath half(backend, f.scalar_type());
     at::Tensor out, argmax;
-    backend.max_pool_forward(f, PairsOf(*map, false), map->num_out, &out, &argmax);
+    backend.max_pool_forward(half.In(f), PairsOf(*map, false), map->num_out, &out, &argmax);
     ctx->save_for_backward({argmax, order, map->in_rows, map->out_rows});
     SaveMap(ctx, *map, false, backend);
-    return out;
+    ctx->saved_data["type"] = f.scalar_type();
+    return half.Back(out);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -126,23 +145,28 @@ class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
     std::vector<int64_t> begin;
     const PairView pairs = LoadPairs(ctx, saved[2], saved[3], &begin);
     at::Tensor grad = grad_outputs[0].contiguous();
+    const HalfPath half(SavedBackend(ctx), ctx->saved_data["type"].toScalarType());
     at::Tensor grad_in = SavedBackend(ctx).max_pool_backward(
-        grad, argmax, pairs, order.numel() > 0 ? order : at::Tensor(),
+        half.In(grad), argmax, pairs, order.numel() > 0 ? order : at::Tensor(),
         ctx->saved_data["num_in"].toInt());
-    return {grad_in, at::Tensor(), at::Tensor()};
+    return {half.Back(grad_in), at::Tensor(), at::Tensor()};
   }
 };
 
 class WindowSumFunction : public torch::autograd::Function<WindowSumFunction> {
  public:
-  // inv_divisor: [num_out], same dtype and device as features.
+  // inv_divisor: [num_out] on the features' device, in
+  // AccumulateType(features).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& features, const KernelMap* map,
                             const at::Tensor& inv_divisor) {
     at::Tensor f = features.contiguous();
     const Backend& backend = BackendFor(f.device());
-    at::Tensor out = backend.window_sum_forward(f, PairsOf(*map, false), inv_divisor, map->num_out);
+    const HalfPath half(backend, f.scalar_type());
+    at::Tensor out = half.Back(
+        backend.window_sum_forward(half.In(f), PairsOf(*map, false), inv_divisor, map->num_out));
     ctx->save_for_backward({map->in_rows, map->out_rows, inv_divisor});
     SaveMap(ctx, *map, false, backend);
+    ctx->saved_data["type"] = f.scalar_type();
     return out;
   }
 
@@ -152,9 +176,10 @@ class WindowSumFunction : public torch::autograd::Function<WindowSumFunction> {
     const PairView pairs = LoadPairs(ctx, saved[0], saved[1], &begin);
     const at::Tensor& inv_divisor = saved[2];
     at::Tensor grad = grad_outputs[0].contiguous();
-    at::Tensor grad_in = SavedBackend(ctx).window_sum_backward(grad, pairs, inv_divisor,
+    const HalfPath half(SavedBackend(ctx), ctx->saved_data["type"].toScalarType());
+    at::Tensor grad_in = SavedBackend(ctx).window_sum_backward(half.In(grad), pairs, inv_divisor,
                                                                ctx->saved_data["num_in"].toInt());
-    return {grad_in, at::Tensor(), at::Tensor()};
+    return {half.Back(grad_in), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -183,23 +208,34 @@ void CheckWeight(const at::Tensor& features, const at::Tensor& weight, const at:
               " kernel offsets but the kernel has ", volume);
   TORCH_CHECK(weight.size(1) == features.size(1), what, ": weight expects C_in = ", weight.size(1),
               " but the features have ", features.size(1), " channels");
-  TORCH_CHECK(weight.scalar_type() == features.scalar_type(), what, ": weight dtype ",
+  // Mixed precision: half features with the float32 master weights, cast
+  // per call (AsFeatures).
+  const bool mixed = IsHalf(features.scalar_type()) && weight.scalar_type() == at::kFloat;
+  TORCH_CHECK(weight.scalar_type() == features.scalar_type() || mixed, what, ": weight dtype ",
               weight.scalar_type(), " differs from the features' ", features.scalar_type());
   TORCH_CHECK(weight.device() == features.device(), what, ": weight is on ", weight.device(),
               ", features on ", features.device());
   if (bias.defined()) {
     TORCH_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(2), what,
                 ": bias must be [C_out = ", weight.size(2), "], got shape ", bias.sizes());
-    TORCH_CHECK(bias.scalar_type() == features.scalar_type(), what, ": bias dtype ",
-                bias.scalar_type(), " differs from the features' ", features.scalar_type());
+    TORCH_CHECK(bias.scalar_type() == weight.scalar_type(), what, ": bias dtype ",
+                bias.scalar_type(), " differs from the weight's ", weight.scalar_type());
   }
+}
+
+// A float32 master weight or bias cast to half features' type, as the
+// operation's input: autograd takes the gradient back to float32.
+at::Tensor AsFeatures(const at::Tensor& t, const at::Tensor& features) {
+  return t.defined() && t.scalar_type() != features.scalar_type() ? t.to(features.scalar_type())
+                                                                  : t;
 }
 
 // The bias gradient sums over rows: in key order under deterministic mode.
 SparseTensor AddBias(const SparseTensor& y, const at::Tensor& bias) {
   if (!bias.defined()) return y;
   RECORD_USER_SCOPE("conv bias");
-  return y.WithFeatures(InCanonicalOrder(y, [&](const at::Tensor& f) { return f + bias; }));
+  const at::Tensor b = AsFeatures(bias, y.F());
+  return y.WithFeatures(InCanonicalOrder(y, [&](const at::Tensor& f) { return f + b; }));
 }
 
 }  // namespace
@@ -213,7 +249,7 @@ at::Tensor KernelMapConv(const at::Tensor& features, const at::Tensor& weight, c
               map.in_rows.device(), ", the features on ", features.device(),
               " (GetKernelMap takes the device)");
   CheckWeight(features, weight, at::Tensor(), map.volume, "KernelMapConv");
-  return KernelMapConvFunction::apply(features, weight, &map, transposed);
+  return KernelMapConvFunction::apply(features, AsFeatures(weight, features), &map, transposed);
 }
 
 SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -227,7 +263,8 @@ SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Ten
   const CoordinateSetId out_set = manager->Downsample(x.set_id(), options.stride);
   auto map = manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation,
                                    x.F().device());
-  SparseTensor y(KernelMapConvFunction::apply(x.F(), weight, map.get(), false), out_set, manager);
+  SparseTensor y(KernelMapConvFunction::apply(x.F(), AsFeatures(weight, x.F()), map.get(), false),
+                 out_set, manager);
   return AddBias(y, bias);
 }
 
@@ -257,7 +294,8 @@ SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight, cons
   // The transpose of the map from the fine set to the input's coarse set.
   auto map = manager->GetKernelMap(fine, x.set_id(), options.kernel_size, options.dilation,
                                    x.F().device());
-  SparseTensor y(KernelMapConvFunction::apply(x.F(), weight, map.get(), true), fine, manager);
+  SparseTensor y(KernelMapConvFunction::apply(x.F(), AsFeatures(weight, x.F()), map.get(), true),
+                 fine, manager);
   return AddBias(y, bias);
 }
 
@@ -276,13 +314,13 @@ SparseTensor Pool(const SparseTensor& x, PoolMode mode, const ConvOptions& optio
     if (!order.defined()) order = at::empty({0}, x.F().options().dtype(at::kLong));
     out = MaxPoolFunction::apply(x.F(), map.get(), order);
   } else {
-    const at::TensorOptions options_f = x.F().options().requires_grad(false);
+    const at::ScalarType acc = AccumulateType(x.F().scalar_type());
+    const at::TensorOptions options_f = x.F().options().dtype(acc).requires_grad(false);
     at::Tensor inv = at::ones({map->num_out}, options_f);
     if (mode == PoolMode::kAverage) {
       at::Tensor counts = at::zeros({map->num_out}, options_f.dtype(at::kLong));
       counts.index_add_(0, map->out_rows.to(at::kLong), at::ones({map->pairs()}, counts.options()));
-      inv = at::where(counts > 0, 1.0 / counts.to(x.F().scalar_type()), at::zeros({}, options_f))
-                .contiguous();
+      inv = at::where(counts > 0, 1.0 / counts.to(acc), at::zeros({}, options_f)).contiguous();
     }
     out = WindowSumFunction::apply(x.F(), map.get(), inv);
   }

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <optional>
 
+#include "sparse/backend.h"
+
 namespace trainsup::sparse {
 namespace {
 
@@ -211,7 +213,10 @@ BatchNormLayerImpl::BatchNormLayerImpl(int64_t channels, double eps, std::option
 
 SparseTensor BatchNormLayerImpl::forward(const SparseTensor& x, bool relu) {
   const bool tracking = running_mean.defined();
-  if (x.F().scalar_type() != weight.scalar_type()) {
+  // Half features go with a float32 module (mixed precision: the
+  // statistics and the affine in float32).
+  const bool mixed = IsHalf(x.F().scalar_type()) && weight.scalar_type() == at::kFloat;
+  if (x.F().scalar_type() != weight.scalar_type() && !mixed) {
     TORCH_CHECK(false, "BatchNorm: features are ", x.F().scalar_type(), " but the module is ",
                 weight.scalar_type(), " (convert the module with ->to())");
   }
@@ -374,8 +379,10 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     at::Tensor scale = weight.defined() ? weight.to(at::kDouble) * invstd : invstd;
     at::Tensor dx = scale / std::max(n, 1.0) * (n * dy - sum_dy - xhat * sum_dy_xhat);
     at::Tensor dw = weight.defined() ? local_dy_xhat.to(weight.scalar_type()) : at::Tensor();
-    at::Tensor db =
-        ctx->saved_data["has_bias"].toBool() ? local_dy.to(x.scalar_type()) : at::Tensor();
+    // The parameters' type: float32 masters under mixed precision.
+    at::Tensor db = ctx->saved_data["has_bias"].toBool()
+                        ? local_dy.to(AccumulateType(x.scalar_type()))
+                        : at::Tensor();
     return {dx.to(x.scalar_type()), dw,           db,           at::Tensor(), at::Tensor(),
             at::Tensor(),           at::Tensor(), at::Tensor(), at::Tensor()};
   }

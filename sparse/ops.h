@@ -27,6 +27,12 @@ struct ConvOptions {
   int32_t dilation = 1;
 };
 
+// What runs for features of type `features` on `device`, for logs and
+// benchmarks: e.g. "bf16 features, float32 weights and sums, on the cpu
+// backend, avx512 kernels (convert-to-fp32: half in memory, float32
+// arithmetic)". Throws c10::Error where no backend runs.
+std::string DescribePrecision(at::ScalarType features, c10::Device device);
+
 // Sparse convolution. weight: [K^3, C_in, C_out]; bias: [C_out] or undefined.
 // stride 1 keeps the coordinates; stride s > 1 downsamples.
 SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,

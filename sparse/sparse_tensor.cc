@@ -9,8 +9,9 @@ namespace {
 void CheckFeatures(const at::Tensor& features, int64_t rows) {
   TORCH_CHECK(features.defined(), "features: undefined tensor");
   TORCH_CHECK(features.dim() == 2, "features must be N x C, got shape ", features.sizes());
-  TORCH_CHECK(features.scalar_type() == at::kFloat || features.scalar_type() == at::kDouble,
-              "features must be float32 or float64, got ", features.scalar_type());
+  const at::ScalarType t = features.scalar_type();
+  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf,
+              "features must be float32, float64, bfloat16 or float16, got ", t);
   TORCH_CHECK(features.device().is_cpu() || features.device().is_cuda(),
               "features must be on the CPU or a CUDA device, got ", features.device());
   TORCH_CHECK(features.size(0) == rows, "features have ", features.size(0), " rows but there are ",

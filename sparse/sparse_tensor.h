@@ -10,6 +10,14 @@
 
 namespace trainsup::sparse {
 
+// bfloat16 or float16: the half-precision features of mixed precision
+// (docs/engine.md, "Mixed precision"), which the engine accumulates in
+// float32, with float32 weights.
+inline bool IsHalf(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+// The type that sums of `t` are accumulated in: float32 for the half
+// types, else `t` itself.
+inline at::ScalarType AccumulateType(at::ScalarType t) { return IsHalf(t) ? at::kFloat : t; }
+
 // Row i of features() belongs to row i of coordinates(). Tensors derived
 // from one another share a coordinate manager, which caches the kernel maps
 // between their coordinate sets. Copies share features (like at::Tensor).
@@ -19,8 +27,9 @@ class SparseTensor {
 
   // Registers `coordinates` (N x 4 int32/int64: batch, x, y, z) with a new
   // coordinate manager at tensor stride `stride`. `features` is N x C,
-  // float32 or float64, on the CPU. Throws c10::Error on bad shapes, dtypes,
-  // out-of-range or duplicate coordinates.
+  // float32 or float64, or bfloat16 or float16 (mixed precision, with
+  // float32 weights: docs/engine.md), on the CPU or a CUDA device. Throws c10::Error on bad shapes,
+  // dtypes, out-of-range or duplicate coordinates.
   SparseTensor(const at::Tensor& features, const at::Tensor& coordinates, int32_t stride = 1);
 
   // Same, registering the coordinates with an existing manager (so several

@@ -20,6 +20,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sparse/backend.h"
@@ -29,6 +30,7 @@
 #include "sparse/cpu/kernels.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
+#include "sparse/ops.h"
 #include "sparse/quantize.h"
 #include "sparse/scene.h"
 
@@ -124,7 +126,26 @@ struct Options {
   int64_t budget_mib = 0;
   c10::Device device{c10::DeviceType::CPU};
   std::optional<ts::BackendKind> backend;
+  // --precisions fp32,bf16,fp16: each measured in this run; the features'
+  // type, with the float32 model (the worker's train.precision).
+  std::vector<std::string> precisions = {"fp32"};
+  at::ScalarType features = at::kFloat;  // the one being measured
 };
+
+// The JSON keys' suffix and the lines' name of the precision measured.
+std::string PrecisionName(const Options& o) {
+  return o.features == at::kBFloat16 ? "bf16" : o.features == at::kHalf ? "fp16" : "fp32";
+}
+std::string KeyOf(int depth, const Options& o) {
+  const std::string p = PrecisionName(o);
+  return "minkunet" + std::to_string(depth) + (p == "fp32" ? "" : "_" + p);
+}
+
+at::ScalarType FeatureType(const std::string& precision) {
+  if (precision == "bf16") return at::kBFloat16;
+  if (precision == "fp16") return at::kHalf;
+  return at::kFloat;
+}
 
 // The command line; false (after the usage line) when it is not understood.
 bool ParseArgs(int argc, char** argv, Options* o) {
@@ -150,6 +171,17 @@ bool ParseArgs(int argc, char** argv, Options* o) {
           d == "cuda" ? c10::Device(c10::DeviceType::CUDA, 0) : c10::Device(c10::DeviceType::CPU);
     } else if (a == "--backend" && i + 1 < argc) {
       o->backend = ts::BackendKindFromString(argv[++i]);
+    } else if (a == "--precisions" && i + 1 < argc) {
+      o->precisions.clear();
+      std::stringstream ss(argv[++i]);
+      for (std::string x; std::getline(ss, x, ',');) {
+        if (x != "fp32" && x != "bf16" && x != "fp16") {
+          std::fprintf(stderr, "minkunet_bench: unknown precision '%s' (fp32, bf16, fp16)\n",
+                       x.c_str());
+          return false;
+        }
+        o->precisions.push_back(x);
+      }
     } else if (a == "--depths" && i + 1 < argc) {
       o->depths.clear();
       std::stringstream ss(argv[++i]);
@@ -158,7 +190,8 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       std::fprintf(stderr,
                    "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
                    "[--scene small|default|large|huge] [--budget-mib N] [--block-cache-mib N] "
-                   "[--device cpu|cuda] [--backend cpu|generic|cuda] [--profile]\n");
+                   "[--device cpu|cuda] [--backend cpu|generic|cuda] [--precisions fp32,bf16] "
+                   "[--profile]\n");
       return false;
     }
   }
@@ -259,12 +292,12 @@ void ProfileDepth(ts::MinkUNet& net, int depth, const ts::Quantized& q, const at
 // Inference: a fresh coordinate manager per run, as a new scene would have.
 void BenchInference(ts::MinkUNet& net, int depth, const ts::Quantized& q, const at::Tensor& coords,
                     const Options& o, std::ostringstream& js) {
-  const std::string k = "minkunet" + std::to_string(depth);
+  const std::string k = KeyOf(depth, o);
   net->eval();
   std::vector<double> fwd;
   for (int r = 0; r <= o.repeats; ++r) {
     torch::NoGradGuard no_grad;
-    ts::SparseTensor x(q.features, coords);
+    ts::SparseTensor x(q.features.to(o.features), coords);
     const double t0 = Now();
     net->forward(x);
     Sync(o.device);
@@ -273,8 +306,9 @@ void BenchInference(ts::MinkUNet& net, int depth, const ts::Quantized& q, const 
   js << ", \"" << k << "_params\": " << net->NumParameters() << ", \"" << k
      << "_forward_s\": " << Median(fwd);
   if (!o.json) {
-    std::printf("MinkUNet%d (%lld parameters): forward without gradients %.2f s\n", depth,
-                static_cast<long long>(net->NumParameters()), Median(fwd));
+    std::printf("MinkUNet%d (%lld parameters), %s: forward without gradients %.2f s\n", depth,
+                static_cast<long long>(net->NumParameters()), PrecisionName(o).c_str(),
+                Median(fwd));
   }
 }
 
@@ -292,14 +326,16 @@ StepTimes TimeTrainingSteps(ts::MinkUNet& net, const ts::Quantized& q, const at:
                             const Options& o) {
   const c10::Device device = o.device;
   StepTimes s;
-  ts::SparseTensor x(q.features, coords);
+  ts::SparseTensor x(q.features.to(o.features), coords);
   for (int r = 0; r <= o.repeats; ++r) {
     for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
     Sync(device);
     const int64_t rest = ts::GetMemoryStats(device).current_bytes;
     ts::ResetPeakMemory(device);
     const double t0 = Now();
-    at::Tensor loss = at::cross_entropy_loss(net->forward(x).F(), q.labels);
+    // The loss in float32, as the worker computes it under mixed precision.
+    at::Tensor loss =
+        at::cross_entropy_loss(net->forward(x).F().to(ts::AccumulateType(o.features)), q.labels);
     loss.backward();
     Sync(device);
     const double t = Now() - t0;
@@ -312,10 +348,12 @@ StepTimes TimeTrainingSteps(ts::MinkUNet& net, const ts::Quantized& q, const at:
   return s;
 }
 
-// The training step's time and peak without and with gradient checkpointing.
-void BenchTraining(ts::MinkUNet& net, int depth, const ts::Quantized& q, const at::Tensor& coords,
-                   const Options& o, std::ostringstream& js) {
-  const std::string k = "minkunet" + std::to_string(depth);
+// The training step's time and peak without and with gradient
+// checkpointing; returns the plain step's median time and activations' peak.
+std::pair<double, double> BenchTraining(ts::MinkUNet& net, int depth, const ts::Quantized& q,
+                                        const at::Tensor& coords, const Options& o,
+                                        std::ostringstream& js) {
+  const std::string k = KeyOf(depth, o);
   net->train();
   // Parameter gradients are allocated during every step and counted in the
   // peak; they are not activations, and the same with or without
@@ -358,6 +396,7 @@ void BenchTraining(ts::MinkUNet& net, int depth, const ts::Quantized& q, const a
               : "");
     }
   }
+  return {base_time, base_peak};
 }
 
 }  // namespace
@@ -399,14 +438,36 @@ int main(int argc, char** argv) {
         allocator_text.c_str(), o.scene_name.c_str(), static_cast<long long>(n), o.repeats);
   }
   for (int depth : o.depths) {
-    ts::MinkUNet net(ts::MinkUNetPlan(depth, 3, 20));
-    net->to(device);
-    if (o.profile) {
-      ProfileDepth(net, depth, q, coords, o, js);
-      continue;
+    std::vector<std::pair<std::string, std::pair<double, double>>> plain;
+    for (const std::string& precision : o.precisions) {
+      o.features = FeatureType(precision);
+      if (!o.json) {
+        std::printf("precision %s: %s\n", precision.c_str(),
+                    ts::DescribePrecision(o.features, device).c_str());
+      }
+      ts::MinkUNet net(ts::MinkUNetPlan(depth, 3, 20));
+      net->to(device);
+      if (o.profile) {
+        ProfileDepth(net, depth, q, coords, o, js);
+        continue;
+      }
+      BenchInference(net, depth, q, coords, o, js);
+      plain.emplace_back(precision, BenchTraining(net, depth, q, coords, o, js));
     }
-    BenchInference(net, depth, q, coords, o, js);
-    BenchTraining(net, depth, q, coords, o, js);
+    // Each precision against the first (fp32 by default), from this run.
+    for (size_t i = 1; i < plain.size(); ++i) {
+      const double time = plain[i].second.first / plain[0].second.first;
+      const double peak = plain[i].second.second / plain[0].second.second;
+      js << ", \"minkunet" << depth << "_" << plain[i].first << "_over_" << plain[0].first
+         << "_step\": " << time << ", \"minkunet" << depth << "_" << plain[i].first << "_over_"
+         << plain[0].first << "_peak_activations\": " << peak;
+      if (!o.json) {
+        std::printf(
+            "MinkUNet%d %s against %s, checkpointing off: step time %.2fx, peak "
+            "activations %.2fx\n",
+            depth, plain[i].first.c_str(), plain[0].first.c_str(), time, peak);
+      }
+    }
   }
   js << "}";
   if (o.json) std::printf("%s\n", js.str().c_str());

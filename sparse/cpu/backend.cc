@@ -108,7 +108,8 @@ const Backend& CpuBackend() {
                                &MaxPoolBackwardEntry,
                                &WindowSumForwardEntry,
                                &WindowSumBackwardEntry,
-                               &BatchNormTrainingRows};
+                               &BatchNormTrainingRows,
+                               /*takes_half_inputs=*/false};
   return backend;
 }
 

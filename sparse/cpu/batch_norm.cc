@@ -8,6 +8,8 @@
 #include <cmath>
 #include <vector>
 
+#include "sparse/backend.h"
+
 namespace trainsup::sparse {
 namespace {
 
@@ -149,7 +151,10 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
                             double eps, bool relu) {
     const at::Tensor& running_mean = running->mean;
     const at::Tensor& running_var = running->var;
-    at::Tensor x = input.contiguous();
+    // Half features: the arithmetic in float32 on a copy, and backward
+    // keeps the half input (Backend::batch_norm_training).
+    const at::Tensor kept = input.contiguous();
+    at::Tensor x = kept.to(AccumulateType(kept.scalar_type()));
     const int64_t rows = x.size(0), c = x.size(1);
     at::Tensor y = at::empty_like(x);
     // Per channel, in the features' dtype: mean, scale = w / std, shift.
@@ -186,21 +191,22 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
       for (int64_t j = 0; j < c; ++j) invstd[j] = 1.0 / std::sqrt(m.var[j] + eps);
       ctx->saved_data["invstd"] = c10::List<double>(invstd);
     });
-    ctx->save_for_backward({x, weight, stats});
+    ctx->save_for_backward({kept, weight, stats});
     ctx->saved_data["relu"] = relu;
-    return y;
+    return y.to(kept.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     // The forward's scope is BatchNorm's in functional.cc, for every backend.
     RECORD_USER_SCOPE("batch norm backward");
     auto saved = ctx->get_saved_variables();
-    const at::Tensor& x = saved[0];
+    const at::ScalarType type = saved[0].scalar_type();
+    const at::Tensor x = saved[0].to(AccumulateType(type));
     const at::Tensor& weight = saved[1];
     const at::Tensor& stats = saved[2];
     const bool relu = ctx->saved_data["relu"].toBool();
     const c10::List<double> invstd = ctx->saved_data["invstd"].toDoubleList();
-    at::Tensor dy = grad_outputs[0].contiguous();
+    at::Tensor dy = grad_outputs[0].to(AccumulateType(type)).contiguous();
     const int64_t rows = x.size(0), c = x.size(1);
     at::Tensor dx = at::empty_like(x);
     std::vector<double> sum_g(c, 0.0), sum_gx(c, 0.0);
@@ -239,9 +245,9 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
     });
     std::vector<double> gw(c);
     for (int64_t j = 0; j < c; ++j) gw[j] = sum_gx[j] * invstd[j];
-    at::Tensor grad_w = at::tensor(gw, at::kDouble).to(x.scalar_type());
-    at::Tensor grad_b = at::tensor(sum_g, at::kDouble).to(x.scalar_type());
-    return {dx, grad_w, grad_b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    at::Tensor grad_w = at::tensor(gw, at::kDouble).to(weight.scalar_type());
+    at::Tensor grad_b = at::tensor(sum_g, at::kDouble).to(weight.scalar_type());
+    return {dx.to(type), grad_w, grad_b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -255,10 +261,10 @@ at::Tensor BatchNormTrainingRows(const at::Tensor& features, const at::Tensor& w
               features.sizes());
   // Without affine parameters: weight 1 and bias 0 that need no gradient.
   const int64_t c = features.size(1);
-  const at::Tensor w =
-      weight.defined() ? weight : at::ones({c}, features.options().requires_grad(false));
-  const at::Tensor b =
-      bias.defined() ? bias : at::zeros({c}, features.options().requires_grad(false));
+  const at::TensorOptions params =
+      features.options().dtype(AccumulateType(features.scalar_type())).requires_grad(false);
+  const at::Tensor w = weight.defined() ? weight : at::ones({c}, params);
+  const at::Tensor b = bias.defined() ? bias : at::zeros({c}, params);
   const RunningStats running{running_mean, running_var};
   return BatchNormFunction::apply(features, w, b, &running, momentum, eps, relu);
 }

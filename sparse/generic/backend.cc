@@ -66,14 +66,18 @@ void BuildKernelMapEntry(const KernelMapInputs& inputs, KernelMap* map) {
 at::Tensor ConvForwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
                             int64_t num_out) {
   const int64_t id = pairs.identity_offset;
+  // Half inputs: each offset's product in the GEMM's own precision (float32
+  // accumulation inside it), the sum over offsets in float32.
+  const at::ScalarType acc = AccumulateType(f.scalar_type());
   // The identity offset maps row p to row p for every row: a plain product.
-  at::Tensor out = id >= 0 ? at::mm(f, w[id]) : at::zeros({num_out, w.size(2)}, f.options());
+  at::Tensor out =
+      id >= 0 ? at::mm(f, w[id]).to(acc) : at::zeros({num_out, w.size(2)}, f.options().dtype(acc));
   const Indices idx(pairs);
   for (int64_t k = 0; k < pairs.volume(); ++k) {
     if (k == id || pairs.count(k) == 0) continue;
-    out.index_add_(0, idx.Dst(k), at::mm(f.index_select(0, idx.Src(k)), w[k]));
+    out.index_add_(0, idx.Dst(k), at::mm(f.index_select(0, idx.Src(k)), w[k]).to(acc));
   }
-  return out;
+  return out.to(f.scalar_type());
 }
 
 void ConvBackwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
@@ -84,11 +88,14 @@ void ConvBackwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView&
   *grad_in = at::Tensor();
   *grad_weight = at::Tensor();
   if (need_input) {
-    *grad_in = id >= 0 ? at::mm(grad_out, w[id].t()) : at::zeros_like(f);
+    const at::ScalarType acc = AccumulateType(f.scalar_type());
+    at::Tensor sum =
+        id >= 0 ? at::mm(grad_out, w[id].t()).to(acc) : at::zeros_like(f, f.options().dtype(acc));
     for (int64_t k = 0; k < pairs.volume(); ++k) {
       if (k == id || pairs.count(k) == 0) continue;
-      grad_in->index_add_(0, idx.Src(k), at::mm(grad_out.index_select(0, idx.Dst(k)), w[k].t()));
+      sum.index_add_(0, idx.Src(k), at::mm(grad_out.index_select(0, idx.Dst(k)), w[k].t()).to(acc));
     }
+    *grad_in = sum.to(f.scalar_type());
   }
   if (need_weight) {
     *grad_weight = at::empty_like(w);
@@ -129,38 +136,41 @@ void MaxPoolForwardEntry(const at::Tensor& f, const PairView& pairs, int64_t num
 at::Tensor MaxPoolBackwardEntry(const at::Tensor& grad_out, const at::Tensor& argmax,
                                 const PairView& pairs, const at::Tensor& order, int64_t num_in) {
   (void)order;
-  at::Tensor grad_in = at::zeros({num_in, grad_out.size(1)}, grad_out.options());
+  const at::ScalarType acc = AccumulateType(grad_out.scalar_type());
+  at::Tensor grad_in = at::zeros({num_in, grad_out.size(1)}, grad_out.options().dtype(acc));
   const Indices idx(pairs);
   for (int64_t k = 0; k < pairs.volume(); ++k) {
     if (pairs.count(k) == 0) continue;
     const at::Tensor src = idx.Src(k), dst = idx.Dst(k);
     const at::Tensor miss = argmax.index_select(0, dst).ne(src.to(at::kInt).unsqueeze(1));
-    grad_in.index_add_(0, src, grad_out.index_select(0, dst).masked_fill_(miss, 0));
+    grad_in.index_add_(0, src, grad_out.index_select(0, dst).masked_fill_(miss, 0).to(acc));
   }
-  return grad_in;
+  return grad_in.to(grad_out.scalar_type());
 }
 
 at::Tensor WindowSumForwardEntry(const at::Tensor& f, const PairView& pairs,
                                  const at::Tensor& inv_divisor, int64_t num_out) {
-  at::Tensor out = at::zeros({num_out, f.size(1)}, f.options());
+  const at::ScalarType acc = AccumulateType(f.scalar_type());
+  at::Tensor out = at::zeros({num_out, f.size(1)}, f.options().dtype(acc));
   const Indices idx(pairs);
   for (int64_t k = 0; k < pairs.volume(); ++k) {
     if (pairs.count(k) == 0) continue;
-    out.index_add_(0, idx.Dst(k), f.index_select(0, idx.Src(k)));
+    out.index_add_(0, idx.Dst(k), f.index_select(0, idx.Src(k)).to(acc));
   }
-  return out.mul_(inv_divisor.unsqueeze(1));
+  return out.mul_(inv_divisor.unsqueeze(1)).to(f.scalar_type());
 }
 
 at::Tensor WindowSumBackwardEntry(const at::Tensor& grad_out, const PairView& pairs,
                                   const at::Tensor& inv_divisor, int64_t num_in) {
-  at::Tensor grad_in = at::zeros({num_in, grad_out.size(1)}, grad_out.options());
-  const at::Tensor scaled = grad_out * inv_divisor.unsqueeze(1);
+  const at::ScalarType acc = AccumulateType(grad_out.scalar_type());
+  at::Tensor grad_in = at::zeros({num_in, grad_out.size(1)}, grad_out.options().dtype(acc));
+  const at::Tensor scaled = grad_out.to(acc) * inv_divisor.unsqueeze(1);
   const Indices idx(pairs);
   for (int64_t k = 0; k < pairs.volume(); ++k) {
     if (pairs.count(k) == 0) continue;
     grad_in.index_add_(0, idx.Src(k), scaled.index_select(0, idx.Dst(k)));
   }
-  return grad_in;
+  return grad_in.to(grad_out.scalar_type());
 }
 
 at::Tensor BatchNormTrainingEntry(const at::Tensor& f, const at::Tensor& weight,
@@ -196,7 +206,8 @@ const Backend& GenericBackend() {
                                &MaxPoolBackwardEntry,
                                &WindowSumForwardEntry,
                                &WindowSumBackwardEntry,
-                               &BatchNormTrainingEntry};
+                               &BatchNormTrainingEntry,
+                               /*takes_half_inputs=*/true};
   return backend;
 }
 

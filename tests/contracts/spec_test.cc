@@ -29,6 +29,8 @@ TEST(RunSpec, EmptyGivesDefaults) {
   EXPECT_EQ(spec->data.format, "synthetic");
   EXPECT_EQ(spec->train.steps, 100);
   EXPECT_EQ(spec->train.device, "auto");
+  EXPECT_EQ(spec->train.precision, "fp32");
+  EXPECT_TRUE(spec->train.background_checkpoints);
   EXPECT_EQ(spec->train.empty_cache_every_steps, 0);
   EXPECT_EQ(spec->testing.crash_at_step, -1);
 }
@@ -66,6 +68,8 @@ deterministic = false
 seed = 7
 device = "cuda"
 empty_cache_every_steps = 25
+precision = "bf16"
+background_checkpoints = false
 [testing]
 exit_at_step = 3
 exit_code = 75
@@ -91,6 +95,8 @@ checkpoint_timeout_s = 7200
   EXPECT_FALSE(spec->train.deterministic);
   EXPECT_EQ(spec->train.device, "cuda");
   EXPECT_EQ(spec->train.empty_cache_every_steps, 25);
+  EXPECT_EQ(spec->train.precision, "bf16");
+  EXPECT_FALSE(spec->train.background_checkpoints);
   EXPECT_EQ(spec->testing.exit_code, 75);
   EXPECT_EQ(spec->testing.only_attempt, 1);
   EXPECT_EQ(spec->testing.checkpoint_delay_ms, 250);
@@ -117,6 +123,13 @@ TEST(RunSpec, ErrorsNameTheField) {
   EXPECT_EQ(Error("[optimizer]\nlr = nan\n"), "optimizer.lr: must be in (0, 1e+06], got nan");
   EXPECT_EQ(Error("[train]\ndevice = \"gpu\"\n"),
             "train.device: must be one of auto, cpu, cuda; got \"gpu\"");
+  EXPECT_EQ(Error("[train]\nprecision = \"fp8\"\n"),
+            "train.precision: must be one of fp32, bf16, fp16; got \"fp8\"");
+  EXPECT_EQ(Error("[train]\nprecision = \"fp16\"\n"),
+            "train.precision: \"fp16\" needs dynamic loss scaling, which trainsup-worker does "
+            "not have yet; \"bf16\" has float32's range and needs none");
+  EXPECT_EQ(Error("[train]\nbackground_checkpoints = \"yes\"\n"),
+            "train.background_checkpoints: must be true or false");
   EXPECT_EQ(Error("[train]\nempty_cache_every_steps = -1\n"),
             "train.empty_cache_every_steps: must be in [0, 1000000000], got -1");
   EXPECT_EQ(Error("[distributed]\ncheckpoint_timeout_s = 0\n"),

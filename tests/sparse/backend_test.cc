@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <functional>
 #include <numeric>
 #include <optional>
@@ -502,6 +503,138 @@ TEST_P(CrossBackend, ConcatenationAndActivations) {
                                    {"grad b", b.grad(), Match::kExact}};
       },
       at::kFloat);
+}
+
+// ---------------------------------------------------------------------------
+// Mixed precision (docs/engine.md, "Mixed precision"): half features with
+// float32 master weights, on every target. Each result is compared with
+// the exact result (float64, cpu backend) on the same rounded inputs: the
+// features and the output gradient as rounded to the half type, the weight
+// as its cast rounds it. The bound comes from the formats. A backend either
+// sums in float32 and rounds once (convert-to-fp32) or rounds each
+// offset's GEMM output and then the float32 sum (generic). Either way the
+// error is within 2u * S, where u is the format's unit roundoff (2^-8 for
+// bf16, 2^-11 for fp16) and S is the same sum over absolute values
+// (|x| * |w|). Float32's own accumulation error adds at most n * 2^-24 * S,
+// under 1e-5 * S for these sizes.
+
+double UnitRoundoff(at::ScalarType t) { return std::ldexp(1.0, t == at::kBFloat16 ? -8 : -11); }
+
+// The largest |got - want| / bound over the elements (<= 1: within it).
+double WorstOverBound(const at::Tensor& got, const at::Tensor& want, const at::Tensor& bound) {
+  const at::Tensor err = (got.to(at::kCPU).to(at::kDouble) - want.to(at::kDouble)).abs();
+  return (err / (bound.to(at::kDouble) + 1e-30)).max().item<double>();
+}
+
+struct ConvRun {
+  at::Tensor out, grad_features, grad_weight;
+};
+
+// A convolution of `features` by `weight` (float32 or float64 leaves) and
+// its backward with the output gradient randn, rounded to `grad_type`;
+// with `absolute`, every input's absolute value (the bound's S).
+ConvRun RunConv(const ConvShape& s, const at::Tensor& coordinates, const at::Tensor& features,
+                const at::Tensor& weight, at::ScalarType grad_type, bool absolute,
+                c10::Device device) {
+  at::Tensor f = Leaf(absolute ? features.abs() : features, device);
+  at::Tensor w = Leaf(absolute ? weight.abs() : weight, device);
+  SparseTensor y =
+      Conv(SparseTensor(f, coordinates), w, at::Tensor(), {s.kernel, s.stride, s.dilation});
+  at::Generator gen = at::detail::createCPUGenerator(7);
+  at::Tensor r = at::randn(y.F().sizes(), gen, at::kDouble).to(grad_type);
+  if (absolute) r = r.abs();
+  (y.F() * r.to(y.F().scalar_type()).to(device)).sum().backward();
+  return {y.F().detach(), f.grad(), w.grad()};
+}
+
+TEST_P(CrossBackend, HalfPrecisionConvolutionsWithinTheFormatsBound) {
+  for (at::ScalarType half : {at::kBFloat16, at::kHalf}) {
+    const double u = UnitRoundoff(half);
+    for (const ConvShape& s : kConvShapes) {
+      if (s.transposed) continue;  // the same function; MinkUNet's step has them
+      SCOPED_TRACE(Describe(s) + (half == at::kBFloat16 ? " bf16" : " fp16"));
+      auto in = MakeRandomInput(2, 9, 0.3, s.cin, at::kDouble, 11, 0, !s.sorted);
+      at::Generator gen = at::detail::createCPUGenerator(5);
+      const int64_t volume = int64_t{s.kernel} * s.kernel * s.kernel;
+      const at::Tensor w32 = at::randn({volume, s.cin, s.cout}, gen, at::kFloat);
+      const at::Tensor xh = in.features.to(half);
+      ConvRun want, sums;
+      {
+        BackendGuard cpu(BackendKind::kCpu);
+        const c10::Device host(c10::DeviceType::CPU);
+        const at::Tensor x64 = xh.to(at::kDouble), w64 = w32.to(half).to(at::kDouble);
+        want = RunConv(s, in.coordinates, x64, w64, half, false, host);
+        sums = RunConv(s, in.coordinates, x64, w64, half, true, host);
+      }
+      const Target& t = GetParam();
+      BackendGuard target(t.table != nullptr ? std::nullopt : std::optional(t.kind));
+      BackendTableGuard table(t.table != nullptr ? &t.table() : nullptr);
+      const ConvRun got = RunConv(s, in.coordinates, xh, w32, half, false, device());
+      ASSERT_EQ(got.out.scalar_type(), half);
+      ASSERT_EQ(got.grad_features.scalar_type(), half);
+      ASSERT_EQ(got.grad_weight.scalar_type(), at::kFloat);  // the master's
+      const double factor = 2 * u + 1e-5;
+      const double worst[] = {
+          WorstOverBound(got.out, want.out, factor * sums.out),
+          WorstOverBound(got.grad_features, want.grad_features, factor * sums.grad_features),
+          WorstOverBound(got.grad_weight, want.grad_weight, factor * sums.grad_weight)};
+      std::printf(
+          "%s %s: worst error over its bound: output %.3f, grad features %.3f, grad "
+          "weight %.3f\n",
+          Describe(s).c_str(), half == at::kBFloat16 ? "bf16" : "fp16", worst[0], worst[1],
+          worst[2]);
+      EXPECT_LE(worst[0], 1.0) << "output";
+      EXPECT_LE(worst[1], 1.0) << "grad features";
+      EXPECT_LE(worst[2], 1.0) << "grad weight";
+    }
+  }
+}
+
+// BatchNorm on half features with float32 parameters: the arithmetic is
+// float32 on exact half inputs, so the output and the input gradient are
+// within one rounding to the half type (u |exact|) plus float32's error
+// (1e-4 of the largest entry: sums over a few hundred rows); the
+// parameters' gradients and the running statistics are float32 sums,
+// within 1e-4 of their largest entry.
+TEST_P(CrossBackend, HalfPrecisionBatchNormWithinOneRounding) {
+  for (at::ScalarType half : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(half == at::kBFloat16 ? "bf16" : "fp16");
+    const double u = UnitRoundoff(half);
+    auto in = MakeRandomInput(2, 9, 0.4, 7, at::kDouble, 29);
+    const at::Tensor xh = (in.features * 3 + 1).to(half);
+    at::Generator gen = at::detail::createCPUGenerator(2);
+    const at::Tensor w0 = at::randn({7}, gen, at::kFloat), b0 = at::randn({7}, gen, at::kFloat);
+    const at::Tensor r = at::randn({in.features.size(0), 7}, gen, at::kDouble).to(half);
+    auto run = [&](at::ScalarType type, at::ScalarType params, c10::Device device) {
+      at::Tensor f = Leaf(xh.to(type), device);
+      at::Tensor w = Leaf(w0.to(params), device), b = Leaf(b0.to(params), device);
+      const at::TensorOptions o = at::TensorOptions().dtype(params).device(device);
+      at::Tensor rm = at::zeros({7}, o), rv = at::ones({7}, o);
+      SparseTensor y = BatchNorm(SparseTensor(f, in.coordinates), w, b, rm, rv,
+                                 /*training=*/true, 0.1, 1e-5, /*relu=*/false);
+      (y.F() * r.to(type).to(device)).sum().backward();
+      return std::vector<at::Tensor>{y.F().detach(), f.grad(), w.grad(), b.grad(), rm, rv};
+    };
+    std::vector<at::Tensor> want;
+    {
+      BackendGuard cpu(BackendKind::kCpu);
+      want = run(at::kDouble, at::kDouble, c10::Device(c10::DeviceType::CPU));
+    }
+    const Target& t = GetParam();
+    BackendGuard target(t.table != nullptr ? std::nullopt : std::optional(t.kind));
+    BackendTableGuard table(t.table != nullptr ? &t.table() : nullptr);
+    const std::vector<at::Tensor> got = run(half, at::kFloat, device());
+    const char* names[] = {"output",    "grad features", "grad weight",
+                           "grad bias", "running mean",  "running var"};
+    for (size_t i = 0; i < got.size(); ++i) {
+      SCOPED_TRACE(names[i]);
+      const double largest = want[i].abs().max().item<double>();
+      const at::Tensor bound =
+          i < 2 ? u * want[i].abs() + 1e-4 * largest : at::full_like(want[i], 1e-4 * largest);
+      EXPECT_EQ(got[i].scalar_type(), i < 2 ? half : at::kFloat);
+      EXPECT_LE(WorstOverBound(got[i], want[i], bound), 1.0);
+    }
+  }
 }
 
 // A whole small MinkUNet14 step (every op above in one graph, in float64):

@@ -36,6 +36,7 @@
 #include "sparse/determinism.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
+#include "sparse/ops.h"
 #include "sparse/runtime.h"
 #include "worker/dataset/dataset.h"
 #include "worker/dataset/loader.h"
@@ -102,6 +103,10 @@ void Load(const HostState& host, const std::vector<at::Tensor>& live) {
   }
 }
 
+// The features' type of the runs being measured (--precisions): the
+// worker's train.precision, with the float32 model.
+at::ScalarType g_features = at::kFloat;
+
 // One optimizer step as the trainer takes it (worker/train/trainer.cc Step):
 // forward+backward with splitting into `accum`, then SGD on the accumulated
 // gradient. Returns false (after printing why) on a hard out-of-memory or
@@ -112,7 +117,7 @@ bool TrainStep(ts::MinkUNetImpl& model, torch::optim::SGD& sgd, const tw::Batch&
                int64_t* run_peak) {
   absl::StatusOr<tw::StepOutcome> outcome =
       tw::ForwardBackward(model, batch, kInChannels, params, accum, tw::SplitOptions(), predictor,
-                          budget, at::kFloat, run_peak, 0, baseline);
+                          budget, g_features, run_peak, 0, baseline);
   if (!outcome.ok()) {
     std::fprintf(stderr, "split_bench: %s\n", std::string(outcome.status().message()).c_str());
     return false;
@@ -159,6 +164,9 @@ struct Options {
   bool deterministic = true;
   bool json = false;
   bool calibrate = true;
+  // --precisions fp32,bf16: the whole comparison at each, under the first
+  // one's budget (its peaks set it), in this run.
+  std::vector<std::string> precisions = {"fp32"};
 };
 
 // The command line; false (after the usage or the reason) when it is not
@@ -186,13 +194,23 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       o->budget_mib = std::atoll(argv[++i]);
     } else if (a == "--budget-fraction" && i + 1 < argc) {
       o->budget_fraction = std::atof(argv[++i]);
+    } else if (a == "--precisions" && i + 1 < argc) {
+      o->precisions.clear();
+      std::stringstream ss(argv[++i]);
+      for (std::string x; std::getline(ss, x, ',');) {
+        if (x != "fp32" && x != "bf16") {
+          std::fprintf(stderr, "split_bench: unknown precision '%s' (fp32, bf16)\n", x.c_str());
+          return false;
+        }
+        o->precisions.push_back(x);
+      }
     } else if (a == "--deterministic" && i + 1 < argc) {
       o->deterministic = std::atoi(argv[++i]) != 0;
     } else {
       std::fprintf(stderr,
                    "usage: split_bench [--threads N] [--scenes N] [--epochs N] [--batch N] "
                    "[--voxel M] [--seed N] [--budget-mib N | --budget-fraction F] "
-                   "[--deterministic 0|1] [--no-calibration] [--json]\n");
+                   "[--deterministic 0|1] [--no-calibration] [--precisions fp32,bf16] [--json]\n");
       return false;
     }
   }
@@ -315,7 +333,7 @@ bool MeasurePeaks(Training& tr, const std::vector<tw::Batch>& batches, const Roo
   for (int which : {rooms.normal, rooms.large}) {
     peak = 0;
     tw::ForwardBackward(*tr.net, batches[which], kInChannels, tr.params, tr.accum,
-                        tw::SplitOptions(), nullptr, 0, at::kFloat, &peak)
+                        tw::SplitOptions(), nullptr, 0, g_features, &peak)
         .IgnoreError();
     (which == rooms.normal ? peaks->normal : peaks->large) = peak;
   }
@@ -362,7 +380,8 @@ bool Calibrate(Training& tr, const tw::Dataset& dataset, const tw::LoaderOptions
   const double t0 = Now();
   absl::StatusOr<tw::CalibrationStats> stats =
       tw::CalibrateMemory(*tr.net, dataset, lo, c->calibration_scenes, kInChannels, tr.params,
-                          tr.accum, tw::SplitOptions(), memory_model, budget, /*extra_bytes=*/0);
+                          tr.accum, tw::SplitOptions(), memory_model, budget, /*extra_bytes=*/0,
+                          /*height=*/0, g_features);
   c->calibration_s = Now() - t0;
   if (!stats.ok()) {
     std::fprintf(stderr, "split_bench: calibration: %s\n",
@@ -627,14 +646,21 @@ int main(int argc, char** argv) {
           : peaks.normal + static_cast<int64_t>(o.budget_fraction * (peaks.large - peaks.normal));
   if (!o.json) PrintSetup(o, tr, *dataset, batches, rooms, peaks, budget);
 
-  Comparison c;
-  if (!RunBoth(o, tr, *dataset, lo, batches, budget, &c)) return 1;
-  const Waste w = CountWaste(c, batches.size());
-  if (o.json) {
-    PrintJson(o, batches.size(), rooms, peaks, budget, c, w);
-    return 0;
+  // Each precision from the same initial state, under the same budget.
+  for (const std::string& precision : o.precisions) {
+    g_features = precision == "bf16" ? at::kBFloat16 : at::kFloat;
+    Comparison c;
+    if (!RunBoth(o, tr, *dataset, lo, batches, budget, &c)) return 1;
+    const Waste w = CountWaste(c, batches.size());
+    if (o.json) {
+      std::printf("%s: ", precision.c_str());
+      PrintJson(o, batches.size(), rooms, peaks, budget, c, w);
+      continue;
+    }
+    std::printf("==== precision %s: %s\n", precision.c_str(),
+                ts::DescribePrecision(g_features, c10::Device(c10::DeviceType::CPU)).c_str());
+    PrintCalibrationAndSteps(o, batches, rooms, c);
+    PrintModesAndWaste(c, w);
   }
-  PrintCalibrationAndSteps(o, batches, rooms, c);
-  PrintModesAndWaste(c, w);
   return 0;
 }

@@ -97,7 +97,8 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
     sparse::ResetPeakMemory(device);
     GroupTensors t = Assemble(batch, group, channels, dtype, height, device);
     sparse::SparseTensor out = model.forward(t.input);
-    at::Tensor logits = out.features();
+    // Half features (mixed precision): the loss and its reduction in float32.
+    at::Tensor logits = out.features().to(sparse::AccumulateType(dtype));
     at::Tensor loss = t.labelled > 0 ? torch::nll_loss(torch::log_softmax(logits, 1), t.labels, {},
                                                        at::Reduction::Mean, -1)
                                      : logits.sum() * 0.0;
@@ -207,7 +208,7 @@ absl::StatusOr<CalibrationStats> CalibrateMemory(
     sparse::MinkUNetImpl& model, const Dataset& dataset, const LoaderOptions& loader,
     int64_t scenes, int channels, const std::vector<at::Tensor>& params,
     std::vector<at::Tensor>& accum, const SplitOptions& options, MemoryModel* predictor,
-    int64_t budget_bytes, int64_t extra_bytes, double height) {
+    int64_t budget_bytes, int64_t extra_bytes, double height, at::ScalarType dtype) {
   if (budget_bytes <= 0 || predictor == nullptr) return CalibrationStats{};
   Batch batch;
   LoaderOptions lo = loader;
@@ -226,8 +227,8 @@ absl::StatusOr<CalibrationStats> CalibrateMemory(
   const c10::Device device = ParamsDevice(params);
   ProbeRun probe = [&](const Group& group) -> absl::StatusOr<int64_t> {
     StepOutcome ignored;
-    return RunGroupOnce(model, batch, group, channels, params, accum, 0.0, at::kFloat, height,
-                        device, &ignored);
+    return RunGroupOnce(model, batch, group, channels, params, accum, 0.0, dtype, height, device,
+                        &ignored);
   };
   CalibrationOptions calibration;
   calibration.extra_bytes = extra_bytes;

@@ -124,7 +124,8 @@ absl::StatusOr<CalibrationStats> CalibrateMemory(
     sparse::MinkUNetImpl& model, const Dataset& dataset, const LoaderOptions& loader,
     int64_t scenes, int channels, const std::vector<at::Tensor>& params,
     std::vector<at::Tensor>& accum, const SplitOptions& options, MemoryModel* predictor,
-    int64_t budget_bytes, int64_t extra_bytes, double height = 0);
+    int64_t budget_bytes, int64_t extra_bytes, double height = 0,
+    at::ScalarType dtype = at::kFloat);
 
 }  // namespace trainsup::worker
 

@@ -25,6 +25,7 @@
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
 #include "sparse/nn.h"
+#include "sparse/ops.h"
 #include "worker/dataset/dataset.h"
 #include "worker/dataset/loader.h"
 #include "worker/gang/distributed.h"
@@ -106,7 +107,7 @@ absl::Status Trainer::Calibrate(const LoaderOptions& loader) {
   const int64_t scenes = std::min<int64_t>(8, 2 * spec_.train.batch_size);
   absl::StatusOr<CalibrationStats> c =
       CalibrateMemory(*model_, *train_, loader, scenes, channels_, params_, accum_, Splitting(),
-                      &memory_model_, budget_, extra, height_);
+                      &memory_model_, budget_, extra, height_, FeatureType());
   if (!c.ok()) return c.status();
   counters_.oom_events += c->oom_events;
   counters_.wasted_forwards += c->oom_events;
@@ -136,7 +137,7 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
   reducer_->BeginStep(&accum_, step_);
   absl::StatusOr<StepOutcome> outcome = ForwardBackward(
       *model_, batch, channels_, params_, accum_, Splitting(),
-      spec_.train.predictive_split ? &memory_model_ : nullptr, budget_, at::kFloat, &run_peak_,
+      spec_.train.predictive_split ? &memory_model_ : nullptr, budget_, FeatureType(), &run_peak_,
       height_, /*baseline=*/false, gang ? &parallel : nullptr, FaultsAt(step_ + 1));
   if (!outcome.ok()) return outcome.status();
   const SplitStats* stats = &outcome->stats;
@@ -311,7 +312,8 @@ std::optional<TrainerResult> Trainer::SetUp() {
       "training ", spec_.model.arch, " (", model_->NumParameters(), " parameters, ", num_classes_,
       " classes, ", channels_, " input channels) on ", train_->size(), " training and ",
       val_ ? val_->size() : 0, " validation scenes, ", total_steps_, " steps, ", memory_settings,
-      ", ", at::get_num_threads(), " threads, on ", device_.str(),
+      ", ", at::get_num_threads(), " threads, on ", device_.str(), ", precision ",
+      spec_.train.precision, ": ", sparse::DescribePrecision(FeatureType(), device_),
       options_.world_size > 1
           ? absl::StrCat(", rank ", options_.rank, " of ", options_.world_size, " (global batch ",
                          GlobalBatch(spec_), ", this rank's share ",

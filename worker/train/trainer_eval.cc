@@ -54,7 +54,7 @@ void Trainer::Evaluate(TrainerResult* result) {
     }
     RunGroup run = [&](const Group& group, double) -> absl::Status {
       try {
-        GroupTensors t = Assemble(*batch, group, channels_, at::kFloat, height_, device_);
+        GroupTensors t = Assemble(*batch, group, channels_, FeatureType(), height_, device_);
         at::Tensor pred = model_->forward(t.input).features().argmax(1).cpu();
         at::Tensor labels = t.labels.cpu();
         confusion.Add(pred, labels);

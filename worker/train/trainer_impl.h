@@ -279,6 +279,10 @@ class Trainer {
   // with `parameters`, its parameters; `what` names the collectives.
   void BroadcastWeights(bool parameters, const std::string& what);
   SplitOptions Splitting() const;
+  // The features' type: float32, or bfloat16 with train.precision = "bf16".
+  at::ScalarType FeatureType() const {
+    return spec_.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+  }
   // Calibrates the memory model before the first step (CalibrateMemory)
   // when it plans (predictive splitting under a budget) and is not ready.
   absl::Status Calibrate(const LoaderOptions& loader);

@@ -18,9 +18,13 @@ namespace trainsup::worker::internal {
 
 // What a rank sends rank 0 for the checkpoint (GangState merges them).
 nlohmann::json Trainer::RankState() const {
-  return {{"rank", options_.rank},          {"memory_model", memory_model_.Serialize()},
-          {"counters", counters_.ToJson()}, {"last_loss", last_loss_},
-          {"guard", guard_.ToJson()},       {"class_counts", class_counts_}};
+  return {{"rank", options_.rank},
+          {"precision", spec_.train.precision},
+          {"memory_model", memory_model_.Serialize()},
+          {"counters", counters_.ToJson()},
+          {"last_loss", last_loss_},
+          {"guard", guard_.ToJson()},
+          {"class_counts", class_counts_}};
 }
 
 absl::StatusOr<nlohmann::json> Trainer::ResumableGangState(const nlohmann::json& extra) {
@@ -71,7 +75,13 @@ absl::StatusOr<nlohmann::json> Trainer::ResumableGangState(const nlohmann::json&
 }
 
 absl::Status Trainer::ApplyGangState(const nlohmann::json& g) {
-  if (g.contains("memory_model") && g["memory_model"].is_string()) {
+  // A memory model learnt at another precision predicts other bytes per
+  // voxel: this run learns its own (calibration, then its steps).
+  const std::string learnt_at = g.value("memory_model_precision", std::string("fp32"));
+  if (learnt_at != spec_.train.precision) {
+    Log(absl::StrCat("the checkpoint's memory model was learnt at ", learnt_at,
+                     "; this run trains at ", spec_.train.precision, " and learns its own"));
+  } else if (g.contains("memory_model") && g["memory_model"].is_string()) {
     absl::StatusOr<MemoryModel> m = MemoryModel::Deserialize(g["memory_model"].get<std::string>());
     if (m.ok()) memory_model_ = *m;
   }
@@ -124,6 +134,7 @@ nlohmann::json Trainer::GangState(const std::vector<nlohmann::json>& ranks) cons
           {"global_batch", GlobalBatch(spec_)},
           {"world_size", static_cast<int64_t>(ranks.size())},
           {"memory_model", ranks[0]["memory_model"]},
+          {"memory_model_precision", ranks[0].value("precision", std::string("fp32"))},
           {"counters", total.ToJson()},
           {"last_loss", ranks[0]["last_loss"]},
           {"guard", ranks[0]["guard"]},

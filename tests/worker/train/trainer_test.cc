@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,7 @@
 #include "sparse/minkunet.h"
 #include "tests/checkpoint/fault_injection_fs.h"
 #include "tests/worker/split/step_test_util.h"
+#include "tests/worker/train/trainer_test_util.h"
 #include "worker/dataset/dataset.h"
 #include "worker/dataset/loader.h"
 #include "worker/split/step.h"
@@ -43,11 +45,6 @@ int64_t MeasurePeak(sparse::MinkUNetImpl& model, const Batch& batch, int channel
   EXPECT_EQ(r.ok() ? r->stats.oom_events : -1, 0);
   return peak;
 }
-
-// Removes the process-wide budget and block cache however the test ends.
-struct BudgetGuard {
-  ~BudgetGuard() { sparse::ApplyAllocatorSettings(sparse::AllocatorSettings{}); }
-};
 
 TEST(ForwardBackward, SplittingEquivalence) {
   sparse::InstallCountingAllocator();
@@ -151,6 +148,67 @@ TEST(ForwardBackward, SplittingEquivalence) {
   }
 }
 
+// Mixed precision (train.precision = "bf16"): the same whole-scene split
+// as above, with bfloat16 features and a float32 model. Splitting may not
+// add error beyond what bf16 itself brings: the split step's gradient
+// differs from the unsplit bf16 step's by no more than that step differs
+// from the float32 one, measured in the same test (norms over all
+// parameters). The per-scene activations are the same either way; what
+// splitting changes is where the weight gradients are rounded to bf16
+// (once per group instead of once per batch) and the loss weights.
+TEST(ForwardBackward, SplittingEquivalenceInBf16) {
+  sparse::InstallCountingAllocator();
+  BudgetGuard guard;
+  Batch batch = SyntheticBatch(4, 0.1);
+  sparse::MinkUNet model = QuarterMinkUNet14Float64();
+  model->to(torch::kFloat32);
+  model->eval();
+  std::vector<at::Tensor> params = model->parameters();
+  std::vector<at::Tensor> bf = ZerosLike(params), split = ZerosLike(params),
+                          fp32 = ZerosLike(params), scratch = ZerosLike(params);
+  int64_t scene_peak = 0;
+  for (size_t k = 0; k < batch.scenes.size(); ++k) {
+    scene_peak = std::max(scene_peak, MeasurePeak(*model, OneScene(batch, k), kChannels, params,
+                                                  scratch, at::kBFloat16));
+  }
+  const int64_t batch_peak = MeasurePeak(*model, batch, kChannels, params, scratch, at::kBFloat16);
+  const int64_t budget = scene_peak + (batch_peak - scene_peak) / 5;
+  auto run = [&](std::vector<at::Tensor>& into, at::ScalarType dtype, int64_t limit) {
+    SplitOptions options;
+    options.min_piece_voxels = 1 << 30;  // whole scenes only
+    sparse::SetMemoryBudget(limit);
+    absl::StatusOr<StepOutcome> r =
+        ForwardBackward(*model, batch, kChannels, params, into, options, nullptr, limit, dtype);
+    sparse::SetMemoryBudget(0);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : StepOutcome{};
+  };
+  const StepOutcome unsplit = run(bf, at::kBFloat16, 0);
+  const StepOutcome pieces = run(split, at::kBFloat16, budget);
+  const StepOutcome full = run(fp32, at::kFloat, 0);
+  EXPECT_EQ(unsplit.stats.splits, 0);
+  EXPECT_GT(pieces.stats.splits, 0);
+  EXPECT_EQ(pieces.stats.dropped_pieces, 0);
+  EXPECT_EQ(pieces.labelled, unsplit.labelled);
+  double split_err = 0, bf16_err = 0, norm = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    split_err += (split[i] - bf[i]).pow(2).sum().item<double>();
+    bf16_err += (bf[i] - fp32[i]).pow(2).sum().item<double>();
+    norm += fp32[i].pow(2).sum().item<double>();
+  }
+  split_err = std::sqrt(split_err / norm);
+  bf16_err = std::sqrt(bf16_err / norm);
+  std::printf(
+      "bf16 equivalence: %lld splits; relative gradient difference split vs unsplit %.3g, "
+      "bf16 vs fp32 %.3g; loss %.6f split, %.6f unsplit, %.6f fp32; peaks: scene %lld, batch "
+      "%lld bytes\n",
+      static_cast<long long>(pieces.stats.splits), split_err, bf16_err, pieces.loss, unsplit.loss,
+      full.loss, static_cast<long long>(scene_peak), static_cast<long long>(batch_peak));
+  EXPECT_GT(bf16_err, 0.0);  // bf16 did run
+  EXPECT_LE(split_err, bf16_err);
+  EXPECT_LE(std::abs(pieces.loss - unsplit.loss), std::abs(unsplit.loss - full.loss) + 1e-6);
+}
+
 TEST(ForwardBackward, OnlyOutOfMemorySplits) {
   sparse::InstallCountingAllocator();
   BudgetGuard guard;
@@ -182,76 +240,6 @@ TEST(ForwardBackward, OnlyOutOfMemorySplits) {
   // nothing was split or retried, and no gradient arrived.
   EXPECT_EQ(sparse::GetMemoryStats().refused, refused);
   for (const at::Tensor& g : accum) EXPECT_EQ(g.abs().max().item<double>(), 0);
-}
-
-// Bytes of the float32 parameters of the MinkUNet14 Train() builds.
-int64_t ParameterBytes(int channels, int classes) {
-  sparse::MinkUNet model(sparse::MinkUNetPlan(14, channels, classes));
-  return model->NumParameters() * static_cast<int64_t>(sizeof(float));
-}
-
-// A fresh run directory under the test's temporary directory.
-std::string RunDir(const std::string& name) {
-  fs::path dir =
-      fs::path(::testing::TempDir()) / ("trainer_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-// What Train() told its hooks.
-struct Captured {
-  std::vector<std::string> logs;
-  std::vector<std::pair<v1::EventKind, std::string>> events;
-  int64_t peak = 0;
-  int64_t splits = 0, retries = 0, wasted = 0, dropped = 0;
-  sparse::MemoryStats after;  // the allocator's counters when Train returned
-  TrainerHooks Hooks() {
-    TrainerHooks h;
-    h.log = [this](const std::string& line) {
-      // TRAINER_TEST_VERBOSE=1 echoes the trainer's log lines.
-      if (std::getenv("TRAINER_TEST_VERBOSE") != nullptr) std::printf("  | %s\n", line.c_str());
-      logs.push_back(line);
-    };
-    h.event = [this](v1::EventKind kind, int64_t, int64_t, const std::string& message) {
-      events.emplace_back(kind, message);
-    };
-    h.progress = [this](const v1::Progress& p) {
-      peak = std::max(peak, p.memory_peak_bytes());
-      splits = p.splits();
-      retries = p.oom_retries();
-      wasted = p.wasted_forwards();
-      dropped = p.dropped_pieces();
-    };
-    return h;
-  }
-};
-
-TrainerResult RunTrain(const RunSpec& spec, const std::string& name, Captured* captured) {
-  TrainerOptions options;
-  options.run_dir = RunDir(name);
-  options.resume = "none";
-  TrainerResult r = Train(spec, options, captured->Hooks());
-  captured->after = sparse::GetMemoryStats();
-  // Train leaves its allocator settings installed.
-  sparse::ApplyAllocatorSettings(sparse::AllocatorSettings{});
-  fs::remove_all(options.run_dir);
-  return r;
-}
-
-RunSpec SyntheticSpec(int64_t scenes, double voxel_size, int64_t steps) {
-  RunSpec spec;
-  spec.model.arch = "minkunet14";
-  spec.model.in_channels = kChannels;
-  spec.model.voxel_size = voxel_size;
-  spec.data.format = "synthetic";
-  spec.data.scenes = scenes;
-  spec.data.scene_size = "small";
-  spec.data.val_fraction = 0;
-  spec.train.steps = steps;
-  spec.train.batch_size = 2;
-  spec.train.checkpoint_every_steps = 0;
-  return spec;
 }
 
 TEST(ForwardBackward, NoSilentDrop) {
@@ -373,161 +361,6 @@ TEST(Train, ReportsDroppedScenesInItsEvents) {
     skipped |= line.find("no labelled voxel fitted in memory") != std::string::npos;
   }
   EXPECT_TRUE(skipped);
-}
-
-// Checkpoints through the fault-injecting file system (a full disk from a
-// chosen save on). What the trainer reported, and the run directory.
-struct CheckpointFaults {
-  explicit CheckpointFaults(const std::string& name) : run_dir(RunDir(name)) {}
-  ~CheckpointFaults() { fs::remove_all(run_dir); }
-
-  // Trains `spec`; the disk fills up once checkpoint `full_after` is
-  // committed, and gets space back after `failures_until_space` failed
-  // saves (-1: never).
-  TrainerResult Train(const RunSpec& spec, int64_t full_after, int failures_until_space) {
-    TrainerOptions options;
-    options.run_dir = run_dir;
-    options.resume = "none";
-    options.file_system = &disk;
-    TrainerHooks hooks = captured.Hooks();
-    hooks.event = [&, inner = hooks.event](v1::EventKind kind, int64_t step,
-                                           int64_t checkpoint_step, const std::string& message) {
-      inner(kind, step, checkpoint_step, message);
-      if (kind == v1::EVENT_KIND_CHECKPOINT && checkpoint_step == full_after) disk.space_left = 0;
-    };
-    hooks.checkpoint_failed = [&](int64_t step, int64_t last_good, const std::string& error) {
-      failed.push_back({step, last_good, error});
-      if (static_cast<int>(failed.size()) == failures_until_space) disk.space_left = -1;
-    };
-    hooks.progress = [&, inner = hooks.progress](const v1::Progress& p) {
-      inner(p);
-      reports.push_back(p);
-    };
-    TrainerResult r = worker::Train(spec, options, hooks);
-    sparse::SetMemoryBudget(0);
-    return r;
-  }
-
-  bool Committed(int64_t step) const {
-    return fs::exists(fs::path(run_dir) / "checkpoints" / ("step-" + std::to_string(step)));
-  }
-
-  struct Failure {
-    int64_t step, last_good;
-    std::string error;
-  };
-  std::string run_dir;
-  ckpt::testing::FaultInjectionFileSystem disk;
-  Captured captured;
-  std::vector<Failure> failed;
-  std::vector<v1::Progress> reports;
-};
-
-// A save that fails (a full disk) does not end training: it is reported
-// (checkpoint_failed, the heartbeat's checkpoint_failures and
-// last_checkpoint_error) and the next interval's save is tried again.
-TEST(Train, AFailedCheckpointIsReportedAndTrainingGoesOn) {
-  sparse::InstallCountingAllocator();
-  BudgetGuard guard;
-  RunSpec spec = SyntheticSpec(4, 0.05, 8);
-  spec.train.checkpoint_every_steps = 2;
-  spec.train.keep_checkpoints = 10;
-  CheckpointFaults t("ckpt_fails_once");
-  TrainerResult r = t.Train(spec, /*full_after=*/2, /*failures_until_space=*/1);
-  ASSERT_EQ(r.exit_code, 0) << r.reason << ": " << r.message;
-  EXPECT_EQ(r.last_step, 8);
-  ASSERT_EQ(t.failed.size(), 1u);
-  EXPECT_EQ(t.failed[0].step, 4);
-  EXPECT_EQ(t.failed[0].last_good, 2);
-  EXPECT_NE(t.failed[0].error.find("No space left on device"), std::string::npos)
-      << t.failed[0].error;
-  EXPECT_TRUE(t.Committed(2));
-  EXPECT_FALSE(t.Committed(4));
-  EXPECT_TRUE(t.Committed(6));
-  EXPECT_TRUE(t.Committed(8));
-  bool reported = false;
-  for (const v1::Progress& p : t.reports) {
-    reported |= p.checkpoint_failures() == 1 &&
-                p.last_checkpoint_error().find("No space left") != std::string::npos &&
-                p.last_checkpoint_step() == 2;
-  }
-  EXPECT_TRUE(reported) << "no progress report carried the failure";
-  EXPECT_EQ(t.reports.back().checkpoint_failures(), 1);
-  EXPECT_EQ(t.reports.back().last_checkpoint_error(), "");
-  EXPECT_EQ(t.reports.back().last_checkpoint_step(), 8);
-}
-
-// No space for the final checkpoint: exit 74 (no_space) saying so, after
-// training every step, with the last good checkpoint kept.
-TEST(Train, NoSpaceForTheFinalCheckpointExits74) {
-  sparse::InstallCountingAllocator();
-  BudgetGuard guard;
-  RunSpec spec = SyntheticSpec(4, 0.05, 6);
-  spec.train.checkpoint_every_steps = 2;
-  CheckpointFaults t("ckpt_no_space");
-  TrainerResult r = t.Train(spec, /*full_after=*/2, /*failures_until_space=*/-1);
-  EXPECT_EQ(r.exit_code, 74) << r.message;
-  EXPECT_EQ(r.reason, "no_space");
-  EXPECT_EQ(r.last_step, 6);
-  const std::string root = t.run_dir + "/checkpoints";
-  EXPECT_NE(
-      r.message.find("no space left in " + root + " for checkpoint step-6 at the end of the run"),
-      std::string::npos)
-      << r.message;
-  EXPECT_NE(r.message.find("the newest checkpoint kept is step-2"), std::string::npos) << r.message;
-  ASSERT_EQ(t.failed.size(), 2u);  // steps 4 and 6
-  EXPECT_EQ(t.failed[1].step, 6);
-  ckpt::CheckpointStore store(root);
-  EXPECT_TRUE(store.Verify({2, root + "/step-2"}).ok());
-}
-
-// The index of the first log line that starts with `prefix` (-1: none).
-int64_t FirstLine(const std::vector<std::string>& logs, const std::string& prefix) {
-  for (size_t i = 0; i < logs.size(); ++i) {
-    if (logs[i].rfind(prefix, 0) == 0) return static_cast<int64_t>(i);
-  }
-  return -1;
-}
-
-// Background checkpoints (train.background_checkpoints, the default): a
-// slow write (testing.checkpoint_delay_ms on the writer thread) goes on
-// while the next steps train; the next periodic checkpoint and the final
-// one wait for it; every checkpoint is committed; and the weights end as
-// with checkpoints written between steps, where the same slow write holds
-// training up.
-TEST(Train, CheckpointsAreWrittenWhileTheNextStepsTrain) {
-  sparse::InstallCountingAllocator();
-  BudgetGuard guard;
-  RunSpec spec = SyntheticSpec(4, 0.05, 8);
-  spec.train.checkpoint_every_steps = 3;
-  spec.train.keep_checkpoints = 10;
-  spec.testing.checkpoint_delay_ms = 2000;
-  std::string digest[2];
-  for (bool background : {true, false}) {
-    spec.train.background_checkpoints = background;
-    CheckpointFaults t(background ? "background_ckpt" : "sync_ckpt");
-    TrainerResult r = t.Train(spec, /*full_after=*/-1, /*failures_until_space=*/-1);
-    ASSERT_EQ(r.exit_code, 0) << r.reason << ": " << r.message;
-    const std::vector<std::string>& logs = t.captured.logs;
-    std::string all;
-    for (const std::string& line : logs) all += line + "\n";
-    for (int64_t step : {3, 6, 8}) EXPECT_TRUE(t.Committed(step)) << step << "\n" << all;
-    EXPECT_TRUE(t.failed.empty()) << all;
-    const int64_t written = FirstLine(logs, "checkpoint step-3 (written in ");
-    const int64_t step4 = FirstLine(logs, "step 4/8");
-    ASSERT_GE(written, 0) << all;
-    ASSERT_GE(step4, 0) << all;
-    if (background) {
-      EXPECT_GE(FirstLine(logs, "checkpoint step-3: "), 0) << all;  // the snapshot's line
-      EXPECT_LT(step4, written) << "step 4 did not train while step-3 was written:\n" << all;
-    } else {
-      EXPECT_LT(written, step4) << all;
-    }
-    const int64_t d = FirstLine(logs, "weights digest ");
-    ASSERT_GE(d, 0) << all;
-    digest[background ? 0 : 1] = logs[d];
-  }
-  EXPECT_EQ(digest[0], digest[1]);
 }
 
 // Calibration before the first step: probes through the real model make
