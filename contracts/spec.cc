@@ -135,6 +135,9 @@ absl::Status ReadGuard(const toml::table* t, GuardSpec* g) {
   TRAINSUP_RETURN_IF_ERROR(r.Double("lr_factor_on_rollback", &g->lr_factor_on_rollback, 0, 1,
                                     /*lo_open=*/true));
   TRAINSUP_RETURN_IF_ERROR(r.Double("max_skipped_fraction", &g->max_skipped_fraction, 0, 1));
+  TRAINSUP_RETURN_IF_ERROR(r.Int("max_overflow_streak", &g->max_overflow_streak, 1, 1000000));
+  TRAINSUP_RETURN_IF_ERROR(
+      r.Double("min_loss_scale", &g->min_loss_scale, 0, 65536, /*lo_open=*/true));
   TRAINSUP_RETURN_IF_ERROR(r.Bool("fail_below_baseline", &g->fail_below_baseline));
   TRAINSUP_RETURN_IF_ERROR(r.Finish());
   if (g->max_bad_steps > g->bad_window) {
@@ -177,11 +180,9 @@ absl::Status ReadTrain(const toml::table* t, TrainSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.Int("min_piece_points", &s->min_piece_points, 1, kBillion));
   TRAINSUP_RETURN_IF_ERROR(r.String("device", &s->device, {"auto", "cpu", "cuda"}));
   TRAINSUP_RETURN_IF_ERROR(r.String("precision", &s->precision, {"fp32", "bf16", "fp16"}));
-  if (s->precision == "fp16") {
-    return r.Error("precision",
-                   "\"fp16\" needs dynamic loss scaling, which trainsup-worker does not have yet; "
-                   "\"bf16\" has float32's range and needs none");
-  }
+  TRAINSUP_RETURN_IF_ERROR(r.Double("loss_scale_init", &s->loss_scale_init, 1, 16777216));
+  TRAINSUP_RETURN_IF_ERROR(
+      r.Int("loss_scale_growth_interval", &s->loss_scale_growth_interval, 1, kBillion));
   TRAINSUP_RETURN_IF_ERROR(
       r.Int("empty_cache_every_steps", &s->empty_cache_every_steps, 0, kBillion));
   TRAINSUP_RETURN_IF_ERROR(r.String("cuda_alloc_conf", &s->cuda_alloc_conf));

@@ -101,6 +101,11 @@ struct GuardSpec {
   // than this fraction of its steps skipped (windows, guard, loss scaler)
   // ends FAILED with the counts. [0, 1]; 1: never.
   double max_skipped_fraction = 0.1;
+  // fp16 (train.precision): loss-scaler overflows are skipped steps, not
+  // bad ones; this many in a row, or one that would halve the scale below
+  // min_loss_scale, is divergence (exit 79). 1..1e6 and (0, 65536].
+  int64_t max_overflow_streak = 20;
+  double min_loss_scale = 1;
   // A run whose final evaluation scores below the majority-class baseline
   // ends FAILED; false: SUCCEEDED, with a warning event.
   bool fail_below_baseline = true;
@@ -139,10 +144,13 @@ struct TrainSpec {
   // (CUDA_VISIBLE_DEVICES), else the CPU | cpu | cuda (an error without one).
   std::string device = "auto";
   int64_t empty_cache_every_steps = 0;  // 0 (off)..1e9: hand cached memory back
-  // fp32 | bf16: the features' type (docs/engine.md, "Mixed precision");
-  // weights and optimizer state stay float32. fp16 needs loss scaling,
-  // which the worker does not have yet: refused.
+  // fp32 | bf16 | fp16: the features' type (docs/engine.md, "Mixed
+  // precision"); weights and optimizer state stay float32. fp16 scales the
+  // loss dynamically: from loss_scale_init, doubled after
+  // loss_scale_growth_interval finite steps, halved on an overflow.
   std::string precision = "fp32";
+  double loss_scale_init = 65536;             // [1, 16777216]
+  int64_t loss_scale_growth_interval = 2000;  // 1..1e9
 };
 
 // How the ranks of a run with world_size > 1 talk (the [distributed]

@@ -125,9 +125,12 @@ TEST(RunSpec, ErrorsNameTheField) {
             "train.device: must be one of auto, cpu, cuda; got \"gpu\"");
   EXPECT_EQ(Error("[train]\nprecision = \"fp8\"\n"),
             "train.precision: must be one of fp32, bf16, fp16; got \"fp8\"");
-  EXPECT_EQ(Error("[train]\nprecision = \"fp16\"\n"),
-            "train.precision: \"fp16\" needs dynamic loss scaling, which trainsup-worker does "
-            "not have yet; \"bf16\" has float32's range and needs none");
+  EXPECT_EQ(Error("[train]\nloss_scale_init = 0.5\n"),
+            "train.loss_scale_init: must be in [1, 1.67772e+07], got 0.5");
+  EXPECT_EQ(Error("[guard]\nmin_loss_scale = 0\n"),
+            "guard.min_loss_scale: must be in (0, 65536], got 0");
+  EXPECT_EQ(Error("[guard]\nmax_overflow_streak = 0\n"),
+            "guard.max_overflow_streak: must be in [1, 1000000], got 0");
   EXPECT_EQ(Error("[train]\nbackground_checkpoints = \"yes\"\n"),
             "train.background_checkpoints: must be true or false");
   EXPECT_EQ(Error("[train]\nempty_cache_every_steps = -1\n"),

@@ -111,8 +111,9 @@ absl::StatusOr<int64_t> RunGroupOnce(sparse::MinkUNetImpl& model, const Batch& b
       scaled = scaled + at::sqrt((p - p.detach()).sum()) * 0.0;
     }
     if (reducer != nullptr && arm) reducer->ArmFinalBackward();
+    const at::Tensor target = faults.gradient_scale != 1 ? scaled * faults.gradient_scale : scaled;
     const std::vector<at::Tensor> grads = torch::autograd::grad(
-        {scaled}, params, /*grad_outputs=*/{}, /*retain_graph=*/false, /*create_graph=*/false,
+        {target}, params, /*grad_outputs=*/{}, /*retain_graph=*/false, /*create_graph=*/false,
         /*allow_unused=*/true);
     if (reducer != nullptr) reducer->Disarm();
     {

@@ -44,15 +44,20 @@ struct DataParallel {
   Gang* gang = nullptr;
 };
 
-// The guard's fault injection (testing.nan_loss_at_step, nan_grad_at_step,
-// loss_spike_at_step; docs/guard.md), applied to every group of one step
-// inside its forward and backward, as a real fault would be: a NaN loss
-// (and so a NaN gradient), a NaN gradient of the first parameter under a
-// finite loss, or a loss (and gradient) `loss_scale` times larger.
+// What one step does to its loss, in every group: the guard's fault
+// injection (testing.nan_loss_at_step, nan_grad_at_step,
+// loss_spike_at_step; docs/guard.md), applied inside the forward and
+// backward as a real fault would be: a NaN loss (and so a NaN gradient), a
+// NaN gradient of the first parameter under a finite loss, or a loss (and
+// gradient) `loss_scale` times larger. And fp16's loss scale
+// (`gradient_scale`, LossScaler): backward runs on the loss times it, so
+// `accum` receives the gradient times it (the trainer divides it back);
+// the reported loss is not scaled.
 struct StepFaults {
   bool nan_loss = false;
   bool nan_grad = false;
   double loss_scale = 1;
+  double gradient_scale = 1;
 };
 
 // The tensors of one group of pieces: scene k of the group is batch index k.

@@ -135,11 +135,19 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
   // puts back the same).
   CopyBuffers(buffers_, saved_buffers_);
   reducer_->BeginStep(&accum_, step_);
+  StepFaults faults = FaultsAt(step_ + 1);
+  if (Scaling()) faults.gradient_scale = scaler_.scale();
   absl::StatusOr<StepOutcome> outcome = ForwardBackward(
       *model_, batch, channels_, params_, accum_, Splitting(),
       spec_.train.predictive_split ? &memory_model_ : nullptr, budget_, FeatureType(), &run_peak_,
-      height_, /*baseline=*/false, gang ? &parallel : nullptr, FaultsAt(step_ + 1));
+      height_, /*baseline=*/false, gang ? &parallel : nullptr, faults);
   if (!outcome.ok()) return outcome.status();
+  if (faults.gradient_scale != 1) {
+    // The global gradient, unscaled (GradScaler's unscale_); an overflow
+    // stays infinite or NaN, on every rank alike (the allreduce summed it).
+    at::NoGradGuard no_grad;
+    for (at::Tensor& a : accum_) a.div_(faults.gradient_scale);
+  }
   const SplitStats* stats = &outcome->stats;
   double loss_sum = outcome->loss;
   int64_t hits = outcome->hits;
@@ -182,6 +190,14 @@ absl::Status Trainer::Step(const Batch& batch, int64_t global_labelled) {
                      "; optimizer step skipped"));
     return absl::OkStatus();
   }
+  if (Scaling() && std::isfinite(loss_sum)) {
+    // Every rank has the same global gradient and loss: the same verdict.
+    if (!std::isfinite(NormOf(accum_))) {
+      ScalerSkip(step_ + 1);
+      return absl::OkStatus();
+    }
+    if (scaler_.Good()) Log(absl::StrCat("loss scale grows to ", scaler_.scale()));
+  }
   if (!GuardStep(step_ + 1, loss_sum, stats_bad == 0)) return absl::OkStatus();
   // The optimizer step is outside the splittable region: an OOM here is hard.
   try {
@@ -217,48 +233,6 @@ double Trainer::NormOf(const std::vector<at::Tensor>& tensors) {
   }
   return norms.empty() ? 0.0
                        : at::linalg_vector_norm(at::stack(norms).to(at::kDouble), 2).item<double>();
-}
-
-// The loss is the global batch's (allreduced) and accum_ the global
-// gradient (the reducer's allreduce): every rank reads the same bytes, and
-// runs the same norm kernel on them with the same thread count, so it gets
-// the same norm. A NaN or an infinity on any rank reaches every rank's sum
-// whatever the order of the additions: the finite-or-not decision cannot
-// differ between ranks, and so no collective is needed for it.
-bool Trainer::GuardStep(int64_t next, double loss, bool stats_finite) {
-  const GuardSpec& g = spec_.guard;
-  if (!g.check_finite && g.spike_factor == 0) return true;
-  const GuardDecision d =
-      guard_.Judge(next, loss, g.check_finite ? NormOf(accum_) : 0.0, stats_finite);
-  if (d.verdict == StepVerdict::kApply) return true;
-  step_applied_ = false;
-  CopyBuffers(saved_buffers_, buffers_);
-  {
-    at::NoGradGuard no_grad;
-    for (at::Tensor& a : accum_) a.zero_();
-  }
-  const bool spike = d.verdict == StepVerdict::kSpike;
-  (spike ? counters_.spike_steps : counters_.nonfinite_steps)++;
-  const std::string line =
-      absl::StrCat("step ", next, " not applied (", spike ? "loss spike" : "not finite",
-                   "): ", d.seen, "; weights, optimizer state and BatchNorm statistics kept");
-  Log(line);
-  if (options_.rank == 0) Event(v1::EVENT_KIND_GUARD, -1, line);
-  if (d.diverged) {
-    TrainerResult r = Fail(WorkerExit::kDiverged, d.diverged_message);
-    r.first_bad_step = d.first_bad_step;
-    diverged_ = r;
-  }
-  return false;
-}
-
-StepFaults Trainer::FaultsAt(int64_t next) const {
-  StepFaults f;
-  if (!inject_) return f;
-  f.nan_loss = spec_.testing.nan_loss_at_step == next;
-  f.nan_grad = spec_.testing.nan_grad_at_step == next;
-  if (spec_.testing.loss_spike_at_step == next) f.loss_scale = 100;
-  return f;
 }
 
 TrainerResult Trainer::Run() {

@@ -28,6 +28,7 @@
 #include "worker/split/split.h"
 #include "worker/split/step.h"
 #include "worker/train/guard.h"
+#include "worker/train/loss_scaler.h"
 #include "worker/train/trainer.h"
 
 namespace trainsup::worker::internal {
@@ -49,6 +50,7 @@ struct Counters {
   int64_t nonfinite_steps = 0;
   int64_t spike_steps = 0;
   int64_t window_skipped_steps = 0;
+  int64_t scaler_skipped_steps = 0;  // fp16: overflows the loss scaler skipped
 
   // The counters each rank keeps of its own batches (the splits), added up
   // over a gang; and the ones every rank of a gang has the same, copied.
@@ -67,6 +69,7 @@ struct Counters {
     nonfinite_steps = c.nonfinite_steps;
     spike_steps = c.spike_steps;
     window_skipped_steps = c.window_skipped_steps;
+    scaler_skipped_steps = c.scaler_skipped_steps;
   }
   void Add(const SplitStats& s) {
     splits += s.splits;
@@ -90,7 +93,8 @@ struct Counters {
             {"skipped_steps", skipped_steps},
             {"nonfinite_steps", nonfinite_steps},
             {"spike_steps", spike_steps},
-            {"window_skipped_steps", window_skipped_steps}};
+            {"window_skipped_steps", window_skipped_steps},
+            {"scaler_skipped_steps", scaler_skipped_steps}};
   }
   void FromJson(const nlohmann::json& j) {
     splits = j.value("splits", int64_t{0});
@@ -105,6 +109,7 @@ struct Counters {
     nonfinite_steps = j.value("nonfinite_steps", int64_t{0});
     spike_steps = j.value("spike_steps", int64_t{0});
     window_skipped_steps = j.value("window_skipped_steps", int64_t{0});
+    scaler_skipped_steps = j.value("scaler_skipped_steps", int64_t{0});
   }
 };
 
@@ -121,7 +126,9 @@ class Trainer {
         store_(RunLayout(options.run_dir).CheckpointRoot(options.rank, options.world_size),
                options.file_system != nullptr ? options.file_system : ckpt::FileSystem::Default(),
                ckpt::StoreOptions{static_cast<int>(spec.train.keep_checkpoints), 0}),
-        guard_(spec.guard) {
+        guard_(spec.guard),
+        scaler_(LossScalerOptions{spec.train.loss_scale_init, spec.train.loss_scale_growth_interval,
+                                  spec.guard.max_overflow_streak, spec.guard.min_loss_scale}) {
     skip_windows_ = spec.data.skip_windows;
     skip_windows_.insert(skip_windows_.end(), options.skip_windows.begin(),
                          options.skip_windows.end());
@@ -197,7 +204,7 @@ class Trainer {
     t.steps = step_;
     t.skipped_window = counters_.window_skipped_steps;
     t.skipped_guard = counters_.nonfinite_steps + counters_.spike_steps;
-    t.skipped_scaler = 0;
+    t.skipped_scaler = counters_.scaler_skipped_steps;
     t.applied = std::max<int64_t>(
         0, step_ - t.skipped_window - t.skipped_guard - t.skipped_scaler - counters_.skipped_steps);
     t.final_metric = val_miou_;
@@ -281,8 +288,16 @@ class Trainer {
   SplitOptions Splitting() const;
   // The features' type: float32, or bfloat16 with train.precision = "bf16".
   at::ScalarType FeatureType() const {
-    return spec_.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+    if (spec_.train.precision == "bf16") return at::kBFloat16;
+    return spec_.train.precision == "fp16" ? at::kHalf : at::kFloat;
   }
+  // fp16: the loss scaler judges a non-finite gradient under a finite loss
+  // first (an overflow: skipped, the scale halved; ScalerSkip), the guard
+  // the rest.
+  bool Scaling() const { return spec_.train.precision == "fp16"; }
+  // Step `next` overflowed: nothing of it is applied, the scale halves, and
+  // the streak or the floor may make it divergence (diverged_).
+  void ScalerSkip(int64_t next);
   // Calibrates the memory model before the first step (CalibrateMemory)
   // when it plans (predictive splitting under a budget) and is not ready.
   absl::Status Calibrate(const LoaderOptions& loader);
@@ -341,6 +356,7 @@ class Trainer {
   int64_t total_steps_ = 0;
   bool inject_ = false;  // the spec's fault injection applies to this attempt and rank
   StepGuard guard_;
+  LossScaler scaler_;                                // fp16 only
   std::vector<StepWindow> skip_windows_;             // the spec's and the rollbacks'
   std::vector<at::Tensor> buffers_, saved_buffers_;  // BatchNorm statistics, and a copy
   bool step_applied_ = true;                         // false: the guard did not apply the last step

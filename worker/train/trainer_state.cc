@@ -18,13 +18,10 @@ namespace trainsup::worker::internal {
 
 // What a rank sends rank 0 for the checkpoint (GangState merges them).
 nlohmann::json Trainer::RankState() const {
-  return {{"rank", options_.rank},
-          {"precision", spec_.train.precision},
-          {"memory_model", memory_model_.Serialize()},
-          {"counters", counters_.ToJson()},
-          {"last_loss", last_loss_},
-          {"guard", guard_.ToJson()},
-          {"class_counts", class_counts_}};
+  return {{"rank", options_.rank},           {"precision", spec_.train.precision},
+          {"loss_scaler", scaler_.ToJson()}, {"memory_model", memory_model_.Serialize()},
+          {"counters", counters_.ToJson()},  {"last_loss", last_loss_},
+          {"guard", guard_.ToJson()},        {"class_counts", class_counts_}};
 }
 
 absl::StatusOr<nlohmann::json> Trainer::ResumableGangState(const nlohmann::json& extra) {
@@ -75,6 +72,13 @@ absl::StatusOr<nlohmann::json> Trainer::ResumableGangState(const nlohmann::json&
 }
 
 absl::Status Trainer::ApplyGangState(const nlohmann::json& g) {
+  // fp16's scale and its counts, as every rank had them (a run resumed at
+  // fp16 from another precision starts at loss_scale_init).
+  if (Scaling() && g.value("memory_model_precision", std::string("fp32")) == "fp16") {
+    scaler_.FromJson(g.value("loss_scaler", nlohmann::json::object()));
+    Log(absl::StrCat("loss scale ", scaler_.scale(), " (", scaler_.good_steps(),
+                     " finite steps since it last changed)"));
+  }
   // A memory model learnt at another precision predicts other bytes per
   // voxel: this run learns its own (calibration, then its steps).
   const std::string learnt_at = g.value("memory_model_precision", std::string("fp32"));
@@ -135,6 +139,7 @@ nlohmann::json Trainer::GangState(const std::vector<nlohmann::json>& ranks) cons
           {"world_size", static_cast<int64_t>(ranks.size())},
           {"memory_model", ranks[0]["memory_model"]},
           {"memory_model_precision", ranks[0].value("precision", std::string("fp32"))},
+          {"loss_scaler", ranks[0].value("loss_scaler", nlohmann::json::object())},
           {"counters", total.ToJson()},
           {"last_loss", ranks[0]["last_loss"]},
           {"guard", ranks[0]["guard"]},

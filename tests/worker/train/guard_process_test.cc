@@ -249,37 +249,72 @@ TEST(Guard, ANanInASplitBatchIsNeitherSplitFurtherNorCountedAsOutOfMemory) {
   fs::remove_all(b);
 }
 
-TEST(Guard, ANanOnOneRankOfAGangIsSkippedByBothAndTheirWeightsStayIdentical) {
-  const std::string dir =
-      MakeRun("gang", 6, 3, "", "[testing]\nnan_loss_at_step = 3\nonly_rank = 1\n", "", 1);
+// A gang of 2 real workers on a run made by MakeRun(name, 6, 3, "",
+// tables): both exit 0; their logs, and whether their weights digests
+// agree.
+struct GangOfTwo {
+  std::string dir, log0, log1;
+  bool same_weights = false;
+};
+GangOfTwo RunGangOfTwo(const std::string& name, const std::string& tables) {
+  GangOfTwo g;
+  g.dir = MakeRun(name, 6, 3, "", tables, "", 1);
   {
-    std::string spec = ReadFile(fs::path(dir) / "spec.toml");
-    std::ofstream(fs::path(dir) / "spec.toml") << "world_size = 2\n" << spec;
+    std::string spec = ReadFile(fs::path(g.dir) / "spec.toml");
+    std::ofstream(fs::path(g.dir) / "spec.toml") << "world_size = 2\n" << spec;
   }
   const int port = FreeLoopbackPort();
   const std::vector<std::pair<std::string, std::string>> env = {
       {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}};
-  const pid_t r0 = testing::LaunchRank(dir, 1, 0, 2, "latest", env, dir + "/rank-0.log");
-  const pid_t r1 = testing::LaunchRank(dir, 1, 1, 2, "latest", env, dir + "/rank-1.log");
+  const pid_t r0 = testing::LaunchRank(g.dir, 1, 0, 2, "latest", env, g.dir + "/rank-0.log");
+  const pid_t r1 = testing::LaunchRank(g.dir, 1, 1, 2, "latest", env, g.dir + "/rank-1.log");
   const int s0 = WaitStatus(r0), s1 = WaitStatus(r1);
-  const std::string log0 = ReadFile(dir + "/rank-0.log"), log1 = ReadFile(dir + "/rank-1.log");
-  ASSERT_TRUE(WIFEXITED(s0) && WEXITSTATUS(s0) == 0) << log0;
-  ASSERT_TRUE(WIFEXITED(s1) && WEXITSTATUS(s1) == 0) << log1;
-  for (const std::string* log : {&log0, &log1}) {
+  g.log0 = ReadFile(g.dir + "/rank-0.log");
+  g.log1 = ReadFile(g.dir + "/rank-1.log");
+  EXPECT_TRUE(WIFEXITED(s0) && WEXITSTATUS(s0) == 0) << g.log0;
+  EXPECT_TRUE(WIFEXITED(s1) && WEXITSTATUS(s1) == 0) << g.log1;
+  static const std::regex kDigest("weights digest ([0-9a-f]{16}) \\(rank ([01])\\)");
+  std::smatch m0, m1;
+  EXPECT_TRUE(std::regex_search(g.log0, m0, kDigest)) << g.log0;
+  EXPECT_TRUE(std::regex_search(g.log1, m1, kDigest)) << g.log1;
+  g.same_weights = !m0.empty() && !m1.empty() && m0[1].str() == m1[1].str();
+  return g;
+}
+
+TEST(Guard, ANanOnOneRankOfAGangIsSkippedByBothAndTheirWeightsStayIdentical) {
+  const GangOfTwo g = RunGangOfTwo("gang", "[testing]\nnan_loss_at_step = 3\nonly_rank = 1\n");
+  for (const std::string* log : {&g.log0, &g.log1}) {
     EXPECT_TRUE(Contains(*log, "step 3 not applied (not finite): loss nan")) << *log;
     EXPECT_EQ(log->find("not applied ("), log->rfind("not applied (")) << *log;
   }
-  static const std::regex kDigest("weights digest ([0-9a-f]{16}) \\(rank ([01])\\)");
-  std::smatch m0, m1;
-  ASSERT_TRUE(std::regex_search(log0, m0, kDigest)) << log0;
-  ASSERT_TRUE(std::regex_search(log1, m1, kDigest)) << log1;
-  EXPECT_EQ(m0[1].str(), m1[1].str()) << "the ranks' weights differ";
+  EXPECT_TRUE(g.same_weights) << "the ranks' weights differ";
   // The checkpoint holds the gang's state (docs/checkpoints.md): the step
   // both ranks skipped, counted once.
-  const nlohmann::json extra = nlohmann::json::parse(Checkpoint(dir, 6, "trainer.json"))["extra"];
+  const nlohmann::json extra = nlohmann::json::parse(Checkpoint(g.dir, 6, "trainer.json"))["extra"];
   EXPECT_EQ(extra["world_size"], 2) << extra.dump();
   EXPECT_EQ(extra["counters"]["nonfinite_steps"], 1) << extra.dump();
-  fs::remove_all(dir);
+  fs::remove_all(g.dir);
+}
+
+// fp16: one rank's overflow (a non-finite gradient under a finite loss)
+// reaches the other through the gradient allreduce, so both ranks' loss
+// scalers skip the step and halve alike, and no rank counts a bad step.
+TEST(Guard, Fp16OneRanksOverflowSkipsTheStepOnEveryRank) {
+  const GangOfTwo g = RunGangOfTwo(
+      "gang_fp16", "precision = \"fp16\"\n[testing]\nnan_grad_at_step = 3\nonly_rank = 1\n");
+  for (const std::string* log : {&g.log0, &g.log1}) {
+    EXPECT_TRUE(Contains(*log,
+                         "step 3 skipped by the loss scaler: gradient overflow at scale "
+                         "65536, the scale goes to 32768"))
+        << *log;
+    EXPECT_FALSE(Contains(*log, "not applied (")) << *log;
+  }
+  EXPECT_TRUE(g.same_weights) << "the ranks' weights differ";
+  const nlohmann::json extra = nlohmann::json::parse(Checkpoint(g.dir, 6, "trainer.json"))["extra"];
+  EXPECT_EQ(extra["counters"]["scaler_skipped_steps"], 1) << extra.dump();
+  EXPECT_EQ(extra["counters"]["nonfinite_steps"], 0) << extra.dump();
+  EXPECT_EQ(extra["loss_scaler"]["scale"], 32768) << extra.dump();
+  fs::remove_all(g.dir);
 }
 
 }  // namespace

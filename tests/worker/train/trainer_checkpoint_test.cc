@@ -1,12 +1,14 @@
-// Checkpoints of the training loop: a save that fails does not end
-// training, no space for the final one exits 74, background checkpoints
-// let the next steps train while they are written, and a run resumes at
-// another precision.
+// Checkpoints and precision of the training loop: a save that fails does
+// not end training, no space for the final one exits 74, background
+// checkpoints let the next steps train while they are written, a run
+// resumes at another precision, and fp16's loss scaler tells an overflow
+// from a bad step and resumes exactly.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -153,6 +155,103 @@ TEST(Train, ResumesAtAnotherPrecisionInBothDirections) {
     EXPECT_TRUE(std::isfinite(r.val_miou) || r.val_miou == -1);
     EXPECT_TRUE(t.Committed(6));
   }
+}
+
+// Train() with `spec` in a fresh run directory (removed after), its logs
+// joined and the weights digest line.
+struct Ran {
+  TrainerResult result;
+  std::string logs, digest;
+};
+Ran RunOnce(const RunSpec& spec, const std::string& name, const std::string& dir = "",
+            const std::string& resume = "none") {
+  Captured c;
+  TrainerOptions options;
+  options.run_dir = dir.empty() ? RunDir(name) : dir;
+  options.resume = resume;
+  Ran r;
+  r.result = worker::Train(spec, options, c.Hooks());
+  sparse::ApplyAllocatorSettings(sparse::AllocatorSettings{});
+  for (const std::string& line : c.logs) r.logs += line + "\n";
+  const int64_t d = FirstLine(c.logs, "weights digest ");
+  if (d >= 0) r.digest = c.logs[d];
+  if (dir.empty()) std::filesystem::remove_all(options.run_dir);
+  return r;
+}
+
+// testing.nan_grad_at_step under fp16 is what an overflow looks like: a
+// non-finite gradient under a finite loss. The loss scaler skips the step
+// and halves its scale; the run completes with one scaler skip and no bad
+// step. Under fp32 the same fault is a bad step for the guard.
+TEST(Train, Fp16SkipsAnOverflowWhereFp32JudgesABadStep) {
+  sparse::InstallCountingAllocator();
+  BudgetGuard guard;
+  RunSpec spec = SyntheticSpec(4, 0.1, 6);
+  spec.testing.nan_grad_at_step = 3;
+  spec.train.precision = "fp16";
+  const Ran fp16 = RunOnce(spec, "fp16_overflow");
+  ASSERT_EQ(fp16.result.exit_code, 0) << fp16.result.message << "\n" << fp16.logs;
+  EXPECT_NE(fp16.logs.find("step 3 skipped by the loss scaler: gradient overflow at scale 65536, "
+                           "the scale goes to 32768 (not a bad step)"),
+            std::string::npos)
+      << fp16.logs;
+  EXPECT_EQ(fp16.logs.find("not applied"), std::string::npos) << fp16.logs;
+  EXPECT_EQ(fp16.result.tally.skipped_scaler, 1);
+  EXPECT_EQ(fp16.result.tally.skipped_guard, 0);
+  EXPECT_EQ(fp16.result.tally.applied, 5);
+  spec.train.precision = "fp32";
+  const Ran fp32 = RunOnce(spec, "fp32_bad_step");
+  ASSERT_EQ(fp32.result.exit_code, 0) << fp32.result.message;
+  EXPECT_NE(fp32.logs.find("step 3 not applied (not finite)"), std::string::npos) << fp32.logs;
+  EXPECT_EQ(fp32.result.tally.skipped_scaler, 0);
+  EXPECT_EQ(fp32.result.tally.skipped_guard, 1);
+}
+
+// An overflow that would halve the scale below guard.min_loss_scale is
+// divergence: exit 79 naming the overflow's step, as a bad step's would.
+TEST(Train, Fp16OverflowBelowTheScaleFloorDivergesWithExit79) {
+  sparse::InstallCountingAllocator();
+  BudgetGuard guard;
+  RunSpec spec = SyntheticSpec(4, 0.1, 6);
+  spec.testing.nan_grad_at_step = 3;
+  spec.train.precision = "fp16";
+  spec.train.loss_scale_init = 1024;
+  spec.guard.min_loss_scale = 1024;
+  const Ran r = RunOnce(spec, "fp16_floor");
+  EXPECT_EQ(r.result.exit_code, 79) << r.result.message << "\n" << r.logs;
+  EXPECT_EQ(r.result.first_bad_step, 3);
+  EXPECT_NE(r.result.message.find("diverged at step 3: the loss scaler overflowed at every step "
+                                  "since (the scale would fall to 512, below "
+                                  "guard.min_loss_scale 1024"),
+            std::string::npos)
+      << r.result.message;
+}
+
+// The scaler's state is in the checkpoint: a run stopped after step 4 (its
+// scale halved at step 3) and resumed ends with the weights of the run
+// that went through, bit for bit.
+TEST(Train, Fp16ResumesExactlyWithItsLossScale) {
+  sparse::InstallCountingAllocator();
+  BudgetGuard guard;
+  RunSpec spec = SyntheticSpec(4, 0.1, 8);
+  spec.testing.nan_grad_at_step = 3;
+  spec.train.precision = "fp16";
+  spec.train.checkpoint_every_steps = 4;
+  const Ran through = RunOnce(spec, "fp16_through");
+  ASSERT_EQ(through.result.exit_code, 0) << through.result.message;
+  const std::string dir = RunDir("fp16_resumed");
+  spec.train.steps = 4;
+  const Ran first = RunOnce(spec, "", dir);
+  ASSERT_EQ(first.result.exit_code, 0) << first.result.message;
+  spec.train.steps = 8;
+  const Ran second = RunOnce(spec, "", dir, "latest");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(second.result.exit_code, 0) << second.result.message << "\n" << second.logs;
+  EXPECT_NE(second.logs.find("loss scale 32768 (1 finite steps since it last changed)"),
+            std::string::npos)
+      << second.logs;
+  ASSERT_FALSE(through.digest.empty());
+  EXPECT_EQ(second.digest, through.digest);
 }
 
 }  // namespace
