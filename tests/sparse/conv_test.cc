@@ -331,7 +331,7 @@ TEST(Conv, BadInputGetsAClearError) {
             std::string::npos);
   EXPECT_NE(message([&] {
               SparseTensor(at::zeros({1, 3}, at::kInt), at::zeros({1, 4}, at::kInt));
-            }).find("float32 or float64"),
+            }).find("features must be float32, float64, bfloat16 or float16, got Int"),
             std::string::npos);
   EXPECT_NE(message([&] {
               SparseTensor(at::zeros({1, 3}), at::tensor({0, 1, 2, 3}, at::kInt).view({1, 4}), 2);
