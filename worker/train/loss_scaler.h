@@ -30,6 +30,9 @@ class LossScaler {
 
   double scale() const { return scale_; }
   int64_t good_steps() const { return good_steps_; }
+  // The first step of the overflows in a row now (-1: none): a rollback's
+  // target lies before it, so retention keeps that checkpoint.
+  int64_t streak_first() const { return streak_ > 0 ? streak_first_ : -1; }
 
   // A step whose gradient was finite (applied or not by the guard).
   // Returns true when the scale grew.

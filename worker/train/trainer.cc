@@ -236,14 +236,17 @@ double Trainer::NormOf(const std::vector<at::Tensor>& tensors) {
 }
 
 TrainerResult Trainer::Run() {
+  TrainerResult result;
   try {
-    return RunLoop();
+    result = RunLoop();
   } catch (const CollectiveError& e) {
     // A peer died, stopped, or never came: this rank cannot go on alone.
     // The supervisor restarts the gang from the newest checkpoint.
     Log(absl::StrCat("peer lost: ", e.what()));
-    return Fail(WorkerExit::kPeerLost, e.what());
+    result = Fail(WorkerExit::kPeerLost, e.what());
   }
+  FinishWrites();
+  return result;
 }
 
 TrainerResult Trainer::RunLoop() {
@@ -580,7 +583,9 @@ std::optional<TrainerResult> Trainer::TrainOneStep(TrainerResult* result) {
     return Fail(WorkerExit::kStopped,
                 absl::StrCat("stopped on request after checkpoint step-", step_));
   }
-  if (control[2].item<int64_t>() > 0 && step_ > checkpoint_started_) {
+  // Not a step whose checkpoint is being written; again after it failed.
+  if (control[2].item<int64_t>() > 0 && step_ > last_checkpoint_ &&
+      (step_ > checkpoint_started_ || step_ == last_failed_checkpoint_)) {
     if (std::optional<TrainerResult> failed = CheckpointOrExit(nullptr)) return failed;
   }
   const auto t0 = Clock::now();

@@ -247,6 +247,13 @@ class Trainer {
   absl::Status Checkpoint(bool background);
   absl::Status StartBackgroundWrite(ckpt::TrainerState state);
   absl::Status WriteNow(ckpt::TrainerState state);
+  // Every rank: rank 0's finished writes (with `wait`, after the write in
+  // flight) shared by broadcasts under checkpoint_timeout_s and settled;
+  // the status of the current step's write, if one was shared.
+  std::optional<absl::Status> ShareWrites(bool wait);
+  // Rank 0, as the attempt ends however it ends: the write in flight
+  // finishes and every write not yet shared is reported (log, event).
+  void FinishWrites();
   // Writes shared per collective: at most kWriteSlots, [step + 1, code]
   // each, from offset on (the step's control tensor, WriteNow's).
   static constexpr int64_t kWriteSlots = 4;
@@ -331,6 +338,7 @@ class Trainer {
   std::unique_ptr<ckpt::AsyncCheckpointer> writer_;
   std::vector<ckpt::WriteResult> unshared_;  // rank 0: finished writes the gang has not heard of
   int64_t checkpoint_started_ = -1;          // the newest step whose checkpoint was started
+  int64_t last_failed_checkpoint_ = -1;      // the newest step whose checkpoint failed
   std::unique_ptr<Dataset> train_, val_;
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<Gang> gang_;  // world size 1 too: collectives are then the identity

@@ -228,6 +228,7 @@ void Trainer::Settle(int64_t step, const absl::Status& s, double seconds) {
     return;
   }
   ++checkpoint_failures_;
+  last_failed_checkpoint_ = std::max(last_failed_checkpoint_, step);
   last_checkpoint_error_ = std::string(s.message());
   Log(absl::StrCat(name, " failed (", checkpoint_failures_, " failed so far; newest checkpoint ",
                    last_checkpoint_ >= 0 ? absl::StrCat("step-", last_checkpoint_) : "none",
@@ -241,7 +242,14 @@ absl::Status Trainer::Checkpoint(bool background) {
   Report(v1::PHASE_CHECKPOINTING);
   // A rollback's target outlives keep_checkpoints while the guard counts a
   // bad step (docs/guard.md).
-  store_.set_keep_before(guard_.oldest_bad_step());
+  // So does the checkpoint before an fp16 overflow streak, which may end
+  // as divergence from its first step.
+  int64_t keep_before = guard_.oldest_bad_step();
+  if (Scaling() && scaler_.streak_first() >= 0) {
+    keep_before =
+        keep_before < 0 ? scaler_.streak_first() : std::min(keep_before, scaler_.streak_first());
+  }
+  store_.set_keep_before(keep_before);
   const int world = gang_->world_size();
   const std::string name = absl::StrCat("checkpoint step-", step_);
   // Every rank has finished the step (in a gang this gather is the
@@ -259,7 +267,15 @@ absl::Status Trainer::Checkpoint(bool background) {
     state.extra_json = GangState(all).dump();
   }
   checkpoint_started_ = step_;
-  absl::Status s = background ? StartBackgroundWrite(std::move(state)) : WriteNow(std::move(state));
+  absl::Status s = absl::OkStatus();
+  if (background) {
+    // At most one write in flight: rank 0 waits for the previous one, and
+    // the others with it, under checkpoint_timeout_s (ShareWrites).
+    ShareWrites(/*wait=*/true);
+    s = StartBackgroundWrite(std::move(state));
+  } else {
+    s = WriteNow(std::move(state));
+  }
   Report(v1::PHASE_TRAINING);
   return s;
 }
@@ -279,13 +295,21 @@ absl::Status Trainer::StartBackgroundWrite(ckpt::TrainerState state) {
     });
   }
   const auto t0 = Clock::now();
-  absl::StatusOr<ckpt::StateSnapshot> snapshot =
-      ckpt::Snapshot(*model_, *optimizer_, std::move(state), /*copy=*/true);
+  absl::StatusOr<ckpt::StateSnapshot> snapshot = absl::UnknownError("");
+  try {
+    snapshot = ckpt::Snapshot(*model_, *optimizer_, std::move(state), /*copy=*/true);
+  } catch (const std::bad_alloc&) {
+    // Host memory for the copy: a failed periodic checkpoint, not a crash.
+    snapshot = absl::ResourceExhaustedError(
+        "no host memory for the checkpoint's snapshot (train.background_checkpoints = false "
+        "writes without a copy)");
+  }
   if (!snapshot.ok()) {
     unshared_.push_back({step_, snapshot.status(), 0});
     return snapshot.status();
   }
   const uint64_t bytes = snapshot->bytes();
+  // ShareWrites took the write in flight: this never waits.
   if (std::optional<ckpt::WriteResult> r = writer_->Save(std::move(*snapshot))) {
     unshared_.push_back(std::move(*r));
   }
@@ -296,16 +320,8 @@ absl::Status Trainer::StartBackgroundWrite(ckpt::TrainerState state) {
   return absl::OkStatus();
 }
 
-// The write in flight finishes first and every finished write is shared;
-// then rank 0 writes the current step unless it is committed already, and
-// tells the others how it went. They wait under
-// distributed.checkpoint_timeout_s, not the collective timeout: the write
-// may go to slow shared storage.
-absl::Status Trainer::WriteNow(ckpt::TrainerState state) {
+std::optional<absl::Status> Trainer::ShareWrites(bool wait) {
   const int world = gang_->world_size();
-  const std::string name = absl::StrCat("checkpoint step-", step_);
-  bool wait = true;
-  bool write = true;
   std::optional<absl::Status> current;
   while (true) {
     at::Tensor t = at::zeros({1 + 2 * kWriteSlots}, at::kLong);  // [more follow, writes]
@@ -313,31 +329,46 @@ absl::Status Trainer::WriteNow(ckpt::TrainerState state) {
     if (options_.rank == 0) {
       own = TakeWrites(wait);
       wait = false;
-      const bool committed = last_checkpoint_ == step_ ||
-                             std::any_of(own.begin(), own.end(), [&](const ckpt::WriteResult& w) {
-                               return w.step == step_ && w.status.ok();
-                             });
-      const bool room = unshared_.empty() && static_cast<int64_t>(own.size()) < kWriteSlots;
-      if (write && !committed && room) {
-        write = false;
-        if (inject_ && spec_.testing.checkpoint_delay_ms > 0) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(spec_.testing.checkpoint_delay_ms));
-        }
-        const auto t0 = Clock::now();
-        absl::Status s = ckpt::SaveState(store_, *model_, *optimizer_, state);
-        own.push_back({step_, s, std::chrono::duration<double>(Clock::now() - t0).count()});
-      }
       PutWrites(own, t, 1);
-      t[0] = !unshared_.empty() || (write && !committed) ? 1 : 0;
+      t[0] = unshared_.empty() ? 0 : 1;
     }
     if (world > 1) {
-      gang_->Broadcast(t, 0, name + ": written", spec_.distributed.checkpoint_timeout_s);
+      gang_->Broadcast(t, 0, absl::StrCat("checkpoint writes before step ", step_ + 1),
+                       spec_.distributed.checkpoint_timeout_s);
     }
     if (std::optional<absl::Status> s = SettleWrites(t, 1, own)) current = s;
-    if (t[0].item<int64_t>() == 0) break;
+    if (t[0].item<int64_t>() == 0) return current;
   }
+}
+
+// The write in flight finishes and every finished write is shared (one
+// wait under checkpoint_timeout_s); then, unless that committed the
+// current step already, rank 0 writes it and shares how it went (another).
+absl::Status Trainer::WriteNow(ckpt::TrainerState state) {
+  std::optional<absl::Status> current = ShareWrites(/*wait=*/true);
   if (last_checkpoint_ == step_) return absl::OkStatus();
-  return current.value_or(absl::InternalError(absl::StrCat(name, " was not written")));
+  if (options_.rank == 0) {
+    if (inject_ && spec_.testing.checkpoint_delay_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(spec_.testing.checkpoint_delay_ms));
+    }
+    const auto t0 = Clock::now();
+    absl::Status s = ckpt::SaveState(store_, *model_, *optimizer_, state);
+    unshared_.push_back({step_, s, std::chrono::duration<double>(Clock::now() - t0).count()});
+  }
+  if (std::optional<absl::Status> s = ShareWrites(/*wait=*/false)) current = s;
+  if (last_checkpoint_ == step_) return absl::OkStatus();
+  return current.value_or(
+      absl::InternalError(absl::StrCat("checkpoint step-", step_, " was not written")));
+}
+
+void Trainer::FinishWrites() {
+  if (options_.rank != 0) return;
+  // Nothing is shared any more: rank 0 reports what it knows.
+  while (writer_ != nullptr || !unshared_.empty()) {
+    std::vector<ckpt::WriteResult> writes = TakeWrites(/*wait=*/true);
+    if (writes.empty()) break;
+    for (const ckpt::WriteResult& w : writes) Settle(w.step, w.status, w.seconds);
+  }
 }
 
 TrainerResult Trainer::CheckpointFailed(const absl::Status& s, const std::string& when) {
