@@ -179,6 +179,15 @@ Ran RunOnce(const RunSpec& spec, const std::string& name, const std::string& dir
   return r;
 }
 
+// fp16 on the synthetic rooms for `steps` steps, with the fault that looks
+// like an overflow (a NaN gradient under a finite loss) at step 3.
+RunSpec Fp16WithAnOverflowAtStep3(int64_t steps) {
+  RunSpec spec = SyntheticSpec(4, 0.1, steps);
+  spec.testing.nan_grad_at_step = 3;
+  spec.train.precision = "fp16";
+  return spec;
+}
+
 // testing.nan_grad_at_step under fp16 is what an overflow looks like: a
 // non-finite gradient under a finite loss. The loss scaler skips the step
 // and halves its scale; the run completes with one scaler skip and no bad
@@ -186,9 +195,7 @@ Ran RunOnce(const RunSpec& spec, const std::string& name, const std::string& dir
 TEST(Train, Fp16SkipsAnOverflowWhereFp32JudgesABadStep) {
   sparse::InstallCountingAllocator();
   BudgetGuard guard;
-  RunSpec spec = SyntheticSpec(4, 0.1, 6);
-  spec.testing.nan_grad_at_step = 3;
-  spec.train.precision = "fp16";
+  RunSpec spec = Fp16WithAnOverflowAtStep3(6);
   const Ran fp16 = RunOnce(spec, "fp16_overflow");
   ASSERT_EQ(fp16.result.exit_code, 0) << fp16.result.message << "\n" << fp16.logs;
   EXPECT_NE(fp16.logs.find("step 3 skipped by the loss scaler: gradient overflow at scale 65536, "
@@ -212,9 +219,7 @@ TEST(Train, Fp16SkipsAnOverflowWhereFp32JudgesABadStep) {
 TEST(Train, Fp16OverflowBelowTheScaleFloorDivergesWithExit79) {
   sparse::InstallCountingAllocator();
   BudgetGuard guard;
-  RunSpec spec = SyntheticSpec(4, 0.1, 6);
-  spec.testing.nan_grad_at_step = 3;
-  spec.train.precision = "fp16";
+  RunSpec spec = Fp16WithAnOverflowAtStep3(6);
   spec.train.loss_scale_init = 1024;
   spec.guard.min_loss_scale = 1024;
   const Ran r = RunOnce(spec, "fp16_floor");
@@ -233,9 +238,7 @@ TEST(Train, Fp16OverflowBelowTheScaleFloorDivergesWithExit79) {
 TEST(Train, Fp16ResumesExactlyWithItsLossScale) {
   sparse::InstallCountingAllocator();
   BudgetGuard guard;
-  RunSpec spec = SyntheticSpec(4, 0.1, 8);
-  spec.testing.nan_grad_at_step = 3;
-  spec.train.precision = "fp16";
+  RunSpec spec = Fp16WithAnOverflowAtStep3(8);
   spec.train.checkpoint_every_steps = 4;
   const Ran through = RunOnce(spec, "fp16_through");
   ASSERT_EQ(through.result.exit_code, 0) << through.result.message;
