@@ -164,7 +164,7 @@ struct Options {
   bool deterministic = true;
   bool json = false;
   bool calibrate = true;
-  // --precisions fp32,bf16: the whole comparison at each, under the first
+  // --precisions fp32,bf16,fp16: the whole comparison at each, under the first
   // one's budget (its peaks set it), in this run.
   std::vector<std::string> precisions = {"fp32"};
 };
@@ -198,8 +198,9 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       o->precisions.clear();
       std::stringstream ss(argv[++i]);
       for (std::string x; std::getline(ss, x, ',');) {
-        if (x != "fp32" && x != "bf16") {
-          std::fprintf(stderr, "split_bench: unknown precision '%s' (fp32, bf16)\n", x.c_str());
+        if (x != "fp32" && x != "bf16" && x != "fp16") {
+          std::fprintf(stderr, "split_bench: unknown precision '%s' (fp32, bf16, fp16)\n",
+                       x.c_str());
           return false;
         }
         o->precisions.push_back(x);
@@ -207,10 +208,11 @@ bool ParseArgs(int argc, char** argv, Options* o) {
     } else if (a == "--deterministic" && i + 1 < argc) {
       o->deterministic = std::atoi(argv[++i]) != 0;
     } else {
-      std::fprintf(stderr,
-                   "usage: split_bench [--threads N] [--scenes N] [--epochs N] [--batch N] "
-                   "[--voxel M] [--seed N] [--budget-mib N | --budget-fraction F] "
-                   "[--deterministic 0|1] [--no-calibration] [--precisions fp32,bf16] [--json]\n");
+      std::fprintf(
+          stderr,
+          "usage: split_bench [--threads N] [--scenes N] [--epochs N] [--batch N] "
+          "[--voxel M] [--seed N] [--budget-mib N | --budget-fraction F] "
+          "[--deterministic 0|1] [--no-calibration] [--precisions fp32,bf16,fp16] [--json]\n");
       return false;
     }
   }
@@ -648,7 +650,9 @@ int main(int argc, char** argv) {
 
   // Each precision from the same initial state, under the same budget.
   for (const std::string& precision : o.precisions) {
-    g_features = precision == "bf16" ? at::kBFloat16 : at::kFloat;
+    // fp16 without a loss scaler here: the benchmark counts splits, and
+    // its SGD steps take the gradient as it comes.
+    g_features = precision == "bf16" ? at::kBFloat16 : precision == "fp16" ? at::kHalf : at::kFloat;
     Comparison c;
     if (!RunBoth(o, tr, *dataset, lo, batches, budget, &c)) return 1;
     const Waste w = CountWaste(c, batches.size());
