@@ -181,6 +181,7 @@ absl::Status ReadTrain(const toml::table* t, TrainSpec* s) {
   TRAINSUP_RETURN_IF_ERROR(r.String("device", &s->device, {"auto", "cpu", "cuda"}));
   TRAINSUP_RETURN_IF_ERROR(r.String("precision", &s->precision, {"fp32", "bf16", "fp16"}));
   TRAINSUP_RETURN_IF_ERROR(r.Double("loss_scale_init", &s->loss_scale_init, 1, 16777216));
+  TRAINSUP_RETURN_IF_ERROR(r.Bool("tf32", &s->tf32));
   TRAINSUP_RETURN_IF_ERROR(
       r.Int("loss_scale_growth_interval", &s->loss_scale_growth_interval, 1, kBillion));
   TRAINSUP_RETURN_IF_ERROR(

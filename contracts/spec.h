@@ -149,7 +149,10 @@ struct TrainSpec {
   // loss dynamically: from loss_scale_init, doubled after
   // loss_scale_growth_interval finite steps, halved on an overflow.
   std::string precision = "fp32";
-  double loss_scale_init = 65536;             // [1, 16777216]
+  double loss_scale_init = 65536;  // [1, 16777216]
+  // CUDA: float32 GEMMs and cuDNN in TF32 (inputs rounded to 10 mantissa
+  // bits, float32 sums); no effect on the CPU (docs/engine.md).
+  bool tf32 = true;
   int64_t loss_scale_growth_interval = 2000;  // 1..1e9
 };
 

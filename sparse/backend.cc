@@ -1,5 +1,6 @@
 #include "sparse/backend.h"
 
+#include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include "sparse/cpu/backend.h"
 #include "sparse/cpu/kernels.h"
 #include "sparse/generic/backend.h"
+#include "sparse/ops.h"
 #if TRAINSUP_HAVE_CUDA
 #include "sparse/cuda/backend.h"
 #endif
@@ -171,12 +173,21 @@ std::string DescribePrecision(at::ScalarType features, c10::Device device) {
     kernels += " backend";
   }
   if (!IsHalf(features)) {
-    return std::string(features == at::kDouble ? "fp64" : "fp32") + " on the " + kernels;
+    const bool tf32 = features == at::kFloat && device.is_cuda() && Tf32Enabled();
+    return std::string(features == at::kDouble ? "fp64" : "fp32") + " on the " + kernels +
+           (tf32 ? " (TF32 GEMMs)" : "");
   }
   const char* name = features == at::kBFloat16 ? "bf16" : "fp16";
   return std::string(name) + " features, float32 weights and sums, on the " + kernels +
          (backend.takes_half_inputs ? " (half inputs, float32 accumulation)"
                                     : " (convert-to-fp32: half in memory, float32 arithmetic)");
 }
+
+void SetTf32(bool on) {
+  at::globalContext().setAllowTF32CuBLAS(on);
+  at::globalContext().setAllowTF32CuDNN(on);
+}
+
+bool Tf32Enabled() { return at::globalContext().allowTF32CuBLAS(); }
 
 }  // namespace trainsup::sparse

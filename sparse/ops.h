@@ -33,6 +33,12 @@ struct ConvOptions {
 // arithmetic)". Throws c10::Error where no backend runs.
 std::string DescribePrecision(at::ScalarType features, c10::Device device);
 
+// TF32 for float32 GEMMs and cuDNN on CUDA devices (LibTorch's process-wide
+// setting; off by default, and on the CPU it changes nothing). The
+// worker's train.tf32.
+void SetTf32(bool on);
+bool Tf32Enabled();
+
 // Sparse convolution. weight: [K^3, C_in, C_out]; bias: [C_out] or undefined.
 // stride 1 keeps the coordinates; stride s > 1 downsamples.
 SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,

@@ -31,6 +31,7 @@ TEST(RunSpec, EmptyGivesDefaults) {
   EXPECT_EQ(spec->train.device, "auto");
   EXPECT_EQ(spec->train.precision, "fp32");
   EXPECT_TRUE(spec->train.background_checkpoints);
+  EXPECT_TRUE(spec->train.tf32);
   EXPECT_EQ(spec->train.empty_cache_every_steps, 0);
   EXPECT_EQ(spec->testing.crash_at_step, -1);
 }
@@ -70,6 +71,7 @@ device = "cuda"
 empty_cache_every_steps = 25
 precision = "bf16"
 background_checkpoints = false
+tf32 = false
 [testing]
 exit_at_step = 3
 exit_code = 75
@@ -97,6 +99,7 @@ checkpoint_timeout_s = 7200
   EXPECT_EQ(spec->train.empty_cache_every_steps, 25);
   EXPECT_EQ(spec->train.precision, "bf16");
   EXPECT_FALSE(spec->train.background_checkpoints);
+  EXPECT_FALSE(spec->train.tf32);
   EXPECT_EQ(spec->testing.exit_code, 75);
   EXPECT_EQ(spec->testing.only_attempt, 1);
   EXPECT_EQ(spec->testing.checkpoint_delay_ms, 250);

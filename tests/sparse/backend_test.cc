@@ -44,6 +44,27 @@ using testing::MakeRandomInput;
 // ---------------------------------------------------------------------------
 // Selection.
 
+// train.tf32: LibTorch's process-wide switch, and the precision line
+// names it for float32 on CUDA only (a CUDA device is only named here;
+// no GPU runs this).
+TEST(Backend, Tf32IsLibTorchsSwitchAndNamedForFloat32OnCuda) {
+  const bool before = Tf32Enabled();
+  SetTf32(true);
+  EXPECT_TRUE(Tf32Enabled());
+  EXPECT_TRUE(at::globalContext().allowTF32CuBLAS());
+  EXPECT_TRUE(at::globalContext().allowTF32CuDNN());
+  EXPECT_EQ(DescribePrecision(at::kFloat, c10::Device(c10::DeviceType::CPU)).find("TF32"),
+            std::string::npos);
+  // CUDA tensors default to the generic backend (backend.h).
+  const std::string cuda = DescribePrecision(at::kFloat, c10::Device(c10::DeviceType::CUDA, 0));
+  EXPECT_NE(cuda.find("fp32 on the generic backend (TF32 GEMMs)"), std::string::npos) << cuda;
+  SetTf32(false);
+  EXPECT_FALSE(at::globalContext().allowTF32CuBLAS());
+  EXPECT_EQ(DescribePrecision(at::kFloat, c10::Device(c10::DeviceType::CUDA, 0)).find("TF32"),
+            std::string::npos);
+  SetTf32(before);
+}
+
 TEST(Backend, NamesRoundTrip) {
   for (BackendKind kind : {BackendKind::kCpu, BackendKind::kGeneric, BackendKind::kCuda}) {
     EXPECT_EQ(BackendKindFromString(ToString(kind)), kind);

@@ -342,6 +342,7 @@ std::optional<TrainerResult> Trainer::JoinGang() {
       TrainingDevice(spec_.train.device, sparse::CudaDeviceAvailable());
   if (!device.ok()) return Fail(WorkerExit::kUsage, std::string(device.status().message()));
   device_ = *device;
+  sparse::SetTf32(device_.is_cuda() && spec_.train.tf32);
   GangOptions gang_options;
   gang_options.rank = options_.rank;
   gang_options.world_size = options_.world_size;
