@@ -72,16 +72,18 @@ absl::StatusOr<nlohmann::json> Trainer::ResumableGangState(const nlohmann::json&
 }
 
 absl::Status Trainer::ApplyGangState(const nlohmann::json& g) {
+  // The precision the checkpoint was written at (fp32 before there was a
+  // choice).
+  const std::string learnt_at = g.value("memory_model_precision", std::string("fp32"));
   // fp16's scale and its counts, as every rank had them (a run resumed at
   // fp16 from another precision starts at loss_scale_init).
-  if (Scaling() && g.value("memory_model_precision", std::string("fp32")) == "fp16") {
+  if (Scaling() && learnt_at == "fp16") {
     scaler_.FromJson(g.value("loss_scaler", nlohmann::json::object()));
     Log(absl::StrCat("loss scale ", scaler_.scale(), " (", scaler_.good_steps(),
                      " finite steps since it last changed)"));
   }
   // A memory model learnt at another precision predicts other bytes per
   // voxel: this run learns its own (calibration, then its steps).
-  const std::string learnt_at = g.value("memory_model_precision", std::string("fp32"));
   if (learnt_at != spec_.train.precision) {
     Log(absl::StrCat("the checkpoint's memory model was learnt at ", learnt_at,
                      "; this run trains at ", spec_.train.precision, " and learns its own"));
