@@ -169,6 +169,7 @@ std::string DescribePrecision(at::ScalarType features, c10::Device device) {
   std::string kernels = backend.name;
   if (backend.kind == BackendKind::kCpu) {
     kernels = std::string("cpu backend, ") + cpu::ToString(cpu::ActiveKernelSet()) + " kernels";
+    if (features == at::kBFloat16) kernels += cpu::DescribeBf16Kernels();
   } else {
     kernels += " backend";
   }
@@ -177,10 +178,13 @@ std::string DescribePrecision(at::ScalarType features, c10::Device device) {
     return std::string(features == at::kDouble ? "fp64" : "fp32") + " on the " + kernels +
            (tf32 ? " (TF32 GEMMs)" : "");
   }
-  const char* name = features == at::kBFloat16 ? "bf16" : "fp16";
-  return std::string(name) + " features, float32 weights and sums, on the " + kernels +
-         (backend.takes_half_inputs ? " (half inputs, float32 accumulation)"
-                                    : " (convert-to-fp32: half in memory, float32 arithmetic)");
+  std::string line = features == at::kBFloat16 ? "bf16" : "fp16";
+  line += " features, float32 weights and sums, on the ";
+  line += kernels;
+  line += backend.takes_half_inputs(features, true)
+              ? " (half inputs, float32 accumulation)"
+              : " (convert-to-fp32: half in memory, float32 arithmetic)";
+  return line;
 }
 
 void SetTf32(bool on) {

@@ -83,8 +83,9 @@ struct KernelMapInputs {
 // One backend's entry points. Every entry gets contiguous tensors on a
 // device the backend runs on, checked by the engine (shapes, dtypes,
 // devices) before the call: float32 and float64, and bfloat16 and float16
-// as takes_half_inputs says. Results are on the same device. Each entry states what its result must
-// equal; the cross-backend test (tests/sparse/backend_test.cc) holds every backend to the cpu one.
+// where takes_half_inputs says. Results are on the same device. Each entry states what its result
+// must equal; the cross-backend test (tests/sparse/backend_test.cc) holds every backend to the cpu
+// one.
 struct Backend {
   BackendKind kind;
   const char* name;
@@ -133,11 +134,13 @@ struct Backend {
                                     const at::Tensor& bias, const at::Tensor& running_mean,
                                     const at::Tensor& running_var, double momentum, double eps,
                                     bool relu);
-  // Whether the convolution and pooling entries take bfloat16 and float16
-  // tensors (all of one type; `inv_divisor` float32), accumulating in
-  // float32. When false the engine converts them to float32 around the
-  // call and the result back: the "convert-to-fp32" path (conv.cc).
-  bool takes_half_inputs = false;
+  // Whether the convolution entries (`convolution`) or the pooling entries
+  // take tensors of the half type `type` (bfloat16 or float16; all of one
+  // type, `inv_divisor` float32), accumulating in float32. Where not, the
+  // engine converts them to float32 around the call and the result back:
+  // the "convert-to-fp32" path (conv.cc). The cpu backend's answer depends
+  // on the CPU and its kernel set (cpu::Bf16KernelsActive).
+  bool (*takes_half_inputs)(at::ScalarType type, bool convolution) = nullptr;
 };
 
 // The backend that runs ops on `device` (see the top of this file). Throws

@@ -50,12 +50,13 @@ const Backend& SavedBackend(AutogradContext* ctx) {
       static_cast<intptr_t>(ctx->saved_data["backend"].toInt()));
 }
 
-// What a backend's conv and pooling entries get for half-precision
-// tensors: as they are where it takes them, else float32 (the
-// convert-to-fp32 path); Back() returns a result in the features' type.
+// What a backend's conv (`convolution`) and pooling entries get for
+// half-precision tensors: as they are where it takes them, else float32
+// (the convert-to-fp32 path); Back() returns a result in the features'
+// type.
 struct HalfPath {
-  HalfPath(const Backend& backend, at::ScalarType type)
-      : type(type), convert(IsHalf(type) && !backend.takes_half_inputs) {}
+  HalfPath(const Backend& backend, at::ScalarType type, bool convolution)
+      : type(type), convert(IsHalf(type) && !backend.takes_half_inputs(type, convolution)) {}
   at::Tensor In(const at::Tensor& t) const { return convert ? t.to(at::kFloat) : t; }
   at::Tensor Back(const at::Tensor& t) const { return convert && t.defined() ? t.to(type) : t; }
   at::ScalarType type;
@@ -89,7 +90,7 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
     at::Tensor f = features.contiguous();
     at::Tensor w = weight.contiguous();
     const Backend& backend = BackendFor(f.device());
-    const HalfPath half(backend, f.scalar_type());
+    const HalfPath half(backend, f.scalar_type(), true);
     at::Tensor out =
         half.Back(backend.conv_forward(half.In(f), half.In(w), PairsOf(*map, transposed), num_out));
     // Half features are kept as they are: the memory mixed precision saves.
@@ -114,7 +115,7 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
     const PairView pairs = LoadPairs(ctx, saved[2], saved[3], &begin);
     at::Tensor grad = grad_outputs[0].contiguous();
     at::Tensor grad_in, grad_w;
-    const HalfPath half(SavedBackend(ctx), f.scalar_type());
+    const HalfPath half(SavedBackend(ctx), f.scalar_type(), true);
     SavedBackend(ctx).conv_backward(half.In(f), half.In(w), pairs, half.In(grad), need_in, need_w,
                                     &grad_in, &grad_w);
     return {half.Back(grad_in), half.Back(grad_w), at::Tensor(), at::Tensor()};
@@ -129,7 +130,7 @@ class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
                             const at::Tensor& order) {
     at::Tensor f = features.contiguous();
     const Backend& backend = BackendFor(f.device());
-    const HalfPath half(backend, f.scalar_type());
+    const HalfPath half(backend, f.scalar_type(), false);
     at::Tensor out, argmax;
     backend.max_pool_forward(half.In(f), PairsOf(*map, false), map->num_out, &out, &argmax);
     ctx->save_for_backward({argmax, order, map->in_rows, map->out_rows});
@@ -145,7 +146,7 @@ class MaxPoolFunction : public torch::autograd::Function<MaxPoolFunction> {
     std::vector<int64_t> begin;
     const PairView pairs = LoadPairs(ctx, saved[2], saved[3], &begin);
     at::Tensor grad = grad_outputs[0].contiguous();
-    const HalfPath half(SavedBackend(ctx), ctx->saved_data["type"].toScalarType());
+    const HalfPath half(SavedBackend(ctx), ctx->saved_data["type"].toScalarType(), false);
     at::Tensor grad_in = SavedBackend(ctx).max_pool_backward(
         half.In(grad), argmax, pairs, order.numel() > 0 ? order : at::Tensor(),
         ctx->saved_data["num_in"].toInt());
@@ -161,7 +162,7 @@ class WindowSumFunction : public torch::autograd::Function<WindowSumFunction> {
                             const at::Tensor& inv_divisor) {
     at::Tensor f = features.contiguous();
     const Backend& backend = BackendFor(f.device());
-    const HalfPath half(backend, f.scalar_type());
+    const HalfPath half(backend, f.scalar_type(), false);
     at::Tensor out = half.Back(
         backend.window_sum_forward(half.In(f), PairsOf(*map, false), inv_divisor, map->num_out));
     ctx->save_for_backward({map->in_rows, map->out_rows, inv_divisor});
@@ -176,7 +177,7 @@ class WindowSumFunction : public torch::autograd::Function<WindowSumFunction> {
     const PairView pairs = LoadPairs(ctx, saved[0], saved[1], &begin);
     const at::Tensor& inv_divisor = saved[2];
     at::Tensor grad = grad_outputs[0].contiguous();
-    const HalfPath half(SavedBackend(ctx), ctx->saved_data["type"].toScalarType());
+    const HalfPath half(SavedBackend(ctx), ctx->saved_data["type"].toScalarType(), false);
     at::Tensor grad_in = SavedBackend(ctx).window_sum_backward(half.In(grad), pairs, inv_divisor,
                                                                ctx->saved_data["num_in"].toInt());
     return {half.Back(grad_in), at::Tensor(), at::Tensor()};

@@ -2,8 +2,12 @@
 // independent chains of vector FMAs in registers (no memory, no
 // dependencies between the chains, so the FMA units are the only limit),
 // for the AVX2 set (8 floats per vector) and, where the CPU has it,
-// AVX-512F (16). A convolution cannot run faster than this, so it bounds
-// what any kernel set can reach (docs/benchmarks.md, issue 11's targets).
+// AVX-512F (16); and the same for AVX512_BF16's dot products (VDPBF16PS, 32
+// bf16 multiply-adds into 16 float32 lanes), the ceiling of the bf16 tiles.
+// A convolution cannot run faster than this, so it bounds what any kernel
+// set can reach (docs/benchmarks.md, issue 11's targets). The AVX-512
+// probes are the engine's (kernels_fused.h), which also time them to
+// choose the bf16 tiles (docs/engine.md, "Mixed precision").
 //
 //   fma_peak [--threads N] [--repeats N] [--json]
 //
@@ -21,10 +25,11 @@
 #include <vector>
 
 #include "sparse/bench/bench_util.h"
+#include "sparse/cpu/kernels_fused.h"
 
 namespace {
 
-constexpr int kChains = 12;
+constexpr int kChains = trainsup::sparse::cpu::fused::kProbeChains;
 constexpr long kIterations = 100'000'000;
 
 __attribute__((target("avx2,fma"))) float ChainsAvx2(long iterations) {
@@ -40,19 +45,6 @@ __attribute__((target("avx2,fma"))) float ChainsAvx2(long iterations) {
   float lanes[8];
   _mm256_storeu_ps(lanes, sum);
   return lanes[0];
-}
-
-__attribute__((target("avx512f"))) float ChainsAvx512(long iterations) {
-  __m512 acc[kChains];
-  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-7f);
-  const __m512 m = _mm512_set1_ps(0.9999999f), a = _mm512_set1_ps(1e-7f);
-  for (long it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, a);
-  }
-  __m512 sum = acc[0];
-  for (int i = 1; i < kChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
-  return _mm512_reduce_add_ps(sum);
 }
 
 // GFLOP/s of `threads` threads each running fn(kIterations).
@@ -102,7 +94,11 @@ int main(int argc, char** argv) {
   };
   const Set sets[] = {
       {"avx2", __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), &ChainsAvx2, 8},
-      {"avx512", static_cast<bool>(__builtin_cpu_supports("avx512f")), &ChainsAvx512, 16},
+      {"avx512", static_cast<bool>(__builtin_cpu_supports("avx512f")),
+       &trainsup::sparse::cpu::fused::Avx512FmaChains, 16},
+      // A bf16 dot product does 2 multiply-adds per float32 lane.
+      {"avx512_bf16", trainsup::sparse::cpu::fused::Avx512Bf16Supported(),
+       &trainsup::sparse::cpu::fused::Avx512Bf16DotChains, 32},
   };
   if (!json) {
     std::printf(
@@ -113,7 +109,7 @@ int main(int argc, char** argv) {
   std::string js = "{\"threads\": " + std::to_string(threads);
   for (const Set& s : sets) {
     if (!s.supported) {
-      if (!json) std::printf("%-7s not supported by this CPU\n", s.name);
+      if (!json) std::printf("%-11s not supported by this CPU\n", s.name);
       continue;
     }
     std::vector<double> rates;
@@ -122,7 +118,7 @@ int main(int argc, char** argv) {
     const auto [lo, hi] = std::minmax_element(rates.begin(), rates.end());
     js += ", \"" + std::string(s.name) + "_gflops\": " + std::to_string(median);
     if (!json) {
-      std::printf("%-7s %7.1f GFLOP/s (%.1f-%.1f), %.1f per thread\n", s.name, median, *lo, *hi,
+      std::printf("%-11s %7.1f GFLOP/s (%.1f-%.1f), %.1f per thread\n", s.name, median, *lo, *hi,
                   median / threads);
     }
   }

@@ -128,13 +128,19 @@ struct Options {
   std::optional<ts::BackendKind> backend;
   // --precisions fp32,bf16,fp16: each measured in this run; the features'
   // type, with the float32 model (the worker's train.precision).
+  // bf16-dot and bf16-convert: bf16 with the cpu backend's AVX512_BF16
+  // kernels forced on, or off (the convert-to-fp32 path), for an A/B; bf16
+  // alone takes the measured choice, as the worker does (cpu::Bf16Mode).
   std::vector<std::string> precisions = {"fp32"};
   at::ScalarType features = at::kFloat;  // the one being measured
+  std::string precision = "fp32";        // its name
 };
 
 // The JSON keys' suffix and the lines' name of the precision measured.
 std::string PrecisionName(const Options& o) {
-  return o.features == at::kBFloat16 ? "bf16" : o.features == at::kHalf ? "fp16" : "fp32";
+  std::string name = o.precision;
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
 }
 std::string KeyOf(int depth, const Options& o) {
   const std::string p = PrecisionName(o);
@@ -142,7 +148,7 @@ std::string KeyOf(int depth, const Options& o) {
 }
 
 at::ScalarType FeatureType(const std::string& precision) {
-  if (precision == "bf16") return at::kBFloat16;
+  if (precision.rfind("bf16", 0) == 0) return at::kBFloat16;
   if (precision == "fp16") return at::kHalf;
   return at::kFloat;
 }
@@ -175,8 +181,10 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       o->precisions.clear();
       std::stringstream ss(argv[++i]);
       for (std::string x; std::getline(ss, x, ',');) {
-        if (x != "fp32" && x != "bf16" && x != "fp16") {
-          std::fprintf(stderr, "minkunet_bench: unknown precision '%s' (fp32, bf16, fp16)\n",
+        if (x != "fp32" && x != "bf16" && x != "fp16" && x != "bf16-dot" && x != "bf16-convert") {
+          std::fprintf(stderr,
+                       "minkunet_bench: unknown precision '%s' (fp32, bf16, fp16, bf16-dot, "
+                       "bf16-convert)\n",
                        x.c_str());
           return false;
         }
@@ -190,7 +198,8 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       std::fprintf(stderr,
                    "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
                    "[--scene small|default|large|huge] [--budget-mib N] [--block-cache-mib N] "
-                   "[--device cpu|cuda] [--backend cpu|generic|cuda] [--precisions fp32,bf16] "
+                   "[--device cpu|cuda] [--backend cpu|generic|cuda] [--precisions "
+                   "fp32,bf16,fp16,bf16-dot,bf16-convert] "
                    "[--profile]\n");
       return false;
     }
@@ -441,6 +450,10 @@ int main(int argc, char** argv) {
     std::vector<std::pair<std::string, std::pair<double, double>>> plain;
     for (const std::string& precision : o.precisions) {
       o.features = FeatureType(precision);
+      o.precision = precision;
+      ts::cpu::SetBf16Mode(precision == "bf16-convert" ? ts::cpu::Bf16Mode::kOff
+                           : precision == "bf16-dot"   ? ts::cpu::Bf16Mode::kOn
+                                                       : ts::cpu::Bf16Mode::kMeasured);
       if (!o.json) {
         std::printf("precision %s: %s\n", precision.c_str(),
                     ts::DescribePrecision(o.features, device).c_str());
@@ -452,7 +465,7 @@ int main(int argc, char** argv) {
         continue;
       }
       BenchInference(net, depth, q, coords, o, js);
-      plain.emplace_back(precision, BenchTraining(net, depth, q, coords, o, js));
+      plain.emplace_back(PrecisionName(o), BenchTraining(net, depth, q, coords, o, js));
     }
     // Each precision against the first (fp32 by default), from this run.
     for (size_t i = 1; i < plain.size(); ++i) {

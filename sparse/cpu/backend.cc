@@ -27,8 +27,30 @@ T* DataOrNull(at::Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
+// bfloat16 convolutions, taken where the CPU has the bf16 kernels
+// (TakesHalfInputs): on them for sorted pairs, else converted to float32
+// here and back.
+const uint16_t* Bits(const at::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
+}
+uint16_t* MutableBits(at::Tensor& t) {
+  return t.defined() ? reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()) : nullptr;
+}
+at::Tensor ToBf16(const at::Tensor& t) { return t.defined() ? t.to(at::kBFloat16) : t; }
+
+bool TakesHalfInputs(at::ScalarType type, bool convolution) {
+  return convolution && type == at::kBFloat16 && Bf16KernelsActive();
+}
+
 at::Tensor ConvForwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
                             int64_t num_out) {
+  if (f.scalar_type() == at::kBFloat16) {
+    if (!pairs.sorted)
+      return ToBf16(ConvForwardEntry(f.to(at::kFloat), w.to(at::kFloat), pairs, num_out));
+    at::Tensor out = at::empty({num_out, w.size(2)}, f.options());
+    ConvForwardBf16(Bits(f), w.size(1), Bits(w), w.size(2), View(pairs), MutableBits(out), num_out);
+    return out;
+  }
   at::Tensor out = at::empty({num_out, w.size(2)}, f.options());
   AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "sparse_conv_forward", [&] {
     ConvForward<scalar_t>(f.data_ptr<scalar_t>(), f.size(0), w.size(1), w.data_ptr<scalar_t>(),
@@ -40,9 +62,21 @@ at::Tensor ConvForwardEntry(const at::Tensor& f, const at::Tensor& w, const Pair
 void ConvBackwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
                        const at::Tensor& grad_out, bool need_input, bool need_weight,
                        at::Tensor* grad_in, at::Tensor* grad_weight) {
+  if (f.scalar_type() == at::kBFloat16 && !pairs.sorted) {
+    ConvBackwardEntry(f.to(at::kFloat), w.to(at::kFloat), pairs, grad_out.to(at::kFloat),
+                      need_input, need_weight, grad_in, grad_weight);
+    *grad_in = ToBf16(*grad_in);
+    *grad_weight = ToBf16(*grad_weight);
+    return;
+  }
   *grad_in = need_input ? at::empty_like(f) : at::Tensor();
   *grad_weight = need_weight ? at::empty_like(w) : at::Tensor();
   if (!need_input && !need_weight) return;
+  if (f.scalar_type() == at::kBFloat16) {
+    ConvBackwardBf16(Bits(f), f.size(0), w.size(1), Bits(w), w.size(2), View(pairs), Bits(grad_out),
+                     MutableBits(*grad_in), MutableBits(*grad_weight));
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "sparse_conv_backward", [&] {
     ConvBackward<scalar_t>(f.data_ptr<scalar_t>(), f.size(0), w.size(1), w.data_ptr<scalar_t>(),
                            w.size(2), View(pairs), grad_out.data_ptr<scalar_t>(), grad_out.size(0),
@@ -109,7 +143,7 @@ const Backend& CpuBackend() {
                                &WindowSumForwardEntry,
                                &WindowSumBackwardEntry,
                                &BatchNormTrainingRows,
-                               /*takes_half_inputs=*/false};
+                               &TakesHalfInputs};
   return backend;
 }
 

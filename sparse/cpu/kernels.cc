@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -178,13 +179,15 @@ std::pair<const int32_t*, const int32_t*> OffsetPairs(const PairLists& pairs, in
   return {pairs.src + pairs.begin[k], pairs.dst + pairs.begin[k]};
 }
 
-// out = sum_k a[from_k] @ w_k scattered to out[to_k], where (from, to) is
-// (src, dst) or, with `to_src`, (dst, src); `to` ascends within every
-// offset. Each task owns a range of out's rows, zeroes it and adds every
-// offset's products into it, offsets in order. w: volume x acols x ocols.
-void FusedAccumulateByRows(const fused::TileKernels& tiles, const float* a, int64_t acols,
-                           const float* w, const PairLists& pairs, const int32_t* iota, bool to_src,
-                           float* out, int64_t ocols, int64_t num_out) {
+// out = sum_k (offset k's products) scattered to out[to_k], where (from,
+// to) is (src, dst) or, with `to_src`, (dst, src); `to` ascends within
+// every offset. Each task owns a range of out's rows (float32, ocols
+// wide), zeroes it, adds every offset's products into it, offsets in
+// order (tile(k, from, to, n) adds n pairs of offset k), then calls
+// finish(row0, row1) on it.
+template <typename Tile, typename Finish>
+void AccumulateByRows(const PairLists& pairs, const int32_t* iota, bool to_src, float* out,
+                      int64_t ocols, int64_t num_out, const Tile& tile, const Finish& finish) {
   const int64_t ranges = FusedRanges(num_out);
   ForEachRange(ranges, [&](int64_t r) {
     const int64_t row0 = RangeStart(r, ranges, num_out);
@@ -195,10 +198,58 @@ void FusedAccumulateByRows(const fused::TileKernels& tiles, const float* a, int6
       if (to_src) std::swap(from, to);
       const int64_t n = k == pairs.identity_offset ? num_out : Count(pairs, k);
       const auto [lo, hi] = PairsInRows(to, n, row0, row1);
-      tiles.gather_gemm_scatter(a, acols, from + lo, w + k * acols * ocols, out, ocols, to + lo,
-                                hi - lo);
+      tile(k, from + lo, to + lo, hi - lo);
     }
+    finish(row0, row1);
   });
+}
+
+// The weight gradient of the fused paths, float32 [volume x cin x cout]:
+// outer(k, src, dst, n, sum) adds n pairs of offset k into `sum`.
+//
+// Input rows are cut into groups of kGroupRows (src ascends within an
+// offset). A task sums the pairs of one offset whose input rows lie in
+// one group, into that group's partial sum; the rows it reads (inputs of
+// the group and the output rows next to them) stay in L2 across the
+// group's offsets. Going offset by offset over all rows instead streams
+// every row from memory once per offset. Groups run in waves of kWave, and
+// each wave's partial sums are added into grad_weight in group order: the
+// partition depends on the map alone. Each task zeroes its own partial sum
+// and the first wave's first partial is copied rather than added to zeros
+// (the same bits), so no serial pass over the partials or the gradient
+// keeps the other threads waiting.
+template <typename Outer>
+void FusedWeightGradient(const PairLists& pairs, const int32_t* iota, int64_t num_in, int64_t cin,
+                         int64_t cout, const Outer& outer, float* grad_weight) {
+  constexpr int64_t kGroupRows = 2048;
+  constexpr int64_t kWave = 8;
+  auto count = [&](int64_t k) { return k == pairs.identity_offset ? num_in : Count(pairs, k); };
+  const int64_t groups = (num_in + kGroupRows - 1) / kGroupRows;
+  const int64_t wk = cin * cout;
+  const int64_t wsize = pairs.volume * wk;
+  if (groups == 0) std::fill(grad_weight, grad_weight + wsize, 0.0f);  // no input rows
+  std::unique_ptr<float[]> partial(new float[static_cast<size_t>(std::min(kWave, groups) * wsize)]);
+  for (int64_t g0 = 0; g0 < groups; g0 += kWave) {
+    const int64_t waves = std::min(kWave, groups - g0);
+    ForEachRange(waves * pairs.volume, [&](int64_t t) {
+      const int64_t g = g0 + t / pairs.volume;
+      const int64_t k = t % pairs.volume;
+      float* sum = partial.get() + (t / pairs.volume) * wsize + k * wk;
+      std::fill(sum, sum + wk, 0.0f);
+      const auto [src, dst] = OffsetPairs(pairs, k, iota);
+      const auto [lo, hi] =
+          PairsInRows(src, count(k), g * kGroupRows, std::min(num_in, (g + 1) * kGroupRows));
+      outer(k, src + lo, dst + lo, hi - lo, sum);
+    });
+    ForEachRange(pairs.volume, [&](int64_t k) {
+      float* gw = grad_weight + k * wk;
+      const float* first = partial.get() + k * wk;
+      if (g0 == 0) std::copy(first, first + wk, gw);
+      for (int64_t j = g0 == 0 ? 1 : 0; j < waves; ++j) {
+        AddRow(gw, partial.get() + j * wsize + k * wk, wk);
+      }
+    });
+  }
 }
 
 // Forward, sorted pairs: out rows by range (dst ascends within an offset).
@@ -207,19 +258,23 @@ void FusedConvForward(const fused::TileKernels& tiles, const float* in, int64_t 
                       int64_t num_out) {
   std::vector<int32_t> iota_storage;
   const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_out) : nullptr;
-  FusedAccumulateByRows(tiles, in, cin, weight, pairs, iota, false, out, cout, num_out);
+  AccumulateByRows(
+      pairs, iota, false, out, cout, num_out,
+      [&](int64_t k, const int32_t* from, const int32_t* to, int64_t n) {
+        tiles.gather_gemm_scatter(in, cin, from, weight + k * cin * cout, out, cout, to, n);
+      },
+      [](int64_t, int64_t) {});
 }
 
 // Backward, sorted pairs. Input gradients: grad_in rows by range (src
 // ascends within an offset), the sum of grad_out[dst] @ W_k^T. Weight
-// gradients: by groups of input rows (below). Every sum has one fixed
-// order, whatever the thread count.
+// gradients: by groups of input rows (FusedWeightGradient). Every sum has
+// one fixed order, whatever the thread count.
 void FusedConvBackward(const fused::TileKernels& tiles, const float* in, int64_t num_in,
                        int64_t cin, const float* weight, int64_t cout, const PairLists& pairs,
                        const float* grad_out, float* grad_in, float* grad_weight) {
   std::vector<int32_t> iota_storage;
   const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_in) : nullptr;
-  auto count = [&](int64_t k) { return k == pairs.identity_offset ? num_in : Count(pairs, k); };
   if (grad_in != nullptr) {
     // W_k^T, cout x cin, so the input gradient is the forward kernel again.
     // Offsets in parallel: a 384 x 256 layer's 10 MB would otherwise keep
@@ -234,51 +289,43 @@ void FusedConvBackward(const fused::TileKernels& tiles, const float* in, int64_t
         }
       }
     });
-    FusedAccumulateByRows(tiles, grad_out, cout, weight_t.get(), pairs, iota, true, grad_in, cin,
-                          num_in);
+    AccumulateByRows(
+        pairs, iota, true, grad_in, cin, num_in,
+        [&](int64_t k, const int32_t* from, const int32_t* to, int64_t n) {
+          tiles.gather_gemm_scatter(grad_out, cout, from, weight_t.get() + k * cin * cout, grad_in,
+                                    cin, to, n);
+        },
+        [](int64_t, int64_t) {});
   }
-  if (grad_weight != nullptr) {
-    // Input rows are cut into groups of kGroupRows (src ascends within an
-    // offset). A task sums the pairs of one offset whose input rows lie in
-    // one group, into that group's partial sum; the rows it reads (inputs
-    // of the group and the output rows next to them) stay in L2 across the
-    // group's offsets. Going offset by offset over all rows instead streams
-    // every row from memory once per offset. Groups run in waves of kWave,
-    // and each wave's partial sums are added into grad_weight in group
-    // order: the partition depends on the map alone. Each task zeroes its
-    // own partial sum and the first wave's first partial is copied rather
-    // than added to zeros (the same bits), so no serial pass over the
-    // partials or the gradient keeps the other threads waiting.
-    constexpr int64_t kGroupRows = 2048;
-    constexpr int64_t kWave = 8;
-    const int64_t groups = (num_in + kGroupRows - 1) / kGroupRows;
-    const int64_t wk = cin * cout;
-    const int64_t wsize = pairs.volume * wk;
-    if (groups == 0) std::fill(grad_weight, grad_weight + wsize, 0.0f);  // no input rows
-    std::unique_ptr<float[]> partial(
-        new float[static_cast<size_t>(std::min(kWave, groups) * wsize)]);
-    for (int64_t g0 = 0; g0 < groups; g0 += kWave) {
-      const int64_t waves = std::min(kWave, groups - g0);
-      ForEachRange(waves * pairs.volume, [&](int64_t t) {
-        const int64_t g = g0 + t / pairs.volume;
-        const int64_t k = t % pairs.volume;
-        float* sum = partial.get() + (t / pairs.volume) * wsize + k * wk;
-        std::fill(sum, sum + wk, 0.0f);
-        const auto [src, dst] = OffsetPairs(pairs, k, iota);
-        const auto [lo, hi] =
-            PairsInRows(src, count(k), g * kGroupRows, std::min(num_in, (g + 1) * kGroupRows));
-        tiles.gather_outer(in, cin, src + lo, grad_out, cout, dst + lo, hi - lo, sum);
-      });
-      ForEachRange(pairs.volume, [&](int64_t k) {
-        float* gw = grad_weight + k * wk;
-        const float* first = partial.get() + k * wk;
-        if (g0 == 0) std::copy(first, first + wk, gw);
-        for (int64_t j = g0 == 0 ? 1 : 0; j < waves; ++j) {
-          AddRow(gw, partial.get() + j * wsize + k * wk, wk);
+  if (grad_weight == nullptr) return;
+  FusedWeightGradient(
+      pairs, iota, num_in, cin, cout,
+      [&](int64_t, const int32_t* src, const int32_t* dst, int64_t n, float* sum) {
+        tiles.gather_outer(in, cin, src, grad_out, cout, dst, n, sum);
+      },
+      grad_weight);
+}
+
+// Each offset's W_k [rows x cols] (or, with `transpose`, W_k^T of a [cols
+// x rows] W_k) pair-packed (kernels_fused.h) for the bf16 tiles; `volume`
+// matrices, PackedSize(rows, cols) values each.
+int64_t PackedSize(int64_t rows, int64_t cols) { return (rows + 1) / 2 * 2 * fused::Cols16(cols); }
+std::vector<uint16_t> PackPairs(const uint16_t* w, int64_t volume, int64_t rows, int64_t cols,
+                                bool transpose) {
+  const int64_t stride = 2 * fused::Cols16(cols), size = PackedSize(rows, cols);
+  std::vector<uint16_t> packed(static_cast<size_t>(volume * size), 0);
+  at::parallel_for(0, volume, 1, [&](int64_t kb, int64_t ke) {
+    for (int64_t k = kb; k < ke; ++k) {
+      const uint16_t* wk = w + k * rows * cols;
+      uint16_t* pk = packed.data() + k * size;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < cols; ++j) {
+          pk[(r / 2) * stride + 2 * j + r % 2] = transpose ? wk[j * rows + r] : wk[r * cols + j];
         }
-      });
+      }
     }
-  }
+  });
+  return packed;
 }
 
 // The fastest supported set at or below `wanted` (BLAS is always there).
@@ -609,6 +656,71 @@ void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs, con
     const T scale = inv_divisor[dst];
     for (int64_t j = 0; j < c; ++j) d[j] += g[j] * scale;
   });
+}
+
+void ConvForwardBf16(const uint16_t* in, int64_t cin, const uint16_t* weight, int64_t cout,
+                     const PairLists& pairs, uint16_t* out, int64_t num_out) {
+  TORCH_CHECK(Bf16KernelsActive() && pairs.sorted, "ConvForwardBf16: the bf16 kernels need ",
+              "AVX512_BF16, the avx512 set and sorted pairs");
+  if (cin == 0 || cout == 0) {  // a sum over no input channels is 0 (bf16 0 is all zero bits)
+    std::fill(out, out + num_out * cout, uint16_t{0});
+    return;
+  }
+  const fused::Bf16TileKernels& tiles = fused::Avx512Bf16TileKernels();
+  std::vector<int32_t> iota_storage;
+  const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_out) : nullptr;
+  const std::vector<uint16_t> wp = PackPairs(weight, pairs.volume, cin, cout, false);
+  const int64_t size = PackedSize(cin, cout);
+  std::unique_ptr<float[]> sums(new float[static_cast<size_t>(num_out * cout)]);
+  AccumulateByRows(
+      pairs, iota, false, sums.get(), cout, num_out,
+      [&](int64_t k, const int32_t* from, const int32_t* to, int64_t n) {
+        tiles.gather_gemm_scatter(in, cin, from, wp.data() + k * size, sums.get(), cout, to, n);
+      },
+      [&](int64_t row0, int64_t row1) {
+        tiles.to_bf16(sums.get() + row0 * cout, out + row0 * cout, (row1 - row0) * cout);
+      });
+}
+
+void ConvBackwardBf16(const uint16_t* in, int64_t num_in, int64_t cin, const uint16_t* weight,
+                      int64_t cout, const PairLists& pairs, const uint16_t* grad_out,
+                      uint16_t* grad_in, uint16_t* grad_weight) {
+  TORCH_CHECK(Bf16KernelsActive() && pairs.sorted, "ConvBackwardBf16: the bf16 kernels need ",
+              "AVX512_BF16, the avx512 set and sorted pairs");
+  if (cin == 0 || cout == 0) {  // sums over no channels: zero gradients
+    if (grad_in != nullptr) std::fill(grad_in, grad_in + num_in * cin, uint16_t{0});
+    if (grad_weight != nullptr)
+      std::fill(grad_weight, grad_weight + pairs.volume * cin * cout, uint16_t{0});
+    return;
+  }
+  const fused::Bf16TileKernels& tiles = fused::Avx512Bf16TileKernels();
+  std::vector<int32_t> iota_storage;
+  const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_in) : nullptr;
+  if (grad_in != nullptr) {
+    // W_k^T pair-packed: the input gradient is the forward tile again.
+    const std::vector<uint16_t> wpt = PackPairs(weight, pairs.volume, cout, cin, true);
+    const int64_t size = PackedSize(cout, cin);
+    std::unique_ptr<float[]> sums(new float[static_cast<size_t>(num_in * cin)]);
+    AccumulateByRows(
+        pairs, iota, true, sums.get(), cin, num_in,
+        [&](int64_t k, const int32_t* from, const int32_t* to, int64_t n) {
+          tiles.gather_gemm_scatter(grad_out, cout, from, wpt.data() + k * size, sums.get(), cin,
+                                    to, n);
+        },
+        [&](int64_t row0, int64_t row1) {
+          tiles.to_bf16(sums.get() + row0 * cin, grad_in + row0 * cin, (row1 - row0) * cin);
+        });
+  }
+  if (grad_weight == nullptr) return;
+  const int64_t wsize = pairs.volume * cin * cout;
+  std::unique_ptr<float[]> sums(new float[static_cast<size_t>(wsize)]);
+  FusedWeightGradient(
+      pairs, iota, num_in, cin, cout,
+      [&](int64_t, const int32_t* src, const int32_t* dst, int64_t n, float* sum) {
+        tiles.gather_outer(in, cin, src, grad_out, cout, dst, n, sum);
+      },
+      sums.get());
+  tiles.to_bf16(sums.get(), grad_weight, wsize);
 }
 
 #define TRAINSUP_INSTANTIATE(T)                                                                  \

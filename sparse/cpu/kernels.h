@@ -63,6 +63,43 @@ bool FusedKernelsEnabled();
 // false: BLAS. Returns whether a fused set was in use.
 bool SetFusedKernelsEnabled(bool on);
 
+// bfloat16 convolutions on AVX-512 BF16 (VDPBF16PS) tiles: the operands
+// bf16 (raw 16-bit patterns), each product exact in float32, the sums over
+// channels and kernel offsets float32 in a fixed order (independent of the
+// thread count), each result rounded to bf16 once. Sorted pair lists only.
+// Whether this CPU has them (AVX-512F and AVX512_BF16):
+bool Bf16KernelsSupported();
+// When they are used: kOn and kOff as said; kMeasured (the default) where
+// their dot products are at least kBf16MinSpeed times as fast as float32
+// FMAs, measured once per process at the first use
+// (fused::MeasureBf16DotOverFma). Where they are not, the float32 tiles on
+// converted copies are faster, however much conversion they cost.
+enum class Bf16Mode { kMeasured, kOn, kOff };
+constexpr double kBf16MinSpeed = 0.9;
+// The start-up mode: TRAINSUP_BF16_KERNELS = 1 (kOn), 0 (kOff), auto or
+// unset (kMeasured); another value throws c10::Error naming the choices.
+Bf16Mode Bf16ModeFromString(const char* value);
+// Sets the mode (benchmarks' A/B runs, tests); returns the previous one.
+Bf16Mode SetBf16Mode(Bf16Mode mode);
+// The measured speed of the bf16 dot products over float32 FMAs (0
+// without AVX512_BF16), measured at the first call.
+double Bf16DotSpeed();
+// Whether bf16 convolutions run on them now: supported, the avx512 set
+// active, and the mode says so. Otherwise bf16 takes the convert-to-fp32
+// path (float32 kernels on converted copies).
+bool Bf16KernelsActive();
+// For the precision line: " with AVX512_BF16" where they run, why not
+// where the CPU has them (e.g. " (AVX512_BF16 unused: its dot products run
+// at 0.49x the float32 FMA rate here)"), "" where it does not.
+std::string DescribeBf16Kernels();
+// ConvForward and ConvBackward below, in bf16; callable when
+// Bf16KernelsActive() and pairs.sorted (else c10::Error).
+void ConvForwardBf16(const uint16_t* in, int64_t cin, const uint16_t* weight, int64_t cout,
+                     const PairLists& pairs, uint16_t* out, int64_t num_out);
+void ConvBackwardBf16(const uint16_t* in, int64_t num_in, int64_t cin, const uint16_t* weight,
+                      int64_t cout, const PairLists& pairs, const uint16_t* grad_out,
+                      uint16_t* grad_in, uint16_t* grad_weight);
+
 // out[num_out x cout] = sum_k scatter_dst(gather_src(in) @ W_k).
 // weight: [volume, cin, cout]. `out` need not be initialised.
 template <typename T>

@@ -34,6 +34,52 @@ const TileKernels& Avx512TileKernels();
 bool Avx2Supported();
 const TileKernels& Avx2TileKernels();
 
+// bfloat16 tiles for AVX-512 BF16 CPUs (kernels_avx512.cc): bf16 operands
+// as raw 16-bit patterns, products summed in float32 by VDPBF16PS, two
+// reduction steps per instruction. Each product of two bf16 values is
+// exact in float32; the sums are float32 additions in a fixed order, so
+// results depend on the operands alone.
+//
+// A "pair-packed" matrix, for a reduction over rows of W [rows x cols]:
+// P[r2][j][h] = W[2 r2 + h][j] for r2 in [0, ceil(rows / 2)), j in [0,
+// Cols16(cols)) and h in {0, 1}, zero past `rows` or `cols`: 2 * Cols16
+// values per r2 (PackPairs, kernels.cc).
+inline int64_t Cols16(int64_t cols) { return (cols + 15) / 16 * 16; }
+
+struct Bf16TileKernels {
+  // out[oidx[p], :] += a[aidx[p], :] @ W for p in [0, n): a is acols wide
+  // (bf16), wp is W [acols x ocols] pair-packed, out is float32, ocols
+  // wide. Within the call every oidx is unique.
+  void (*gather_gemm_scatter)(const uint16_t* a, int64_t acols, const int32_t* aidx,
+                              const uint16_t* wp, float* out, int64_t ocols, const int32_t* oidx,
+                              int64_t n);
+  // dw[acols x gcols] (float32) += a[aidx]^T @ g[gidx] over pairs [0, n),
+  // a and g bf16, the pairs summed two at a time in order, in fixed blocks.
+  void (*gather_outer)(const uint16_t* a, int64_t acols, const int32_t* aidx, const uint16_t* g,
+                       int64_t gcols, const int32_t* gidx, int64_t n, float* dw);
+  // dst[i] = src[i] rounded to bf16 (to nearest, ties to even; NaN stays
+  // NaN), i in [0, n).
+  void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
+};
+
+// Whether the CPU has AVX-512F and AVX512_BF16 (Intel Cooper Lake and
+// Sapphire Rapids on, AMD Zen 4 on).
+bool Avx512Bf16Supported();
+const Bf16TileKernels& Avx512Bf16TileKernels();
+// The rate of AVX512_BF16 dot products (VDPBF16PS) over that of AVX-512
+// float32 FMAs, in flops, on one core, measured now (a few milliseconds;
+// the fastest of five runs of each); 0 without AVX512_BF16. Where it is
+// under 1 the bf16 tiles are slower than the float32 ones: an Intel Xeon
+// (Sapphire Rapids generation) measured 0.49.
+double MeasureBf16DotOverFma();
+// The probes it times, also fma_peak's: kProbeChains independent chains of
+// one instruction (a float32 FMA; a bf16 dot product) in registers, n
+// rounds, so the execution units are the only limit. The result depends
+// on every chain. Callable where the CPU has the instructions.
+constexpr int kProbeChains = 12;
+float Avx512FmaChains(long n);
+float Avx512Bf16DotChains(long n);
+
 // dst[i, :] = src[rows[i], :] for i in [0, n).
 template <typename T>
 void GatherRows(const T* src, int64_t cols, const int32_t* rows, int64_t n, T* dst) {

@@ -65,7 +65,7 @@ Backend StepsTable(const char* name, bool (*runs_on)(c10::DeviceType)) {
   Backend b = StepsTableBase(name, runs_on);
   // The gathers and scatters of these steps are float32 and float64: half
   // inputs take the engine's convert-to-fp32 path.
-  b.takes_half_inputs = false;
+  b.takes_half_inputs = [](at::ScalarType, bool) { return false; };
   b.build_kernel_map = [](const KernelMapInputs& inputs, KernelMap* map) {
     launcher().OnDevice(inputs.device, [&] { BuildKernelMap(launcher(), inputs, map); });
   };

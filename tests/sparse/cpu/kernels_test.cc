@@ -10,6 +10,10 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,10 +54,13 @@ struct Result {
 };
 
 // One convolution, forward and backward, on rows in key order (sorted pair
-// lists), in the features' dtype.
+// lists), in the features' dtype. A transposed one's input (pooled from
+// `features`) is rounded to `operands` where given, so that a float64
+// reference runs on a half run's values.
 Result ConvForwardBackward(const Shape& s, const at::Tensor& features,
                            const at::Tensor& coordinates, const at::Tensor& weight,
-                           const at::Tensor& grad_out_seed) {
+                           const at::Tensor& grad_out_seed,
+                           std::optional<at::ScalarType> operands = std::nullopt) {
   at::Tensor f = features.clone().requires_grad_(true);
   at::Tensor w = weight.clone().requires_grad_(true);
   SparseTensor x(f, coordinates);
@@ -64,7 +71,9 @@ Result ConvForwardBackward(const Shape& s, const at::Tensor& features,
     // Down first (no gradient), then the transposed convolution under test.
     SparseTensor coarse =
         Pool(x.WithFeatures(f.detach()), PoolMode::kAverage, {s.stride, s.stride, 1});
-    at::Tensor cf = coarse.F().clone().requires_grad_(true);
+    at::Tensor cf = coarse.F().clone();
+    if (operands) cf = cf.to(*operands).to(coarse.F().scalar_type());
+    cf.requires_grad_(true);
     f = cf;
     y = ConvTranspose(coarse.WithFeatures(cf), w, at::Tensor(), opt);
     sorted = x.manager()->GetKernelMap(y.set_id(), coarse.set_id(), s.kernel, 1)->rows_sorted;
@@ -278,6 +287,183 @@ TEST(FusedKernelSets, TheEnvironmentChoosesTheSet) {
   EXPECT_EQ(cpu::ChooseKernelSet("avx512", nullptr),
             cpu::KernelSetSupported(cpu::KernelSet::kAvx512) ? cpu::KernelSet::kAvx512 : avx2);
   EXPECT_THROW(cpu::ChooseKernelSet("AVX2", nullptr), c10::Error);
+}
+
+TEST(FusedKernelSets, TheEnvironmentChoosesTheBf16Mode) {
+  EXPECT_EQ(cpu::Bf16ModeFromString(nullptr), cpu::Bf16Mode::kMeasured);
+  EXPECT_EQ(cpu::Bf16ModeFromString("auto"), cpu::Bf16Mode::kMeasured);
+  EXPECT_EQ(cpu::Bf16ModeFromString("1"), cpu::Bf16Mode::kOn);
+  EXPECT_EQ(cpu::Bf16ModeFromString("0"), cpu::Bf16Mode::kOff);
+  try {
+    cpu::Bf16ModeFromString("yes");
+    FAIL() << "an unknown value was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TRAINSUP_BF16_KERNELS: unknown value 'yes' (expected 1, "
+                                         "0 or auto)"),
+              std::string::npos)
+        << e.what();
+  }
+  // Without AVX512_BF16 no mode turns them on.
+  if (!cpu::Bf16KernelsSupported()) {
+    const cpu::Bf16Mode previous = cpu::SetBf16Mode(cpu::Bf16Mode::kOn);
+    EXPECT_FALSE(cpu::Bf16KernelsActive());
+    cpu::SetBf16Mode(previous);
+  }
+}
+
+// ---- bfloat16 on AVX512_BF16 ----
+//
+// Skipped where the CPU lacks AVX512_BF16 (AMD Zen 3, Intel before Cooper
+// Lake): bf16 convolutions there take the convert-to-fp32 path, which the
+// cross-backend tests cover.
+class Bf16Kernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cpu::Bf16KernelsSupported()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+    previous_ = cpu::SetKernelSet(cpu::KernelSet::kAvx512);
+    mode_ = cpu::SetBf16Mode(cpu::Bf16Mode::kOn);
+  }
+  void TearDown() override {
+    if (!cpu::Bf16KernelsSupported()) return;
+    cpu::SetKernelSet(previous_);
+    cpu::SetBf16Mode(mode_);
+  }
+  cpu::KernelSet previous_ = cpu::KernelSet::kBlas;
+  cpu::Bf16Mode mode_ = cpu::Bf16Mode::kMeasured;
+};
+
+// The operands are bf16, so each product is exact in float32 and float64;
+// the kernels add `terms` of them in float32 (each addition within 2^-24
+// of its result, so the sum within terms * 2^-24 * S, S the sum of the
+// absolute terms), then round once to bf16 (u = 2^-8 of the result).
+TEST_F(Bf16Kernels, MatchFloat64WithinOneRoundingOfAFloat32Sum) {
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(Describe(s));
+    auto in = MakeRandomInput(2, 10, 0.3, s.cin, at::kFloat, 11 + s.cin, -5, /*shuffle=*/false);
+    const int64_t volume = static_cast<int64_t>(s.kernel) * s.kernel * s.kernel;
+    const at::Tensor f = in.features.to(at::kBFloat16);
+    const at::Tensor w = (at::randn({volume, s.cin, s.cout}) / 8).to(at::kBFloat16);
+    const at::Tensor seed = at::randn({in.features.size(0), s.cout}).to(at::kBFloat16);
+    const Result got = ConvForwardBackward(s, f, in.coordinates, w, seed);
+    ASSERT_EQ(got.out.scalar_type(), at::kBFloat16);
+    auto d = [](const at::Tensor& t) { return t.to(at::kDouble); };
+    const Result want = ConvForwardBackward(s, d(f), in.coordinates, d(w), d(seed), at::kBFloat16);
+    const Result sums = ConvForwardBackward(s, d(f).abs(), in.coordinates, d(w).abs(),
+                                            d(seed).abs(), at::kBFloat16);
+    const double terms = static_cast<double>(
+        std::max(volume * std::max(s.cin, s.cout), in.features.size(0) * int64_t{2}));
+    const double u = std::ldexp(1.0, -8), gamma = terms * std::ldexp(1.0, -24);
+    auto worst = [&](const at::Tensor& g, const at::Tensor& x, const at::Tensor& sum) {
+      const at::Tensor bound = u * x.abs() + gamma * sum + 1e-30;
+      return ((d(g) - x).abs() / bound).max().item<double>();
+    };
+    EXPECT_LE(worst(got.out, want.out, sums.out), 1.0) << "forward";
+    EXPECT_LE(worst(got.grad_features, want.grad_features, sums.grad_features), 1.0)
+        << "input gradient";
+    EXPECT_LE(worst(got.grad_weight, want.grad_weight, sums.grad_weight), 1.0) << "weight gradient";
+  }
+}
+
+TEST_F(Bf16Kernels, ResultsDoNotDependOnTheThreadCountBitForBit) {
+  const int threads = at::get_num_threads();
+  for (const Shape& s : {kShapes[0], kShapes[5], kShapes[9]}) {
+    SCOPED_TRACE(Describe(s));
+    auto in = MakeRandomInput(2, 12, 0.3, s.cin, at::kFloat, 5, 0, /*shuffle=*/false);
+    const int64_t volume = static_cast<int64_t>(s.kernel) * s.kernel * s.kernel;
+    const at::Tensor f = in.features.to(at::kBFloat16);
+    const at::Tensor w = (at::randn({volume, s.cin, s.cout}) / 8).to(at::kBFloat16);
+    const at::Tensor seed = at::randn({in.features.size(0), s.cout}).to(at::kBFloat16);
+    at::set_num_threads(1);
+    const Result one = ConvForwardBackward(s, f, in.coordinates, w, seed);
+    for (int n : {2, 3}) {
+      at::set_num_threads(n);
+      const Result many = ConvForwardBackward(s, f, in.coordinates, w, seed);
+      EXPECT_TRUE(at::equal(one.out, many.out)) << n << " threads, forward";
+      EXPECT_TRUE(at::equal(one.grad_features, many.grad_features)) << n << " threads, input";
+      EXPECT_TRUE(at::equal(one.grad_weight, many.grad_weight)) << n << " threads, weight";
+    }
+  }
+  at::set_num_threads(threads);
+}
+
+// The kernels run where the precision line says, and the switches turn
+// them off: with them off, bf16 takes the convert-to-fp32 path, whose
+// float32 sums run in another order (so a large sum differs in its bits).
+TEST_F(Bf16Kernels, TakenWhereActiveAndTheSwitchesTurnThemOff) {
+  const c10::Device host(c10::DeviceType::CPU);
+  const Shape s{64, 96, 3, 1, false};
+  auto in = MakeRandomInput(1, 14, 0.4, s.cin, at::kFloat, 9, 0, /*shuffle=*/false);
+  const at::Tensor f = in.features.to(at::kBFloat16);
+  const at::Tensor w = at::randn({27, s.cin, s.cout}).to(at::kBFloat16);
+  const at::Tensor seed = at::randn({in.features.size(0), s.cout}).to(at::kBFloat16);
+  EXPECT_TRUE(cpu::Bf16KernelsActive());
+  EXPECT_NE(DescribePrecision(at::kBFloat16, host)
+                .find("avx512 kernels with AVX512_BF16 (half "
+                      "inputs, float32 accumulation)"),
+            std::string::npos)
+      << DescribePrecision(at::kBFloat16, host);
+  const Result fused = ConvForwardBackward(s, f, in.coordinates, w, seed);
+  cpu::SetBf16Mode(cpu::Bf16Mode::kOff);
+  EXPECT_FALSE(cpu::Bf16KernelsActive());
+  EXPECT_NE(
+      DescribePrecision(at::kBFloat16, host).find("(AVX512_BF16 turned off) (convert-to-fp32"),
+      std::string::npos);
+  const Result converted = ConvForwardBackward(s, f, in.coordinates, w, seed);
+  EXPECT_FALSE(at::equal(fused.grad_weight, converted.grad_weight));
+  // Measured: used where the dot products are fast enough, and the line
+  // says which and why.
+  cpu::SetBf16Mode(cpu::Bf16Mode::kMeasured);
+  const double speed = cpu::Bf16DotSpeed();
+  EXPECT_GT(speed, 0.0);
+  EXPECT_EQ(cpu::Bf16KernelsActive(), speed >= cpu::kBf16MinSpeed) << speed;
+  if (speed < cpu::kBf16MinSpeed) {
+    EXPECT_NE(
+        DescribePrecision(at::kBFloat16, host).find("AVX512_BF16 unused: its dot products run at"),
+        std::string::npos)
+        << DescribePrecision(at::kBFloat16, host);
+  }
+  cpu::SetBf16Mode(cpu::Bf16Mode::kOn);
+  cpu::SetKernelSet(cpu::KernelSet::kAvx2);  // another set: no bf16 tiles
+  EXPECT_FALSE(cpu::Bf16KernelsActive());
+  EXPECT_NE(DescribePrecision(at::kBFloat16, host).find("not the avx512 set"), std::string::npos);
+  const int64_t n = 4;
+  std::vector<uint16_t> x(n * 2), out(n * 2);
+  std::vector<int32_t> rows = {0, 1, 2, 3};
+  std::vector<int64_t> begin = {0, 4};
+  cpu::PairLists pairs{rows.data(), rows.data(), begin.data(), 1, -1, true};
+  EXPECT_THROW(cpu::ConvForwardBf16(x.data(), 2, x.data(), 2, pairs, out.data(), n), c10::Error);
+  // fp16 always takes the convert-to-fp32 path on the cpu backend.
+  cpu::SetKernelSet(cpu::KernelSet::kAvx512);
+  EXPECT_NE(DescribePrecision(at::kHalf, host).find("convert-to-fp32"), std::string::npos);
+}
+
+// A non-finite input reaches the outputs it touches: the guard's and the
+// splitter's NaN checks see it.
+TEST_F(Bf16Kernels, ANonFiniteInputPropagates) {
+  const Shape s{16, 20, 3, 1, false};
+  auto in = MakeRandomInput(1, 10, 0.3, s.cin, at::kFloat, 4, 0, /*shuffle=*/false);
+  at::Tensor f = in.features.to(at::kBFloat16);
+  f[0][3] = std::numeric_limits<float>::quiet_NaN();
+  const at::Tensor w = at::randn({27, s.cin, s.cout}).to(at::kBFloat16);
+  const at::Tensor seed = at::randn({in.features.size(0), s.cout}).to(at::kBFloat16);
+  const Result r = ConvForwardBackward(s, f, in.coordinates, w, seed);
+  EXPECT_TRUE(r.out[0].isnan().all().item<bool>());
+  EXPECT_TRUE(r.grad_weight.isnan().any().item<bool>());
+  EXPECT_FALSE(r.out.isnan().all().item<bool>());
+}
+
+TEST_F(Bf16Kernels, ZeroChannelsGiveEmptyResults) {
+  auto in = MakeRandomInput(1, 8, 0.3, 4, at::kFloat, 2, 0, /*shuffle=*/false);
+  for (auto [cin, cout] : {std::pair<int64_t, int64_t>{4, 0}, {0, 4}}) {
+    at::Tensor f = in.features.slice(1, 0, cin).to(at::kBFloat16).requires_grad_(true);
+    at::Tensor w = at::randn({27, cin, cout}).to(at::kBFloat16).requires_grad_(true);
+    SparseTensor y = Conv(SparseTensor(f, in.coordinates), w, at::Tensor(), {3, 1, 1});
+    EXPECT_EQ(y.F().size(1), cout);
+    EXPECT_EQ(y.F().abs().sum().item<double>(), 0.0);
+    (y.F().sum() + w.sum() * 0).backward();
+    EXPECT_EQ(f.grad().sizes(), f.sizes());
+    EXPECT_EQ(w.grad().sizes(), w.sizes());
+  }
 }
 
 }  // namespace
