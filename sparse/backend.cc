@@ -92,6 +92,7 @@ PairView PairsOf(const KernelMap& map, bool transposed) {
   p.src = transposed ? map.out_rows : map.in_rows;
   p.dst = transposed ? map.in_rows : map.out_rows;
   p.begin = &map.begin;
+  p.device_begin = map.device_begin;
   p.identity_offset = map.identity_offset;
   p.sorted = map.rows_sorted;
   return p;

@@ -49,6 +49,8 @@ BackendKind BackendKindFromString(const std::string& name);
 struct PairView {
   at::Tensor src, dst;
   const std::vector<int64_t>* begin = nullptr;
+  // *begin on the op's device (KernelMap::device_begin), or undefined.
+  at::Tensor device_begin;
   // Offset whose pairs are (p, p) for every row p in row order, or -1
   // (KernelMap::identity_offset).
   int64_t identity_offset = -1;

@@ -35,6 +35,7 @@ int64_t ConvScope(const KernelMap& map, bool transposed) {
 
 void SaveMap(AutogradContext* ctx, const KernelMap& map, bool transposed, const Backend& backend) {
   ctx->saved_data["begin"] = map.begin;
+  if (map.device_begin.defined()) ctx->saved_data["device_begin"] = map.device_begin;
   ctx->saved_data["identity"] = map.identity_offset;
   ctx->saved_data["transposed"] = transposed;
   ctx->saved_data["sorted"] = map.rows_sorted;
@@ -73,6 +74,8 @@ PairView LoadPairs(AutogradContext* ctx, const at::Tensor& in_rows, const at::Te
   p.src = transposed ? out_rows : in_rows;
   p.dst = transposed ? in_rows : out_rows;
   p.begin = begin;
+  const auto device_begin = ctx->saved_data.find("device_begin");
+  if (device_begin != ctx->saved_data.end()) p.device_begin = device_begin->second.toTensor();
   p.identity_offset = ctx->saved_data["identity"].toInt();
   p.sorted = ctx->saved_data["sorted"].toBool();
   return p;

@@ -77,10 +77,14 @@ struct KernelMap {
   int32_t dilation = 1;
   int64_t volume = 0;
   std::vector<int64_t> begin;  // volume + 1 entries.
-  at::Tensor in_rows;          // int32 [pairs]
-  at::Tensor out_rows;         // int32 [pairs]
-  int64_t num_in = 0;          // rows of the input set
-  int64_t num_out = 0;         // rows of the output set
+  // `begin` as an int64 tensor on the map's device, uploaded once by
+  // backends that build maps there (the cuda steps), so that no convolution
+  // copies it again; undefined otherwise.
+  at::Tensor device_begin;
+  at::Tensor in_rows;   // int32 [pairs]
+  at::Tensor out_rows;  // int32 [pairs]
+  int64_t num_in = 0;   // rows of the input set
+  int64_t num_out = 0;  // rows of the output set
   // Offset whose pairs are (p, p) for every row p in order (the centre of
   // an odd kernel on one set, built outside deterministic mode), or -1.
   int64_t identity_offset = -1;

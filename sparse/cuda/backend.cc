@@ -21,6 +21,9 @@ class StreamLauncher final : public Launcher {
     body();
   }
   void Run(const MapSearch& op, const char* what) const override { Check(Launch(op, S()), what); }
+  void Run(const CompactPairs& op, const char* what) const override {
+    Check(Launch(op, S()), what);
+  }
   void Run(const InvertPairs& op, const char* what) const override { Check(Launch(op, S()), what); }
   void Run(const GatherRows<float>& op, const char* what) const override {
     Check(Launch(op, S()), what);

@@ -85,6 +85,31 @@ struct MapSearch {
   }
 };
 
+// Element i = k * n_out + p of `match` ([volume, n_out] int32, MapSearch's
+// result): where match[i] >= 0 it is pair number position[i] - 1 (position:
+// the inclusive prefix count of match >= 0 in row-major order, int32), and
+// the pair is written there: in_pos = match[i], out_pos = p. Row-major
+// order is the map's pair order (offset by offset, output keys ascending),
+// so this is the compaction LibTorch's nonzero would do, without the host
+// synchronisation nonzero needs to size its result.
+struct CompactPairs {
+  const int32_t* match;
+  const int32_t* position;
+  int64_t n_out;
+  int64_t entries;  // volume * n_out
+  int32_t* in_pos;
+  int32_t* out_pos;
+
+  TRAINSUP_HD int64_t size() const { return entries; }
+  TRAINSUP_HD void operator()(int64_t i) const {
+    const int32_t j = match[i];
+    if (j < 0) return;
+    const int64_t q = static_cast<int64_t>(position[i]) - 1;
+    in_pos[q] = j;
+    out_pos[q] = static_cast<int32_t>(i % n_out);
+  }
+};
+
 // Element p of `pairs`: inverse[k * rows + row[p]] = p, where k is the
 // offset whose pairs [begin[k], begin[k + 1]) hold p (begin: int64
 // [volume + 1]). Rows are unique within an offset. `inverse` ([volume,

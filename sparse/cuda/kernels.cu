@@ -38,6 +38,7 @@ cudaError_t LaunchOp(const Op& op, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t Launch(const MapSearch& op, cudaStream_t stream) { return LaunchOp(op, stream); }
+cudaError_t Launch(const CompactPairs& op, cudaStream_t stream) { return LaunchOp(op, stream); }
 cudaError_t Launch(const InvertPairs& op, cudaStream_t stream) { return LaunchOp(op, stream); }
 cudaError_t Launch(const GatherRows<float>& op, cudaStream_t stream) {
   return LaunchOp(op, stream);

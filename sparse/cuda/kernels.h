@@ -20,6 +20,7 @@
 namespace trainsup::sparse::cuda {
 
 cudaError_t Launch(const MapSearch& op, cudaStream_t stream);
+cudaError_t Launch(const CompactPairs& op, cudaStream_t stream);
 cudaError_t Launch(const InvertPairs& op, cudaStream_t stream);
 cudaError_t Launch(const GatherRows<float>& op, cudaStream_t stream);
 cudaError_t Launch(const GatherRows<double>& op, cudaStream_t stream);

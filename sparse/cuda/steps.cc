@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 
+#include <algorithm>
+#include <atomic>
 #include <utility>
 #include <vector>
 
@@ -33,11 +35,28 @@ std::vector<std::pair<int64_t, int64_t>> Groups(const PairView& pairs, int64_t b
   return groups;
 }
 
+std::atomic<int64_t> g_uploads{0};
+
+// `values` as an int64 tensor on `device`. To a GPU, from pinned memory
+// without waiting: LibTorch's caching host allocator keeps the pinned
+// buffer until the copy on the current stream is done. (A pageable copy
+// would make the host wait for the stream.)
+at::Tensor Upload(const std::vector<int64_t>& values, c10::Device device) {
+  g_uploads.fetch_add(1, std::memory_order_relaxed);
+  const int64_t n = static_cast<int64_t>(values.size());
+  if (!device.is_cuda()) return at::tensor(values, at::kLong).to(device);
+  at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  std::copy(values.begin(), values.end(), host.data_ptr<int64_t>());
+  return host.to(device, /*non_blocking=*/true);
+}
+
 // inverse[k, row] = the pair of offset k that has `rows`-side row `row`.
 at::Tensor Inverse(const Launcher& launcher, const at::Tensor& rows_of_pairs, const PairView& pairs,
                    int64_t rows) {
   at::Tensor inverse = at::full({pairs.volume(), rows}, -1, rows_of_pairs.options());
-  const at::Tensor begin = at::tensor(*pairs.begin, at::kLong).to(rows_of_pairs.device());
+  const at::Tensor begin = pairs.device_begin.defined()
+                               ? pairs.device_begin
+                               : Upload(*pairs.begin, rows_of_pairs.device());
   launcher.Run(
       InvertPairs{rows_of_pairs.data_ptr<int32_t>(), begin.data_ptr<int64_t>(), pairs.volume(),
                   rows_of_pairs.size(0), rows, inverse.data_ptr<int32_t>()},
@@ -88,6 +107,8 @@ void GatherGemmScatter(const Launcher& launcher, const at::Tensor& x, const at::
 
 }  // namespace
 
+int64_t HostUploads() { return g_uploads.load(std::memory_order_relaxed); }
+
 Backend StepsTableBase(const char* name, bool (*runs_on)(c10::DeviceType)) {
   Backend b = generic::GenericBackend();
   b.kind = BackendKind::kCuda;
@@ -98,7 +119,10 @@ Backend StepsTableBase(const char* name, bool (*runs_on)(c10::DeviceType)) {
 }
 
 void BuildKernelMap(const Launcher& launcher, const KernelMapInputs& inputs, KernelMap* map) {
-  if (!generic::StartKernelMap(inputs, map)) return;
+  if (!generic::StartKernelMap(inputs, map)) {
+    map->device_begin = Upload(map->begin, inputs.device);
+    return;
+  }
   const at::Tensor& in_keys = inputs.in_device->keys;
   const at::Tensor& out_keys = inputs.out_device->keys;
   const int64_t n_in = in_keys.size(0), n_out = out_keys.size(0);
@@ -112,8 +136,8 @@ void BuildKernelMap(const Launcher& launcher, const KernelMapInputs& inputs, Ker
       delta[k] += fields[3 * k + a] * (int64_t{1} << ((2 - a) * kCoordinateBits));
     }
   }
-  const at::Tensor fields_d = at::tensor(fields, at::kLong).to(inputs.device);
-  const at::Tensor delta_d = at::tensor(delta, at::kLong).to(inputs.device);
+  const at::Tensor fields_d = Upload(fields, inputs.device);
+  const at::Tensor delta_d = Upload(delta, inputs.device);
   const bool mirror = inputs.same_set && inputs.kernel_size % 2 == 1;
   const int64_t lookups = mirror ? volume / 2 + 1 : volume;
   at::Tensor match = at::full({volume, n_out}, -1, index.dtype(at::kInt));
@@ -121,19 +145,24 @@ void BuildKernelMap(const Launcher& launcher, const KernelMapInputs& inputs, Ker
                          fields_d.data_ptr<int64_t>(), delta_d.data_ptr<int64_t>(), kCoordinateBits,
                          lookups, volume, mirror, match.data_ptr<int32_t>()},
                "kernel-map search");
-  // nonzero lists (offset, output position) in row-major order: offset by
-  // offset, output keys ascending, which is the map's pair order.
+  // The pairs in row-major order of `match` (offset by offset, output keys
+  // ascending: the map's pair order), each at its prefix count. The counts
+  // per offset are the build's one host synchronisation.
   const at::Tensor hit = match.ge(0);
+  const at::Tensor position = at::cumsum(hit.view({-1}), 0, at::kInt);
   const at::Tensor counts = hit.sum(1).to(at::kCPU).to(at::kLong).contiguous();
   const int64_t* count = counts.data_ptr<int64_t>();
   for (int64_t k = 0; k < volume; ++k) map->begin[k + 1] = map->begin[k] + count[k];
-  const at::Tensor nz = hit.nonzero();
-  const at::Tensor pos = nz.select(1, 1);
-  const at::Tensor in_pos = match.view({-1}).index_select(0, nz.select(1, 0) * n_out + pos);
+  at::Tensor in_pos = at::empty({map->begin[volume]}, index.dtype(at::kInt));
+  at::Tensor pos = at::empty({map->begin[volume]}, index.dtype(at::kInt));
+  launcher.Run(CompactPairs{match.data_ptr<int32_t>(), position.data_ptr<int32_t>(), n_out,
+                            volume * n_out, in_pos.data_ptr<int32_t>(), pos.data_ptr<int32_t>()},
+               "kernel-map compaction");
   const at::Tensor& in_rows = inputs.in_device->rows;
   const at::Tensor& out_rows = inputs.out_device->rows;
-  map->in_rows = in_rows.defined() ? in_rows.index_select(0, in_pos) : in_pos.to(at::kInt);
-  map->out_rows = out_rows.defined() ? out_rows.index_select(0, pos) : pos.to(at::kInt);
+  map->in_rows = in_rows.defined() ? in_rows.index_select(0, in_pos) : in_pos;
+  map->out_rows = out_rows.defined() ? out_rows.index_select(0, pos) : pos;
+  map->device_begin = Upload(map->begin, inputs.device);
 }
 
 at::Tensor ConvForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,

@@ -27,6 +27,7 @@ class Launcher {
   // launcher: a CUDAGuard; on the host: nothing to set).
   virtual void OnDevice(c10::Device device, const std::function<void()>& body) const = 0;
   virtual void Run(const MapSearch& op, const char* what) const = 0;
+  virtual void Run(const CompactPairs& op, const char* what) const = 0;
   virtual void Run(const InvertPairs& op, const char* what) const = 0;
   virtual void Run(const GatherRows<float>& op, const char* what) const = 0;
   virtual void Run(const GatherRows<double>& op, const char* what) const = 0;
@@ -39,12 +40,22 @@ class Launcher {
 //
 //   kernel maps     one search over sorted keys for all offsets (half of
 //                   them for an odd kernel on one set, the rest mirrored),
-//                   then a compaction with LibTorch's nonzero
+//                   then a compaction by a prefix count; one host
+//                   synchronisation per map (the per-offset counts), its
+//                   small host tables uploaded asynchronously from pinned
+//                   memory, and `begin` kept on the device with the map
+//   convolutions    no host synchronisation and no upload: the inverse
+//                   tables read the map's device `begin`
 //   convolutions    gather -> a product per offset (at::mm: cuBLAS on the
 //                   GPU) -> one summing op per group of offsets that adds
 //                   them into each output element in offset order: no
 //                   atomics, the same order as the cpu backend's BLAS path
 void BuildKernelMap(const Launcher& launcher, const KernelMapInputs& inputs, KernelMap* map);
+// How many host tables the steps have uploaded to a device so far in this
+// process (the map build's offsets and `begin`; a convolution on a map
+// without device_begin uploads its `begin`): tests check that convolutions
+// upload nothing.
+int64_t HostUploads();
 at::Tensor ConvForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
                        const PairView& pairs, int64_t num_out);
 void ConvBackward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,

@@ -147,6 +147,7 @@ class HostLauncher final : public cuda::Launcher {
  public:
   void OnDevice(c10::Device, const std::function<void()>& body) const override { body(); }
   void Run(const cuda::MapSearch& op, const char*) const override { RunAll(op); }
+  void Run(const cuda::CompactPairs& op, const char*) const override { RunAll(op); }
   void Run(const cuda::InvertPairs& op, const char*) const override { RunAll(op); }
   void Run(const cuda::GatherRows<float>& op, const char*) const override { RunAll(op); }
   void Run(const cuda::GatherRows<double>& op, const char*) const override { RunAll(op); }
@@ -183,6 +184,34 @@ TEST(Backend, ATableGoesBeforeTheOverrideWhereItRuns) {
     EXPECT_EQ(BackendFor(c10::Device(c10::DeviceType::CUDA, 0)).kind, BackendKind::kGeneric);
   }
   EXPECT_EQ(&BackendFor(c10::Device(c10::DeviceType::CPU)), FindBackend(BackendKind::kGeneric));
+}
+
+// Issue 45: a map build uploads its small host tables (the offsets' shifts
+// and `begin`), and the map keeps `begin` on its device; convolutions on
+// it, forward and backward, upload nothing (on a GPU each upload would be
+// a copy, and the old pageable ones made the host wait for the stream).
+TEST(CudaSteps, ConvolutionsUploadNothingAfterTheMapBuild) {
+  BackendTableGuard table(&CudaStepsOnHost());
+  auto in = MakeRandomInput(2, 9, 0.3, 4, at::kFloat, 3, 0, /*shuffle=*/false);
+  at::Tensor f = in.features.clone().requires_grad_(true);
+  at::Tensor w = at::randn({27, 4, 5}).requires_grad_(true);
+  SparseTensor x(f, in.coordinates);
+  const int64_t before = cuda::HostUploads();
+  SparseTensor y = Conv(x, w, at::Tensor(), {3, 2, 1});
+  const int64_t built = cuda::HostUploads();
+  EXPECT_EQ(built - before, 3) << "the shifts, the packed deltas and begin";
+  const std::shared_ptr<const KernelMap> map =
+      x.manager()->GetKernelMap(x.set_id(), y.set_id(), 3, 1);
+  ASSERT_TRUE(map->device_begin.defined());
+  const at::Tensor device_begin = map->device_begin.to(at::kCPU);
+  EXPECT_EQ(std::vector<int64_t>(device_begin.data_ptr<int64_t>(),
+                                 device_begin.data_ptr<int64_t>() + device_begin.numel()),
+            map->begin);
+  SparseTensor again = Conv(x, w, at::Tensor(), {3, 2, 1});  // the cached map
+  (y.F().sum() + again.F().square().sum()).backward();
+  EXPECT_EQ(cuda::HostUploads(), built);
+  ASSERT_TRUE(f.grad().defined());
+  EXPECT_GT(f.grad().abs().sum().item<double>(), 0.0);
 }
 
 struct Target {
