@@ -20,23 +20,13 @@ class StreamLauncher final : public Launcher {
     const c10::cuda::CUDAGuard guard(device);
     body();
   }
-  void Run(const MapSearch& op, const char* what) const override { Check(Launch(op, S()), what); }
-  void Run(const CompactPairs& op, const char* what) const override {
-    Check(Launch(op, S()), what);
+  void Synchronize() const override {
+    Check(cudaStreamSynchronize(S()), "synchronising the stream");
   }
-  void Run(const InvertPairs& op, const char* what) const override { Check(Launch(op, S()), what); }
-  void Run(const GatherRows<float>& op, const char* what) const override {
-    Check(Launch(op, S()), what);
-  }
-  void Run(const GatherRows<double>& op, const char* what) const override {
-    Check(Launch(op, S()), what);
-  }
-  void Run(const ScatterSum<float>& op, const char* what) const override {
-    Check(Launch(op, S()), what);
-  }
-  void Run(const ScatterSum<double>& op, const char* what) const override {
-    Check(Launch(op, S()), what);
-  }
+#define TRAINSUP_STREAM_RUN(Op) \
+  void Run(const Op& op, const char* what) const override { Check(Launch(op, S()), what); }
+  TRAINSUP_CUDA_OPS(TRAINSUP_STREAM_RUN)
+#undef TRAINSUP_STREAM_RUN
 
  private:
   static cudaStream_t S() { return at::cuda::getCurrentCUDAStream().stream(); }

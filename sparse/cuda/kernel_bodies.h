@@ -16,6 +16,7 @@
 #ifndef TRAINSUP_SPARSE_CUDA_KERNEL_BODIES_H_
 #define TRAINSUP_SPARSE_CUDA_KERNEL_BODIES_H_
 
+#include <cmath>
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -180,6 +181,109 @@ struct ScatterSum {
   }
 };
 
+// a * b + c with one rounding, the same on the host and the device (nvcc
+// would contract a plain a * b + c on the device only).
+TRAINSUP_HD inline float Fma(float a, float b, float c) { return fmaf(a, b, c); }
+TRAINSUP_HD inline double Fma(double a, double b, double c) { return fma(a, b, c); }
+
+// The fused dataflow's convolution over all kernel offsets in one op,
+// output-stationary: element i = r * cols + c of `out` ([rows, cols]) is
+//   sum over offsets k in order, over j in [0, kdim) in order, of
+//   a[from[inverse[k * rows + r]], j] * w[k * w_k + j * w_red + c * w_col]
+// (offsets without a pair for row r add nothing), one fused multiply-add
+// per term, starting from 0. The gather is in the loads and the sum in a
+// register: no gathered copy, no scatter, no atomics.
+//   forward         a = features, kdim = C_in, from = src, inverse over dst,
+//                   W_k[j, c]: w_red = C_out, w_col = 1
+//   input gradient  a = output gradient, kdim = C_out, from = dst, inverse
+//                   over src, W_k[c, j] (W_k^T): w_red = 1, w_col = C_out
+template <typename T>
+struct ImplicitGemmRows {
+  const T* a;
+  int64_t kdim;
+  const int32_t* from;
+  const int32_t* inverse;
+  int64_t volume;
+  const T* w;
+  int64_t w_k, w_red, w_col;
+  int64_t rows, cols;
+  T* out;
+
+  TRAINSUP_HD int64_t size() const { return rows * cols; }
+  TRAINSUP_HD void operator()(int64_t i) const {
+    const int64_t r = i / cols, c = i % cols;
+    T acc = T(0);
+    for (int64_t k = 0; k < volume; ++k) {
+      const int32_t p = inverse[k * rows + r];
+      if (p < 0) continue;
+      const T* ar = a + static_cast<int64_t>(from[p]) * kdim;
+      const T* wk = w + k * w_k + c * w_col;
+      for (int64_t j = 0; j < kdim; ++j) acc = Fma(ar[j], wk[j * w_red], acc);
+    }
+    out[i] = acc;
+  }
+};
+
+// The fused dataflow's weight gradient, first op: element i = ((s *
+// volume + k) * cin + a) * cout + b of `partial` ([splits, volume, cin,
+// cout]) is the sum over the pairs p of offset k in split s (pairs
+// [begin[k] + s * chunk, min(begin[k + 1], begin[k] + (s + 1) * chunk)))
+// in order of f[src[p], a] * g[dst[p], b], fused multiply-adds from 0.
+// `chunk` and `splits` depend on the map alone (steps.cc), so the sums do.
+template <typename T>
+struct WeightGradSplits {
+  const T* f;
+  int64_t cin;
+  const int32_t* src;
+  const T* g;
+  int64_t cout;
+  const int32_t* dst;
+  const int64_t* begin;
+  int64_t volume, chunk, splits;
+  T* partial;
+
+  TRAINSUP_HD int64_t size() const { return splits * volume * cin * cout; }
+  TRAINSUP_HD void operator()(int64_t i) const {
+    const int64_t b = i % cout, a = (i / cout) % cin, k = (i / (cout * cin)) % volume;
+    const int64_t s = i / (cout * cin * volume);
+    const int64_t p0 = begin[k] + s * chunk;
+    const int64_t p1 = p0 + chunk < begin[k + 1] ? p0 + chunk : begin[k + 1];
+    T acc = T(0);
+    for (int64_t p = p0; p < p1; ++p) {
+      acc = Fma(f[static_cast<int64_t>(src[p]) * cin + a],
+                g[static_cast<int64_t>(dst[p]) * cout + b], acc);
+    }
+    partial[i] = acc;
+  }
+};
+
+// Second op: out[i] = the sum over s in order of partial[s * n + i], for
+// i in [0, n).
+template <typename T>
+struct SumSplits {
+  const T* partial;
+  int64_t splits, n;
+  T* out;
+
+  TRAINSUP_HD int64_t size() const { return n; }
+  TRAINSUP_HD void operator()(int64_t i) const {
+    T acc = partial[i];
+    for (int64_t s = 1; s < splits; ++s) acc += partial[s * n + i];
+    out[i] = acc;
+  }
+};
+
 }  // namespace trainsup::sparse::cuda
+
+// Every op type, once: X(Op) for each. The launchers' overloads (kernels.h
+// and .cu, steps.h's Launcher, the GPU and host launchers) expand it, so an
+// op added here is launched everywhere or the build fails.
+// clang-format off
+#define TRAINSUP_CUDA_OPS(X) \
+  X(MapSearch) X(CompactPairs) X(InvertPairs) \
+  X(GatherRows<float>) X(GatherRows<double>) X(ScatterSum<float>) X(ScatterSum<double>) \
+  X(ImplicitGemmRows<float>) X(ImplicitGemmRows<double>) \
+  X(WeightGradSplits<float>) X(WeightGradSplits<double>) X(SumSplits<float>) X(SumSplits<double>)
+// clang-format on
 
 #endif  // TRAINSUP_SPARSE_CUDA_KERNEL_BODIES_H_

@@ -37,20 +37,9 @@ cudaError_t LaunchOp(const Op& op, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t Launch(const MapSearch& op, cudaStream_t stream) { return LaunchOp(op, stream); }
-cudaError_t Launch(const CompactPairs& op, cudaStream_t stream) { return LaunchOp(op, stream); }
-cudaError_t Launch(const InvertPairs& op, cudaStream_t stream) { return LaunchOp(op, stream); }
-cudaError_t Launch(const GatherRows<float>& op, cudaStream_t stream) {
-  return LaunchOp(op, stream);
-}
-cudaError_t Launch(const GatherRows<double>& op, cudaStream_t stream) {
-  return LaunchOp(op, stream);
-}
-cudaError_t Launch(const ScatterSum<float>& op, cudaStream_t stream) {
-  return LaunchOp(op, stream);
-}
-cudaError_t Launch(const ScatterSum<double>& op, cudaStream_t stream) {
-  return LaunchOp(op, stream);
-}
+#define TRAINSUP_DEFINE_LAUNCH(Op) \
+  cudaError_t Launch(const Op& op, cudaStream_t stream) { return LaunchOp(op, stream); }
+TRAINSUP_CUDA_OPS(TRAINSUP_DEFINE_LAUNCH)
+#undef TRAINSUP_DEFINE_LAUNCH
 
 }  // namespace trainsup::sparse::cuda

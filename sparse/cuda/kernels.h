@@ -1,5 +1,9 @@
 // Launching the CUDA backend's kernels: each op of kernel_bodies.h as one
-// grid-stride kernel on a given stream, one thread per element. Raw device
+// grid-stride kernel on a given stream, one thread per element. For the
+// fused dataflow's ImplicitGemmRows that is one thread per output value,
+// reading its rows through the caches: no shared-memory tiles and no
+// tensor cores yet, so the measured choice (steps.h) is what keeps it off
+// the layers where cuBLAS's GEMMs are faster. Raw device
 // pointers, no LibTorch; sparse/cuda/backend.cc calls these with tensors'
 // pointers and LibTorch's current stream (through steps.h). Each returns
 // the launch's error (cudaSuccess, or the error of an invalid launch);
@@ -19,13 +23,9 @@
 
 namespace trainsup::sparse::cuda {
 
-cudaError_t Launch(const MapSearch& op, cudaStream_t stream);
-cudaError_t Launch(const CompactPairs& op, cudaStream_t stream);
-cudaError_t Launch(const InvertPairs& op, cudaStream_t stream);
-cudaError_t Launch(const GatherRows<float>& op, cudaStream_t stream);
-cudaError_t Launch(const GatherRows<double>& op, cudaStream_t stream);
-cudaError_t Launch(const ScatterSum<float>& op, cudaStream_t stream);
-cudaError_t Launch(const ScatterSum<double>& op, cudaStream_t stream);
+#define TRAINSUP_DECLARE_LAUNCH(Op) cudaError_t Launch(const Op& op, cudaStream_t stream);
+TRAINSUP_CUDA_OPS(TRAINSUP_DECLARE_LAUNCH)
+#undef TRAINSUP_DECLARE_LAUNCH
 
 }  // namespace trainsup::sparse::cuda
 

@@ -5,10 +5,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "sparse/coordinates.h"
+#include "sparse/determinism.h"
 #include "sparse/generic/backend.h"
 
 namespace trainsup::sparse::cuda {
@@ -105,7 +112,233 @@ void GatherGemmScatter(const Launcher& launcher, const at::Tensor& x, const at::
   }
 }
 
+at::Tensor GemmForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
+                       const PairView& pairs, int64_t num_out) {
+  const int64_t id = pairs.identity_offset;
+  at::Tensor out = id >= 0 ? at::mm(f, w[id]) : at::zeros({num_out, w.size(2)}, f.options());
+  GatherGemmScatter(launcher, f, w, /*transpose_w=*/false, pairs, pairs.src, pairs.dst, out);
+  return out;
+}
+
+void GemmBackward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
+                  const PairView& pairs, const at::Tensor& grad_out, bool need_input,
+                  bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight) {
+  const int64_t id = pairs.identity_offset;
+  *grad_in = at::Tensor();
+  *grad_weight = at::Tensor();
+  if (need_input) {
+    *grad_in = id >= 0 ? at::mm(grad_out, w[id].t()) : at::zeros_like(f);
+    GatherGemmScatter(launcher, grad_out, w, /*transpose_w=*/true, pairs, pairs.dst, pairs.src,
+                      *grad_in);
+  }
+  if (!need_weight) return;
+  *grad_weight = at::zeros_like(w);
+  if (id >= 0) {
+    at::Tensor gid = (*grad_weight)[id];
+    at::mm_out(gid, f.t(), grad_out);
+  }
+  const std::vector<int64_t>& begin = *pairs.begin;
+  const int64_t cin = f.size(1), cout = grad_out.size(1);
+  for (const auto& [k0, k1] : Groups(pairs, (cin + cout) * f.element_size())) {
+    const int64_t base = begin[k0], n = begin[k1] - base;
+    at::Tensor a = at::empty({n, cin}, f.options());
+    at::Tensor g = at::empty({n, cout}, f.options());
+    Gather(launcher, f, pairs.src.data_ptr<int32_t>() + base, n, a);
+    Gather(launcher, grad_out, pairs.dst.data_ptr<int32_t>() + base, n, g);
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t m = pairs.count(k);
+      if (m == 0) continue;
+      at::Tensor gk = (*grad_weight)[k];
+      at::mm_out(gk, a.narrow(0, begin[k] - base, m).t(), g.narrow(0, begin[k] - base, m));
+    }
+  }
+}
+
+// The fused dataflow (steps.h): ImplicitGemmRows for the forward and the
+// input gradient.
+at::Tensor FusedForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
+                        const PairView& pairs, int64_t num_out) {
+  const int64_t cin = w.size(1), cout = w.size(2);
+  at::Tensor out = at::empty({num_out, cout}, f.options());
+  if (out.numel() == 0) return out;
+  const at::Tensor inverse = Inverse(launcher, pairs.dst, pairs, num_out);
+  AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "cuda_implicit_gemm", [&] {
+    launcher.Run(
+        ImplicitGemmRows<scalar_t>{f.data_ptr<scalar_t>(), cin, pairs.src.data_ptr<int32_t>(),
+                                   inverse.data_ptr<int32_t>(), pairs.volume(),
+                                   w.data_ptr<scalar_t>(), cin * cout, cout, 1, num_out, cout,
+                                   out.data_ptr<scalar_t>()},
+        "implicit GEMM (forward)");
+  });
+  return out;
+}
+
+// Pairs per split of the fused weight gradient, and the most bytes its
+// partial sums may take: both fixed, so the splits depend on the map and
+// the shape alone.
+constexpr int64_t kSplitPairs = 2048;
+constexpr int64_t kSplitBytes = int64_t{64} << 20;
+
+void FusedBackward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
+                   const PairView& pairs, const at::Tensor& grad_out, bool need_input,
+                   bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight) {
+  const int64_t cin = w.size(1), cout = w.size(2), volume = pairs.volume();
+  *grad_in = at::Tensor();
+  *grad_weight = at::Tensor();
+  if (need_input) {
+    *grad_in = at::empty_like(f);
+    if (grad_in->numel() > 0) {
+      const at::Tensor inverse = Inverse(launcher, pairs.src, pairs, f.size(0));
+      AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "cuda_implicit_gemm", [&] {
+        launcher.Run(
+            ImplicitGemmRows<scalar_t>{grad_out.data_ptr<scalar_t>(), cout,
+                                       pairs.dst.data_ptr<int32_t>(), inverse.data_ptr<int32_t>(),
+                                       volume, w.data_ptr<scalar_t>(), cin * cout, 1, cout,
+                                       f.size(0), cin, grad_in->data_ptr<scalar_t>()},
+            "implicit GEMM (input gradient)");
+      });
+    }
+  }
+  if (!need_weight) return;
+  *grad_weight = at::empty_like(w);
+  const int64_t elements = w.numel();
+  if (elements == 0) return;
+  int64_t most = 0;
+  for (int64_t k = 0; k < volume; ++k) most = std::max(most, pairs.count(k));
+  const int64_t cap = std::max<int64_t>(1, kSplitBytes / (elements * w.element_size()));
+  const int64_t splits = std::clamp<int64_t>((most + kSplitPairs - 1) / kSplitPairs, 1, cap);
+  const int64_t chunk = std::max<int64_t>(1, (most + splits - 1) / splits);
+  const at::Tensor begin =
+      pairs.device_begin.defined() ? pairs.device_begin : Upload(*pairs.begin, f.device());
+  at::Tensor partial = at::empty({splits, elements}, w.options());
+  AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "cuda_weight_gradient", [&] {
+    launcher.Run(
+        WeightGradSplits<scalar_t>{f.data_ptr<scalar_t>(), cin, pairs.src.data_ptr<int32_t>(),
+                                   grad_out.data_ptr<scalar_t>(), cout,
+                                   pairs.dst.data_ptr<int32_t>(), begin.data_ptr<int64_t>(), volume,
+                                   chunk, splits, partial.data_ptr<scalar_t>()},
+        "weight gradient (splits)");
+    launcher.Run(SumSplits<scalar_t>{partial.data_ptr<scalar_t>(), splits, elements,
+                                     grad_weight->data_ptr<scalar_t>()},
+                 "weight gradient (sum)");
+  });
+}
+
+// ---- the dataflow setting and the measured choice ----
+
+std::atomic<Dataflow>& DataflowFlag() {
+  static std::atomic<Dataflow> flag{DataflowFromString(std::getenv("TRAINSUP_CUDA_DATAFLOW"))};
+  return flag;
+}
+
+struct Choice {
+  Dataflow dataflow;
+  std::string line;
+};
+
+std::mutex g_choices_mu;
+std::map<std::vector<int64_t>, Choice>& Choices() {
+  static std::map<std::vector<int64_t>, Choice> choices;
+  return choices;
+}
+
+// Seconds of run(), on the launcher's device.
+template <typename Run>
+double Timed(const Launcher& launcher, const Run& run) {
+  launcher.Synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  run();
+  launcher.Synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The dataflow for `requested` on a layer of this shape; run(d) runs the
+// convolution in dataflow d (each run's results replace the last).
+template <typename Run>
+Dataflow Resolve(Dataflow requested, const Launcher& launcher, bool backward, const at::Tensor& w,
+                 const PairView& pairs, const Run& run) {
+  if (requested != Dataflow::kMeasured) return requested;
+  if (IsDeterministic()) return Dataflow::kGatherGemm;
+  const int64_t total = pairs.begin->empty() ? 0 : pairs.begin->back();
+  int64_t log2 = 0;
+  while ((int64_t{1} << log2) < total) ++log2;
+  const std::vector<int64_t> key = {backward ? 1 : 0, w.size(1), w.size(2), pairs.volume(), log2};
+  {
+    std::lock_guard<std::mutex> lock(g_choices_mu);
+    const auto found = Choices().find(key);
+    if (found != Choices().end()) return found->second.dataflow;
+  }
+  run(Dataflow::kGatherGemm);  // warm-ups: allocations, cuBLAS's handles
+  run(Dataflow::kFused);
+  const double gemm = Timed(launcher, [&] { run(Dataflow::kGatherGemm); });
+  const double fused = Timed(launcher, [&] { run(Dataflow::kFused); });
+  const Dataflow chosen = fused < gemm ? Dataflow::kFused : Dataflow::kGatherGemm;
+  char line[160];
+  std::snprintf(line, sizeof line,
+                "%s %lld->%lld k%lld 2^%lld pairs: %s (fused %.3f ms, gather-GEMM %.3f ms)",
+                backward ? "backward" : "forward", static_cast<long long>(key[1]),
+                static_cast<long long>(key[2]), static_cast<long long>(key[3]),
+                static_cast<long long>(log2), ToString(chosen).c_str(), fused * 1e3, gemm * 1e3);
+  std::lock_guard<std::mutex> lock(g_choices_mu);
+  Choices().emplace(key, Choice{chosen, line});
+  return chosen;
+}
+
 }  // namespace
+
+Dataflow DataflowFromString(const char* value) {
+  const std::string v = value != nullptr ? value : "";
+  if (v.empty() || v == "measured") return Dataflow::kMeasured;
+  if (v == "gemm") return Dataflow::kGatherGemm;
+  if (v == "fused") return Dataflow::kFused;
+  TORCH_CHECK(false, "TRAINSUP_CUDA_DATAFLOW: unknown dataflow '", v,
+              "' (expected gemm, fused or measured)");
+}
+
+std::string ToString(Dataflow dataflow) {
+  switch (dataflow) {
+    case Dataflow::kGatherGemm:
+      return "gather-GEMM";
+    case Dataflow::kFused:
+      return "fused";
+    case Dataflow::kMeasured:
+      break;
+  }
+  return "measured";
+}
+
+Dataflow ActiveDataflow() { return DataflowFlag().load(std::memory_order_relaxed); }
+
+Dataflow SetDataflow(Dataflow dataflow) { return DataflowFlag().exchange(dataflow); }
+
+std::vector<std::string> DataflowChoices() {
+  std::lock_guard<std::mutex> lock(g_choices_mu);
+  std::vector<std::string> lines;
+  for (const auto& [key, choice] : Choices()) lines.push_back(choice.line);
+  return lines;
+}
+
+at::Tensor ConvForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
+                       const PairView& pairs, int64_t num_out, Dataflow dataflow) {
+  at::Tensor out;
+  auto run = [&](Dataflow d) {
+    out = d == Dataflow::kFused ? FusedForward(launcher, f, w, pairs, num_out)
+                                : GemmForward(launcher, f, w, pairs, num_out);
+  };
+  run(Resolve(dataflow, launcher, false, w, pairs, run));
+  return out;
+}
+
+void ConvBackward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
+                  const PairView& pairs, const at::Tensor& grad_out, bool need_input,
+                  bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight,
+                  Dataflow dataflow) {
+  auto run = [&](Dataflow d) {
+    (d == Dataflow::kFused ? FusedBackward : GemmBackward)(
+        launcher, f, w, pairs, grad_out, need_input, need_weight, grad_in, grad_weight);
+  };
+  run(Resolve(dataflow, launcher, true, w, pairs, run));
+}
 
 int64_t HostUploads() { return g_uploads.load(std::memory_order_relaxed); }
 
@@ -163,48 +396,6 @@ void BuildKernelMap(const Launcher& launcher, const KernelMapInputs& inputs, Ker
   map->in_rows = in_rows.defined() ? in_rows.index_select(0, in_pos) : in_pos;
   map->out_rows = out_rows.defined() ? out_rows.index_select(0, pos) : pos;
   map->device_begin = Upload(map->begin, inputs.device);
-}
-
-at::Tensor ConvForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
-                       const PairView& pairs, int64_t num_out) {
-  const int64_t id = pairs.identity_offset;
-  at::Tensor out = id >= 0 ? at::mm(f, w[id]) : at::zeros({num_out, w.size(2)}, f.options());
-  GatherGemmScatter(launcher, f, w, /*transpose_w=*/false, pairs, pairs.src, pairs.dst, out);
-  return out;
-}
-
-void ConvBackward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
-                  const PairView& pairs, const at::Tensor& grad_out, bool need_input,
-                  bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight) {
-  const int64_t id = pairs.identity_offset;
-  *grad_in = at::Tensor();
-  *grad_weight = at::Tensor();
-  if (need_input) {
-    *grad_in = id >= 0 ? at::mm(grad_out, w[id].t()) : at::zeros_like(f);
-    GatherGemmScatter(launcher, grad_out, w, /*transpose_w=*/true, pairs, pairs.dst, pairs.src,
-                      *grad_in);
-  }
-  if (!need_weight) return;
-  *grad_weight = at::zeros_like(w);
-  if (id >= 0) {
-    at::Tensor gid = (*grad_weight)[id];
-    at::mm_out(gid, f.t(), grad_out);
-  }
-  const std::vector<int64_t>& begin = *pairs.begin;
-  const int64_t cin = f.size(1), cout = grad_out.size(1);
-  for (const auto& [k0, k1] : Groups(pairs, (cin + cout) * f.element_size())) {
-    const int64_t base = begin[k0], n = begin[k1] - base;
-    at::Tensor a = at::empty({n, cin}, f.options());
-    at::Tensor g = at::empty({n, cout}, f.options());
-    Gather(launcher, f, pairs.src.data_ptr<int32_t>() + base, n, a);
-    Gather(launcher, grad_out, pairs.dst.data_ptr<int32_t>() + base, n, g);
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t m = pairs.count(k);
-      if (m == 0) continue;
-      at::Tensor gk = (*grad_weight)[k];
-      at::mm_out(gk, a.narrow(0, begin[k] - base, m).t(), g.narrow(0, begin[k] - base, m));
-    }
-  }
 }
 
 }  // namespace trainsup::sparse::cuda

@@ -11,6 +11,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "sparse/backend.h"
 #include "sparse/cuda/kernel_bodies.h"
@@ -26,13 +28,11 @@ class Launcher {
   // Runs `body` with `device` as the current device of its kind (the GPU
   // launcher: a CUDAGuard; on the host: nothing to set).
   virtual void OnDevice(c10::Device device, const std::function<void()>& body) const = 0;
-  virtual void Run(const MapSearch& op, const char* what) const = 0;
-  virtual void Run(const CompactPairs& op, const char* what) const = 0;
-  virtual void Run(const InvertPairs& op, const char* what) const = 0;
-  virtual void Run(const GatherRows<float>& op, const char* what) const = 0;
-  virtual void Run(const GatherRows<double>& op, const char* what) const = 0;
-  virtual void Run(const ScatterSum<float>& op, const char* what) const = 0;
-  virtual void Run(const ScatterSum<double>& op, const char* what) const = 0;
+  // Waits until every op run so far is done (timing the dataflows).
+  virtual void Synchronize() const = 0;
+#define TRAINSUP_LAUNCHER_RUN(Op) virtual void Run(const Op& op, const char* what) const = 0;
+  TRAINSUP_CUDA_OPS(TRAINSUP_LAUNCHER_RUN)
+#undef TRAINSUP_LAUNCHER_RUN
 };
 
 // The entries of Backend (sparse/backend.h), with the same contracts, on
@@ -44,23 +44,49 @@ class Launcher {
 //                   synchronisation per map (the per-offset counts), its
 //                   small host tables uploaded asynchronously from pinned
 //                   memory, and `begin` kept on the device with the map
-//   convolutions    no host synchronisation and no upload: the inverse
-//                   tables read the map's device `begin`
-//   convolutions    gather -> a product per offset (at::mm: cuBLAS on the
+//   convolutions    no host synchronisation and no upload (the inverse
+//                   tables read the map's device `begin`), in one of two
+//                   dataflows (Dataflow), neither with atomics:
+//     gather-GEMM   gather -> a product per offset (at::mm: cuBLAS on the
 //                   GPU) -> one summing op per group of offsets that adds
-//                   them into each output element in offset order: no
-//                   atomics, the same order as the cpu backend's BLAS path
+//                   them into each output element in offset order, the
+//                   same order as the cpu backend's BLAS path
+//     fused         one output-stationary op over all offsets for the
+//                   forward and for the input gradient (ImplicitGemmRows),
+//                   two for the weight gradient (WeightGradSplits,
+//                   SumSplits): 3 launches forward and 5 backward with the
+//                   inverse tables' fill and inversion
 void BuildKernelMap(const Launcher& launcher, const KernelMapInputs& inputs, KernelMap* map);
 // How many host tables the steps have uploaded to a device so far in this
 // process (the map build's offsets and `begin`; a convolution on a map
 // without device_begin uploads its `begin`): tests check that convolutions
 // upload nothing.
 int64_t HostUploads();
+
+// Which dataflow a convolution takes. kMeasured: per layer shape (the
+// direction, C_in, C_out, the kernel volume and the pair count's power of
+// two), the faster of the two, timed at the shape's first use (a warm-up
+// and one timed run of each) and kept for the process. In deterministic
+// mode kMeasured takes gather-GEMM, so the bits do not depend on a timing.
+enum class Dataflow { kGatherGemm, kFused, kMeasured };
+// TRAINSUP_CUDA_DATAFLOW = gemm | fused | measured; null or empty:
+// measured. Another value throws c10::Error naming the choices.
+Dataflow DataflowFromString(const char* value);
+std::string ToString(Dataflow dataflow);
+// The process's setting: TRAINSUP_CUDA_DATAFLOW at the first use, or what
+// SetDataflow (benchmarks' A/B runs) set; returns the previous.
+Dataflow ActiveDataflow();
+Dataflow SetDataflow(Dataflow dataflow);
+// What kMeasured has chosen so far, one line per layer shape, e.g.
+// "forward 32->64 k27 2^17 pairs: fused (1.8 ms) over gather-GEMM (4.1 ms)".
+std::vector<std::string> DataflowChoices();
+
 at::Tensor ConvForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
-                       const PairView& pairs, int64_t num_out);
+                       const PairView& pairs, int64_t num_out, Dataflow dataflow);
 void ConvBackward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
                   const PairView& pairs, const at::Tensor& grad_out, bool need_input,
-                  bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight);
+                  bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight,
+                  Dataflow dataflow);
 
 // StepsTable's start: the generic backend's table with kind cuda, `name`,
 // `runs_on` and builds_from_device_keys.
@@ -70,8 +96,9 @@ Backend StepsTableBase(const char* name, bool (*runs_on)(c10::DeviceType));
 // backend's entries, and the steps above for kernel maps and
 // convolutions, each inside launcher().OnDevice. CudaBackend() is
 // StepsTable<&its launcher>; the cross-backend test builds the same table
-// with a host launcher, so what it tests is this table.
-template <const Launcher& (*launcher)()>
+// with a host launcher, so what it tests is this table, and pins
+// dataflow() to each of the two.
+template <const Launcher& (*launcher)(), Dataflow (*dataflow)() = &ActiveDataflow>
 Backend StepsTable(const char* name, bool (*runs_on)(c10::DeviceType)) {
   Backend b = StepsTableBase(name, runs_on);
   // The gathers and scatters of these steps are float32 and float64: half
@@ -83,15 +110,16 @@ Backend StepsTable(const char* name, bool (*runs_on)(c10::DeviceType)) {
   b.conv_forward = [](const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
                       int64_t num_out) {
     at::Tensor out;
-    launcher().OnDevice(f.device(), [&] { out = ConvForward(launcher(), f, w, pairs, num_out); });
+    launcher().OnDevice(f.device(),
+                        [&] { out = ConvForward(launcher(), f, w, pairs, num_out, dataflow()); });
     return out;
   };
   b.conv_backward = [](const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
                        const at::Tensor& grad_out, bool need_input, bool need_weight,
                        at::Tensor* grad_in, at::Tensor* grad_weight) {
     launcher().OnDevice(f.device(), [&] {
-      ConvBackward(launcher(), f, w, pairs, grad_out, need_input, need_weight, grad_in,
-                   grad_weight);
+      ConvBackward(launcher(), f, w, pairs, grad_out, need_input, need_weight, grad_in, grad_weight,
+                   dataflow());
     });
   };
   return b;

@@ -3,8 +3,9 @@
 // tests/test-backend-ops.cpp: every op on every backend this machine can
 // run, against the cpu backend on CPU tensors, forward and gradients.
 //
-// Targets: cpu, generic_on_cpu, cuda_steps_on_host (the CUDA backend's code
-// with its kernels' element code run on the host, below), and (with a CUDA
+// Targets: cpu, generic_on_cpu, cuda_steps_on_host and cuda_fused_on_host
+// (the CUDA backend's code with its kernels' element code run on the host,
+// host_launcher.h, in each of its two dataflows), and (with a CUDA
 // device and a CUDA LibTorch) generic_on_cuda and cuda. The CUDA targets carry the ctest
 // label `gpu` and are skipped without a device.
 //
@@ -33,11 +34,14 @@
 #include "sparse/generic/backend.h"
 #include "sparse/minkunet.h"
 #include "sparse/ops.h"
+#include "tests/sparse/host_launcher.h"
 #include "tests/sparse/test_util.h"
 
 namespace trainsup::sparse {
 namespace {
 
+using testing::CudaFusedOnHost;
+using testing::CudaStepsOnHost;
 using testing::ErrorMessage;
 using testing::MakeRandomInput;
 
@@ -137,45 +141,6 @@ TEST(Backend, AskingForABackendNotBuiltFailsAndKeepsTheOverride) {
 // ---------------------------------------------------------------------------
 // The cross-backend test.
 
-// The CUDA backend's steps (sparse/cuda/steps.h) with their ops run on the
-// host: every element of an op, one after another in a shuffled order (a
-// GPU runs them in no set order; the results must not depend on it). This
-// is the CUDA backend's code but for the kernel launch (kernels.cu) and
-// the device: it is how its arithmetic and indexing are tested on a
-// machine without a GPU, on every build.
-class HostLauncher final : public cuda::Launcher {
- public:
-  void OnDevice(c10::Device, const std::function<void()>& body) const override { body(); }
-  void Run(const cuda::MapSearch& op, const char*) const override { RunAll(op); }
-  void Run(const cuda::CompactPairs& op, const char*) const override { RunAll(op); }
-  void Run(const cuda::InvertPairs& op, const char*) const override { RunAll(op); }
-  void Run(const cuda::GatherRows<float>& op, const char*) const override { RunAll(op); }
-  void Run(const cuda::GatherRows<double>& op, const char*) const override { RunAll(op); }
-  void Run(const cuda::ScatterSum<float>& op, const char*) const override { RunAll(op); }
-  void Run(const cuda::ScatterSum<double>& op, const char*) const override { RunAll(op); }
-
- private:
-  template <typename Op>
-  static void RunAll(const Op& op) {
-    std::vector<int64_t> order(static_cast<size_t>(op.size()));
-    std::iota(order.begin(), order.end(), int64_t{0});
-    std::shuffle(order.begin(), order.end(), std::mt19937_64(order.size()));
-    for (int64_t i : order) op(i);
-  }
-};
-
-const cuda::Launcher& TheHostLauncher() {
-  static const HostLauncher launcher;
-  return launcher;
-}
-
-// CudaBackend()'s table (cuda::StepsTable) over the host launcher.
-const Backend& CudaStepsOnHost() {
-  static const Backend backend = cuda::StepsTable<&TheHostLauncher>(
-      "cuda_steps_on_host", [](c10::DeviceType type) { return type == c10::DeviceType::CPU; });
-  return backend;
-}
-
 TEST(Backend, ATableGoesBeforeTheOverrideWhereItRuns) {
   BackendGuard generic(BackendKind::kGeneric);
   {
@@ -186,40 +151,16 @@ TEST(Backend, ATableGoesBeforeTheOverrideWhereItRuns) {
   EXPECT_EQ(&BackendFor(c10::Device(c10::DeviceType::CPU)), FindBackend(BackendKind::kGeneric));
 }
 
-// Issue 45: a map build uploads its small host tables (the offsets' shifts
-// and `begin`), and the map keeps `begin` on its device; convolutions on
-// it, forward and backward, upload nothing (on a GPU each upload would be
-// a copy, and the old pageable ones made the host wait for the stream).
-TEST(CudaSteps, ConvolutionsUploadNothingAfterTheMapBuild) {
-  BackendTableGuard table(&CudaStepsOnHost());
-  auto in = MakeRandomInput(2, 9, 0.3, 4, at::kFloat, 3, 0, /*shuffle=*/false);
-  at::Tensor f = in.features.clone().requires_grad_(true);
-  at::Tensor w = at::randn({27, 4, 5}).requires_grad_(true);
-  SparseTensor x(f, in.coordinates);
-  const int64_t before = cuda::HostUploads();
-  SparseTensor y = Conv(x, w, at::Tensor(), {3, 2, 1});
-  const int64_t built = cuda::HostUploads();
-  EXPECT_EQ(built - before, 3) << "the shifts, the packed deltas and begin";
-  const std::shared_ptr<const KernelMap> map =
-      x.manager()->GetKernelMap(x.set_id(), y.set_id(), 3, 1);
-  ASSERT_TRUE(map->device_begin.defined());
-  const at::Tensor device_begin = map->device_begin.to(at::kCPU);
-  EXPECT_EQ(std::vector<int64_t>(device_begin.data_ptr<int64_t>(),
-                                 device_begin.data_ptr<int64_t>() + device_begin.numel()),
-            map->begin);
-  SparseTensor again = Conv(x, w, at::Tensor(), {3, 2, 1});  // the cached map
-  (y.F().sum() + again.F().square().sum()).backward();
-  EXPECT_EQ(cuda::HostUploads(), built);
-  ASSERT_TRUE(f.grad().defined());
-  EXPECT_GT(f.grad().abs().sum().item<double>(), 0.0);
-}
-
 struct Target {
   BackendKind kind;
   c10::DeviceType device;
   const char* name;
   // A table outside the registry (SetBackendTable) instead of `kind`'s.
   const Backend& (*table)() = nullptr;
+  // Sums a convolution as the cpu backend's BLAS path does (offsets one
+  // after another, each a GEMM); the fused dataflow's chains of fused
+  // multiply-adds round differently.
+  bool blas_sums = true;
 };
 
 // Names the target in test names and failure messages.
@@ -229,13 +170,15 @@ const Target kTargets[] = {
     {BackendKind::kCpu, c10::DeviceType::CPU, "cpu"},
     {BackendKind::kGeneric, c10::DeviceType::CPU, "generic_on_cpu"},
     {BackendKind::kCuda, c10::DeviceType::CPU, "cuda_steps_on_host", &CudaStepsOnHost},
+    {BackendKind::kCuda, c10::DeviceType::CPU, "cuda_fused_on_host", &CudaFusedOnHost, false},
     {BackendKind::kGeneric, c10::DeviceType::CUDA, "generic_on_cuda"},
     {BackendKind::kCuda, c10::DeviceType::CUDA, "cuda"},
 };
 
 // kExact: bit for bit on every target. kExactOnCpu: bit for bit on CPU
-// targets, within tolerance on CUDA (another BLAS). kClose: within
-// tolerance everywhere.
+// targets that sum as the BLAS path does (Target::blas_sums), within
+// tolerance on CUDA (another BLAS) and in the fused dataflow. kClose:
+// within tolerance everywhere.
 enum class Match { kExact, kExactOnCpu, kClose };
 
 struct Result {
@@ -299,7 +242,7 @@ class CrossBackend : public ::testing::TestWithParam<Target> {
         got = op(device());
       }
       ASSERT_EQ(got.size(), want.size());
-      const bool on_cpu = GetParam().device == c10::DeviceType::CPU;
+      const bool on_cpu = GetParam().device == c10::DeviceType::CPU && GetParam().blas_sums;
       for (size_t i = 0; i < got.size(); ++i) {
         SCOPED_TRACE(want[i].name);
         const at::Tensor g = got[i].value.to(at::kCPU);
