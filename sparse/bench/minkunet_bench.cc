@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -134,6 +135,13 @@ struct Options {
   std::vector<std::string> precisions = {"fp32"};
   at::ScalarType features = at::kFloat;  // the one being measured
   std::string precision = "fp32";        // its name
+  // --tf32 on|off: LibTorch's TF32 switch (sparse::SetTf32), as the
+  // worker's train.tf32; off by default here (LibTorch's default).
+  bool tf32 = false;
+  // --dump-scene FILE: the voxelised scene (coordinates [N, 4] int32,
+  // features [N, 3], labels [N]) as a tuple for torch.load, then exit:
+  // tests/gpu/spconv_minkunet.py times spconv on the same voxels.
+  std::string dump_scene;
 };
 
 // The JSON keys' suffix and the lines' name of the precision measured.
@@ -169,6 +177,15 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       o->cache_mib = std::atoll(argv[++i]);
     } else if (a == "--budget-mib" && i + 1 < argc) {
       o->budget_mib = std::atoll(argv[++i]);
+    } else if (a == "--tf32" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v != "on" && v != "off") {
+        std::fprintf(stderr, "minkunet_bench: --tf32 takes on or off, not '%s'\n", v.c_str());
+        return false;
+      }
+      o->tf32 = v == "on";
+    } else if (a == "--dump-scene" && i + 1 < argc) {
+      o->dump_scene = argv[++i];
     } else if (a == "--scene" && i + 1 < argc) {
       o->scene_name = argv[++i];
     } else if (a == "--device" && i + 1 < argc) {
@@ -199,7 +216,7 @@ bool ParseArgs(int argc, char** argv, Options* o) {
                    "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
                    "[--scene small|default|large|huge] [--budget-mib N] [--block-cache-mib N] "
                    "[--device cpu|cuda] [--backend cpu|generic|cuda] [--precisions "
-                   "fp32,bf16,fp16,bf16-dot,bf16-convert] "
+                   "fp32,bf16,fp16,bf16-dot,bf16-convert] [--tf32 on|off] [--dump-scene FILE] "
                    "[--profile]\n");
       return false;
     }
@@ -424,6 +441,21 @@ int main(int argc, char** argv) {
   at::Tensor coords;
   const ts::Quantized q = Voxelise(o, &coords);
   const int64_t n = coords.size(0);
+  if (!o.dump_scene.empty()) {
+    const std::vector<char> bytes = torch::pickle_save(
+        c10::ivalue::Tuple::create({coords, q.features.to(at::kCPU), q.labels.to(at::kCPU)}));
+    std::ofstream file(o.dump_scene, std::ios::binary);
+    file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    file.close();
+    if (!file) {
+      std::fprintf(stderr, "minkunet_bench: cannot write %s\n", o.dump_scene.c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "minkunet_bench: scene %s (%lld voxels) written to %s\n",
+                 o.scene_name.c_str(), static_cast<long long>(n), o.dump_scene.c_str());
+    return 0;
+  }
+  ts::SetTf32(o.tf32);
 
   std::ostringstream js;
   // TRAINSUP_KERNELS=avx512|avx2|blas (or TRAINSUP_FUSED=0 for blas)
@@ -436,15 +468,17 @@ int main(int argc, char** argv) {
   js << "{\"device\": \"" << device.str() << "\", \"backend\": \"" << b.name
      << "\", \"block_cache_mib\": " << (device.is_cpu() ? allocator.block_cache_bytes >> 20 : 0)
      << ", \"budget_mib\": " << o.budget_mib << ", \"allocator\": \"" << allocator_text
-     << "\", \"threads\": " << o.threads << ", \"blas_core\": \"" << ts::BlasCoreName()
-     << "\", \"conv_kernels\": \"" << kernels << "\", \"scene\": \"" << o.scene_name
-     << "\", \"voxels\": " << n;
+     << "\", \"tf32\": " << (o.tf32 ? "true" : "false") << ", \"threads\": " << o.threads
+     << ", \"blas_core\": \"" << ts::BlasCoreName() << "\", \"conv_kernels\": \"" << kernels
+     << "\", \"scene\": \"" << o.scene_name << "\", \"voxels\": " << n;
   if (!o.json) {
     std::printf(
         "minkunet_bench: %s, backend %s, %d threads (at::set_num_threads), convolution kernels "
-        "%s, BLAS %s kernels, allocator: %s; scene %s: %lld voxels at 2 cm; medians of %d\n",
+        "%s, BLAS %s kernels, TF32 %s, allocator: %s; scene %s: %lld voxels at 2 cm; medians "
+        "of %d\n",
         device.str().c_str(), b.name, o.threads, kernels, ts::BlasCoreName().c_str(),
-        allocator_text.c_str(), o.scene_name.c_str(), static_cast<long long>(n), o.repeats);
+        o.tf32 ? "on" : "off", allocator_text.c_str(), o.scene_name.c_str(),
+        static_cast<long long>(n), o.repeats);
   }
   for (int depth : o.depths) {
     std::vector<std::pair<std::string, std::pair<double, double>>> plain;
