@@ -7,7 +7,7 @@
 #       wheels the GPU machine lacks (spconv-cu126 2.3.8, cumm-cu126
 #       0.7.11 and the small packages they import, for its Python 3.12),
 #       unpacks them and packs them into .gpu/spconv-site.tar.xz (under 40
-#       MB), which a device call carries (carry .gpu)
+#       MB), which a device call carries (carry .gpu/spconv-site.tar.xz)
 #   tests/gpu/run.sh; tests/gpu/bench_vs_spconv.sh   on the GPU machine, in
 #       one call: run.sh builds build-gpu (minkunet_bench with the cuda
 #       backend) and this script uses it
