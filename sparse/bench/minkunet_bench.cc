@@ -29,6 +29,7 @@
 #include "sparse/bench/op_profile.h"
 #include "sparse/cpu/blas.h"
 #include "sparse/cpu/kernels.h"
+#include "sparse/cuda/steps.h"
 #include "sparse/memory.h"
 #include "sparse/minkunet.h"
 #include "sparse/ops.h"
@@ -425,6 +426,20 @@ std::pair<double, double> BenchTraining(ts::MinkUNet& net, int depth, const ts::
   return {base_time, base_peak};
 }
 
+// The cuda backend's measured dataflow choices (sparse/cuda/steps.h), per
+// layer shape, with both timings: what explains its step time. Printed
+// unless `json`; added to the JSON object `js` either way.
+void ReportCudaDataflows(bool json, std::ostringstream& js) {
+  const std::vector<std::string> choices = ts::cuda::DataflowChoices();
+  const std::string active = ts::cuda::ToString(ts::cuda::ActiveDataflow());
+  js << ", \"cuda_dataflow\": \"" << active << "\", \"cuda_dataflow_choices\": [";
+  for (size_t i = 0; i < choices.size(); ++i) js << (i ? ", " : "") << "\"" << choices[i] << "\"";
+  js << "]";
+  if (json || choices.empty()) return;
+  std::printf("cuda backend, dataflow %s:\n", active.c_str());
+  for (const std::string& line : choices) std::printf("  %s\n", line.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -516,6 +531,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  ReportCudaDataflows(o.json, js);
   js << "}";
   if (o.json) std::printf("%s\n", js.str().c_str());
   return 0;
