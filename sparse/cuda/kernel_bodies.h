@@ -273,6 +273,200 @@ struct SumSplits {
   }
 };
 
+// Training-mode BatchNorm over the rows of a [rows, cols] feature matrix,
+// then ReLU if asked, in three ops forward and three backward. The rows
+// are read in fixed blocks of kBnBlockRows, combined in block order: the
+// sums depend on the row count alone, never on the element order, and the
+// ReLU's cut is recomputed in backward by the same fused multiply-add as
+// forward, so it agrees bit for bit. Per-channel vectors: [cols].
+constexpr int64_t kBnBlockRows = 128;
+
+TRAINSUP_HD inline int64_t BnBlocks(int64_t rows) {
+  return (rows + kBnBlockRows - 1) / kBnBlockRows;
+}
+// Block b's rows: [b * kBnBlockRows, BnBlockEnd(b, rows)).
+TRAINSUP_HD inline int64_t BnBlockEnd(int64_t b, int64_t rows) {
+  const int64_t end = (b + 1) * kBnBlockRows;
+  return end < rows ? end : rows;
+}
+
+// Forward, first op: element i = b * cols + c holds the mean of column c
+// over block b's rows and the sum of squared deviations from it.
+template <typename T>
+struct BnBlockMoments {
+  const T* x;
+  int64_t rows, cols;
+  T* mean;  // [blocks, cols]
+  T* m2;    // [blocks, cols]
+
+  TRAINSUP_HD int64_t size() const { return BnBlocks(rows) * cols; }
+  TRAINSUP_HD void operator()(int64_t i) const {
+    const int64_t b = i / cols, c = i % cols;
+    const int64_t r0 = b * kBnBlockRows, r1 = BnBlockEnd(b, rows);
+    T s = T(0);
+    for (int64_t r = r0; r < r1; ++r) s += x[r * cols + c];
+    const T m = s / static_cast<T>(r1 - r0);
+    T q = T(0);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T d = x[r * cols + c] - m;
+      q = Fma(d, d, q);
+    }
+    mean[i] = m;
+    m2[i] = q;
+  }
+};
+
+// Forward, second op: element c combines the blocks in order in double
+// (Chan et al.'s update) into the batch mean and biased variance, and
+// writes stats [4, cols] = mean, scale = w / sqrt(var + eps), shift = b -
+// mean * scale, invstd; and, where running_mean is not null, updates the
+// running statistics in place as at::batch_norm does (momentum-weighted,
+// the unbiased variance).
+template <typename T>
+struct BnCombine {
+  const T* mean;
+  const T* m2;
+  int64_t rows, cols;
+  const T* weight;
+  const T* bias;
+  double eps, momentum;
+  T* running_mean;  // null: no running statistics
+  T* running_var;
+  T* stats;
+
+  TRAINSUP_HD int64_t size() const { return cols; }
+  TRAINSUP_HD void operator()(int64_t c) const {
+    double n = 0, mu = 0, q = 0;
+    for (int64_t b = 0; b < BnBlocks(rows); ++b) {
+      const double nb = static_cast<double>(BnBlockEnd(b, rows) - b * kBnBlockRows);
+      const double total = n + nb;
+      const double delta = static_cast<double>(mean[b * cols + c]) - mu;
+      mu += delta * nb / total;
+      q += static_cast<double>(m2[b * cols + c]) + delta * delta * n * nb / total;
+      n = total;
+    }
+    const double var = q / n;
+    const double invstd = 1.0 / sqrt(var + eps);
+    const double scale = static_cast<double>(weight[c]) * invstd;
+    stats[c] = static_cast<T>(mu);
+    stats[cols + c] = static_cast<T>(scale);
+    stats[2 * cols + c] = static_cast<T>(static_cast<double>(bias[c]) - mu * scale);
+    stats[3 * cols + c] = static_cast<T>(invstd);
+    if (running_mean != nullptr) {
+      const double unbias = n > 1 ? n / (n - 1) : 1.0;
+      running_mean[c] =
+          static_cast<T>(static_cast<double>(running_mean[c]) * (1 - momentum) + mu * momentum);
+      running_var[c] = static_cast<T>(static_cast<double>(running_var[c]) * (1 - momentum) +
+                                      var * unbias * momentum);
+    }
+  }
+};
+
+// x * scale + shift at element i, one fused multiply-add: the output
+// before the ReLU, which backward recomputes to find the ReLU's cut.
+template <typename T>
+TRAINSUP_HD inline T BnAffine(const T* x, const T* stats, int64_t cols, int64_t i) {
+  const int64_t c = i % cols;
+  return Fma(x[i], stats[cols + c], stats[2 * cols + c]);
+}
+
+// Forward, third op: element i of y = x * scale + shift, then max(., 0)
+// if relu (one fused multiply-add, as backward recomputes it).
+template <typename T>
+struct BnApply {
+  const T* x;
+  const T* stats;
+  int64_t rows, cols;
+  bool relu;
+  T* y;
+
+  TRAINSUP_HD int64_t size() const { return rows * cols; }
+  TRAINSUP_HD void operator()(int64_t i) const {
+    const T v = BnAffine(x, stats, cols, i);
+    y[i] = relu && !(v > T(0)) ? T(0) : v;
+  }
+};
+
+// Backward, first op: element i = b * cols + c holds, over block b's rows
+// in order, the sums of g and of g (x - mean), where g is the output
+// gradient, zero where the ReLU cut.
+template <typename T>
+struct BnBlockGradSums {
+  const T* x;
+  const T* dy;
+  const T* stats;
+  int64_t rows, cols;
+  bool relu;
+  T* sum_g;   // [blocks, cols]
+  T* sum_gx;  // [blocks, cols]
+
+  TRAINSUP_HD int64_t size() const { return BnBlocks(rows) * cols; }
+  TRAINSUP_HD void operator()(int64_t i) const {
+    const int64_t b = i / cols, c = i % cols;
+    const int64_t r0 = b * kBnBlockRows, r1 = BnBlockEnd(b, rows);
+    T sg = T(0), sgx = T(0);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t e = r * cols + c;
+      const T g = relu && !(BnAffine(x, stats, cols, e) > T(0)) ? T(0) : dy[e];
+      sg += g;
+      sgx = Fma(g, x[e] - stats[c], sgx);
+    }
+    sum_g[i] = sg;
+    sum_gx[i] = sgx;
+  }
+};
+
+// Backward, second op: element c sums the blocks in order in double and
+// writes coef [3, cols] = a = w invstd, k1 = sum_g / rows, k2 = invstd^2
+// sum_gx / rows (for the input gradient), grad_weight = sum_gx invstd and
+// grad_bias = sum_g.
+template <typename T>
+struct BnGradCombine {
+  const T* sum_g;
+  const T* sum_gx;
+  const T* stats;
+  const T* weight;
+  int64_t rows, cols;
+  T* coef;
+  T* grad_weight;
+  T* grad_bias;
+
+  TRAINSUP_HD int64_t size() const { return cols; }
+  TRAINSUP_HD void operator()(int64_t c) const {
+    double sg = 0, sgx = 0;
+    for (int64_t b = 0; b < BnBlocks(rows); ++b) {
+      sg += static_cast<double>(sum_g[b * cols + c]);
+      sgx += static_cast<double>(sum_gx[b * cols + c]);
+    }
+    const double invstd = static_cast<double>(stats[3 * cols + c]);
+    const double n = static_cast<double>(rows);
+    coef[c] = static_cast<T>(static_cast<double>(weight[c]) * invstd);
+    coef[cols + c] = static_cast<T>(sg / n);
+    coef[2 * cols + c] = static_cast<T>(invstd * invstd * sgx / n);
+    grad_weight[c] = static_cast<T>(sgx * invstd);
+    grad_bias[c] = static_cast<T>(sg);
+  }
+};
+
+// Backward, third op: element i of dx = a (g - k1 - (x - mean) k2).
+template <typename T>
+struct BnInputGrad {
+  const T* x;
+  const T* dy;
+  const T* stats;
+  const T* coef;
+  int64_t rows, cols;
+  bool relu;
+  T* dx;
+
+  TRAINSUP_HD int64_t size() const { return rows * cols; }
+  TRAINSUP_HD void operator()(int64_t i) const {
+    const int64_t c = i % cols;
+    const T g = relu && !(BnAffine(x, stats, cols, i) > T(0)) ? T(0) : dy[i];
+    dx[i] = coef[c] * (g - coef[cols + c] - (x[i] - stats[c]) * coef[2 * cols + c]);
+  }
+};
+
 }  // namespace trainsup::sparse::cuda
 
 // Every op type, once: X(Op) for each. The launchers' overloads (kernels.h
@@ -283,7 +477,10 @@ struct SumSplits {
   X(MapSearch) X(CompactPairs) X(InvertPairs) \
   X(GatherRows<float>) X(GatherRows<double>) X(ScatterSum<float>) X(ScatterSum<double>) \
   X(ImplicitGemmRows<float>) X(ImplicitGemmRows<double>) \
-  X(WeightGradSplits<float>) X(WeightGradSplits<double>) X(SumSplits<float>) X(SumSplits<double>)
+  X(WeightGradSplits<float>) X(WeightGradSplits<double>) X(SumSplits<float>) X(SumSplits<double>) \
+  X(BnBlockMoments<float>) X(BnBlockMoments<double>) X(BnCombine<float>) X(BnCombine<double>) \
+  X(BnApply<float>) X(BnApply<double>) X(BnBlockGradSums<float>) X(BnBlockGradSums<double>) \
+  X(BnGradCombine<float>) X(BnGradCombine<double>) X(BnInputGrad<float>) X(BnInputGrad<double>)
 // clang-format on
 
 #endif  // TRAINSUP_SPARSE_CUDA_KERNEL_BODIES_H_

@@ -88,13 +88,24 @@ void ConvBackward(const Launcher& launcher, const at::Tensor& f, const at::Tenso
                   bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight,
                   Dataflow dataflow);
 
+// Backend::batch_norm_training with the ReLU fused (batch_norm_steps.cc):
+// on float32 or float64 features whose parameters and running statistics
+// share their type, BatchNorm's six ops of kernel_bodies.h (three forward,
+// three backward), their sums in a fixed block order; other calls (half
+// features with float32 parameters, fewer than two rows) take the generic
+// entry, at::batch_norm and relu_.
+at::Tensor BatchNormTraining(const Launcher& launcher, const at::Tensor& f,
+                             const at::Tensor& weight, const at::Tensor& bias,
+                             const at::Tensor& running_mean, const at::Tensor& running_var,
+                             double momentum, double eps, bool relu);
+
 // StepsTable's start: the generic backend's table with kind cuda, `name`,
 // `runs_on` and builds_from_device_keys.
 Backend StepsTableBase(const char* name, bool (*runs_on)(c10::DeviceType));
 
 // The CUDA backend's table with its ops run by launcher(): the generic
-// backend's entries, and the steps above for kernel maps and
-// convolutions, each inside launcher().OnDevice. CudaBackend() is
+// backend's entries, and the steps above for kernel maps, convolutions
+// and BatchNorm, each inside launcher().OnDevice. CudaBackend() is
 // StepsTable<&its launcher>; the cross-backend test builds the same table
 // with a host launcher, so what it tests is this table, and pins
 // dataflow() to each of the two.
@@ -121,6 +132,16 @@ Backend StepsTable(const char* name, bool (*runs_on)(c10::DeviceType)) {
       ConvBackward(launcher(), f, w, pairs, grad_out, need_input, need_weight, grad_in, grad_weight,
                    dataflow());
     });
+  };
+  b.batch_norm_training = [](const at::Tensor& f, const at::Tensor& weight, const at::Tensor& bias,
+                             const at::Tensor& running_mean, const at::Tensor& running_var,
+                             double momentum, double eps, bool relu) {
+    at::Tensor y;
+    launcher().OnDevice(f.device(), [&] {
+      y = BatchNormTraining(launcher(), f, weight, bias, running_mean, running_var, momentum, eps,
+                            relu);
+    });
+    return y;
   };
   return b;
 }

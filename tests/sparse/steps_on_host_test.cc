@@ -1,8 +1,10 @@
 // The CUDA backend's steps through the host launcher (host_launcher.h),
 // beyond what the cross-backend test compares: what a map build uploads,
-// and the measured choice of the convolutions' dataflow.
+// the measured choice of the convolutions' dataflow, and how many ops
+// BatchNorm takes.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +87,57 @@ TEST(StepsOnHost, TheMeasuredDataflowIsChosenOncePerShapeAndNamed) {
   EXPECT_EQ(cuda::DataflowFromString("gemm"), cuda::Dataflow::kGatherGemm);
   EXPECT_EQ(ErrorMessage([] { cuda::DataflowFromString("tiled"); }),
             "TRAINSUP_CUDA_DATAFLOW: unknown dataflow 'tiled' (expected gemm, fused or measured)");
+}
+
+// Counts the ops the steps hand to the host launcher, then runs them there.
+class CountingLauncher final : public cuda::Launcher {
+ public:
+  void OnDevice(c10::Device device, const std::function<void()>& body) const override {
+    testing::TheHostLauncher().OnDevice(device, body);
+  }
+  void Synchronize() const override {}
+#define TRAINSUP_COUNTING_RUN(Op)                                 \
+  void Run(const cuda::Op& op, const char* what) const override { \
+    ++runs;                                                       \
+    testing::TheHostLauncher().Run(op, what);                     \
+  }
+  TRAINSUP_CUDA_OPS(TRAINSUP_COUNTING_RUN)
+#undef TRAINSUP_COUNTING_RUN
+  mutable int64_t runs = 0;
+};
+
+CountingLauncher& Counting() {
+  static CountingLauncher launcher;
+  return launcher;
+}
+const cuda::Launcher& CountingBase() { return Counting(); }
+
+// Issue 45: training-mode BatchNorm with its ReLU is three ops forward and
+// three backward on float32 features (at::batch_norm and relu_ took more
+// and a pass over the activations each); half features with float32
+// parameters take the generic entry, which launches none of the steps'.
+TEST(StepsOnHost, BatchNormWithReluIsThreeOpsEachWay) {
+  static const Backend table =
+      cuda::StepsTable<&CountingBase>("cuda_counting_on_host", &testing::OnHost);
+  BackendTableGuard guard(&table);
+  auto in = MakeRandomInput(2, 9, 0.3, 6, at::kFloat, 5, 0, /*shuffle=*/false);
+  at::Tensor f = in.features.clone().requires_grad_(true);
+  at::Tensor w = at::rand({6}).add_(0.5).requires_grad_(true);
+  at::Tensor b = at::randn({6}).requires_grad_(true);
+  at::Tensor rm = at::zeros({6}), rv = at::ones({6});
+  Counting().runs = 0;
+  SparseTensor y = BatchNorm(SparseTensor(f, in.coordinates), w, b, rm, rv, /*training=*/true, 0.1,
+                             1e-5, /*relu=*/true);
+  EXPECT_EQ(Counting().runs, 3) << "forward";
+  y.F().square().sum().backward();
+  EXPECT_EQ(Counting().runs, 6) << "backward";
+  EXPECT_TRUE(w.grad().defined() && b.grad().defined());
+  EXPECT_GT(f.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(y.F().min().item<float>(), 0.0F) << "the ReLU cut nothing";
+  Counting().runs = 0;
+  BatchNorm(SparseTensor(in.features.to(at::kBFloat16), in.coordinates), w.detach(), b.detach(), rm,
+            rv, /*training=*/true, 0.1, 1e-5, /*relu=*/true);
+  EXPECT_EQ(Counting().runs, 0) << "bf16 features with float32 parameters";
 }
 
 }  // namespace
