@@ -103,19 +103,19 @@ class StepsBatchNorm : public torch::autograd::Function<StepsBatchNorm> {
 
 // Whether the fused ops take this call: float32 or float64 features with
 // at least two rows, and weight, bias and running statistics (where
-// defined) of the same type on the same device.
+// defined) of the same type on the same device, the statistics contiguous
+// (written in place). Their shapes, and that both statistics or neither
+// are given, BatchNorm (functional.cc) has checked.
 bool Fusable(const at::Tensor& f, const at::Tensor& weight, const at::Tensor& bias,
              const at::Tensor& running_mean, const at::Tensor& running_var) {
   if (f.dim() != 2 || f.size(0) < 2 || f.size(1) == 0) return false;
   if (f.scalar_type() != at::kFloat && f.scalar_type() != at::kDouble) return false;
   for (const at::Tensor* t : {&weight, &bias, &running_mean, &running_var}) {
-    if (!t->defined()) continue;
-    if (t->scalar_type() != f.scalar_type() || t->device() != f.device() || !t->is_contiguous() ||
-        t->dim() != 1 || t->size(0) != f.size(1)) {
+    if (t->defined() && (t->scalar_type() != f.scalar_type() || t->device() != f.device())) {
       return false;
     }
   }
-  return running_mean.defined() == running_var.defined();
+  return !running_mean.defined() || (running_mean.is_contiguous() && running_var.is_contiguous());
 }
 
 }  // namespace

@@ -363,11 +363,19 @@ struct BnCombine {
 };
 
 // x * scale + shift at element i, one fused multiply-add: the output
-// before the ReLU, which backward recomputes to find the ReLU's cut.
+// before the ReLU.
 template <typename T>
 TRAINSUP_HD inline T BnAffine(const T* x, const T* stats, int64_t cols, int64_t i) {
   const int64_t c = i % cols;
   return Fma(x[i], stats[cols + c], stats[2 * cols + c]);
+}
+
+// The output gradient at element i where the ReLU passed it, else 0: the
+// cut recomputed from x by BnAffine, the expression forward applied.
+template <typename T>
+TRAINSUP_HD inline T BnPassedGrad(const T* x, const T* dy, const T* stats, int64_t cols, bool relu,
+                                  int64_t i) {
+  return relu && !(BnAffine(x, stats, cols, i) > T(0)) ? T(0) : dy[i];
 }
 
 // Forward, third op: element i of y = x * scale + shift, then max(., 0)
@@ -407,7 +415,7 @@ struct BnBlockGradSums {
     T sg = T(0), sgx = T(0);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t e = r * cols + c;
-      const T g = relu && !(BnAffine(x, stats, cols, e) > T(0)) ? T(0) : dy[e];
+      const T g = BnPassedGrad(x, dy, stats, cols, relu, e);
       sg += g;
       sgx = Fma(g, x[e] - stats[c], sgx);
     }
@@ -462,7 +470,7 @@ struct BnInputGrad {
   TRAINSUP_HD int64_t size() const { return rows * cols; }
   TRAINSUP_HD void operator()(int64_t i) const {
     const int64_t c = i % cols;
-    const T g = relu && !(BnAffine(x, stats, cols, i) > T(0)) ? T(0) : dy[i];
+    const T g = BnPassedGrad(x, dy, stats, cols, relu, i);
     dx[i] = coef[c] * (g - coef[cols + c] - (x[i] - stats[c]) * coef[2 * cols + c]);
   }
 };
