@@ -140,6 +140,7 @@ struct InvertPairs {
 };
 
 // Element i = r * cols + c: dst[r, c] = src[rows[r], c] for r in [0, n).
+// T = uint16_t copies half rows (bfloat16 or float16) as their bits.
 template <typename T>
 struct GatherRows {
   const T* src;
@@ -483,7 +484,7 @@ struct BnInputGrad {
 // clang-format off
 #define TRAINSUP_CUDA_OPS(X) \
   X(MapSearch) X(CompactPairs) X(InvertPairs) \
-  X(GatherRows<float>) X(GatherRows<double>) X(ScatterSum<float>) X(ScatterSum<double>) \
+  X(GatherRows<float>) X(GatherRows<double>) X(GatherRows<uint16_t>) X(ScatterSum<float>) X(ScatterSum<double>) \
   X(ImplicitGemmRows<float>) X(ImplicitGemmRows<double>) \
   X(WeightGradSplits<float>) X(WeightGradSplits<double>) X(SumSplits<float>) X(SumSplits<double>) \
   X(BnBlockMoments<float>) X(BnBlockMoments<double>) X(BnCombine<float>) X(BnCombine<double>) \

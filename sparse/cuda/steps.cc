@@ -17,6 +17,7 @@
 #include "sparse/coordinates.h"
 #include "sparse/determinism.h"
 #include "sparse/generic/backend.h"
+#include "sparse/sparse_tensor.h"
 
 namespace trainsup::sparse::cuda {
 namespace {
@@ -71,9 +72,16 @@ at::Tensor Inverse(const Launcher& launcher, const at::Tensor& rows_of_pairs, co
   return inverse;
 }
 
-// dst = src[rows[0, n)], rows of src.size(1) values.
+// dst = src[rows[0, n)], rows of src.size(1) values. Half rows are copied
+// as 16-bit words: one op for bfloat16 and float16.
 void Gather(const Launcher& launcher, const at::Tensor& src, const int32_t* rows, int64_t n,
             at::Tensor& dst) {
+  if (IsHalf(src.scalar_type())) {
+    launcher.Run(GatherRows<uint16_t>{static_cast<const uint16_t*>(src.const_data_ptr()),
+                                      src.size(1), rows, n, static_cast<uint16_t*>(dst.data_ptr())},
+                 "gather");
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "cuda_gather", [&] {
     launcher.Run(GatherRows<scalar_t>{src.data_ptr<scalar_t>(), src.size(1), rows, n,
                                       dst.data_ptr<scalar_t>()},
@@ -81,9 +89,32 @@ void Gather(const Launcher& launcher, const at::Tensor& src, const int32_t* rows
   });
 }
 
+// out = a @ b into `out`, whose type is the sums': a's and b's own, or
+// float32 for half a and b (the gather-GEMM dataflow's mixed precision).
+// Half inputs on CUDA: cuBLAS's tensor cores through mm's out_dtype, exact
+// products summed in float32 and written without a rounding to half. On
+// the host launcher's CPU tensors ATen's mm has no out_dtype (CUDA only),
+// so the inputs are widened first: the same exact products (a half times
+// a half fits float32's significand), summed in float32.
+void MmInto(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == out.scalar_type()) {
+    at::mm_out(out, a, b);
+  } else if (a.is_cuda()) {
+    at::mm_out(out, a, b, out.scalar_type());
+  } else {
+    at::mm_out(out, a.to(out.scalar_type()), b.to(out.scalar_type()));
+  }
+}
+
+// A [rows, cols] buffer of the sums' type for operands like `x`.
+at::Tensor SumBuffer(const at::Tensor& x, int64_t rows, int64_t cols) {
+  return at::empty({rows, cols}, x.options().dtype(AccumulateType(x.scalar_type())));
+}
+
 // out[rows_out] += sum_k scatter_to(gather_from(x) @ op(W_k)), offsets in
 // order, the identity offset skipped (the caller put it in `out` first; no
-// group holds it).
+// group holds it). `out` has the sums' type (SumBuffer): x's, or float32
+// for half x, whose products are written in float32 (MmInto).
 // transpose_w: W_k^T (the input gradient).
 void GatherGemmScatter(const Launcher& launcher, const at::Tensor& x, const at::Tensor& w,
                        bool transpose_w, const PairView& pairs, const at::Tensor& from,
@@ -92,18 +123,19 @@ void GatherGemmScatter(const Launcher& launcher, const at::Tensor& x, const at::
   const int64_t cols_in = x.size(1), cols_out = out.size(1);
   const at::Tensor inverse = Inverse(launcher, to, pairs, out.size(0));
   const std::vector<int64_t>& begin = *pairs.begin;
-  for (const auto& [k0, k1] : Groups(pairs, (cols_in + cols_out) * x.element_size())) {
+  const int64_t bytes_per_pair = cols_in * x.element_size() + cols_out * out.element_size();
+  for (const auto& [k0, k1] : Groups(pairs, bytes_per_pair)) {
     const int64_t base = begin[k0], n = begin[k1] - base;
     at::Tensor a = at::empty({n, cols_in}, x.options());
-    at::Tensor c = at::empty({n, cols_out}, x.options());
+    at::Tensor c = SumBuffer(x, n, cols_out);
     Gather(launcher, x, from.data_ptr<int32_t>() + base, n, a);
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t m = pairs.count(k);
       if (m == 0) continue;
       at::Tensor ck = c.narrow(0, begin[k] - base, m);
-      at::mm_out(ck, a.narrow(0, begin[k] - base, m), transpose_w ? w[k].t() : w[k]);
+      MmInto(ck, a.narrow(0, begin[k] - base, m), transpose_w ? w[k].t() : w[k]);
     }
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cuda_scatter", [&] {
+    AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "cuda_scatter", [&] {
       launcher.Run(
           ScatterSum<scalar_t>{c.data_ptr<scalar_t>(), cols_out, inverse.data_ptr<int32_t>(),
                                out.size(0), k0, k1, base, out.data_ptr<scalar_t>()},
@@ -112,12 +144,20 @@ void GatherGemmScatter(const Launcher& launcher, const at::Tensor& x, const at::
   }
 }
 
+// Half features and weights on the gather-GEMM dataflow: the products and
+// every sum in float32 (SumBuffer, MmInto), each result rounded once to the
+// half type at the end.
 at::Tensor GemmForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
                        const PairView& pairs, int64_t num_out) {
   const int64_t id = pairs.identity_offset;
-  at::Tensor out = id >= 0 ? at::mm(f, w[id]) : at::zeros({num_out, w.size(2)}, f.options());
+  at::Tensor out = SumBuffer(f, num_out, w.size(2));
+  if (id >= 0) {
+    MmInto(out, f, w[id]);
+  } else {
+    out.zero_();
+  }
   GatherGemmScatter(launcher, f, w, /*transpose_w=*/false, pairs, pairs.src, pairs.dst, out);
-  return out;
+  return out.to(f.scalar_type());
 }
 
 void GemmBackward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
@@ -127,15 +167,21 @@ void GemmBackward(const Launcher& launcher, const at::Tensor& f, const at::Tenso
   *grad_in = at::Tensor();
   *grad_weight = at::Tensor();
   if (need_input) {
-    *grad_in = id >= 0 ? at::mm(grad_out, w[id].t()) : at::zeros_like(f);
+    at::Tensor sum = SumBuffer(f, f.size(0), f.size(1));
+    if (id >= 0) {
+      MmInto(sum, grad_out, w[id].t());
+    } else {
+      sum.zero_();
+    }
     GatherGemmScatter(launcher, grad_out, w, /*transpose_w=*/true, pairs, pairs.dst, pairs.src,
-                      *grad_in);
+                      sum);
+    *grad_in = sum.to(f.scalar_type());
   }
   if (!need_weight) return;
-  *grad_weight = at::zeros_like(w);
+  at::Tensor sum = at::zeros(w.sizes(), w.options().dtype(AccumulateType(w.scalar_type())));
   if (id >= 0) {
-    at::Tensor gid = (*grad_weight)[id];
-    at::mm_out(gid, f.t(), grad_out);
+    at::Tensor gid = sum[id];
+    MmInto(gid, f.t(), grad_out);
   }
   const std::vector<int64_t>& begin = *pairs.begin;
   const int64_t cin = f.size(1), cout = grad_out.size(1);
@@ -148,10 +194,11 @@ void GemmBackward(const Launcher& launcher, const at::Tensor& f, const at::Tenso
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t m = pairs.count(k);
       if (m == 0) continue;
-      at::Tensor gk = (*grad_weight)[k];
-      at::mm_out(gk, a.narrow(0, begin[k] - base, m).t(), g.narrow(0, begin[k] - base, m));
+      at::Tensor gk = sum[k];
+      MmInto(gk, a.narrow(0, begin[k] - base, m).t(), g.narrow(0, begin[k] - base, m));
     }
   }
+  *grad_weight = sum.to(w.scalar_type());
 }
 
 // The fused dataflow (steps.h): ImplicitGemmRows for the forward and the
@@ -284,6 +331,13 @@ Dataflow Resolve(Dataflow requested, const Launcher& launcher, bool backward, co
   return chosen;
 }
 
+// Half features take gather-GEMM whatever the setting: its products are
+// cuBLAS's on tensor cores (MmInto), and the fused ops are float32 and
+// float64 only.
+Dataflow ForFeatures(Dataflow dataflow, const at::Tensor& f) {
+  return IsHalf(f.scalar_type()) ? Dataflow::kGatherGemm : dataflow;
+}
+
 }  // namespace
 
 Dataflow DataflowFromString(const char* value) {
@@ -320,6 +374,7 @@ std::vector<std::string> DataflowChoices() {
 
 at::Tensor ConvForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
                        const PairView& pairs, int64_t num_out, Dataflow dataflow) {
+  dataflow = ForFeatures(dataflow, f);
   at::Tensor out;
   auto run = [&](Dataflow d) {
     out = d == Dataflow::kFused ? FusedForward(launcher, f, w, pairs, num_out)
@@ -333,6 +388,7 @@ void ConvBackward(const Launcher& launcher, const at::Tensor& f, const at::Tenso
                   const PairView& pairs, const at::Tensor& grad_out, bool need_input,
                   bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight,
                   Dataflow dataflow) {
+  dataflow = ForFeatures(dataflow, f);
   auto run = [&](Dataflow d) {
     (d == Dataflow::kFused ? FusedBackward : GemmBackward)(
         launcher, f, w, pairs, grad_out, need_input, need_weight, grad_in, grad_weight);

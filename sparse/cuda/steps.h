@@ -56,6 +56,12 @@ class Launcher {
 //                   two for the weight gradient (WeightGradSplits,
 //                   SumSplits): 3 launches forward and 5 backward with the
 //                   inverse tables' fill and inversion
+//   half features   (bfloat16, float16; the weight cast to them) always on
+//                   gather-GEMM: 16-bit gathers, each offset's product
+//                   with half inputs and a float32 result (cuBLAS's tensor
+//                   cores on the GPU), the scatter's and the identity
+//                   offset's sums in float32, one rounding to the half
+//                   type at the end; the weight gradient likewise
 void BuildKernelMap(const Launcher& launcher, const KernelMapInputs& inputs, KernelMap* map);
 // How many host tables the steps have uploaded to a device so far in this
 // process (the map build's offsets and `begin`; a convolution on a map
@@ -112,9 +118,9 @@ Backend StepsTableBase(const char* name, bool (*runs_on)(c10::DeviceType));
 template <const Launcher& (*launcher)(), Dataflow (*dataflow)() = &ActiveDataflow>
 Backend StepsTable(const char* name, bool (*runs_on)(c10::DeviceType)) {
   Backend b = StepsTableBase(name, runs_on);
-  // The gathers and scatters of these steps are float32 and float64: half
-  // inputs take the engine's convert-to-fp32 path.
-  b.takes_half_inputs = [](at::ScalarType, bool) { return false; };
+  // Half inputs everywhere: convolutions on gather-GEMM with float32
+  // products and sums (ConvForward), the pooling entries the generic ones.
+  b.takes_half_inputs = [](at::ScalarType, bool) { return true; };
   b.build_kernel_map = [](const KernelMapInputs& inputs, KernelMap* map) {
     launcher().OnDevice(inputs.device, [&] { BuildKernelMap(launcher(), inputs, map); });
   };

@@ -1,12 +1,14 @@
 // The CUDA backend's steps through the host launcher (host_launcher.h),
 // beyond what the cross-backend test compares: what a map build uploads,
-// the measured choice of the convolutions' dataflow, and how many ops
-// BatchNorm takes.
+// the measured choice of the convolutions' dataflow, how many ops
+// BatchNorm takes, and which ops half convolutions take.
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "sparse/backend.h"
@@ -99,11 +101,23 @@ class CountingLauncher final : public cuda::Launcher {
 #define TRAINSUP_COUNTING_RUN(Op)                                 \
   void Run(const cuda::Op& op, const char* what) const override { \
     ++runs;                                                       \
+    ++by_op[typeid(op).name()];                                   \
     testing::TheHostLauncher().Run(op, what);                     \
   }
   TRAINSUP_CUDA_OPS(TRAINSUP_COUNTING_RUN)
 #undef TRAINSUP_COUNTING_RUN
+  // How many ops of type Op ran since the counts were last cleared.
+  template <typename Op>
+  int64_t Of() const {
+    const auto found = by_op.find(typeid(Op).name());
+    return found == by_op.end() ? 0 : found->second;
+  }
+  void Clear() const {
+    runs = 0;
+    by_op.clear();
+  }
   mutable int64_t runs = 0;
+  mutable std::map<std::string, int64_t> by_op;
 };
 
 CountingLauncher& Counting() {
@@ -125,7 +139,7 @@ TEST(StepsOnHost, BatchNormWithReluIsThreeOpsEachWay) {
   at::Tensor w = at::rand({6}).add_(0.5).requires_grad_(true);
   at::Tensor b = at::randn({6}).requires_grad_(true);
   at::Tensor rm = at::zeros({6}), rv = at::ones({6});
-  Counting().runs = 0;
+  Counting().Clear();
   SparseTensor y = BatchNorm(SparseTensor(f, in.coordinates), w, b, rm, rv, /*training=*/true, 0.1,
                              1e-5, /*relu=*/true);
   EXPECT_EQ(Counting().runs, 3) << "forward";
@@ -134,10 +148,43 @@ TEST(StepsOnHost, BatchNormWithReluIsThreeOpsEachWay) {
   EXPECT_TRUE(w.grad().defined() && b.grad().defined());
   EXPECT_GT(f.grad().abs().sum().item<double>(), 0.0);
   EXPECT_EQ(y.F().min().item<float>(), 0.0F) << "the ReLU cut nothing";
-  Counting().runs = 0;
+  Counting().Clear();
   BatchNorm(SparseTensor(in.features.to(at::kBFloat16), in.coordinates), w.detach(), b.detach(), rm,
             rv, /*training=*/true, 0.1, 1e-5, /*relu=*/true);
   EXPECT_EQ(Counting().runs, 0) << "bf16 features with float32 parameters";
+}
+
+// Issue 44: half features reach the CUDA steps' convolutions as they are
+// (before, the engine widened them to float32 around the call): the
+// gathers copy 16-bit rows, the products and sums are float32 (the
+// scatter's ScatterSum<float>), and no float32 copy of the features is
+// gathered. The fused setting does not apply to them: no ImplicitGemmRows.
+// (Their accuracy is the cross-backend HalfPrecision* tests'.)
+TEST(StepsOnHost, HalfConvolutionsGatherSixteenBitRowsAndSumInFloat32) {
+  static const Backend table =
+      cuda::StepsTable<&CountingBase>("cuda_counting_on_host", &testing::OnHost);
+  BackendTableGuard guard(&table);
+  const cuda::Dataflow previous = cuda::SetDataflow(cuda::Dataflow::kFused);
+  auto in = MakeRandomInput(2, 9, 0.3, 6, at::kFloat, 9, 0, /*shuffle=*/false);
+  for (at::ScalarType half : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(half == at::kBFloat16 ? "bf16" : "fp16");
+    EXPECT_TRUE(table.takes_half_inputs(half, true));
+    at::Tensor f = in.features.to(half).requires_grad_(true);
+    at::Tensor w = at::randn({27, 6, 5}).requires_grad_(true);  // the float32 master
+    Counting().Clear();
+    SparseTensor y = Conv(SparseTensor(f, in.coordinates), w, at::Tensor(), {3, 1, 1});
+    EXPECT_EQ(y.F().scalar_type(), half);
+    EXPECT_GT(Counting().Of<cuda::GatherRows<uint16_t>>(), 0) << "forward";
+    EXPECT_GT(Counting().Of<cuda::ScatterSum<float>>(), 0) << "forward";
+    y.F().to(at::kFloat).square().sum().backward();
+    EXPECT_EQ(f.grad().scalar_type(), half);
+    EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+    EXPECT_GT(f.grad().to(at::kFloat).abs().sum().item<double>(), 0.0);
+    EXPECT_EQ(Counting().Of<cuda::GatherRows<float>>(), 0) << "widened features were gathered";
+    EXPECT_EQ(Counting().Of<cuda::ImplicitGemmRows<float>>(), 0) << "the fused ops ran";
+    EXPECT_GT(Counting().Of<cuda::GatherRows<uint16_t>>(), 3) << "backward";
+  }
+  cuda::SetDataflow(previous);
 }
 
 }  // namespace
