@@ -95,6 +95,8 @@ PairView PairsOf(const KernelMap& map, bool transposed) {
   p.device_begin = map.device_begin;
   p.identity_offset = map.identity_offset;
   p.sorted = map.rows_sorted;
+  p.tables = map.tables;
+  p.transposed = transposed;
   return p;
 }
 

@@ -56,6 +56,11 @@ struct PairView {
   int64_t identity_offset = -1;
   // src and dst ascend within every offset (KernelMap::rows_sorted).
   bool sorted = false;
+  // The map's derived tables (KernelMap::tables), and whether src is the
+  // map's output side (a transposed op): a table over dst rows is
+  // by_out_row when not transposed.
+  std::shared_ptr<PairTables> tables;
+  bool transposed = false;
   int64_t volume() const { return static_cast<int64_t>(begin->size()) - 1; }
   int64_t count(int64_t k) const { return (*begin)[k + 1] - (*begin)[k]; }
 };

@@ -33,11 +33,20 @@ int64_t ConvScope(const KernelMap& map, bool transposed) {
   return map.kernel_size == 3 ? 0 : 4;
 }
 
+// A map's derived tables (KernelMap::tables) as an autograd node keeps
+// them: an IValue capsule, so that the node holds them as long as it lives.
+struct TablesHolder : torch::CustomClassHolder {
+  explicit TablesHolder(std::shared_ptr<PairTables> t) : tables(std::move(t)) {}
+  std::shared_ptr<PairTables> tables;
+};
+
 void SaveMap(AutogradContext* ctx, const KernelMap& map, bool transposed, const Backend& backend) {
   ctx->saved_data["begin"] = map.begin;
   if (map.device_begin.defined()) ctx->saved_data["device_begin"] = map.device_begin;
   ctx->saved_data["identity"] = map.identity_offset;
   ctx->saved_data["transposed"] = transposed;
+  ctx->saved_data["tables"] =
+      at::IValue::make_capsule(c10::make_intrusive<TablesHolder>(map.tables));
   ctx->saved_data["sorted"] = map.rows_sorted;
   ctx->saved_data["num_in"] = transposed ? map.num_out : map.num_in;
   ctx->saved_data["num_out"] = transposed ? map.num_in : map.num_out;
@@ -78,6 +87,9 @@ PairView LoadPairs(AutogradContext* ctx, const at::Tensor& in_rows, const at::Te
   if (device_begin != ctx->saved_data.end()) p.device_begin = device_begin->second.toTensor();
   p.identity_offset = ctx->saved_data["identity"].toInt();
   p.sorted = ctx->saved_data["sorted"].toBool();
+  p.transposed = transposed;
+  p.tables = c10::static_intrusive_pointer_cast<TablesHolder>(ctx->saved_data["tables"].toCapsule())
+                 ->tables;
   return p;
 }
 

@@ -64,6 +64,17 @@ struct DeviceCoordinates {
 // packed offset (the kernel map's shifted keys).
 inline constexpr uint64_t kDeviceKeyBias = uint64_t{1} << 63;
 
+// Tables a backend derives from a kernel map's pairs and keeps for the
+// map's life, built at their first use: the cuda steps' inverse tables
+// (int32 [volume, rows]: the pair of each offset that reads or writes each
+// row), one per side of the map. Shared by the map and by the autograd
+// nodes of the ops on it, so a backward finds what its forward built.
+struct PairTables {
+  std::mutex mu;
+  at::Tensor by_in_row;   // over the input set's rows; undefined until built
+  at::Tensor by_out_row;  // over the output set's rows
+};
+
 // Gather/scatter pairs per kernel offset: for offset k, pairs
 // [begin[k], begin[k+1]) map input row in_rows[p] to output row out_rows[p].
 // Within one offset every output row and every input row appears at most
@@ -91,6 +102,7 @@ struct KernelMap {
   // Input and output rows ascend within every offset (both sets sorted);
   // left false in deterministic mode, which keeps to one arithmetic path.
   bool rows_sorted = false;
+  std::shared_ptr<PairTables> tables = std::make_shared<PairTables>();
   int64_t pairs() const { return begin.empty() ? 0 : begin.back(); }
   int64_t count(int64_t k) const { return begin[k + 1] - begin[k]; }
 };

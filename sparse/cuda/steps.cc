@@ -58,18 +58,32 @@ at::Tensor Upload(const std::vector<int64_t>& values, c10::Device device) {
   return host.to(device, /*non_blocking=*/true);
 }
 
-// inverse[k, row] = the pair of offset k that has `rows`-side row `row`.
-at::Tensor Inverse(const Launcher& launcher, const at::Tensor& rows_of_pairs, const PairView& pairs,
-                   int64_t rows) {
-  at::Tensor inverse = at::full({pairs.volume(), rows}, -1, rows_of_pairs.options());
-  const at::Tensor begin = pairs.device_begin.defined()
-                               ? pairs.device_begin
-                               : Upload(*pairs.begin, rows_of_pairs.device());
-  launcher.Run(
-      InvertPairs{rows_of_pairs.data_ptr<int32_t>(), begin.data_ptr<int64_t>(), pairs.volume(),
-                  rows_of_pairs.size(0), rows, inverse.data_ptr<int32_t>()},
-      "inverting pairs");
-  return inverse;
+// inverse[k, row] = the pair of offset k that has row `row` on one side:
+// over the dst rows (dst_side) or the src rows, `rows` of them. Built at
+// the map's first use of that side, then kept in its PairTables for every
+// later call, forward and backward (no fill, no inversion, no upload).
+at::Tensor Inverse(const Launcher& launcher, const PairView& pairs, bool dst_side, int64_t rows) {
+  const at::Tensor& rows_of_pairs = dst_side ? pairs.dst : pairs.src;
+  auto build = [&] {
+    at::Tensor inverse = at::full({pairs.volume(), rows}, -1, rows_of_pairs.options());
+    const at::Tensor begin = pairs.device_begin.defined()
+                                 ? pairs.device_begin
+                                 : Upload(*pairs.begin, rows_of_pairs.device());
+    launcher.Run(
+        InvertPairs{rows_of_pairs.data_ptr<int32_t>(), begin.data_ptr<int64_t>(), pairs.volume(),
+                    rows_of_pairs.size(0), rows, inverse.data_ptr<int32_t>()},
+        "inverting pairs");
+    return inverse;
+  };
+  if (pairs.tables == nullptr) return build();
+  std::lock_guard<std::mutex> lock(pairs.tables->mu);
+  at::Tensor& kept =
+      dst_side != pairs.transposed ? pairs.tables->by_out_row : pairs.tables->by_in_row;
+  if (!kept.defined()) kept = build();
+  TORCH_CHECK(kept.size(0) == pairs.volume() && kept.size(1) == rows,
+              "kernel map's inverse table is [", kept.size(0), ", ", kept.size(1), "], expected [",
+              pairs.volume(), ", ", rows, "]");
+  return kept;
 }
 
 // dst = src[rows[0, n)], rows of src.size(1) values. Half rows are copied
@@ -111,17 +125,18 @@ at::Tensor SumBuffer(const at::Tensor& x, int64_t rows, int64_t cols) {
   return at::empty({rows, cols}, x.options().dtype(AccumulateType(x.scalar_type())));
 }
 
-// out[rows_out] += sum_k scatter_to(gather_from(x) @ op(W_k)), offsets in
+// out[rows_out] += sum_k scatter_to(gather_from(x) @ op(W_k)) (from, to:
+// src, dst; swapped for the input gradient), offsets in
 // order, the identity offset skipped (the caller put it in `out` first; no
 // group holds it). `out` has the sums' type (SumBuffer): x's, or float32
 // for half x, whose products are written in float32 (MmInto).
 // transpose_w: W_k^T (the input gradient).
 void GatherGemmScatter(const Launcher& launcher, const at::Tensor& x, const at::Tensor& w,
-                       bool transpose_w, const PairView& pairs, const at::Tensor& from,
-                       const at::Tensor& to, at::Tensor& out) {
+                       bool transpose_w, const PairView& pairs, at::Tensor& out) {
+  const at::Tensor& from = transpose_w ? pairs.dst : pairs.src;
   if (from.numel() == 0) return;
   const int64_t cols_in = x.size(1), cols_out = out.size(1);
-  const at::Tensor inverse = Inverse(launcher, to, pairs, out.size(0));
+  const at::Tensor inverse = Inverse(launcher, pairs, /*dst_side=*/!transpose_w, out.size(0));
   const std::vector<int64_t>& begin = *pairs.begin;
   const int64_t bytes_per_pair = cols_in * x.element_size() + cols_out * out.element_size();
   for (const auto& [k0, k1] : Groups(pairs, bytes_per_pair)) {
@@ -156,7 +171,7 @@ at::Tensor GemmForward(const Launcher& launcher, const at::Tensor& f, const at::
   } else {
     out.zero_();
   }
-  GatherGemmScatter(launcher, f, w, /*transpose_w=*/false, pairs, pairs.src, pairs.dst, out);
+  GatherGemmScatter(launcher, f, w, /*transpose_w=*/false, pairs, out);
   return out.to(f.scalar_type());
 }
 
@@ -173,8 +188,7 @@ void GemmBackward(const Launcher& launcher, const at::Tensor& f, const at::Tenso
     } else {
       sum.zero_();
     }
-    GatherGemmScatter(launcher, grad_out, w, /*transpose_w=*/true, pairs, pairs.dst, pairs.src,
-                      sum);
+    GatherGemmScatter(launcher, grad_out, w, /*transpose_w=*/true, pairs, sum);
     *grad_in = sum.to(f.scalar_type());
   }
   if (!need_weight) return;
@@ -208,7 +222,7 @@ at::Tensor FusedForward(const Launcher& launcher, const at::Tensor& f, const at:
   const int64_t cin = w.size(1), cout = w.size(2);
   at::Tensor out = at::empty({num_out, cout}, f.options());
   if (out.numel() == 0) return out;
-  const at::Tensor inverse = Inverse(launcher, pairs.dst, pairs, num_out);
+  const at::Tensor inverse = Inverse(launcher, pairs, /*dst_side=*/true, num_out);
   AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "cuda_implicit_gemm", [&] {
     launcher.Run(
         ImplicitGemmRows<scalar_t>{f.data_ptr<scalar_t>(), cin, pairs.src.data_ptr<int32_t>(),
@@ -235,7 +249,7 @@ void FusedBackward(const Launcher& launcher, const at::Tensor& f, const at::Tens
   if (need_input) {
     *grad_in = at::empty_like(f);
     if (grad_in->numel() > 0) {
-      const at::Tensor inverse = Inverse(launcher, pairs.src, pairs, f.size(0));
+      const at::Tensor inverse = Inverse(launcher, pairs, /*dst_side=*/false, f.size(0));
       AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "cuda_implicit_gemm", [&] {
         launcher.Run(
             ImplicitGemmRows<scalar_t>{grad_out.data_ptr<scalar_t>(), cout,

@@ -54,8 +54,11 @@ class Launcher {
 //     fused         one output-stationary op over all offsets for the
 //                   forward and for the input gradient (ImplicitGemmRows),
 //                   two for the weight gradient (WeightGradSplits,
-//                   SumSplits): 3 launches forward and 5 backward with the
-//                   inverse tables' fill and inversion
+//                   SumSplits): 1 launch forward and 3 backward
+//   inverse tables  (which pair of each offset reads or writes each row,
+//                   both dataflows) built at a map's first use of each
+//                   side, a fill and an inversion, and kept with the map
+//                   (KernelMap::tables) for every later call
 //   half features   (bfloat16, float16; the weight cast to them) always on
 //                   gather-GEMM: 16-bit gathers, each offset's product
 //                   with half inputs and a float32 result (cuBLAS's tensor

@@ -125,15 +125,20 @@ CountingLauncher& Counting() {
   return launcher;
 }
 const cuda::Launcher& CountingBase() { return Counting(); }
+// The CUDA steps' table with its ops counted, on the process's dataflow
+// setting.
+const Backend& CountingTable() {
+  static const Backend table =
+      cuda::StepsTable<&CountingBase>("cuda_counting_on_host", &testing::OnHost);
+  return table;
+}
 
 // Issue 45: training-mode BatchNorm with its ReLU is three ops forward and
 // three backward on float32 features (at::batch_norm and relu_ took more
 // and a pass over the activations each); half features with float32
 // parameters take the generic entry, which launches none of the steps'.
 TEST(StepsOnHost, BatchNormWithReluIsThreeOpsEachWay) {
-  static const Backend table =
-      cuda::StepsTable<&CountingBase>("cuda_counting_on_host", &testing::OnHost);
-  BackendTableGuard guard(&table);
+  BackendTableGuard guard(&CountingTable());
   auto in = MakeRandomInput(2, 9, 0.3, 6, at::kFloat, 5, 0, /*shuffle=*/false);
   at::Tensor f = in.features.clone().requires_grad_(true);
   at::Tensor w = at::rand({6}).add_(0.5).requires_grad_(true);
@@ -154,6 +159,46 @@ TEST(StepsOnHost, BatchNormWithReluIsThreeOpsEachWay) {
   EXPECT_EQ(Counting().runs, 0) << "bf16 features with float32 parameters";
 }
 
+// Issue 45's budget, counted on the host: once its map is warm, a
+// convolution layer on the fused dataflow with its BatchNorm and ReLU is
+// ten ops a step. The convolution is one forward and three backward (the
+// inverse tables are the map's, built at its first use of each side and
+// kept), BatchNorm three and three. (On a GPU the budget also counts
+// ATen's own launches; tests/gpu/run.sh's profiler check.)
+TEST(StepsOnHost, AConvolutionLayerIsTenOpsAStepOnAWarmMap) {
+  BackendTableGuard guard(&CountingTable());
+  const cuda::Dataflow previous = cuda::SetDataflow(cuda::Dataflow::kFused);
+  auto in = MakeRandomInput(2, 9, 0.3, 6, at::kFloat, 13, 0, /*shuffle=*/false);
+  at::Tensor f = in.features.clone().requires_grad_(true);
+  at::Tensor w = at::randn({27, 6, 8}).requires_grad_(true);
+  at::Tensor bw = at::rand({8}).add_(0.5).requires_grad_(true);
+  at::Tensor bb = at::randn({8}).requires_grad_(true);
+  at::Tensor rm = at::zeros({8}), rv = at::ones({8});
+  SparseTensor x(f, in.coordinates);
+  auto step = [&] {
+    SparseTensor y = Conv(x, w, at::Tensor(), {3, 1, 1});
+    SparseTensor z = BatchNorm(y, bw, bb, rm, rv, /*training=*/true, 0.1, 1e-5, /*relu=*/true);
+    z.F().square().sum().backward();
+  };
+  Counting().Clear();
+  step();  // builds the map, then an inverse table for each side
+  EXPECT_EQ(Counting().Of<cuda::InvertPairs>(), 2);
+  const at::Tensor first = f.grad().clone();
+  f.grad().zero_();
+  Counting().Clear();
+  step();
+  EXPECT_EQ(Counting().runs, 10);
+  EXPECT_EQ(Counting().Of<cuda::InvertPairs>(), 0) << "an inverse table was rebuilt";
+  EXPECT_EQ(Counting().Of<cuda::ImplicitGemmRows<float>>(), 2);
+  EXPECT_TRUE(at::equal(f.grad(), first)) << "the kept tables changed the input gradient";
+  cuda::SetDataflow(cuda::Dataflow::kGatherGemm);  // the same tables serve gather-GEMM
+  Counting().Clear();
+  step();
+  EXPECT_EQ(Counting().Of<cuda::InvertPairs>(), 0);
+  EXPECT_GT(Counting().Of<cuda::ScatterSum<float>>(), 0);
+  cuda::SetDataflow(previous);
+}
+
 // Issue 44: half features reach the CUDA steps' convolutions as they are
 // (before, the engine widened them to float32 around the call): the
 // gathers copy 16-bit rows, the products and sums are float32 (the
@@ -161,14 +206,12 @@ TEST(StepsOnHost, BatchNormWithReluIsThreeOpsEachWay) {
 // gathered. The fused setting does not apply to them: no ImplicitGemmRows.
 // (Their accuracy is the cross-backend HalfPrecision* tests'.)
 TEST(StepsOnHost, HalfConvolutionsGatherSixteenBitRowsAndSumInFloat32) {
-  static const Backend table =
-      cuda::StepsTable<&CountingBase>("cuda_counting_on_host", &testing::OnHost);
-  BackendTableGuard guard(&table);
+  BackendTableGuard guard(&CountingTable());
   const cuda::Dataflow previous = cuda::SetDataflow(cuda::Dataflow::kFused);
   auto in = MakeRandomInput(2, 9, 0.3, 6, at::kFloat, 9, 0, /*shuffle=*/false);
   for (at::ScalarType half : {at::kBFloat16, at::kHalf}) {
     SCOPED_TRACE(half == at::kBFloat16 ? "bf16" : "fp16");
-    EXPECT_TRUE(table.takes_half_inputs(half, true));
+    EXPECT_TRUE(CountingTable().takes_half_inputs(half, true));
     at::Tensor f = in.features.to(half).requires_grad_(true);
     at::Tensor w = at::randn({27, 6, 5}).requires_grad_(true);  // the float32 master
     Counting().Clear();
