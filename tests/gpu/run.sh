@@ -7,7 +7,9 @@
 #   2. runs the cross-backend tests (every op on cpu, generic-on-cpu,
 #      generic-on-cuda and cuda against the CPU reference, forward and
 #      gradients), the determinism check on CUDA (CudaDeterminism.*) and the
-#      out-of-memory test under a small allocator fraction (CudaMemory.*);
+#      out-of-memory test under a small allocator fraction (CudaMemory.*),
+#      and the launch budget of a convolution layer, counted by the
+#      profiler (CudaLaunchBudget.*);
 #   3. runs minkunet_bench on cuda:0 with the generic and the cuda backend;
 # and prints one JSON object on stdout. Progress goes to stderr, logs and
 # the raw results to $OUT (the device tool's folder) or build-gpu/out.
@@ -132,6 +134,7 @@ result = {
 result["cross_backend"] = tests(load("cross_backend.json"))
 result["determinism"] = tests(load("determinism.json"))
 result["out_of_memory"] = tests(load("out_of_memory.json"))
+result["launch_budget"] = tests(load("launch_budget.json"))
 benches = facts.get("benches", "").split()
 result["bench"] = {b: load("bench_%s.json" % b) for b in benches}
 result["bench_exit"] = {b: int(facts["bench_%s_exit" % b]) for b in benches
@@ -139,7 +142,8 @@ result["bench_exit"] = {b: int(facts["bench_%s_exit" % b]) for b in benches
 def clean(t):
     return t is not None and t["failed"] == 0 and t["passed"] > 0 and t["gpu_skipped"] == 0
 result["ok"] = (result["ran_on_gpu"] and result["stage_failed"] == "" and
-                all(clean(result[k]) for k in ("cross_backend", "determinism", "out_of_memory")) and
+                all(clean(result[k]) for k in ("cross_backend", "determinism", "out_of_memory",
+                                               "launch_budget")) and
                 benches == ["generic", "cuda"] and
                 all(result["bench"][b] is not None for b in benches))
 result["total_s"] = int(time.time()) - start
@@ -247,6 +251,7 @@ run_tests() {  # name filter
 run_tests determinism 'CudaDeterminism.*:Determinism.*'
 run_tests out_of_memory 'CudaMemory.*:Memory.*'
 run_tests cross_backend '*CrossBackend.*:Backend.*'
+run_tests launch_budget 'CudaLaunchBudget.*'
 
 # --- Benchmark --------------------------------------------------------------
 # On the GPU: the default scene on cuda:0 with both CUDA paths. --cpu-only:

@@ -1,0 +1,103 @@
+// Issue 45's launch budget on a GPU, counted by the profiler: a
+// convolution layer with its BatchNorm and ReLU, on the cuda backend's
+// fused dataflow with its map warm, launches at most 10 kernels a training
+// step (forward and backward), ATen's own launches included. The host
+// count of the steps' ops is StepsOnHost.AConvolutionLayerIsTenOpsAStepOnAWarmMap;
+// this test is what only a device shows (fills, casts, copies that ATen
+// would launch between them). It skips without a CUDA device, and so has
+// never run on the machines it was written on.
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/cuda.h>
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "sparse/backend.h"
+#include "sparse/cuda/steps.h"
+#include "sparse/memory.h"
+#include "sparse/ops.h"
+#include "tests/sparse/test_util.h"
+
+namespace trainsup::sparse {
+namespace {
+
+using testing::MakeRandomInput;
+
+// The names of the device-side events (kernels, memsets, copies) that
+// Kineto records while run() runs, the device synchronised at the end.
+std::vector<std::string> DeviceEvents(const std::function<void()>& run) {
+  namespace profiler = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  const std::set<ActivityType> activities = {ActivityType::CPU, ActivityType::CUDA};
+  profiler::prepareProfiler(config, activities);
+  profiler::enableProfiler(config, activities);
+  run();
+  torch::cuda::synchronize();
+  const std::unique_ptr<profiler::ProfilerResult> result = profiler::disableProfiler();
+  std::vector<std::string> names;
+  for (const profiler::KinetoEvent& e : result->events()) {
+    if (e.deviceType() == c10::DeviceType::CUDA) names.push_back(e.name());
+  }
+  return names;
+}
+
+void Print(const char* what, const std::vector<std::string>& names) {
+  std::printf("%s: %zu device events\n", what, names.size());
+  for (const std::string& n : names) std::printf("  %s\n", n.c_str());
+}
+
+// The layer's launches are those of a step through it less those of the
+// same loss on a leaf of the layer's output shape: the loss's own kernels
+// (the product, the sum, their backward) are the same in both.
+TEST(CudaLaunchBudget, AConvolutionLayerIsAtMostTenLaunchesAStep) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  BackendGuard backend(BackendKind::kCuda);
+  const cuda::Dataflow previous = cuda::SetDataflow(cuda::Dataflow::kFused);
+  const c10::Device gpu(c10::DeviceType::CUDA, 0);
+  const at::TensorOptions o = at::TensorOptions().dtype(at::kFloat).device(gpu);
+  auto in = MakeRandomInput(2, 24, 0.3, 16, at::kFloat, 17, 0, /*shuffle=*/false);
+  at::Tensor f = in.features.to(gpu).requires_grad_(true);
+  at::Tensor w = (at::randn({27, 16, 16}, o) * 0.1).requires_grad_(true);
+  at::Tensor bw = at::ones({16}, o).requires_grad_(true);
+  at::Tensor bb = at::zeros({16}, o).requires_grad_(true);
+  at::Tensor rm = at::zeros({16}, o), rv = at::ones({16}, o);
+  const at::Tensor r = at::randn({f.size(0), 16}, o);
+  at::Tensor leaf = at::randn({f.size(0), 16}, o).requires_grad_(true);
+  SparseTensor x(f, in.coordinates);
+  // Gradients are dropped after each step, so that the next one's are
+  // stolen by AccumulateGrad, not added (a launch of its own).
+  auto drop = [](std::vector<at::Tensor*> ts) {
+    for (at::Tensor* t : ts) t->mutable_grad().reset();
+  };
+  auto layer_step = [&] {
+    SparseTensor y = Conv(x, w, at::Tensor(), {3, 1, 1});
+    SparseTensor z = BatchNorm(y, bw, bb, rm, rv, /*training=*/true, 0.1, 1e-5, /*relu=*/true);
+    (z.F() * r).sum().backward();
+    drop({&f, &w, &bw, &bb});
+  };
+  auto loss_step = [&] {
+    (leaf * r).sum().backward();
+    drop({&leaf});
+  };
+  for (int i = 0; i < 2; ++i) {  // the map, its inverse tables, cuBLAS's handles
+    layer_step();
+    loss_step();
+  }
+  torch::cuda::synchronize();
+  const std::vector<std::string> with_layer = DeviceEvents(layer_step);
+  const std::vector<std::string> loss_only = DeviceEvents(loss_step);
+  Print("a step through the layer", with_layer);
+  Print("the loss alone", loss_only);
+  cuda::SetDataflow(previous);
+  ASSERT_GT(with_layer.size(), loss_only.size()) << "the profiler saw none of the layer's kernels";
+  EXPECT_LE(with_layer.size() - loss_only.size(), 10u);
+}
+
+}  // namespace
+}  // namespace trainsup::sparse
