@@ -15,7 +15,7 @@ namespace trainsup::sparse {
 // of its argument. Returns fn(x.F()) with rows in x's order.
 template <typename Fn>
 at::Tensor InCanonicalOrder(const SparseTensor& x, Fn fn) {
-  const CoordinateSet& set = x.manager()->Set(x.set_id());
+  const CoordinateSet& set = x.manager()->Meta(x.set_id());
   if (!IsDeterministic() || set.sorted) return fn(x.F());
   const DeviceCoordinates& d = x.manager()->OnDevice(x.set_id(), x.F().device());
   return fn(x.F().index_select(0, d.order)).index_select(0, d.rank);

@@ -276,7 +276,7 @@ SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Ten
       static_cast<int64_t>(options.kernel_size) * options.kernel_size * options.kernel_size;
   CheckWeight(x.F(), weight, bias, volume, "Conv");
   auto& manager = x.manager();
-  const CoordinateSetId out_set = manager->Downsample(x.set_id(), options.stride);
+  const CoordinateSetId out_set = manager->Downsample(x.set_id(), options.stride, x.F().device());
   auto map = manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation,
                                    x.F().device());
   SparseTensor y(KernelMapConvFunction::apply(x.F(), AsFeatures(weight, x.F()), map.get(), false),
@@ -298,12 +298,12 @@ SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight, cons
                 "ConvTranspose: the target belongs to another coordinate manager");
     fine = target->set_id();
   } else if (options.stride > 1) {
-    fine = manager->Set(x.set_id()).parent;
+    fine = manager->Meta(x.set_id()).parent;
     TORCH_CHECK(fine >= 0,
                 "ConvTranspose: no target given and the input's coordinates were "
                 "not made by downsampling; pass the target coordinates");
   }
-  const int32_t fine_stride = manager->Set(fine).stride;
+  const int32_t fine_stride = manager->Meta(fine).stride;
   TORCH_CHECK(static_cast<int64_t>(fine_stride) * options.stride == x.stride(),
               "ConvTranspose: target stride ", fine_stride, " times stride ", options.stride,
               " must equal the input's tensor stride ", x.stride());
@@ -319,7 +319,7 @@ SparseTensor Pool(const SparseTensor& x, PoolMode mode, const ConvOptions& optio
   CheckOptions(options, "Pool");
   CheckFeatures(x, "Pool");
   auto& manager = x.manager();
-  const CoordinateSetId out_set = manager->Downsample(x.set_id(), options.stride);
+  const CoordinateSetId out_set = manager->Downsample(x.set_id(), options.stride, x.F().device());
   const c10::Device device = x.F().device();
   auto map =
       manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation, device);

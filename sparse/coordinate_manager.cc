@@ -21,6 +21,26 @@ std::atomic<bool> g_deterministic{false};
 // Rows per task in parallel loops over coordinates.
 constexpr int64_t kGrain = 2048;
 
+// The bounding box and batch size of n coordinates (N x 4 rows at c).
+void Bounds(const int32_t* c, int64_t n, CoordinateSet* set) {
+  int32_t max_batch = -1;
+  for (int a = 0; a < 3; ++a) {
+    set->min[a] = n > 0 ? kMaxCoordinate : 0;
+    set->max[a] = n > 0 ? kMinCoordinate : 0;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t* r = c + 4 * i;
+    max_batch = std::max(max_batch, r[0]);
+    for (int a = 0; a < 3; ++a) {
+      set->min[a] = std::min(set->min[a], r[a + 1]);
+      set->max[a] = std::max(set->max[a], r[a + 1]);
+    }
+  }
+  set->batch_size = max_batch + 1;
+}
+
+bool PowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
 }  // namespace
 
 void SetDeterministic(bool on) { g_deterministic.store(on); }
@@ -73,11 +93,30 @@ CoordinateSetId CoordinateManager::AddCoordinates(const at::Tensor& coordinates,
   return AddValidated(c, stride, /*check=*/true);
 }
 
+CoordinateSetId CoordinateManager::AddDeviceMade(at::Tensor keys, int32_t stride,
+                                                 CoordinateSetId parent) {
+  auto set = std::make_shared<CoordinateSet>();
+  TORCH_CHECK(keys.size(0) < std::numeric_limits<int32_t>::max(),
+              "too many coordinates: ", keys.size(0));
+  set->count = keys.size(0);
+  set->stride = stride;
+  set->sorted = true;
+  set->parent = parent;
+  set->device_keys = std::move(keys);
+  set->host_ready = false;
+  std::lock_guard<std::mutex> lock(mu_);
+  sets_.push_back(std::move(set));
+  ++stats_.coordinate_sets;
+  ++stats_.device_downsamples;
+  return static_cast<CoordinateSetId>(sets_.size()) - 1;
+}
+
 CoordinateSetId CoordinateManager::AddValidated(at::Tensor coords, int32_t stride, bool check) {
   auto set = std::make_shared<CoordinateSet>();
   const int64_t n = coords.size(0);
   TORCH_CHECK(n < std::numeric_limits<int32_t>::max(), "too many coordinates: ", n);
   set->coordinates = coords;
+  set->count = n;
   set->stride = stride;
   const int32_t* c = coords.data_ptr<int32_t>();
   if (check) {
@@ -96,22 +135,13 @@ CoordinateSetId CoordinateManager::AddValidated(at::Tensor coords, int32_t strid
   }
   std::vector<uint64_t>& keys = set->sorted_keys;
   keys.resize(n);
-  int32_t max_batch = -1;
-  for (int a = 0; a < 3; ++a) {
-    set->min[a] = n > 0 ? kMaxCoordinate : 0;
-    set->max[a] = n > 0 ? kMinCoordinate : 0;
-  }
   bool sorted = true;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t* r = c + 4 * i;
     keys[i] = PackKey(r[0], r[1], r[2], r[3]);
     if (i > 0 && keys[i] <= keys[i - 1]) sorted = false;
-    max_batch = std::max(max_batch, r[0]);
-    for (int a = 0; a < 3; ++a) {
-      set->min[a] = std::min(set->min[a], r[a + 1]);
-      set->max[a] = std::max(set->max[a], r[a + 1]);
-    }
   }
+  Bounds(c, n, set.get());
   if (!sorted) {
     std::vector<int32_t>& rows = set->sorted_rows;
     rows.resize(n);
@@ -131,7 +161,6 @@ CoordinateSetId CoordinateManager::AddValidated(at::Tensor coords, int32_t strid
     set->rank = at::empty_like(set->order);
     set->rank.index_put_({set->order}, at::arange(n, at::kLong));
   }
-  set->batch_size = max_batch + 1;
   set->sorted = sorted;
   std::lock_guard<std::mutex> lock(mu_);
   sets_.push_back(std::move(set));
@@ -139,14 +168,42 @@ CoordinateSetId CoordinateManager::AddValidated(at::Tensor coords, int32_t strid
   return static_cast<CoordinateSetId>(sets_.size()) - 1;
 }
 
-const CoordinateSet& CoordinateManager::Set(CoordinateSetId id) const {
+std::shared_ptr<CoordinateSet> CoordinateManager::Get(CoordinateSetId id) const {
   std::lock_guard<std::mutex> lock(mu_);
   TORCH_CHECK(id >= 0 && id < static_cast<CoordinateSetId>(sets_.size()), "unknown coordinate set ",
               id, " (this manager holds ", sets_.size(), ")");
-  return *sets_[id];
+  return sets_[id];
 }
 
-CoordinateSetId CoordinateManager::Downsample(CoordinateSetId id, int32_t factor) {
+const CoordinateSet& CoordinateManager::Meta(CoordinateSetId id) const { return *Get(id); }
+
+const CoordinateSet& CoordinateManager::Set(CoordinateSetId id) const {
+  const std::shared_ptr<CoordinateSet> set = Get(id);
+  if (!set->device_keys.defined()) return *set;
+  std::lock_guard<std::mutex> lock(host_mu_);
+  if (set->host_ready) return *set;
+  // The keys to the host (a copy, waiting for the device), unbiased, then
+  // unpacked: the fields a host-made set has.
+  const at::Tensor keys = set->device_keys.to(at::kCPU).contiguous();
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const int64_t n = set->count;
+  set->sorted_keys.resize(n);
+  at::Tensor coords = at::empty({n, 4}, at::kInt);
+  int32_t* c = coords.data_ptr<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    set->sorted_keys[i] = static_cast<uint64_t>(k[i]) ^ kDeviceKeyBias;
+    UnpackKey(set->sorted_keys[i], c + 4 * i);
+  }
+  Bounds(c, n, set.get());
+  set->coordinates = coords;
+  set->host_ready = true;
+  std::lock_guard<std::mutex> stats_lock(mu_);
+  ++stats_.host_copies;
+  return *set;
+}
+
+CoordinateSetId CoordinateManager::Downsample(CoordinateSetId id, int32_t factor,
+                                              c10::Device device) {
   TORCH_CHECK(factor >= 1, "downsampling factor must be >= 1, got ", factor);
   if (factor == 1) return id;
   {
@@ -155,10 +212,23 @@ CoordinateSetId CoordinateManager::Downsample(CoordinateSetId id, int32_t factor
     if (it != downsampled_.end()) return it->second;
   }
   RECORD_USER_SCOPE("coordinates downsample");
-  const CoordinateSet& in = Set(id);
-  const int64_t wide = static_cast<int64_t>(in.stride) * factor;
+  const int64_t wide = static_cast<int64_t>(Meta(id).stride) * factor;
   TORCH_CHECK(wide <= kMaxCoordinate, "tensor stride ", wide, " is too large");
   const int32_t new_stride = static_cast<int32_t>(wide);
+  const Backend& backend = BackendFor(device);
+  if (backend.downsample_keys != nullptr && PowerOfTwo(Meta(id).stride) && PowerOfTwo(wide)) {
+    const at::Tensor keys = backend.downsample_keys(OnDevice(id, device).keys, new_stride);
+    const CoordinateSetId out = AddDeviceMade(keys, new_stride, id);
+    auto d = std::make_shared<DeviceCoordinates>();
+    d->keys = keys;
+    std::lock_guard<std::mutex> lock(mu_);
+    on_device_.emplace(
+        std::make_tuple(out, static_cast<int>(device.type()), static_cast<int>(device.index())),
+        std::move(d));
+    downsampled_[{id, factor}] = out;
+    return out;
+  }
+  const CoordinateSet& in = Set(id);
   const int64_t n = in.size();
   const int32_t* c = in.coordinates.data_ptr<int32_t>();
   std::vector<uint64_t> keys(n);
@@ -192,7 +262,7 @@ CoordinateSetId CoordinateManager::Downsample(CoordinateSetId id, int32_t factor
 }
 
 at::Tensor CoordinateManager::CanonicalOrder(CoordinateSetId id) {
-  const CoordinateSet& set = Set(id);
+  const CoordinateSet& set = Meta(id);
   if (set.sorted) return at::arange(set.size(), at::kLong);
   return set.order;
 }
@@ -220,8 +290,12 @@ std::shared_ptr<const KernelMap> CoordinateManager::GetKernelMap(CoordinateSetId
   static constexpr const char* kScopes[] = {"kernel map 1x1x1", "kernel map 2x2x2",
                                             "kernel map 3x3x3", "kernel map other"};
   RECORD_USER_SCOPE(kScopes[kernel_size <= 3 ? kernel_size - 1 : 3]);
-  const CoordinateSet& in_set = Set(in);
-  const CoordinateSet& out_set = Set(out);
+  // Backends that build from device keys read the sets' counts and
+  // strides alone: a device-made set's host fields stay unfilled.
+  const Backend& backend = BackendFor(device);
+  const bool device_keys = backend.builds_from_device_keys;
+  const CoordinateSet& in_set = device_keys ? Meta(in) : Set(in);
+  const CoordinateSet& out_set = device_keys ? Meta(out) : Set(out);
   TORCH_CHECK(out_set.stride % in_set.stride == 0, "kernel map: output stride ", out_set.stride,
               " is not a multiple of input stride ", in_set.stride);
   KernelMapInputs inputs;
@@ -234,8 +308,7 @@ std::shared_ptr<const KernelMap> CoordinateManager::GetKernelMap(CoordinateSetId
   inputs.device = device;
   TORCH_CHECK(inputs.step * (kernel_size - 1) <= kMaxCoordinate, "kernel extent ",
               inputs.step * (kernel_size - 1), " is too large");
-  const Backend& backend = BackendFor(device);
-  if (backend.builds_from_device_keys) {
+  if (device_keys) {
     inputs.in_device = &OnDevice(in, device);
     inputs.out_device = &OnDevice(out, device);
   }

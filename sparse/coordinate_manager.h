@@ -32,8 +32,14 @@ using CoordinateSetId = int64_t;
 std::vector<std::array<int32_t, 3>> KernelOffsets(int kernel_size);
 
 // One coordinate set: N unique coordinates at one tensor stride.
+//
+// A set made on a device (Downsample there) starts with its keys alone
+// (device_keys): its host fields (coordinates, sorted_keys, min, max,
+// batch_size) are filled from them at the first CoordinateManager::Set()
+// on it, one copy to the host; Meta() reads the rest without that copy.
 struct CoordinateSet {
   at::Tensor coordinates;  // N x 4 int32, contiguous: batch, x, y, z.
+  int64_t count = 0;       // N
   int32_t stride = 1;      // Every spatial coordinate is a multiple of it.
   // The keys in ascending order, and the row of each (empty when the rows
   // are in key order already, i.e. sorted_rows[p] == p).
@@ -47,7 +53,11 @@ struct CoordinateSet {
   int32_t batch_size = 0;       // Largest batch index + 1 (0 when empty).
   bool sorted = false;          // Rows are in key order already.
   CoordinateSetId parent = -1;  // The set this one was downsampled from.
-  int64_t size() const { return coordinates.size(0); }
+  // A device-made set's keys (int64, biased as DeviceCoordinates::keys,
+  // ascending, on the device that made them); undefined for host-made sets.
+  at::Tensor device_keys;
+  bool host_ready = true;  // the host fields are filled (false: device-made, not yet)
+  int64_t size() const { return count; }
   int32_t RowAt(int64_t p) const { return sorted ? static_cast<int32_t>(p) : sorted_rows[p]; }
 };
 
@@ -111,6 +121,8 @@ struct CoordinateManagerStats {
   int64_t kernel_map_builds = 0;
   int64_t kernel_map_hits = 0;
   int64_t coordinate_sets = 0;
+  int64_t device_downsamples = 0;  // sets made on a device (Downsample there)
+  int64_t host_copies = 0;         // device-made sets whose host fields were filled
 };
 
 class CoordinateManager {
@@ -126,12 +138,22 @@ class CoordinateManager {
   // offending row otherwise.
   CoordinateSetId AddCoordinates(const at::Tensor& coordinates, int32_t stride);
 
+  // The set, its host fields filled (for a device-made set, copied from
+  // the device at the first call).
   const CoordinateSet& Set(CoordinateSetId id) const;
+  // The set's count, stride, sortedness, parent and device_keys, without
+  // filling a device-made set's host fields (which may still be empty).
+  const CoordinateSet& Meta(CoordinateSetId id) const;
 
   // The set at stride Set(id).stride * factor: every coordinate floored to
   // the coarser grid, duplicates merged, rows in key order. Cached per
-  // (id, factor).
-  CoordinateSetId Downsample(CoordinateSetId id, int32_t factor);
+  // (id, factor). Made on `device` when the backend there has
+  // downsample_keys and both strides are powers of two (flooring is then
+  // masking the keys' low bits): from the set's device keys, with one host
+  // synchronisation (the new set's size) and no host copy of the keys;
+  // otherwise on the host.
+  CoordinateSetId Downsample(CoordinateSetId id, int32_t factor,
+                             c10::Device device = c10::Device(c10::DeviceType::CPU));
 
   // The kernel map from input set `in` to output set `out` for a cubic
   // kernel, with its pair lists on `device`. The input offset of output
@@ -155,8 +177,12 @@ class CoordinateManager {
 
  private:
   CoordinateSetId AddValidated(at::Tensor coordinates, int32_t stride, bool check);
+  // Adds a sorted set made on a device from its keys.
+  CoordinateSetId AddDeviceMade(at::Tensor keys, int32_t stride, CoordinateSetId parent);
+  std::shared_ptr<CoordinateSet> Get(CoordinateSetId id) const;
 
   mutable std::mutex mu_;
+  mutable std::mutex host_mu_;  // filling device-made sets' host fields
   std::vector<std::shared_ptr<CoordinateSet>> sets_;
   std::map<std::pair<CoordinateSetId, int32_t>, CoordinateSetId> downsampled_;
   // Keys: (in, out, kernel size, dilation, deterministic, device type,
@@ -166,7 +192,7 @@ class CoordinateManager {
       kernel_maps_;
   std::map<std::tuple<CoordinateSetId, int, int>, std::shared_ptr<const DeviceCoordinates>>
       on_device_;
-  CoordinateManagerStats stats_;
+  mutable CoordinateManagerStats stats_;  // Set() counts host_copies
 };
 
 }  // namespace trainsup::sparse

@@ -40,7 +40,7 @@ SparseTensor::SparseTensor(const at::Tensor& features, CoordinateSetId set,
                            std::shared_ptr<CoordinateManager> manager)
     : features_(features), set_(set), manager_(std::move(manager)) {
   TORCH_CHECK(manager_ != nullptr, "SparseTensor: null coordinate manager");
-  CheckFeatures(features, manager_->Set(set).size());
+  CheckFeatures(features, manager_->Meta(set).size());
 }
 
 const at::Tensor& SparseTensor::coordinates() const {
@@ -50,7 +50,7 @@ const at::Tensor& SparseTensor::coordinates() const {
 
 int32_t SparseTensor::stride() const {
   TORCH_CHECK(defined(), "SparseTensor is empty (default-constructed)");
-  return manager_->Set(set_).stride;
+  return manager_->Meta(set_).stride;
 }
 
 int32_t SparseTensor::batch_size() const {

@@ -8,8 +8,10 @@
 #include <set>
 #include <tuple>
 
+#include "sparse/backend.h"
 #include "sparse/coordinate_manager.h"
 #include "sparse/determinism.h"
+#include "sparse/ops.h"
 #include "tests/sparse/test_util.h"
 
 namespace trainsup::sparse {
@@ -79,6 +81,60 @@ TEST(CoordinateManager, DownsampleFloorsToTheCoarserGrid) {
     }
     EXPECT_EQ(Rows(m.Set(s == 2 ? d2 : d4).coordinates), want) << "stride " << s;
   }
+}
+
+// Issue 45: on a backend with downsample_keys (the generic one here, on
+// CPU tensors; on a GPU the cuda and generic ones), Downsample makes the
+// set from the device keys. It is the host's set bit for bit (keys,
+// coordinates, bounds, parent), its host fields filled only when Set()
+// asks (one copy each), and a strided convolution and its transpose,
+// forward and backward, never ask.
+TEST(CoordinateManager, DownsampleOnTheDeviceEqualsTheHostsAndCopiesOnlyWhenAsked) {
+  auto in = MakeRandomInput(2, 11, 0.3, 3, at::kFloat, 5, -11);  // shuffled, negative
+  CoordinateManager host, device;
+  std::vector<CoordinateSetId> h = {host.AddCoordinates(in.coordinates, 1)};
+  for (int level = 0; level < 3; ++level) h.push_back(host.Downsample(h.back(), 2));
+  EXPECT_EQ(host.stats().device_downsamples, 0) << "the cpu backend downsamples on the host";
+  BackendGuard generic(BackendKind::kGeneric);
+  std::vector<CoordinateSetId> d = {device.AddCoordinates(in.coordinates, 1)};
+  for (int level = 0; level < 3; ++level) d.push_back(device.Downsample(d.back(), 2));
+  EXPECT_EQ(device.Downsample(d[0], 2), d[1]);  // cached
+  EXPECT_EQ(device.stats().device_downsamples, 3);
+  for (int level = 1; level <= 3; ++level) {
+    SCOPED_TRACE("stride " + std::to_string(1 << level));
+    EXPECT_FALSE(device.Meta(d[level]).host_ready);
+    EXPECT_EQ(device.Meta(d[level]).size(), host.Set(h[level]).size());
+    EXPECT_EQ(device.Meta(d[level]).parent, d[level - 1]);
+    EXPECT_EQ(device.Meta(d[level]).stride, 1 << level);
+    EXPECT_TRUE(device.Meta(d[level]).sorted);
+  }
+  EXPECT_EQ(device.stats().host_copies, 0);
+  for (int level = 1; level <= 3; ++level) {
+    SCOPED_TRACE("stride " + std::to_string(1 << level));
+    const CoordinateSet& got = device.Set(d[level]);
+    const CoordinateSet& want = host.Set(h[level]);
+    EXPECT_TRUE(at::equal(got.coordinates, want.coordinates));
+    EXPECT_EQ(got.sorted_keys, want.sorted_keys);
+    EXPECT_EQ(got.batch_size, want.batch_size);
+    for (int a = 0; a < 3; ++a) {
+      EXPECT_EQ(got.min[a], want.min[a]);
+      EXPECT_EQ(got.max[a], want.max[a]);
+    }
+  }
+  EXPECT_EQ(device.stats().host_copies, 3);
+  device.Set(d[1]);
+  EXPECT_EQ(device.stats().host_copies, 3) << "a set was copied twice";
+
+  SparseTensor x(in.features.clone().requires_grad_(true), in.coordinates);
+  at::Tensor w = at::randn({8, 3, 4}).requires_grad_(true);
+  at::Tensor back = at::randn({8, 4, 3}).requires_grad_(true);
+  SparseTensor y = Conv(x, w, at::Tensor(), {2, 2, 1});
+  SparseTensor z = ConvTranspose(y, back, at::Tensor(), {2, 2, 1});
+  z.F().square().sum().backward();
+  EXPECT_EQ(x.manager()->stats().device_downsamples, 1);
+  EXPECT_EQ(x.manager()->stats().host_copies, 0);
+  EXPECT_TRUE(at::equal(y.C(), host.Set(h[1]).coordinates));
+  EXPECT_EQ(x.manager()->stats().host_copies, 1);
 }
 
 // Every (kernel offset, input row, output row) triple, by brute force.
