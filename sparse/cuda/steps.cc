@@ -109,12 +109,16 @@ void Gather(const Launcher& launcher, const at::Tensor& src, const int32_t* rows
 // products summed in float32 and written without a rounding to half. On
 // the host launcher's CPU tensors ATen's mm has no out_dtype (CUDA only),
 // so the inputs are widened first: the same exact products (a half times
-// a half fits float32's significand), summed in float32.
+// a half fits float32's significand), summed in float32. So are a CUDA
+// build's before LibTorch 2.8, which lacks out_dtype
+// (TRAINSUP_MM_OUT_DTYPE, sparse/cuda/CMakeLists.txt).
 void MmInto(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() == out.scalar_type()) {
     at::mm_out(out, a, b);
+#ifdef TRAINSUP_MM_OUT_DTYPE
   } else if (a.is_cuda()) {
     at::mm_out(out, a, b, out.scalar_type());
+#endif
   } else {
     at::mm_out(out, a.to(out.scalar_type()), b.to(out.scalar_type()));
   }

@@ -10,7 +10,9 @@
 #      out-of-memory test under a small allocator fraction (CudaMemory.*),
 #      and the launch budget of a convolution layer, counted by the
 #      profiler (CudaLaunchBudget.*);
-#   3. runs minkunet_bench on cuda:0 with the generic and the cuda backend;
+#   3. runs minkunet_bench on cuda:0 with the generic and the cuda backend,
+#      then the cuda backend at fp32, bf16 and fp16 (TF32 off) and at fp32
+#      with TF32 on (issue 44's figures, "precision" in the JSON);
 # and prints one JSON object on stdout. Progress goes to stderr, logs and
 # the raw results to $OUT (the device tool's folder) or build-gpu/out.
 # Sized for under 8 minutes on 16 cores, build included.
@@ -139,6 +141,7 @@ benches = facts.get("benches", "").split()
 result["bench"] = {b: load("bench_%s.json" % b) for b in benches}
 result["bench_exit"] = {b: int(facts["bench_%s_exit" % b]) for b in benches
                         if "bench_%s_exit" % b in facts}
+result["precision"] = {t: load("precision_tf32_%s.json" % t) for t in ("off", "on")}
 def clean(t):
     return t is not None and t["failed"] == 0 and t["passed"] > 0 and t["gpu_skipped"] == 0
 result["ok"] = (result["ran_on_gpu"] and result["stage_failed"] == "" and
@@ -273,6 +276,23 @@ for backend in "${backends[@]}"; do
     --json >"$out/bench_$backend.json" 2>>"$log" || status=$?
   fact "bench_${backend}_exit" "$status"
 done
+
+# --- Precisions (issue 44): fp32, TF32, bf16 and fp16 in the same call -------
+# The cuda backend on the default scene: fp32, bf16 and fp16 with TF32 off
+# in one run (ratios in one process), then fp32 with TF32 on (a process
+# setting). Reported in the JSON, not part of "ok": they are figures.
+if [[ $mode == gpu ]]; then
+  for tf32 in off on; do
+    precisions=fp32,bf16,fp16
+    [[ $tf32 == on ]] && precisions=fp32
+    limit=$(left 120)
+    if ((limit < 10)); then say "precisions, TF32 $tf32: skipped, the deadline is near"; continue; fi
+    say "minkunet_bench --backend cuda --precisions $precisions --tf32 $tf32"
+    timeout "$limit" "$build/sparse/minkunet_bench" --device cuda --backend cuda --repeats 3 \
+      --depths 14 --precisions "$precisions" --tf32 "$tf32" --json \
+      >"$out/precision_tf32_$tf32.json" 2>>"$log" || say "precisions, TF32 $tf32: exit $?"
+  done
+fi
 
 # --- Optional: how the CUDA paths scale and where their host time goes --------
 # PROFILE_SCENES="small default large" runs minkunet_bench --profile on
