@@ -61,14 +61,16 @@ std::vector<std::array<int32_t, 3>> KernelOffsets(int kernel_size) {
 
 CoordinateSetId CoordinateManager::AddCoordinates(const at::Tensor& coordinates, int32_t stride) {
   TORCH_CHECK(coordinates.defined(), "coordinates: undefined tensor");
-  TORCH_CHECK(coordinates.device().is_cpu(), "coordinates must be on the CPU, got ",
-              coordinates.device());
   TORCH_CHECK(coordinates.dim() == 2 && coordinates.size(1) == 4,
               "coordinates must be N x 4 (batch, x, y, z), got shape ", coordinates.sizes());
   TORCH_CHECK(coordinates.scalar_type() == at::kInt || coordinates.scalar_type() == at::kLong,
               "coordinates must be int32 or int64, got ", coordinates.scalar_type());
   TORCH_CHECK(stride >= 1, "tensor stride must be >= 1, got ", stride);
-  at::Tensor c = coordinates;
+  if (BackendFor(coordinates.device()).builds_from_device_keys) {
+    if (const auto id = AddOnDevice(coordinates, stride)) return *id;
+  }
+  // The host's checks name a failed one (a device path's too, on a copy).
+  at::Tensor c = coordinates.to(at::kCPU);
   if (c.scalar_type() == at::kLong) {
     // Check the range before narrowing, so no value wraps silently.
     if (c.numel() > 0) {
@@ -93,22 +95,66 @@ CoordinateSetId CoordinateManager::AddCoordinates(const at::Tensor& coordinates,
   return AddValidated(c, stride, /*check=*/true);
 }
 
-CoordinateSetId CoordinateManager::AddDeviceMade(at::Tensor keys, int32_t stride,
-                                                 CoordinateSetId parent) {
+CoordinateSetId CoordinateManager::AddDeviceMade(std::shared_ptr<DeviceCoordinates> d,
+                                                 int64_t count, int32_t stride, bool sorted,
+                                                 CoordinateSetId parent, c10::Device device) {
+  TORCH_CHECK(count < std::numeric_limits<int32_t>::max(), "too many coordinates: ", count);
   auto set = std::make_shared<CoordinateSet>();
-  TORCH_CHECK(keys.size(0) < std::numeric_limits<int32_t>::max(),
-              "too many coordinates: ", keys.size(0));
-  set->count = keys.size(0);
+  set->count = count;
   set->stride = stride;
-  set->sorted = true;
+  set->sorted = sorted;
   set->parent = parent;
-  set->device_keys = std::move(keys);
+  set->device_made = d;
   set->host_ready = false;
   std::lock_guard<std::mutex> lock(mu_);
   sets_.push_back(std::move(set));
+  const CoordinateSetId id = static_cast<CoordinateSetId>(sets_.size()) - 1;
+  on_device_.emplace(
+      std::make_tuple(id, static_cast<int>(device.type()), static_cast<int>(device.index())),
+      std::move(d));
   ++stats_.coordinate_sets;
-  ++stats_.device_downsamples;
-  return static_cast<CoordinateSetId>(sets_.size()) - 1;
+  ++(parent >= 0 ? stats_.device_downsamples : stats_.device_inputs);
+  return id;
+}
+
+std::optional<CoordinateSetId> CoordinateManager::AddOnDevice(const at::Tensor& coordinates,
+                                                              int32_t stride) {
+  const at::Tensor c = coordinates.to(at::kLong);
+  const int64_t n = c.size(0);
+  if (n == 0 || n >= std::numeric_limits<int32_t>::max()) return std::nullopt;
+  const at::Tensor batch = c.select(1, 0), spatial = c.slice(1, 1, 4);
+  const at::Tensor bad = batch.lt(0)
+                             .logical_or(batch.gt(kMaxBatchIndex))
+                             .logical_or(spatial.lt(kMinCoordinate).any(1))
+                             .logical_or(spatial.gt(kMaxCoordinate).any(1))
+                             .logical_or(spatial.remainder(stride).ne(0).any(1))
+                             .any();
+  // PackKey's fields, then the top bit flipped (DeviceCoordinates::keys).
+  // Shifts into the top bit wrap (ATen shifts int64 as uint64).
+  const at::Tensor biased = spatial - kMinCoordinate;
+  at::Tensor keys = at::__lshift__(batch, 3 * kCoordinateBits);
+  for (int a = 0; a < 3; ++a) {
+    keys = at::bitwise_or(keys, at::__lshift__(biased.select(1, a), (2 - a) * kCoordinateBits));
+  }
+  keys = at::bitwise_xor(keys, std::numeric_limits<int64_t>::min());
+  const at::Tensor in_order = n < 2 ? at::ones({}, keys.options().dtype(at::kBool))
+                                    : keys.slice(0, 1).gt(keys.slice(0, 0, n - 1)).all();
+  auto [sorted_keys, order] = at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const at::Tensor duplicate =
+      n < 2 ? at::zeros({}, keys.options().dtype(at::kBool))
+            : sorted_keys.slice(0, 1).eq(sorted_keys.slice(0, 0, n - 1)).any();
+  // The one host synchronisation: the three flags.
+  const at::Tensor flags = at::stack({bad, in_order, duplicate}).to(at::kCPU);
+  const bool* f = flags.data_ptr<bool>();
+  if (f[0] || f[2]) return std::nullopt;
+  auto d = std::make_shared<DeviceCoordinates>();
+  d->keys = sorted_keys;
+  if (!f[1]) {
+    d->order = order;
+    d->rows = order.to(at::kInt);
+    d->rank = at::empty_like(order).scatter_(0, order, at::arange(n, order.options()));
+  }
+  return AddDeviceMade(std::move(d), n, stride, f[1], -1, coordinates.device());
 }
 
 CoordinateSetId CoordinateManager::AddValidated(at::Tensor coords, int32_t stride, bool check) {
@@ -179,20 +225,28 @@ const CoordinateSet& CoordinateManager::Meta(CoordinateSetId id) const { return 
 
 const CoordinateSet& CoordinateManager::Set(CoordinateSetId id) const {
   const std::shared_ptr<CoordinateSet> set = Get(id);
-  if (!set->device_keys.defined()) return *set;
+  if (set->device_made == nullptr) return *set;
   std::lock_guard<std::mutex> lock(host_mu_);
   if (set->host_ready) return *set;
-  // The keys to the host (a copy, waiting for the device), unbiased, then
-  // unpacked: the fields a host-made set has.
-  const at::Tensor keys = set->device_keys.to(at::kCPU).contiguous();
+  // The device data to the host (copies, waiting for the device), the keys
+  // unbiased and unpacked into each key's row: the fields a host-made set
+  // has.
+  const DeviceCoordinates& d = *set->device_made;
+  const at::Tensor keys = d.keys.to(at::kCPU).contiguous();
   const int64_t* k = keys.data_ptr<int64_t>();
   const int64_t n = set->count;
+  if (!set->sorted) {
+    const at::Tensor rows = d.rows.to(at::kCPU).contiguous();
+    set->sorted_rows.assign(rows.data_ptr<int32_t>(), rows.data_ptr<int32_t>() + n);
+    set->order = d.order.to(at::kCPU);
+    set->rank = d.rank.to(at::kCPU);
+  }
   set->sorted_keys.resize(n);
   at::Tensor coords = at::empty({n, 4}, at::kInt);
   int32_t* c = coords.data_ptr<int32_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    set->sorted_keys[i] = static_cast<uint64_t>(k[i]) ^ kDeviceKeyBias;
-    UnpackKey(set->sorted_keys[i], c + 4 * i);
+  for (int64_t p = 0; p < n; ++p) {
+    set->sorted_keys[p] = static_cast<uint64_t>(k[p]) ^ kDeviceKeyBias;
+    UnpackKey(set->sorted_keys[p], c + 4 * static_cast<int64_t>(set->RowAt(p)));
   }
   Bounds(c, n, set.get());
   set->coordinates = coords;
@@ -217,14 +271,12 @@ CoordinateSetId CoordinateManager::Downsample(CoordinateSetId id, int32_t factor
   const int32_t new_stride = static_cast<int32_t>(wide);
   const Backend& backend = BackendFor(device);
   if (backend.downsample_keys != nullptr && PowerOfTwo(Meta(id).stride) && PowerOfTwo(wide)) {
-    const at::Tensor keys = backend.downsample_keys(OnDevice(id, device).keys, new_stride);
-    const CoordinateSetId out = AddDeviceMade(keys, new_stride, id);
     auto d = std::make_shared<DeviceCoordinates>();
-    d->keys = keys;
+    d->keys = backend.downsample_keys(OnDevice(id, device).keys, new_stride);
+    const int64_t count = d->keys.size(0);
+    const CoordinateSetId out =
+        AddDeviceMade(std::move(d), count, new_stride, /*sorted=*/true, id, device);
     std::lock_guard<std::mutex> lock(mu_);
-    on_device_.emplace(
-        std::make_tuple(out, static_cast<int>(device.type()), static_cast<int>(device.index())),
-        std::move(d));
     downsampled_[{id, factor}] = out;
     return out;
   }
@@ -264,7 +316,7 @@ CoordinateSetId CoordinateManager::Downsample(CoordinateSetId id, int32_t factor
 at::Tensor CoordinateManager::CanonicalOrder(CoordinateSetId id) {
   const CoordinateSet& set = Meta(id);
   if (set.sorted) return at::arange(set.size(), at::kLong);
-  return set.order;
+  return Set(id).order;
 }
 
 std::shared_ptr<const KernelMap> CoordinateManager::GetKernelMap(CoordinateSetId in,

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -31,12 +32,24 @@ using CoordinateSetId = int64_t;
 // offset i and offset volume-1-i are opposite.
 std::vector<std::array<int32_t, 3>> KernelOffsets(int kernel_size);
 
+// One coordinate set's data on a device, for the ops and kernel-map
+// builders that run there.
+struct DeviceCoordinates {
+  // int64 [N]: CoordinateSet::sorted_keys with the top bit flipped
+  // (kDeviceKeyBias), so that signed int64 order is key order.
+  at::Tensor keys;
+  at::Tensor rows;         // int32 [N]: the row of each key; undefined for a sorted set
+  at::Tensor order, rank;  // CoordinateSet::order and rank; undefined for a sorted set
+};
+
 // One coordinate set: N unique coordinates at one tensor stride.
 //
-// A set made on a device (Downsample there) starts with its keys alone
-// (device_keys): its host fields (coordinates, sorted_keys, min, max,
+// A set made on a device (issue 45: Downsample there, or AddCoordinates
+// where the backend of the coordinates' device builds maps from device
+// keys) starts with its DeviceCoordinates alone (device_made). Its host
+// fields (coordinates, sorted_keys, sorted_rows, order, rank, min, max,
 // batch_size) are filled from them at the first CoordinateManager::Set()
-// on it, one copy to the host; Meta() reads the rest without that copy.
+// on it, one copy to the host; Meta() reads the others without that copy.
 struct CoordinateSet {
   at::Tensor coordinates;  // N x 4 int32, contiguous: batch, x, y, z.
   int64_t count = 0;       // N
@@ -53,23 +66,14 @@ struct CoordinateSet {
   int32_t batch_size = 0;       // Largest batch index + 1 (0 when empty).
   bool sorted = false;          // Rows are in key order already.
   CoordinateSetId parent = -1;  // The set this one was downsampled from.
-  // A device-made set's keys (int64, biased as DeviceCoordinates::keys,
-  // ascending, on the device that made them); undefined for host-made sets.
-  at::Tensor device_keys;
+  // A device-made set's data on the device that made it; null for
+  // host-made sets.
+  std::shared_ptr<const DeviceCoordinates> device_made;
   bool host_ready = true;  // the host fields are filled (false: device-made, not yet)
   int64_t size() const { return count; }
   int32_t RowAt(int64_t p) const { return sorted ? static_cast<int32_t>(p) : sorted_rows[p]; }
 };
 
-// One coordinate set's data on a device, for the ops and kernel-map
-// builders that run there.
-struct DeviceCoordinates {
-  // int64 [N]: CoordinateSet::sorted_keys with the top bit flipped
-  // (kDeviceKeyBias), so that signed int64 order is key order.
-  at::Tensor keys;
-  at::Tensor rows;         // int32 [N]: the row of each key; undefined for a sorted set
-  at::Tensor order, rank;  // CoordinateSet::order and rank; undefined for a sorted set
-};
 // Flipping the top bit adds 2^63 modulo 2^64, which commutes with adding a
 // packed offset (the kernel map's shifted keys).
 inline constexpr uint64_t kDeviceKeyBias = uint64_t{1} << 63;
@@ -121,7 +125,8 @@ struct CoordinateManagerStats {
   int64_t kernel_map_builds = 0;
   int64_t kernel_map_hits = 0;
   int64_t coordinate_sets = 0;
-  int64_t device_downsamples = 0;  // sets made on a device (Downsample there)
+  int64_t device_downsamples = 0;  // sets made on a device by Downsample
+  int64_t device_inputs = 0;       // sets made on a device by AddCoordinates
   int64_t host_copies = 0;         // device-made sets whose host fields were filled
 };
 
@@ -131,11 +136,15 @@ class CoordinateManager {
   CoordinateManager(const CoordinateManager&) = delete;
   CoordinateManager& operator=(const CoordinateManager&) = delete;
 
-  // Registers `coordinates` (N x 4, int32 or int64, on the CPU) at tensor
-  // stride `stride`. Every spatial value must be a multiple of `stride` and
+  // Registers `coordinates` (N x 4, int32 or int64) at tensor stride
+  // `stride`. Every spatial value must be a multiple of `stride` and
   // within [kMinCoordinate, kMaxCoordinate]; batch indices within
   // [0, kMaxBatchIndex]; rows unique. Throws c10::Error naming the first
-  // offending row otherwise.
+  // offending row otherwise. Where the backend of the coordinates' device
+  // builds maps from device keys (generic, cuda), the keys are packed,
+  // checked and sorted there with ATen (one host synchronisation, the
+  // checks' flags; a failed check is named by the host's checks on a
+  // copy); otherwise (the cpu backend) on the host.
   CoordinateSetId AddCoordinates(const at::Tensor& coordinates, int32_t stride);
 
   // The set, its host fields filled (for a device-made set, copied from
@@ -177,8 +186,11 @@ class CoordinateManager {
 
  private:
   CoordinateSetId AddValidated(at::Tensor coordinates, int32_t stride, bool check);
-  // Adds a sorted set made on a device from its keys.
-  CoordinateSetId AddDeviceMade(at::Tensor keys, int32_t stride, CoordinateSetId parent);
+  // Adds a set made on `device` from its data there.
+  CoordinateSetId AddDeviceMade(std::shared_ptr<DeviceCoordinates> d, int64_t count, int32_t stride,
+                                bool sorted, CoordinateSetId parent, c10::Device device);
+  // AddCoordinates' device path: nullopt when a check fails.
+  std::optional<CoordinateSetId> AddOnDevice(const at::Tensor& coordinates, int32_t stride);
   std::shared_ptr<CoordinateSet> Get(CoordinateSetId id) const;
 
   mutable std::mutex mu_;

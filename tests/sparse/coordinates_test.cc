@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 #include <tuple>
@@ -83,12 +85,13 @@ TEST(CoordinateManager, DownsampleFloorsToTheCoarserGrid) {
   }
 }
 
-// Issue 45: on a backend with downsample_keys (the generic one here, on
-// CPU tensors; on a GPU the cuda and generic ones), Downsample makes the
-// set from the device keys. It is the host's set bit for bit (keys,
-// coordinates, bounds, parent), its host fields filled only when Set()
-// asks (one copy each), and a strided convolution and its transpose,
-// forward and backward, never ask.
+// Issue 45: where the backend builds maps from device keys (the generic
+// one here, on CPU tensors; on a GPU the cuda and generic ones), the input
+// set's keys are packed and sorted there and Downsample makes its sets
+// from the device keys. They are the host's sets bit for bit (keys,
+// coordinates, permutations, bounds, parent), their host fields filled
+// only when Set() asks (one copy each), and a strided convolution and its
+// transpose, forward and backward, never ask.
 TEST(CoordinateManager, DownsampleOnTheDeviceEqualsTheHostsAndCopiesOnlyWhenAsked) {
   auto in = MakeRandomInput(2, 11, 0.3, 3, at::kFloat, 5, -11);  // shuffled, negative
   CoordinateManager host, device;
@@ -97,6 +100,8 @@ TEST(CoordinateManager, DownsampleOnTheDeviceEqualsTheHostsAndCopiesOnlyWhenAske
   EXPECT_EQ(host.stats().device_downsamples, 0) << "the cpu backend downsamples on the host";
   BackendGuard generic(BackendKind::kGeneric);
   std::vector<CoordinateSetId> d = {device.AddCoordinates(in.coordinates, 1)};
+  EXPECT_EQ(device.stats().device_inputs, 1);
+  EXPECT_FALSE(device.Meta(d[0]).sorted) << "the rows are shuffled";
   for (int level = 0; level < 3; ++level) d.push_back(device.Downsample(d.back(), 2));
   EXPECT_EQ(device.Downsample(d[0], 2), d[1]);  // cached
   EXPECT_EQ(device.stats().device_downsamples, 3);
@@ -109,21 +114,27 @@ TEST(CoordinateManager, DownsampleOnTheDeviceEqualsTheHostsAndCopiesOnlyWhenAske
     EXPECT_TRUE(device.Meta(d[level]).sorted);
   }
   EXPECT_EQ(device.stats().host_copies, 0);
-  for (int level = 1; level <= 3; ++level) {
+  for (int level = 0; level <= 3; ++level) {
     SCOPED_TRACE("stride " + std::to_string(1 << level));
     const CoordinateSet& got = device.Set(d[level]);
     const CoordinateSet& want = host.Set(h[level]);
     EXPECT_TRUE(at::equal(got.coordinates, want.coordinates));
     EXPECT_EQ(got.sorted_keys, want.sorted_keys);
+    EXPECT_EQ(got.sorted_rows, want.sorted_rows);
+    EXPECT_EQ(got.order.defined(), want.order.defined());
+    if (want.order.defined()) {
+      EXPECT_TRUE(at::equal(got.order, want.order));
+      EXPECT_TRUE(at::equal(got.rank, want.rank));
+    }
     EXPECT_EQ(got.batch_size, want.batch_size);
     for (int a = 0; a < 3; ++a) {
       EXPECT_EQ(got.min[a], want.min[a]);
       EXPECT_EQ(got.max[a], want.max[a]);
     }
   }
-  EXPECT_EQ(device.stats().host_copies, 3);
+  EXPECT_EQ(device.stats().host_copies, 4);
   device.Set(d[1]);
-  EXPECT_EQ(device.stats().host_copies, 3) << "a set was copied twice";
+  EXPECT_EQ(device.stats().host_copies, 4) << "a set was copied twice";
 
   SparseTensor x(in.features.clone().requires_grad_(true), in.coordinates);
   at::Tensor w = at::randn({8, 3, 4}).requires_grad_(true);
@@ -135,6 +146,50 @@ TEST(CoordinateManager, DownsampleOnTheDeviceEqualsTheHostsAndCopiesOnlyWhenAske
   EXPECT_EQ(x.manager()->stats().host_copies, 0);
   EXPECT_TRUE(at::equal(y.C(), host.Set(h[1]).coordinates));
   EXPECT_EQ(x.manager()->stats().host_copies, 1);
+}
+
+// The device path packs keys as PackKey does, at the range limits and
+// with batch indices past 2^9 (whose keys have the top bit set).
+TEST(CoordinateManager, DevicePackedKeysArePackKeysAtTheLimits) {
+  const std::vector<std::array<int32_t, 4>> rows = {
+      {kMaxBatchIndex, kMaxCoordinate, kMinCoordinate, -1},
+      {600, 0, 0, 0},
+      {0, kMinCoordinate, kMaxCoordinate, kMaxCoordinate},
+      {511, -7, 9, kMinCoordinate},
+      {512, 7, -9, 3}};
+  at::Tensor c = at::empty({static_cast<int64_t>(rows.size()), 4}, at::kInt);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int a = 0; a < 4; ++a) c[i][a] = rows[i][a];
+  }
+  CoordinateManager m;
+  BackendGuard generic(BackendKind::kGeneric);
+  const CoordinateSet& set = m.Set(m.AddCoordinates(c, 1));
+  EXPECT_EQ(m.stats().device_inputs, 1);
+  std::vector<uint64_t> want;
+  for (const auto& r : rows) want.push_back(PackKey(r[0], r[1], r[2], r[3]));
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(set.sorted_keys, want);
+  EXPECT_TRUE(at::equal(set.coordinates, c));
+  EXPECT_EQ(set.batch_size, kMaxBatchIndex + 1);
+}
+
+// The device path's checks: a bad coordinate or a duplicate is named as
+// the host names it, and nothing is registered.
+TEST(CoordinateManager, AddCoordinatesOnTheDeviceRefusesWhatTheHostRefuses) {
+  const at::Tensor dup = at::tensor({0, 1, 2, 3, 0, 4, 4, 4, 0, 1, 2, 3}, at::kInt).view({3, 4});
+  const at::Tensor far =
+      at::tensor({0, 0, 0, 0, 1, kMaxCoordinate + 1, 0, 0}, at::kLong).view({2, 4});
+  const at::Tensor odd = at::tensor({0, 2, 4, 6, 0, 2, 3, 4}, at::kInt).view({2, 4});
+  const at::Tensor batch = at::tensor({-1, 0, 0, 0}, at::kInt).view({1, 4});
+  const std::pair<at::Tensor, int32_t> cases[] = {{dup, 1}, {far, 1}, {odd, 2}, {batch, 1}};
+  for (const auto& [bad, stride] : cases) {
+    CoordinateManager host, device;
+    const std::string want = testing::ErrorMessage([&] { host.AddCoordinates(bad, stride); });
+    ASSERT_FALSE(want.empty());
+    BackendGuard generic(BackendKind::kGeneric);
+    EXPECT_EQ(testing::ErrorMessage([&] { device.AddCoordinates(bad, stride); }), want);
+    EXPECT_EQ(device.stats().coordinate_sets, 0);
+  }
 }
 
 // Every (kernel offset, input row, output row) triple, by brute force.
