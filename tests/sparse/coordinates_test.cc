@@ -190,6 +190,12 @@ TEST(CoordinateManager, AddCoordinatesOnTheDeviceRefusesWhatTheHostRefuses) {
     EXPECT_EQ(testing::ErrorMessage([&] { device.AddCoordinates(bad, stride); }), want);
     EXPECT_EQ(device.stats().coordinate_sets, 0);
   }
+  // The same rows without the bad one take the device path (so the checks
+  // above are the device path's).
+  CoordinateManager device;
+  BackendGuard generic(BackendKind::kGeneric);
+  device.AddCoordinates(dup.slice(0, 0, 2), 1);
+  EXPECT_EQ(device.stats().device_inputs, 1);
 }
 
 // Every (kernel offset, input row, output row) triple, by brute force.

@@ -10,6 +10,11 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 
+#if __has_include(<kineto/ActivityType.h>)
+#include <kineto/ActivityType.h>
+#endif
+
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -28,8 +33,22 @@ namespace {
 
 using testing::MakeRandomInput;
 
-// The names of the device-side events (kernels, memsets, copies) that
-// Kineto records while run() runs, the device synchronised at the end.
+// Kineto's activity types of launches (libkineto::ActivityType, whose
+// values are fixed: traces serialise them): copies, memsets, kernels.
+// Other device-side events, such as the GPU_USER_ANNOTATION (2) that
+// Kineto adds for each user scope that launched a kernel ("conv 3x3x3",
+// "batch norm", ...), are not launches.
+constexpr uint8_t kGpuMemcpy = 3, kGpuMemset = 4, kConcurrentKernel = 5;
+#if __has_include(<kineto/ActivityType.h>)
+static_assert(static_cast<uint8_t>(libkineto::ActivityType::GPU_MEMCPY) == kGpuMemcpy);
+static_assert(static_cast<uint8_t>(libkineto::ActivityType::GPU_MEMSET) == kGpuMemset);
+static_assert(static_cast<uint8_t>(libkineto::ActivityType::CONCURRENT_KERNEL) ==
+              kConcurrentKernel);
+#endif
+
+// The names of the launches (kernels, memsets, copies) that Kineto
+// records on the device while run() runs, the device synchronised at the
+// end.
 std::vector<std::string> DeviceEvents(const std::function<void()>& run) {
   namespace profiler = torch::autograd::profiler;
   using torch::profiler::impl::ActivityType;
@@ -42,7 +61,9 @@ std::vector<std::string> DeviceEvents(const std::function<void()>& run) {
   const std::unique_ptr<profiler::ProfilerResult> result = profiler::disableProfiler();
   std::vector<std::string> names;
   for (const profiler::KinetoEvent& e : result->events()) {
-    if (e.deviceType() == c10::DeviceType::CUDA) names.push_back(e.name());
+    const uint8_t type = e.activityType();
+    const bool launch = type == kGpuMemcpy || type == kGpuMemset || type == kConcurrentKernel;
+    if (e.deviceType() == c10::DeviceType::CUDA && launch) names.push_back(e.name());
   }
   return names;
 }
