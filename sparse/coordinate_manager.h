@@ -1,9 +1,10 @@
 // The coordinate manager owns the coordinate sets of one batch (one per
 // tensor stride and origin), their hash maps, and the kernel maps between
 // them. Layers with the same geometry share one kernel map: it is built once
-// per device and served from the cache afterwards. The sets themselves live
-// on the host; a copy of a set's keys and permutations is made once per
-// device that needs them (OnDevice).
+// per device and served from the cache afterwards. A set made on the host
+// has its keys and permutations copied once per device that needs them
+// (OnDevice); a set made on a device (device-key backends: AddCoordinates
+// there, Downsample) is copied to the host only when Set() asks.
 #ifndef TRAINSUP_SPARSE_COORDINATE_MANAGER_H_
 #define TRAINSUP_SPARSE_COORDINATE_MANAGER_H_
 
