@@ -148,14 +148,6 @@ struct Backend {
   // the "convert-to-fp32" path (conv.cc). The cpu backend's answer depends
   // on the CPU and its kernel set (cpu::Bf16KernelsActive).
   bool (*takes_half_inputs)(at::ScalarType type, bool convolution) = nullptr;
-  // The keys of a set downsampled to tensor stride `stride` (a power of
-  // two): `keys` (int64 [N], biased as DeviceCoordinates::keys, ascending,
-  // on a device this backend runs on) with every spatial field's low
-  // log2(stride) bits cleared, which floors each coordinate to the grid
-  // since the fields' bias is a multiple of the stride, then sorted and
-  // with duplicates merged. Null: the coordinate manager downsamples on the
-  // host.
-  at::Tensor (*downsample_keys)(const at::Tensor& keys, int32_t stride) = nullptr;
 };
 
 // The backend that runs ops on `device` (see the top of this file). Throws

@@ -319,8 +319,8 @@ SparseTensor Pool(const SparseTensor& x, PoolMode mode, const ConvOptions& optio
   CheckOptions(options, "Pool");
   CheckFeatures(x, "Pool");
   auto& manager = x.manager();
-  const CoordinateSetId out_set = manager->Downsample(x.set_id(), options.stride, x.F().device());
   const c10::Device device = x.F().device();
+  const CoordinateSetId out_set = manager->Downsample(x.set_id(), options.stride, device);
   auto map =
       manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation, device);
   at::Tensor out;

@@ -41,6 +41,23 @@ void Bounds(const int32_t* c, int64_t n, CoordinateSet* set) {
 
 bool PowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
+// Whether sets used on `device` are made there (AddCoordinates,
+// Downsample): where its backend builds kernel maps from device keys.
+bool MadeOn(c10::Device device) { return BackendFor(device).builds_from_device_keys; }
+
+// The device keys (biased, ascending) of a set downsampled to a
+// power-of-two `stride`: each field's low bits cleared (flooring, since the
+// fields' bias is a multiple of the stride), sorted (a radix sort on CUDA),
+// duplicates merged (unique_consecutive, whose size is the one host
+// synchronisation).
+at::Tensor DownsampleKeys(const at::Tensor& keys, int32_t stride) {
+  const int64_t low = stride - 1;
+  int64_t clear = 0;
+  for (int a = 0; a < 3; ++a) clear |= low << (a * kCoordinateBits);
+  const at::Tensor floored = at::bitwise_and(keys, ~clear);
+  return std::get<0>(at::unique_consecutive(std::get<0>(at::sort(floored))));
+}
+
 }  // namespace
 
 void SetDeterministic(bool on) { g_deterministic.store(on); }
@@ -66,7 +83,7 @@ CoordinateSetId CoordinateManager::AddCoordinates(const at::Tensor& coordinates,
   TORCH_CHECK(coordinates.scalar_type() == at::kInt || coordinates.scalar_type() == at::kLong,
               "coordinates must be int32 or int64, got ", coordinates.scalar_type());
   TORCH_CHECK(stride >= 1, "tensor stride must be >= 1, got ", stride);
-  if (BackendFor(coordinates.device()).builds_from_device_keys) {
+  if (MadeOn(coordinates.device())) {
     if (const auto id = AddOnDevice(coordinates, stride)) return *id;
   }
   // The host's checks name a failed one (a device path's too, on a copy).
@@ -266,13 +283,13 @@ CoordinateSetId CoordinateManager::Downsample(CoordinateSetId id, int32_t factor
     if (it != downsampled_.end()) return it->second;
   }
   RECORD_USER_SCOPE("coordinates downsample");
-  const int64_t wide = static_cast<int64_t>(Meta(id).stride) * factor;
+  const int32_t in_stride = Meta(id).stride;
+  const int64_t wide = static_cast<int64_t>(in_stride) * factor;
   TORCH_CHECK(wide <= kMaxCoordinate, "tensor stride ", wide, " is too large");
   const int32_t new_stride = static_cast<int32_t>(wide);
-  const Backend& backend = BackendFor(device);
-  if (backend.downsample_keys != nullptr && PowerOfTwo(Meta(id).stride) && PowerOfTwo(wide)) {
+  if (MadeOn(device) && PowerOfTwo(in_stride) && PowerOfTwo(wide)) {
     auto d = std::make_shared<DeviceCoordinates>();
-    d->keys = backend.downsample_keys(OnDevice(id, device).keys, new_stride);
+    d->keys = DownsampleKeys(OnDevice(id, device).keys, new_stride);
     const int64_t count = d->keys.size(0);
     const CoordinateSetId out =
         AddDeviceMade(std::move(d), count, new_stride, /*sorted=*/true, id, device);

@@ -157,11 +157,11 @@ class CoordinateManager {
 
   // The set at stride Set(id).stride * factor: every coordinate floored to
   // the coarser grid, duplicates merged, rows in key order. Cached per
-  // (id, factor). Made on `device` when the backend there has
-  // downsample_keys and both strides are powers of two (flooring is then
-  // masking the keys' low bits): from the set's device keys, with one host
-  // synchronisation (the new set's size) and no host copy of the keys;
-  // otherwise on the host.
+  // (id, factor). Made on `device` when the backend there builds kernel
+  // maps from device keys (as AddCoordinates decides) and both strides are
+  // powers of two (flooring is then masking the keys' low bits): from the
+  // set's device keys with ATen, with one host synchronisation (the new
+  // set's size) and no host copy of the keys; otherwise on the host.
   CoordinateSetId Downsample(CoordinateSetId id, int32_t factor,
                              c10::Device device = c10::Device(c10::DeviceType::CPU));
 

@@ -194,17 +194,6 @@ bool StartKernelMap(const KernelMapInputs& inputs, KernelMap* map) {
   return false;
 }
 
-// Backend::downsample_keys with ATen: a mask, a sort (a radix sort on
-// CUDA), and unique_consecutive, whose result size is the one host
-// synchronisation.
-at::Tensor DownsampleKeysEntry(const at::Tensor& keys, int32_t stride) {
-  const int64_t low = stride - 1;
-  int64_t clear = 0;
-  for (int a = 0; a < 3; ++a) clear |= low << (a * kCoordinateBits);
-  const at::Tensor floored = at::bitwise_and(keys, ~clear);
-  return std::get<0>(at::unique_consecutive(std::get<0>(at::sort(floored))));
-}
-
 const Backend& GenericBackend() {
   static const Backend backend{BackendKind::kGeneric,
                                "generic",
@@ -218,8 +207,7 @@ const Backend& GenericBackend() {
                                &WindowSumForwardEntry,
                                &WindowSumBackwardEntry,
                                &BatchNormTrainingEntry,
-                               /*takes_half_inputs=*/[](at::ScalarType, bool) { return true; },
-                               &DownsampleKeysEntry};
+                               /*takes_half_inputs=*/[](at::ScalarType, bool) { return true; }};
   return backend;
 }
 
