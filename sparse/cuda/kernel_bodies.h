@@ -1,15 +1,19 @@
-// The work of the CUDA backend's kernels, one element at a time. Each op
-// is a struct holding its operands: size() elements, and operator()(i)
-// does element i. kernels.cu runs an op as one grid-stride kernel (one
-// thread per element); the host launcher of the cross-backend test
-// (tests/sparse/backend_test.cc, target cuda_steps_on_host) runs the same
-// structs element by element on the CPU in a shuffled order. So the
-// kernels' arithmetic and indexing are tested on every machine, and what
-// only a GPU checks is the launch itself.
+// The work of the CUDA backend's kernels. Each op is a struct holding its
+// operands. Most are element ops: size() elements, and operator()(i) does
+// element i; kernels.cu runs one as a grid-stride kernel (one thread per
+// element). A tiled op (ImplicitGemmTiles) is a block's work over one
+// output tile, in phases between barriers (see "Tiled ops" below). The
+// host launcher of the cross-backend test (tests/sparse/host_launcher.h;
+// targets cuda_steps_on_host, cuda_fused_on_host) runs the same structs on
+// the CPU: elements in a shuffled order, and a tiled op's tiles and each
+// phase's threads in shuffled orders. So the kernels' arithmetic and
+// indexing are tested on every machine, and what only a GPU checks is the
+// launch itself.
 //
 // No op uses atomics: every element of an op's output is written by one
-// element i, and the sums an element forms run in a fixed order (offset
-// order), so results do not depend on the order elements run in.
+// element i (or one thread of one tile), and the sums it forms run in a
+// fixed order (offset order), so results do not depend on the order
+// elements, tiles or threads run in.
 //
 // Plain C++ without nvcc; __host__ __device__ under nvcc. No CUDA or
 // LibTorch headers.
@@ -18,11 +22,19 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #ifdef __CUDACC__
 #define TRAINSUP_HD __host__ __device__
 #else
 #define TRAINSUP_HD
+#endif
+// Unrolled in device code (the register blocks' indices must be constants
+// to stay in registers); the host compiler does not know the pragma.
+#ifdef __CUDA_ARCH__
+#define TRAINSUP_UNROLL _Pragma("unroll")
+#else
+#define TRAINSUP_UNROLL
 #endif
 
 namespace trainsup::sparse::cuda {
@@ -187,19 +199,62 @@ struct ScatterSum {
 TRAINSUP_HD inline float Fma(float a, float b, float c) { return fmaf(a, b, c); }
 TRAINSUP_HD inline double Fma(double a, double b, double c) { return fma(a, b, c); }
 
-// The fused dataflow's convolution over all kernel offsets in one op,
-// output-stationary: element i = r * cols + c of `out` ([rows, cols]) is
+// Tiled ops. An op with a Shared type runs as blocks of kThreads threads
+// that share `Shared` and each keep a `Thread` (its registers), one block
+// per output tile, in phases separated by barriers:
+//   for each tile t in [0, tiles()):
+//     Start(t, tid, thread)
+//     for k in [0, offsets()):
+//       if Index(k, ...) is false for every thread: next k (a barrier)
+//       for c in [0, chunks()):
+//         Load(t, k, c, tid, shared)              then a barrier
+//         Compute(c, tid, shared, thread)         then a barrier
+//     Store(t, tid, thread)
+// A phase reads only what earlier phases wrote, never what another thread
+// of its own phase writes. kernels.cu's EachTile runs it on the GPU (the
+// any-test is __syncthreads_or); the host launcher runs each phase's
+// threads one after another in a shuffled order, so the same code is
+// tested on every machine.
+template <typename Op, typename = void>
+struct IsTiled : std::false_type {};
+template <typename Op>
+struct IsTiled<Op, std::void_t<typename Op::Shared>> : std::true_type {};
+
+// The fused dataflow's convolution over all kernel offsets, as a tiled
+// implicit GEMM. Output element (r, c) of `out` ([rows, cols]) is
 //   sum over offsets k in order, over j in [0, kdim) in order, of
 //   a[from[inverse[k * rows + r]], j] * w[k * w_k + j * w_red + c * w_col]
 // (offsets without a pair for row r add nothing), one fused multiply-add
-// per term, starting from 0. The gather is in the loads and the sum in a
-// register: no gathered copy, no scatter, no atomics.
+// per term, starting from 0: no atomics, and the same bits whatever order
+// tiles and threads run in.
 //   forward         a = features, kdim = C_in, from = src, inverse over dst,
 //                   W_k[j, c]: w_red = C_out, w_col = 1
 //   input gradient  a = output gradient, kdim = C_out, from = dst, inverse
 //                   over src, W_k[c, j] (W_k^T): w_red = 1, w_col = C_out
+// A block computes a 64 x 64 tile of `out`, each of its 16 x 16 threads a
+// 4 x 4 block of it in registers (rows ty + 16 i, columns tx + 16 j). Per
+// offset, the tile's rows' sources are read once (Index; an offset
+// without a pair in the tile is skipped by the whole block), then the
+// reduction runs in chunks of 16: the gathered rows and the weight slice
+// are staged in shared memory (Load: the gather is in the loads), and
+// every staged value is used by 16 threads (Compute). Each input value is
+// read once per tile of 64 output columns, not once per output column.
 template <typename T>
-struct ImplicitGemmRows {
+struct ImplicitGemmTiles {
+  static constexpr int kThreads = 256;
+  static constexpr int kSide = 16;  // the block's threads: kSide x kSide
+  static constexpr int kPer = 4;    // each thread's rows and columns
+  static constexpr int kTileRows = kSide * kPer, kTileCols = kSide * kPer;
+  static constexpr int kChunk = 16;
+  struct Shared {
+    int64_t source[kTileRows];   // offset k's row of `a` per tile row, -1: none
+    T a[kChunk][kTileRows + 1];  // + 1: the loads' column writes avoid bank conflicts
+    T w[kChunk][kTileCols];
+  };
+  struct Thread {
+    T acc[kPer][kPer];
+  };
+
   const T* a;
   int64_t kdim;
   const int32_t* from;
@@ -210,18 +265,72 @@ struct ImplicitGemmRows {
   int64_t rows, cols;
   T* out;
 
-  TRAINSUP_HD int64_t size() const { return rows * cols; }
-  TRAINSUP_HD void operator()(int64_t i) const {
-    const int64_t r = i / cols, c = i % cols;
-    T acc = T(0);
-    for (int64_t k = 0; k < volume; ++k) {
-      const int32_t p = inverse[k * rows + r];
-      if (p < 0) continue;
-      const T* ar = a + static_cast<int64_t>(from[p]) * kdim;
-      const T* wk = w + k * w_k + c * w_col;
-      for (int64_t j = 0; j < kdim; ++j) acc = Fma(ar[j], wk[j * w_red], acc);
+  TRAINSUP_HD int64_t col_tiles() const { return (cols + kTileCols - 1) / kTileCols; }
+  TRAINSUP_HD int64_t tiles() const {
+    return rows == 0 || cols == 0 ? 0 : (rows + kTileRows - 1) / kTileRows * col_tiles();
+  }
+  TRAINSUP_HD int64_t offsets() const { return volume; }
+  TRAINSUP_HD int64_t chunks() const { return (kdim + kChunk - 1) / kChunk; }
+
+  TRAINSUP_HD void Start(int64_t, int, Thread& thread) const {
+    for (int i = 0; i < kPer; ++i) {
+      for (int j = 0; j < kPer; ++j) thread.acc[i][j] = T(0);
     }
-    out[i] = acc;
+  }
+  // Thread tid < kTileRows reads tile row tid's source for offset k.
+  TRAINSUP_HD bool Index(int64_t t, int64_t k, int tid, Shared& shared) const {
+    if (tid >= kTileRows) return false;
+    const int64_t r = t / col_tiles() * kTileRows + tid;
+    int64_t source = -1;
+    if (r < rows) {
+      const int32_t p = inverse[k * rows + r];
+      if (p >= 0) source = from[p];
+    }
+    shared.source[tid] = source;
+    return source >= 0;
+  }
+  // Chunk c of the reduction: a's gathered values (consecutive threads read
+  // one row's consecutive values) and W_k's slice, zero outside.
+  TRAINSUP_HD void Load(int64_t t, int64_t k, int64_t c, int tid, Shared& shared) const {
+    const int64_t j0 = c * kChunk, c0 = t % col_tiles() * kTileCols;
+    for (int e = tid; e < kChunk * kTileRows; e += kThreads) {
+      const int m = e / kChunk, q = e % kChunk;
+      const int64_t source = shared.source[m], j = j0 + q;
+      shared.a[q][m] = source >= 0 && j < kdim ? a[source * kdim + j] : T(0);
+    }
+    for (int e = tid; e < kChunk * kTileCols; e += kThreads) {
+      const int q = e / kTileCols, n = e % kTileCols;
+      const int64_t j = j0 + q, col = c0 + n;
+      shared.w[q][n] = j < kdim && col < cols ? w[k * w_k + j * w_red + col * w_col] : T(0);
+    }
+  }
+  TRAINSUP_HD void Compute(int64_t c, int tid, const Shared& shared, Thread& thread) const {
+    const int ty = tid / kSide, tx = tid % kSide;
+    const int64_t left = kdim - c * kChunk;
+    const int n = left < kChunk ? static_cast<int>(left) : kChunk;
+    for (int q = 0; q < n; ++q) {
+      TRAINSUP_UNROLL
+      for (int i = 0; i < kPer; ++i) {
+        if (shared.source[ty + kSide * i] < 0) continue;
+        const T av = shared.a[q][ty + kSide * i];
+        TRAINSUP_UNROLL
+        for (int j = 0; j < kPer; ++j) {
+          thread.acc[i][j] = Fma(av, shared.w[q][tx + kSide * j], thread.acc[i][j]);
+        }
+      }
+    }
+  }
+  TRAINSUP_HD void Store(int64_t t, int tid, const Thread& thread) const {
+    const int64_t r0 = t / col_tiles() * kTileRows, c0 = t % col_tiles() * kTileCols;
+    const int ty = tid / kSide, tx = tid % kSide;
+    for (int i = 0; i < kPer; ++i) {
+      const int64_t r = r0 + ty + kSide * i;
+      if (r >= rows) continue;
+      for (int j = 0; j < kPer; ++j) {
+        const int64_t col = c0 + tx + kSide * j;
+        if (col < cols) out[r * cols + col] = thread.acc[i][j];
+      }
+    }
   }
 };
 
@@ -485,7 +594,7 @@ struct BnInputGrad {
 #define TRAINSUP_CUDA_OPS(X) \
   X(MapSearch) X(CompactPairs) X(InvertPairs) \
   X(GatherRows<float>) X(GatherRows<double>) X(GatherRows<uint16_t>) X(ScatterSum<float>) X(ScatterSum<double>) \
-  X(ImplicitGemmRows<float>) X(ImplicitGemmRows<double>) \
+  X(ImplicitGemmTiles<float>) X(ImplicitGemmTiles<double>) \
   X(WeightGradSplits<float>) X(WeightGradSplits<double>) X(SumSplits<float>) X(SumSplits<double>) \
   X(BnBlockMoments<float>) X(BnBlockMoments<double>) X(BnCombine<float>) X(BnCombine<double>) \
   X(BnApply<float>) X(BnApply<double>) X(BnBlockGradSums<float>) X(BnBlockGradSums<double>) \

@@ -27,11 +27,41 @@ __global__ void ForEachElement(Op op) {
   }
 }
 
+// A tiled op (kernel_bodies.h): one block per tile, grid-stride over the
+// tiles, its phases separated by barriers; the offset skip is block-wide
+// (__syncthreads_or, itself a barrier), so every thread takes it alike.
+template <typename Op>
+__global__ void __launch_bounds__(Op::kThreads) EachTile(Op op) {
+  __shared__ typename Op::Shared shared;
+  typename Op::Thread thread;
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int64_t t = blockIdx.x; t < op.tiles(); t += gridDim.x) {
+    op.Start(t, tid, thread);
+    for (int64_t k = 0; k < op.offsets(); ++k) {
+      if (!__syncthreads_or(op.Index(t, k, tid, shared) ? 1 : 0)) continue;
+      for (int64_t c = 0; c < op.chunks(); ++c) {
+        op.Load(t, k, c, tid, shared);
+        __syncthreads();
+        op.Compute(c, tid, shared, thread);
+        __syncthreads();
+      }
+    }
+    op.Store(t, tid, thread);
+  }
+}
+
 template <typename Op>
 cudaError_t LaunchOp(const Op& op, cudaStream_t stream) {
-  const int64_t n = op.size();
-  if (n == 0) return cudaSuccess;
-  ForEachElement<Op><<<Blocks(n), kThreads, 0, stream>>>(op);
+  if constexpr (IsTiled<Op>::value) {
+    const int64_t tiles = op.tiles();
+    if (tiles == 0) return cudaSuccess;
+    const auto blocks = static_cast<unsigned>(tiles < kMaxBlocks ? tiles : kMaxBlocks);
+    EachTile<Op><<<blocks, Op::kThreads, 0, stream>>>(op);
+  } else {
+    const int64_t n = op.size();
+    if (n == 0) return cudaSuccess;
+    ForEachElement<Op><<<Blocks(n), kThreads, 0, stream>>>(op);
+  }
   return cudaGetLastError();
 }
 

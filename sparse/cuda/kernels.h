@@ -1,9 +1,10 @@
-// Launching the CUDA backend's kernels: each op of kernel_bodies.h as one
-// grid-stride kernel on a given stream, one thread per element. For the
-// fused dataflow's ImplicitGemmRows that is one thread per output value,
-// reading its rows through the caches: no shared-memory tiles and no
-// tensor cores yet, so the measured choice (steps.h) is what keeps it off
-// the layers where cuBLAS's GEMMs are faster. Raw device
+// Launching the CUDA backend's kernels: each element op of kernel_bodies.h
+// as one grid-stride kernel on a given stream, one thread per element; a
+// tiled op (the fused dataflow's ImplicitGemmTiles) as one block of 256
+// threads per 64 x 64 output tile, with shared-memory staging of the
+// gathered rows and weights, SIMT fused multiply-adds (no tensor cores),
+// so the measured choice (steps.h) is what keeps it off the layers where
+// cuBLAS's GEMMs are faster. Raw device
 // pointers, no LibTorch; sparse/cuda/backend.cc calls these with tensors'
 // pointers and LibTorch's current stream (through steps.h). Each returns
 // the launch's error (cudaSuccess, or the error of an invalid launch);

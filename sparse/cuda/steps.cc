@@ -219,7 +219,7 @@ void GemmBackward(const Launcher& launcher, const at::Tensor& f, const at::Tenso
   *grad_weight = sum.to(w.scalar_type());
 }
 
-// The fused dataflow (steps.h): ImplicitGemmRows for the forward and the
+// The fused dataflow (steps.h): ImplicitGemmTiles for the forward and the
 // input gradient.
 at::Tensor FusedForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
                         const PairView& pairs, int64_t num_out) {
@@ -229,10 +229,10 @@ at::Tensor FusedForward(const Launcher& launcher, const at::Tensor& f, const at:
   const at::Tensor inverse = Inverse(launcher, pairs, /*dst_side=*/true, num_out);
   AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "cuda_implicit_gemm", [&] {
     launcher.Run(
-        ImplicitGemmRows<scalar_t>{f.data_ptr<scalar_t>(), cin, pairs.src.data_ptr<int32_t>(),
-                                   inverse.data_ptr<int32_t>(), pairs.volume(),
-                                   w.data_ptr<scalar_t>(), cin * cout, cout, 1, num_out, cout,
-                                   out.data_ptr<scalar_t>()},
+        ImplicitGemmTiles<scalar_t>{f.data_ptr<scalar_t>(), cin, pairs.src.data_ptr<int32_t>(),
+                                    inverse.data_ptr<int32_t>(), pairs.volume(),
+                                    w.data_ptr<scalar_t>(), cin * cout, cout, 1, num_out, cout,
+                                    out.data_ptr<scalar_t>()},
         "implicit GEMM (forward)");
   });
   return out;
@@ -256,10 +256,10 @@ void FusedBackward(const Launcher& launcher, const at::Tensor& f, const at::Tens
       const at::Tensor inverse = Inverse(launcher, pairs, /*dst_side=*/false, f.size(0));
       AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "cuda_implicit_gemm", [&] {
         launcher.Run(
-            ImplicitGemmRows<scalar_t>{grad_out.data_ptr<scalar_t>(), cout,
-                                       pairs.dst.data_ptr<int32_t>(), inverse.data_ptr<int32_t>(),
-                                       volume, w.data_ptr<scalar_t>(), cin * cout, 1, cout,
-                                       f.size(0), cin, grad_in->data_ptr<scalar_t>()},
+            ImplicitGemmTiles<scalar_t>{grad_out.data_ptr<scalar_t>(), cout,
+                                        pairs.dst.data_ptr<int32_t>(), inverse.data_ptr<int32_t>(),
+                                        volume, w.data_ptr<scalar_t>(), cin * cout, 1, cout,
+                                        f.size(0), cin, grad_in->data_ptr<scalar_t>()},
             "implicit GEMM (input gradient)");
       });
     }

@@ -52,7 +52,8 @@ class Launcher {
 //                   them into each output element in offset order, the
 //                   same order as the cpu backend's BLAS path
 //     fused         one output-stationary op over all offsets for the
-//                   forward and for the input gradient (ImplicitGemmRows),
+//                   forward and for the input gradient (ImplicitGemmTiles,
+//                   a tiled implicit GEMM),
 //                   two for the weight gradient (WeightGradSplits,
 //                   SumSplits): 1 launch forward and 3 backward
 //   inverse tables  (which pair of each offset reads or writes each row,

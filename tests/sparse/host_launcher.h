@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -32,12 +33,43 @@ class HostLauncher final : public cuda::Launcher {
 #undef TRAINSUP_HOST_RUN
 
  private:
+  static std::vector<int64_t> Shuffled(int64_t n, uint64_t seed) {
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
+    return order;
+  }
   template <typename Op>
   static void RunAll(const Op& op) {
-    std::vector<int64_t> order(static_cast<size_t>(op.size()));
-    std::iota(order.begin(), order.end(), int64_t{0});
-    std::shuffle(order.begin(), order.end(), std::mt19937_64(order.size()));
-    for (int64_t i : order) op(i);
+    if constexpr (cuda::IsTiled<Op>::value) {
+      RunTiles(op);
+    } else {
+      for (int64_t i : Shuffled(op.size(), static_cast<uint64_t>(op.size()))) op(i);
+    }
+  }
+  // A tiled op as kernel_bodies.h runs it: the tiles in a shuffled order,
+  // each a block whose phases run their threads one after another (each
+  // phase in a shuffled order), with the block's shared memory and each
+  // thread's registers.
+  template <typename Op>
+  static void RunTiles(const Op& op) {
+    auto shared = std::make_unique<typename Op::Shared>();
+    std::vector<typename Op::Thread> threads(Op::kThreads);
+    const std::vector<int64_t> tids = Shuffled(Op::kThreads, 1);
+    const std::vector<int64_t> other = Shuffled(Op::kThreads, 2);
+    for (int64_t t : Shuffled(op.tiles(), static_cast<uint64_t>(op.tiles()))) {
+      for (int64_t tid : tids) op.Start(t, static_cast<int>(tid), threads[tid]);
+      for (int64_t k = 0; k < op.offsets(); ++k) {
+        bool any = false;
+        for (int64_t tid : other) any |= op.Index(t, k, static_cast<int>(tid), *shared);
+        if (!any) continue;
+        for (int64_t c = 0; c < op.chunks(); ++c) {
+          for (int64_t tid : tids) op.Load(t, k, c, static_cast<int>(tid), *shared);
+          for (int64_t tid : other) op.Compute(c, static_cast<int>(tid), *shared, threads[tid]);
+        }
+      }
+      for (int64_t tid : other) op.Store(t, static_cast<int>(tid), threads[tid]);
+    }
   }
 };
 

@@ -4,10 +4,15 @@
 // BatchNorm takes, and which ops half convolutions take.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
+#include <type_traits>
 #include <typeinfo>
 #include <vector>
 
@@ -189,7 +194,7 @@ TEST(StepsOnHost, AConvolutionLayerIsTenOpsAStepOnAWarmMap) {
   step();
   EXPECT_EQ(Counting().runs, 10);
   EXPECT_EQ(Counting().Of<cuda::InvertPairs>(), 0) << "an inverse table was rebuilt";
-  EXPECT_EQ(Counting().Of<cuda::ImplicitGemmRows<float>>(), 2);
+  EXPECT_EQ(Counting().Of<cuda::ImplicitGemmTiles<float>>(), 2);
   EXPECT_TRUE(at::equal(f.grad(), first)) << "the kept tables changed the input gradient";
   cuda::SetDataflow(cuda::Dataflow::kGatherGemm);  // the same tables serve gather-GEMM
   Counting().Clear();
@@ -203,7 +208,7 @@ TEST(StepsOnHost, AConvolutionLayerIsTenOpsAStepOnAWarmMap) {
 // (before, the engine widened them to float32 around the call): the
 // gathers copy 16-bit rows, the products and sums are float32 (the
 // scatter's ScatterSum<float>), and no float32 copy of the features is
-// gathered. The fused setting does not apply to them: no ImplicitGemmRows.
+// gathered. The fused setting does not apply to them: no ImplicitGemmTiles.
 // (Their accuracy is the cross-backend HalfPrecision* tests'.)
 TEST(StepsOnHost, HalfConvolutionsGatherSixteenBitRowsAndSumInFloat32) {
   BackendTableGuard guard(&CountingTable());
@@ -224,10 +229,73 @@ TEST(StepsOnHost, HalfConvolutionsGatherSixteenBitRowsAndSumInFloat32) {
     EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
     EXPECT_GT(f.grad().to(at::kFloat).abs().sum().item<double>(), 0.0);
     EXPECT_EQ(Counting().Of<cuda::GatherRows<float>>(), 0) << "widened features were gathered";
-    EXPECT_EQ(Counting().Of<cuda::ImplicitGemmRows<float>>(), 0) << "the fused ops ran";
+    EXPECT_EQ(Counting().Of<cuda::ImplicitGemmTiles<float>>(), 0) << "the fused ops ran";
     EXPECT_GT(Counting().Of<cuda::GatherRows<uint16_t>>(), 3) << "backward";
   }
   cuda::SetDataflow(previous);
+}
+
+// Issue 45: the fused dataflow's tiled implicit GEMM, run as a GPU block
+// runs it (host_launcher.h: each phase's threads in a shuffled order), is
+// its definition in kernel_bodies.h bit for bit: per output, the offsets
+// in order, the channels in order, one fused multiply-add each from 0,
+// whatever the tiling. The shapes cut every tile, chunk and column tile
+// short; offset 2 has no pair in the first row tile (the block skips it)
+// and offset 4 none at all; an infinite weight of offset 1 reaches only
+// the rows that have a pair there (a skipped row adds nothing, not 0 x
+// inf). Both weight layouts: forward (W_k) and input gradient (W_k^T).
+template <typename T>
+void CheckTilesAgainstDefinition(bool transposed) {
+  constexpr int64_t volume = 5, rows = 150, n_in = 120, kdim = 37, cols = 70;
+  const at::ScalarType type = std::is_same_v<T, float> ? at::kFloat : at::kDouble;
+  at::manual_seed(transposed ? 11 : 7);
+  const at::Tensor a = at::randn({n_in, kdim}, type);
+  at::Tensor w =
+      transposed ? at::randn({volume, cols, kdim}, type) : at::randn({volume, kdim, cols}, type);
+  const int64_t w_red = transposed ? 1 : cols, w_col = transposed ? kdim : 1;
+  w.data_ptr<T>()[1 * kdim * cols + 5 * w_red + 3 * w_col] = std::numeric_limits<T>::infinity();
+  std::vector<int32_t> inverse(volume * rows, -1), from;
+  std::mt19937 rng(3);
+  for (int64_t k = 0; k < volume; ++k) {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (k == 4 || (k == 2 && r < 64) || rng() % 3 == 0) continue;
+      inverse[k * rows + r] = static_cast<int32_t>(from.size());
+      from.push_back(static_cast<int32_t>(rng() % n_in));
+    }
+  }
+  at::Tensor out = at::full({rows, cols}, 7.0, type);
+  const cuda::ImplicitGemmTiles<T> op{
+      a.data_ptr<T>(), kdim,  from.data(), inverse.data(), volume, w.data_ptr<T>(),
+      kdim * cols,     w_red, w_col,       rows,           cols,   out.data_ptr<T>()};
+  testing::TheHostLauncher().Run(op, "implicit GEMM tiles");
+  int64_t infinite = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      T acc = T(0);
+      for (int64_t k = 0; k < volume; ++k) {
+        const int32_t p = inverse[k * rows + r];
+        if (p < 0) continue;
+        for (int64_t j = 0; j < kdim; ++j) {
+          acc = std::fma(a.data_ptr<T>()[from[p] * kdim + j],
+                         w.data_ptr<T>()[k * kdim * cols + j * w_red + c * w_col], acc);
+        }
+      }
+      const T got = out.data_ptr<T>()[r * cols + c];
+      ASSERT_EQ(std::memcmp(&got, &acc, sizeof(T)), 0)
+          << "row " << r << " column " << c << ": " << got << " != " << acc;
+      infinite += std::isinf(got) ? 1 : 0;
+    }
+  }
+  EXPECT_GT(infinite, 0);
+  EXPECT_LT(infinite, rows) << "every row had offset 1: the skip is untested";
+}
+
+TEST(StepsOnHost, TiledImplicitGemmIsItsDefinitionBitForBit) {
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "input gradient layout" : "forward layout");
+    CheckTilesAgainstDefinition<float>(transposed);
+    CheckTilesAgainstDefinition<double>(transposed);
+  }
 }
 
 }  // namespace
