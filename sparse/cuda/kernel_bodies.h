@@ -206,9 +206,9 @@ TRAINSUP_HD inline double Fma(double a, double b, double c) { return fma(a, b, c
 //     Start(t, tid, thread)
 //     for k in [0, offsets()):
 //       if Index(k, ...) is false for every thread: next k (a barrier)
-//       for c in [0, chunks()):
+//       for c in [0, chunks(t)):
 //         Load(t, k, c, tid, shared)              then a barrier
-//         Compute(c, tid, shared, thread)         then a barrier
+//         Compute(t, c, tid, shared, thread)      then a barrier
 //     Store(t, tid, thread)
 // A phase reads only what earlier phases wrote, never what another thread
 // of its own phase writes. kernels.cu's EachTile runs it on the GPU (the
@@ -219,6 +219,47 @@ template <typename Op, typename = void>
 struct IsTiled : std::false_type {};
 template <typename Op>
 struct IsTiled<Op, std::void_t<typename Op::Shared>> : std::true_type {};
+
+// The tiled ops' shape: a block's 16 x 16 threads each hold a 4 x 4 block
+// of a 64 x 64 output tile in registers (rows ty + 16 i, columns tx +
+// 16 j: a warp's loads from shared memory are broadcasts or consecutive),
+// and reductions run in chunks of 16 staged in shared memory, each staged
+// value used by 16 threads.
+template <typename T>
+struct TileShape {
+  static constexpr int kThreads = 256;
+  static constexpr int kSide = 16;  // the block's threads: kSide x kSide
+  static constexpr int kPer = 4;    // each thread's rows and columns
+  static constexpr int kTile = kSide * kPer;
+  static constexpr int kChunk = 16;
+  struct Thread {
+    T acc[kPer][kPer];
+  };
+  TRAINSUP_HD static void Zero(Thread& thread) {
+    for (int i = 0; i < kPer; ++i) {
+      for (int j = 0; j < kPer; ++j) thread.acc[i][j] = T(0);
+    }
+  }
+  // The reduction's length left in chunk c of one of `total`: at most kChunk.
+  TRAINSUP_HD static int InChunk(int64_t total, int64_t c) {
+    const int64_t left = total - c * kChunk;
+    return left < kChunk ? static_cast<int>(left) : kChunk;
+  }
+  // Writes the thread's block of the tile at (r0, c0) to out[r * ld + c],
+  // within rows x cols.
+  TRAINSUP_HD static void Put(const Thread& thread, int tid, int64_t r0, int64_t c0, int64_t rows,
+                              int64_t cols, int64_t ld, T* out) {
+    const int ty = tid / kSide, tx = tid % kSide;
+    for (int i = 0; i < kPer; ++i) {
+      const int64_t r = r0 + ty + kSide * i;
+      if (r >= rows) continue;
+      for (int j = 0; j < kPer; ++j) {
+        const int64_t col = c0 + tx + kSide * j;
+        if (col < cols) out[r * ld + col] = thread.acc[i][j];
+      }
+    }
+  }
+};
 
 // The fused dataflow's convolution over all kernel offsets, as a tiled
 // implicit GEMM. Output element (r, c) of `out` ([rows, cols]) is
@@ -241,18 +282,15 @@ struct IsTiled<Op, std::void_t<typename Op::Shared>> : std::true_type {};
 // read once per tile of 64 output columns, not once per output column.
 template <typename T>
 struct ImplicitGemmTiles {
-  static constexpr int kThreads = 256;
-  static constexpr int kSide = 16;  // the block's threads: kSide x kSide
-  static constexpr int kPer = 4;    // each thread's rows and columns
-  static constexpr int kTileRows = kSide * kPer, kTileCols = kSide * kPer;
-  static constexpr int kChunk = 16;
+  using Base = TileShape<T>;
+  using Thread = typename Base::Thread;
+  static constexpr int kThreads = Base::kThreads, kSide = Base::kSide, kPer = Base::kPer;
+  static constexpr int kTile = Base::kTile, kChunk = Base::kChunk;
+  static constexpr int kTileRows = kTile, kTileCols = kTile;
   struct Shared {
     int64_t source[kTileRows];   // offset k's row of `a` per tile row, -1: none
     T a[kChunk][kTileRows + 1];  // + 1: the loads' column writes avoid bank conflicts
     T w[kChunk][kTileCols];
-  };
-  struct Thread {
-    T acc[kPer][kPer];
   };
 
   const T* a;
@@ -270,13 +308,9 @@ struct ImplicitGemmTiles {
     return rows == 0 || cols == 0 ? 0 : (rows + kTileRows - 1) / kTileRows * col_tiles();
   }
   TRAINSUP_HD int64_t offsets() const { return volume; }
-  TRAINSUP_HD int64_t chunks() const { return (kdim + kChunk - 1) / kChunk; }
+  TRAINSUP_HD int64_t chunks(int64_t) const { return (kdim + kChunk - 1) / kChunk; }
 
-  TRAINSUP_HD void Start(int64_t, int, Thread& thread) const {
-    for (int i = 0; i < kPer; ++i) {
-      for (int j = 0; j < kPer; ++j) thread.acc[i][j] = T(0);
-    }
-  }
+  TRAINSUP_HD void Start(int64_t, int, Thread& thread) const { Base::Zero(thread); }
   // Thread tid < kTileRows reads tile row tid's source for offset k.
   TRAINSUP_HD bool Index(int64_t t, int64_t k, int tid, Shared& shared) const {
     if (tid >= kTileRows) return false;
@@ -304,10 +338,10 @@ struct ImplicitGemmTiles {
       shared.w[q][n] = j < kdim && col < cols ? w[k * w_k + j * w_red + col * w_col] : T(0);
     }
   }
-  TRAINSUP_HD void Compute(int64_t c, int tid, const Shared& shared, Thread& thread) const {
+  TRAINSUP_HD void Compute(int64_t, int64_t c, int tid, const Shared& shared,
+                           Thread& thread) const {
     const int ty = tid / kSide, tx = tid % kSide;
-    const int64_t left = kdim - c * kChunk;
-    const int n = left < kChunk ? static_cast<int>(left) : kChunk;
+    const int n = Base::InChunk(kdim, c);
     for (int q = 0; q < n; ++q) {
       TRAINSUP_UNROLL
       for (int i = 0; i < kPer; ++i) {
@@ -321,27 +355,32 @@ struct ImplicitGemmTiles {
     }
   }
   TRAINSUP_HD void Store(int64_t t, int tid, const Thread& thread) const {
-    const int64_t r0 = t / col_tiles() * kTileRows, c0 = t % col_tiles() * kTileCols;
-    const int ty = tid / kSide, tx = tid % kSide;
-    for (int i = 0; i < kPer; ++i) {
-      const int64_t r = r0 + ty + kSide * i;
-      if (r >= rows) continue;
-      for (int j = 0; j < kPer; ++j) {
-        const int64_t col = c0 + tx + kSide * j;
-        if (col < cols) out[r * cols + col] = thread.acc[i][j];
-      }
-    }
+    Base::Put(thread, tid, t / col_tiles() * kTileRows, t % col_tiles() * kTileCols, rows, cols,
+              cols, out);
   }
 };
 
-// The fused dataflow's weight gradient, first op: element i = ((s *
+// The fused dataflow's weight gradient, first op, tiled: element ((s *
 // volume + k) * cin + a) * cout + b of `partial` ([splits, volume, cin,
 // cout]) is the sum over the pairs p of offset k in split s (pairs
 // [begin[k] + s * chunk, min(begin[k + 1], begin[k] + (s + 1) * chunk)))
-// in order of f[src[p], a] * g[dst[p], b], fused multiply-adds from 0.
-// `chunk` and `splits` depend on the map alone (steps.cc), so the sums do.
+// in order of f[src[p], a] * g[dst[p], b], fused multiply-adds from 0
+// (0 for a split past the offset's pairs). `chunk` and `splits` depend on
+// the map alone (steps.cc), so the sums do. A block computes a 64 x 64
+// tile of one (split, offset)'s [cin, cout] slice: per chunk of 16 pairs,
+// the pairs' rows of f and of g are gathered into shared memory (Load),
+// and each thread adds their outer products into its 4 x 4 block.
 template <typename T>
-struct WeightGradSplits {
+struct WeightGradTiles {
+  using Base = TileShape<T>;
+  using Thread = typename Base::Thread;
+  static constexpr int kThreads = Base::kThreads, kSide = Base::kSide, kPer = Base::kPer;
+  static constexpr int kTile = Base::kTile, kChunk = Base::kChunk;
+  struct Shared {
+    T f[kChunk][kTile];
+    T g[kChunk][kTile];
+  };
+
   const T* f;
   int64_t cin;
   const int32_t* src;
@@ -352,18 +391,55 @@ struct WeightGradSplits {
   int64_t volume, chunk, splits;
   T* partial;
 
-  TRAINSUP_HD int64_t size() const { return splits * volume * cin * cout; }
-  TRAINSUP_HD void operator()(int64_t i) const {
-    const int64_t b = i % cout, a = (i / cout) % cin, k = (i / (cout * cin)) % volume;
-    const int64_t s = i / (cout * cin * volume);
-    const int64_t p0 = begin[k] + s * chunk;
-    const int64_t p1 = p0 + chunk < begin[k + 1] ? p0 + chunk : begin[k + 1];
-    T acc = T(0);
-    for (int64_t p = p0; p < p1; ++p) {
-      acc = Fma(f[static_cast<int64_t>(src[p]) * cin + a],
-                g[static_cast<int64_t>(dst[p]) * cout + b], acc);
+  TRAINSUP_HD int64_t in_tiles() const { return (cin + kTile - 1) / kTile; }
+  TRAINSUP_HD int64_t out_tiles() const { return (cout + kTile - 1) / kTile; }
+  TRAINSUP_HD int64_t tiles() const { return splits * volume * in_tiles() * out_tiles(); }
+  TRAINSUP_HD int64_t offsets() const { return 1; }
+  // Tile t's (split, offset) slice: t / (in_tiles * out_tiles).
+  TRAINSUP_HD int64_t Slice(int64_t t) const { return t / (in_tiles() * out_tiles()); }
+  // The first pair of tile t's split, and how many it has (0 or more).
+  TRAINSUP_HD int64_t First(int64_t t) const {
+    return begin[Slice(t) % volume] + Slice(t) / volume * chunk;
+  }
+  TRAINSUP_HD int64_t Pairs(int64_t t) const {
+    const int64_t end = begin[Slice(t) % volume + 1] - First(t);
+    return end < 0 ? 0 : (end < chunk ? end : chunk);
+  }
+  TRAINSUP_HD int64_t chunks(int64_t t) const { return (Pairs(t) + kChunk - 1) / kChunk; }
+
+  TRAINSUP_HD void Start(int64_t, int, Thread& thread) const { Base::Zero(thread); }
+  TRAINSUP_HD bool Index(int64_t t, int64_t, int, Shared&) const { return Pairs(t) > 0; }
+  // Consecutive threads read one pair's consecutive channels.
+  TRAINSUP_HD void Load(int64_t t, int64_t, int64_t c, int tid, Shared& shared) const {
+    const int64_t p0 = First(t) + c * kChunk, n = Base::InChunk(Pairs(t), c);
+    const int64_t a0 = t / out_tiles() % in_tiles() * kTile, b0 = t % out_tiles() * kTile;
+    for (int e = tid; e < kChunk * kTile; e += kThreads) {
+      const int q = e / kTile, m = e % kTile;
+      const bool pair = q < n;
+      shared.f[q][m] =
+          pair && a0 + m < cin ? f[static_cast<int64_t>(src[p0 + q]) * cin + a0 + m] : T(0);
+      shared.g[q][m] =
+          pair && b0 + m < cout ? g[static_cast<int64_t>(dst[p0 + q]) * cout + b0 + m] : T(0);
     }
-    partial[i] = acc;
+  }
+  TRAINSUP_HD void Compute(int64_t t, int64_t c, int tid, const Shared& shared,
+                           Thread& thread) const {
+    const int ty = tid / kSide, tx = tid % kSide;
+    const int n = Base::InChunk(Pairs(t), c);
+    for (int q = 0; q < n; ++q) {
+      TRAINSUP_UNROLL
+      for (int i = 0; i < kPer; ++i) {
+        const T fv = shared.f[q][ty + kSide * i];
+        TRAINSUP_UNROLL
+        for (int j = 0; j < kPer; ++j) {
+          thread.acc[i][j] = Fma(fv, shared.g[q][tx + kSide * j], thread.acc[i][j]);
+        }
+      }
+    }
+  }
+  TRAINSUP_HD void Store(int64_t t, int tid, const Thread& thread) const {
+    Base::Put(thread, tid, t / out_tiles() % in_tiles() * kTile, t % out_tiles() * kTile, cin, cout,
+              cout, partial + Slice(t) * cin * cout);
   }
 };
 
@@ -595,7 +671,7 @@ struct BnInputGrad {
   X(MapSearch) X(CompactPairs) X(InvertPairs) \
   X(GatherRows<float>) X(GatherRows<double>) X(GatherRows<uint16_t>) X(ScatterSum<float>) X(ScatterSum<double>) \
   X(ImplicitGemmTiles<float>) X(ImplicitGemmTiles<double>) \
-  X(WeightGradSplits<float>) X(WeightGradSplits<double>) X(SumSplits<float>) X(SumSplits<double>) \
+  X(WeightGradTiles<float>) X(WeightGradTiles<double>) X(SumSplits<float>) X(SumSplits<double>) \
   X(BnBlockMoments<float>) X(BnBlockMoments<double>) X(BnCombine<float>) X(BnCombine<double>) \
   X(BnApply<float>) X(BnApply<double>) X(BnBlockGradSums<float>) X(BnBlockGradSums<double>) \
   X(BnGradCombine<float>) X(BnGradCombine<double>) X(BnInputGrad<float>) X(BnInputGrad<double>)

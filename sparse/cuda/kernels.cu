@@ -39,10 +39,10 @@ __global__ void __launch_bounds__(Op::kThreads) EachTile(Op op) {
     op.Start(t, tid, thread);
     for (int64_t k = 0; k < op.offsets(); ++k) {
       if (!__syncthreads_or(op.Index(t, k, tid, shared) ? 1 : 0)) continue;
-      for (int64_t c = 0; c < op.chunks(); ++c) {
+      for (int64_t c = 0; c < op.chunks(t); ++c) {
         op.Load(t, k, c, tid, shared);
         __syncthreads();
-        op.Compute(c, tid, shared, thread);
+        op.Compute(t, c, tid, shared, thread);
         __syncthreads();
       }
     }

@@ -278,10 +278,10 @@ void FusedBackward(const Launcher& launcher, const at::Tensor& f, const at::Tens
   at::Tensor partial = at::empty({splits, elements}, w.options());
   AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "cuda_weight_gradient", [&] {
     launcher.Run(
-        WeightGradSplits<scalar_t>{f.data_ptr<scalar_t>(), cin, pairs.src.data_ptr<int32_t>(),
-                                   grad_out.data_ptr<scalar_t>(), cout,
-                                   pairs.dst.data_ptr<int32_t>(), begin.data_ptr<int64_t>(), volume,
-                                   chunk, splits, partial.data_ptr<scalar_t>()},
+        WeightGradTiles<scalar_t>{f.data_ptr<scalar_t>(), cin, pairs.src.data_ptr<int32_t>(),
+                                  grad_out.data_ptr<scalar_t>(), cout,
+                                  pairs.dst.data_ptr<int32_t>(), begin.data_ptr<int64_t>(), volume,
+                                  chunk, splits, partial.data_ptr<scalar_t>()},
         "weight gradient (splits)");
     launcher.Run(SumSplits<scalar_t>{partial.data_ptr<scalar_t>(), splits, elements,
                                      grad_weight->data_ptr<scalar_t>()},

@@ -54,7 +54,7 @@ class Launcher {
 //     fused         one output-stationary op over all offsets for the
 //                   forward and for the input gradient (ImplicitGemmTiles,
 //                   a tiled implicit GEMM),
-//                   two for the weight gradient (WeightGradSplits,
+//                   two for the weight gradient (WeightGradTiles,
 //                   SumSplits): 1 launch forward and 3 backward
 //   inverse tables  (which pair of each offset reads or writes each row,
 //                   both dataflows) built at a map's first use of each

@@ -4,6 +4,7 @@
 // BatchNorm takes, and which ops half convolutions take.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -296,6 +297,64 @@ TEST(StepsOnHost, TiledImplicitGemmIsItsDefinitionBitForBit) {
     CheckTilesAgainstDefinition<float>(transposed);
     CheckTilesAgainstDefinition<double>(transposed);
   }
+}
+
+// The fused weight gradient's first op, tiled like the implicit GEMM, is
+// its definition bit for bit: per weight element of each (split,
+// offset), the split's pairs in order, one fused multiply-add each from
+// 0. The channel counts cut both tiles short, a split's pairs run past a
+// chunk of 16, offset 1 has no pairs and offset 3 fewer than one split, so
+// some (split, offset) slices are written as zeros over what was there.
+template <typename T>
+void CheckWeightGradTilesAgainstDefinition() {
+  constexpr int64_t volume = 4, cin = 70, cout = 37, n = 90, chunk = 40;
+  const at::ScalarType type = std::is_same_v<T, float> ? at::kFloat : at::kDouble;
+  at::manual_seed(5);
+  const at::Tensor f = at::randn({n, cin}, type), g = at::randn({n, cout}, type);
+  const std::vector<int64_t> counts = {100, 0, 57, 13};
+  std::vector<int64_t> begin = {0};
+  std::vector<int32_t> src, dst;
+  std::mt19937 rng(9);
+  for (int64_t count : counts) {
+    for (int64_t p = 0; p < count; ++p) {
+      src.push_back(static_cast<int32_t>(rng() % n));
+      dst.push_back(static_cast<int32_t>(rng() % n));
+    }
+    begin.push_back(begin.back() + count);
+  }
+  const int64_t splits = 3;  // ceil(100 / 40)
+  at::Tensor partial = at::full({splits, volume, cin, cout}, 7.0, type);
+  const cuda::WeightGradTiles<T> op{
+      f.data_ptr<T>(), cin,   src.data(), g.data_ptr<T>(),      cout, dst.data(), begin.data(),
+      volume,          chunk, splits,     partial.data_ptr<T>()};
+  testing::TheHostLauncher().Run(op, "weight gradient tiles");
+  int64_t zero = 0;
+  for (int64_t s = 0; s < splits; ++s) {
+    for (int64_t k = 0; k < volume; ++k) {
+      const int64_t p0 = begin[k] + s * chunk, p1 = std::min(begin[k + 1], p0 + chunk);
+      for (int64_t a = 0; a < cin; ++a) {
+        for (int64_t b = 0; b < cout; ++b) {
+          T acc = T(0);
+          for (int64_t p = p0; p < p1; ++p) {
+            acc = std::fma(f.data_ptr<T>()[src[p] * cin + a], g.data_ptr<T>()[dst[p] * cout + b],
+                           acc);
+          }
+          const T got = partial.data_ptr<T>()[((s * volume + k) * cin + a) * cout + b];
+          ASSERT_EQ(std::memcmp(&got, &acc, sizeof(T)), 0)
+              << "split " << s << " offset " << k << " at " << a << ", " << b;
+          zero += got == T(0) ? 1 : 0;
+        }
+      }
+    }
+  }
+  // Slices past their offset's pairs: offset 1's three, offset 2's last
+  // (57 pairs), offset 3's last two (13).
+  EXPECT_EQ(zero, 6 * cin * cout);
+}
+
+TEST(StepsOnHost, TiledWeightGradientIsItsDefinitionBitForBit) {
+  CheckWeightGradTilesAgainstDefinition<float>();
+  CheckWeightGradTilesAgainstDefinition<double>();
 }
 
 }  // namespace
