@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #ifdef __CUDACC__
@@ -199,6 +200,36 @@ struct ScatterSum {
 TRAINSUP_HD inline float Fma(float a, float b, float c) { return fmaf(a, b, c); }
 TRAINSUP_HD inline double Fma(double a, double b, double c) { return fma(a, b, c); }
 
+// Half features as their bits (bfloat16 and float16 tensors' storage),
+// for the tiled ops' half inputs: each value widened to float32 where it
+// is loaded, which is exact for both formats.
+struct BFloat16Bits {
+  uint16_t bits;
+};
+struct Float16Bits {
+  uint16_t bits;
+};
+TRAINSUP_HD inline float FloatFromBits(uint32_t bits) {
+  float v;
+  memcpy(&v, &bits, sizeof v);
+  return v;
+}
+TRAINSUP_HD inline float Widen(float v) { return v; }
+TRAINSUP_HD inline double Widen(double v) { return v; }
+// bfloat16 is float32's top half.
+TRAINSUP_HD inline float Widen(BFloat16Bits v) { return FloatFromBits(uint32_t{v.bits} << 16); }
+// float16: 1 sign, 5 exponent (bias 15), 10 fraction bits. Normal values
+// rebias the exponent to float32's 127; infinities and NaNs keep their
+// fraction; subnormals are fraction x 2^-24, exact in float32.
+TRAINSUP_HD inline float Widen(Float16Bits v) {
+  const uint32_t sign = uint32_t{v.bits} >> 15 << 31;
+  const uint32_t exponent = (v.bits >> 10) & 0x1fu, fraction = v.bits & 0x3ffu;
+  if (exponent == 0x1fu) return FloatFromBits(sign | 0x7f800000u | fraction << 13);
+  if (exponent != 0) return FloatFromBits(sign | (exponent + 112) << 23 | fraction << 13);
+  const float magnitude = static_cast<float>(fraction) * 5.9604644775390625e-8f;  // 2^-24
+  return sign != 0 ? -magnitude : magnitude;
+}
+
 // Tiled ops. An op with a Shared type runs as blocks of kThreads threads
 // that share `Shared` and each keep a `Thread` (its registers), one block
 // per output tile, in phases separated by barriers:
@@ -280,7 +311,7 @@ struct TileShape {
 // are staged in shared memory (Load: the gather is in the loads), and
 // every staged value is used by 16 threads (Compute). Each input value is
 // read once per tile of 64 output columns, not once per output column.
-template <typename T>
+template <typename T, typename In = T>
 struct ImplicitGemmTiles {
   using Base = TileShape<T>;
   using Thread = typename Base::Thread;
@@ -293,12 +324,12 @@ struct ImplicitGemmTiles {
     T w[kChunk][kTileCols];
   };
 
-  const T* a;
+  const In* a;
   int64_t kdim;
   const int32_t* from;
   const int32_t* inverse;
   int64_t volume;
-  const T* w;
+  const In* w;
   int64_t w_k, w_red, w_col;
   int64_t rows, cols;
   T* out;
@@ -330,12 +361,12 @@ struct ImplicitGemmTiles {
     for (int e = tid; e < kChunk * kTileRows; e += kThreads) {
       const int m = e / kChunk, q = e % kChunk;
       const int64_t source = shared.source[m], j = j0 + q;
-      shared.a[q][m] = source >= 0 && j < kdim ? a[source * kdim + j] : T(0);
+      shared.a[q][m] = source >= 0 && j < kdim ? Widen(a[source * kdim + j]) : T(0);
     }
     for (int e = tid; e < kChunk * kTileCols; e += kThreads) {
       const int q = e / kTileCols, n = e % kTileCols;
       const int64_t j = j0 + q, col = c0 + n;
-      shared.w[q][n] = j < kdim && col < cols ? w[k * w_k + j * w_red + col * w_col] : T(0);
+      shared.w[q][n] = j < kdim && col < cols ? Widen(w[k * w_k + j * w_red + col * w_col]) : T(0);
     }
   }
   TRAINSUP_HD void Compute(int64_t, int64_t c, int tid, const Shared& shared,
@@ -370,7 +401,7 @@ struct ImplicitGemmTiles {
 // tile of one (split, offset)'s [cin, cout] slice: per chunk of 16 pairs,
 // the pairs' rows of f and of g are gathered into shared memory (Load),
 // and each thread adds their outer products into its 4 x 4 block.
-template <typename T>
+template <typename T, typename In = T>
 struct WeightGradTiles {
   using Base = TileShape<T>;
   using Thread = typename Base::Thread;
@@ -381,10 +412,10 @@ struct WeightGradTiles {
     T g[kChunk][kTile];
   };
 
-  const T* f;
+  const In* f;
   int64_t cin;
   const int32_t* src;
-  const T* g;
+  const In* g;
   int64_t cout;
   const int32_t* dst;
   const int64_t* begin;
@@ -417,9 +448,10 @@ struct WeightGradTiles {
       const int q = e / kTile, m = e % kTile;
       const bool pair = q < n;
       shared.f[q][m] =
-          pair && a0 + m < cin ? f[static_cast<int64_t>(src[p0 + q]) * cin + a0 + m] : T(0);
-      shared.g[q][m] =
-          pair && b0 + m < cout ? g[static_cast<int64_t>(dst[p0 + q]) * cout + b0 + m] : T(0);
+          pair && a0 + m < cin ? Widen(f[static_cast<int64_t>(src[p0 + q]) * cin + a0 + m]) : T(0);
+      shared.g[q][m] = pair && b0 + m < cout
+                           ? Widen(g[static_cast<int64_t>(dst[p0 + q]) * cout + b0 + m])
+                           : T(0);
     }
   }
   TRAINSUP_HD void Compute(int64_t t, int64_t c, int tid, const Shared& shared,
@@ -442,6 +474,13 @@ struct WeightGradTiles {
               cout, partial + Slice(t) * cin * cout);
   }
 };
+
+// The tiled ops on half inputs, summing in float32. (Named, so that the op
+// list below needs no comma.)
+using Bf16GemmTiles = ImplicitGemmTiles<float, BFloat16Bits>;
+using Fp16GemmTiles = ImplicitGemmTiles<float, Float16Bits>;
+using Bf16WeightGradTiles = WeightGradTiles<float, BFloat16Bits>;
+using Fp16WeightGradTiles = WeightGradTiles<float, Float16Bits>;
 
 // Second op: out[i] = the sum over s in order of partial[s * n + i], for
 // i in [0, n).
@@ -670,8 +709,8 @@ struct BnInputGrad {
 #define TRAINSUP_CUDA_OPS(X) \
   X(MapSearch) X(CompactPairs) X(InvertPairs) \
   X(GatherRows<float>) X(GatherRows<double>) X(GatherRows<uint16_t>) X(ScatterSum<float>) X(ScatterSum<double>) \
-  X(ImplicitGemmTiles<float>) X(ImplicitGemmTiles<double>) \
-  X(WeightGradTiles<float>) X(WeightGradTiles<double>) X(SumSplits<float>) X(SumSplits<double>) \
+  X(ImplicitGemmTiles<float>) X(ImplicitGemmTiles<double>) X(Bf16GemmTiles) X(Fp16GemmTiles) \
+  X(WeightGradTiles<float>) X(WeightGradTiles<double>) X(Bf16WeightGradTiles) X(Fp16WeightGradTiles) X(SumSplits<float>) X(SumSplits<double>) \
   X(BnBlockMoments<float>) X(BnBlockMoments<double>) X(BnCombine<float>) X(BnCombine<double>) \
   X(BnApply<float>) X(BnApply<double>) X(BnBlockGradSums<float>) X(BnBlockGradSums<double>) \
   X(BnGradCombine<float>) X(BnGradCombine<double>) X(BnInputGrad<float>) X(BnInputGrad<double>)

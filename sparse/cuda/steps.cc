@@ -219,23 +219,58 @@ void GemmBackward(const Launcher& launcher, const at::Tensor& f, const at::Tenso
   *grad_weight = sum.to(w.scalar_type());
 }
 
+// Calls body(T{}, In{}) with the fused ops' sum type T and input type In
+// for features of `type`: float32 and float64 as they are; bfloat16 and
+// float16 as their bits, summed in float32 (issue 44).
+template <typename Body>
+void ForFusedTypes(at::ScalarType type, const Body& body) {
+  switch (type) {
+    case at::kFloat:
+      return body(float{}, float{});
+    case at::kDouble:
+      return body(double{}, double{});
+    case at::kBFloat16:
+      return body(float{}, BFloat16Bits{});
+    case at::kHalf:
+      return body(float{}, Float16Bits{});
+    default:
+      TORCH_CHECK(false,
+                  "the CUDA backend's fused convolution takes float32, float64, bfloat16 or ",
+                  "float16 features, not ", type);
+  }
+}
+
+// The fused ops read the features and the weight as one type.
+void CheckFusedTypes(const at::Tensor& f, const at::Tensor& w) {
+  TORCH_CHECK(f.scalar_type() == w.scalar_type(), "the CUDA backend's fused convolution takes ",
+              "features and weight of one type, not ", f.scalar_type(), " and ", w.scalar_type());
+}
+
+template <typename In>
+const In* Data(const at::Tensor& t) {
+  return static_cast<const In*>(t.const_data_ptr());
+}
+
 // The fused dataflow (steps.h): ImplicitGemmTiles for the forward and the
-// input gradient.
+// input gradient. Half features and weights are read as they are and
+// summed in float32 (a half times a half is exact in float32), each result
+// rounded once to the half type at the end, as on gather-GEMM.
 at::Tensor FusedForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
                         const PairView& pairs, int64_t num_out) {
+  CheckFusedTypes(f, w);
   const int64_t cin = w.size(1), cout = w.size(2);
-  at::Tensor out = at::empty({num_out, cout}, f.options());
-  if (out.numel() == 0) return out;
+  at::Tensor out = SumBuffer(f, num_out, cout);
+  if (out.numel() == 0) return out.to(f.scalar_type());
   const at::Tensor inverse = Inverse(launcher, pairs, /*dst_side=*/true, num_out);
-  AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "cuda_implicit_gemm", [&] {
-    launcher.Run(
-        ImplicitGemmTiles<scalar_t>{f.data_ptr<scalar_t>(), cin, pairs.src.data_ptr<int32_t>(),
-                                    inverse.data_ptr<int32_t>(), pairs.volume(),
-                                    w.data_ptr<scalar_t>(), cin * cout, cout, 1, num_out, cout,
-                                    out.data_ptr<scalar_t>()},
-        "implicit GEMM (forward)");
+  ForFusedTypes(f.scalar_type(), [&](auto t, auto in) {
+    using T = decltype(t);
+    using In = decltype(in);
+    launcher.Run(ImplicitGemmTiles<T, In>{Data<In>(f), cin, pairs.src.data_ptr<int32_t>(),
+                                          inverse.data_ptr<int32_t>(), pairs.volume(), Data<In>(w),
+                                          cin * cout, cout, 1, num_out, cout, out.data_ptr<T>()},
+                 "implicit GEMM (forward)");
   });
-  return out;
+  return out.to(f.scalar_type());
 }
 
 // Pairs per split of the fused weight gradient, and the most bytes its
@@ -247,46 +282,51 @@ constexpr int64_t kSplitBytes = int64_t{64} << 20;
 void FusedBackward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
                    const PairView& pairs, const at::Tensor& grad_out, bool need_input,
                    bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight) {
+  CheckFusedTypes(f, w);
   const int64_t cin = w.size(1), cout = w.size(2), volume = pairs.volume();
   *grad_in = at::Tensor();
   *grad_weight = at::Tensor();
   if (need_input) {
-    *grad_in = at::empty_like(f);
-    if (grad_in->numel() > 0) {
+    at::Tensor sum = SumBuffer(f, f.size(0), cin);
+    if (sum.numel() > 0) {
       const at::Tensor inverse = Inverse(launcher, pairs, /*dst_side=*/false, f.size(0));
-      AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "cuda_implicit_gemm", [&] {
+      ForFusedTypes(f.scalar_type(), [&](auto t, auto in) {
+        using T = decltype(t);
+        using In = decltype(in);
         launcher.Run(
-            ImplicitGemmTiles<scalar_t>{grad_out.data_ptr<scalar_t>(), cout,
-                                        pairs.dst.data_ptr<int32_t>(), inverse.data_ptr<int32_t>(),
-                                        volume, w.data_ptr<scalar_t>(), cin * cout, 1, cout,
-                                        f.size(0), cin, grad_in->data_ptr<scalar_t>()},
+            ImplicitGemmTiles<T, In>{Data<In>(grad_out), cout, pairs.dst.data_ptr<int32_t>(),
+                                     inverse.data_ptr<int32_t>(), volume, Data<In>(w), cin * cout,
+                                     1, cout, f.size(0), cin, sum.data_ptr<T>()},
             "implicit GEMM (input gradient)");
       });
     }
+    *grad_in = sum.to(f.scalar_type());
   }
   if (!need_weight) return;
-  *grad_weight = at::empty_like(w);
   const int64_t elements = w.numel();
-  if (elements == 0) return;
-  int64_t most = 0;
-  for (int64_t k = 0; k < volume; ++k) most = std::max(most, pairs.count(k));
-  const int64_t cap = std::max<int64_t>(1, kSplitBytes / (elements * w.element_size()));
-  const int64_t splits = std::clamp<int64_t>((most + kSplitPairs - 1) / kSplitPairs, 1, cap);
-  const int64_t chunk = std::max<int64_t>(1, (most + splits - 1) / splits);
-  const at::Tensor begin =
-      pairs.device_begin.defined() ? pairs.device_begin : Upload(*pairs.begin, f.device());
-  at::Tensor partial = at::empty({splits, elements}, w.options());
-  AT_DISPATCH_FLOATING_TYPES(f.scalar_type(), "cuda_weight_gradient", [&] {
-    launcher.Run(
-        WeightGradTiles<scalar_t>{f.data_ptr<scalar_t>(), cin, pairs.src.data_ptr<int32_t>(),
-                                  grad_out.data_ptr<scalar_t>(), cout,
-                                  pairs.dst.data_ptr<int32_t>(), begin.data_ptr<int64_t>(), volume,
-                                  chunk, splits, partial.data_ptr<scalar_t>()},
-        "weight gradient (splits)");
-    launcher.Run(SumSplits<scalar_t>{partial.data_ptr<scalar_t>(), splits, elements,
-                                     grad_weight->data_ptr<scalar_t>()},
-                 "weight gradient (sum)");
-  });
+  at::Tensor sum = SumBuffer(w, volume, cin * cout);
+  if (elements > 0) {
+    int64_t most = 0;
+    for (int64_t k = 0; k < volume; ++k) most = std::max(most, pairs.count(k));
+    const int64_t cap = std::max<int64_t>(1, kSplitBytes / (elements * sum.element_size()));
+    const int64_t splits = std::clamp<int64_t>((most + kSplitPairs - 1) / kSplitPairs, 1, cap);
+    const int64_t chunk = std::max<int64_t>(1, (most + splits - 1) / splits);
+    const at::Tensor begin =
+        pairs.device_begin.defined() ? pairs.device_begin : Upload(*pairs.begin, f.device());
+    at::Tensor partial = at::empty({splits, elements}, sum.options());
+    ForFusedTypes(f.scalar_type(), [&](auto t, auto in) {
+      using T = decltype(t);
+      using In = decltype(in);
+      launcher.Run(WeightGradTiles<T, In>{Data<In>(f), cin, pairs.src.data_ptr<int32_t>(),
+                                          Data<In>(grad_out), cout, pairs.dst.data_ptr<int32_t>(),
+                                          begin.data_ptr<int64_t>(), volume, chunk, splits,
+                                          partial.data_ptr<T>()},
+                   "weight gradient (splits)");
+      launcher.Run(SumSplits<T>{partial.data_ptr<T>(), splits, elements, sum.data_ptr<T>()},
+                   "weight gradient (sum)");
+    });
+  }
+  *grad_weight = sum.view(w.sizes()).to(w.scalar_type());
 }
 
 // ---- the dataflow setting and the measured choice ----
@@ -327,7 +367,9 @@ Dataflow Resolve(Dataflow requested, const Launcher& launcher, bool backward, co
   const int64_t total = pairs.begin->empty() ? 0 : pairs.begin->back();
   int64_t log2 = 0;
   while ((int64_t{1} << log2) < total) ++log2;
-  const std::vector<int64_t> key = {backward ? 1 : 0, w.size(1), w.size(2), pairs.volume(), log2};
+  const std::vector<int64_t> key = {
+      backward ? 1 : 0, w.size(1), w.size(2),
+      pairs.volume(),   log2,      static_cast<int64_t>(w.scalar_type())};
   {
     std::lock_guard<std::mutex> lock(g_choices_mu);
     const auto found = Choices().find(key);
@@ -340,20 +382,14 @@ Dataflow Resolve(Dataflow requested, const Launcher& launcher, bool backward, co
   const Dataflow chosen = fused < gemm ? Dataflow::kFused : Dataflow::kGatherGemm;
   char line[160];
   std::snprintf(line, sizeof line,
-                "%s %lld->%lld k%lld 2^%lld pairs: %s (fused %.3f ms, gather-GEMM %.3f ms)",
+                "%s %lld->%lld k%lld 2^%lld pairs %s: %s (fused %.3f ms, gather-GEMM %.3f ms)",
                 backward ? "backward" : "forward", static_cast<long long>(key[1]),
                 static_cast<long long>(key[2]), static_cast<long long>(key[3]),
-                static_cast<long long>(log2), ToString(chosen).c_str(), fused * 1e3, gemm * 1e3);
+                static_cast<long long>(log2), c10::toString(w.scalar_type()),
+                ToString(chosen).c_str(), fused * 1e3, gemm * 1e3);
   std::lock_guard<std::mutex> lock(g_choices_mu);
   Choices().emplace(key, Choice{chosen, line});
   return chosen;
-}
-
-// Half features take gather-GEMM whatever the setting: its products are
-// cuBLAS's on tensor cores (MmInto), and the fused ops are float32 and
-// float64 only.
-Dataflow ForFeatures(Dataflow dataflow, const at::Tensor& f) {
-  return IsHalf(f.scalar_type()) ? Dataflow::kGatherGemm : dataflow;
 }
 
 }  // namespace
@@ -392,7 +428,6 @@ std::vector<std::string> DataflowChoices() {
 
 at::Tensor ConvForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
                        const PairView& pairs, int64_t num_out, Dataflow dataflow) {
-  dataflow = ForFeatures(dataflow, f);
   at::Tensor out;
   auto run = [&](Dataflow d) {
     out = d == Dataflow::kFused ? FusedForward(launcher, f, w, pairs, num_out)
@@ -406,7 +441,6 @@ void ConvBackward(const Launcher& launcher, const at::Tensor& f, const at::Tenso
                   const PairView& pairs, const at::Tensor& grad_out, bool need_input,
                   bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight,
                   Dataflow dataflow) {
-  dataflow = ForFeatures(dataflow, f);
   auto run = [&](Dataflow d) {
     (d == Dataflow::kFused ? FusedBackward : GemmBackward)(
         launcher, f, w, pairs, grad_out, need_input, need_weight, grad_in, grad_weight);

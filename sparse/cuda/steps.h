@@ -60,12 +60,16 @@ class Launcher {
 //                   both dataflows) built at a map's first use of each
 //                   side, a fill and an inversion, and kept with the map
 //                   (KernelMap::tables) for every later call
-//   half features   (bfloat16, float16; the weight cast to them) always on
-//                   gather-GEMM: 16-bit gathers, each offset's product
-//                   with half inputs and a float32 result (cuBLAS's tensor
-//                   cores on the GPU), the scatter's and the identity
-//                   offset's sums in float32, one rounding to the half
-//                   type at the end; the weight gradient likewise
+//   half features   (bfloat16, float16; the weight cast to them) on either
+//                   dataflow, every sum in float32 and each result rounded
+//                   once to the half type at the end. Gather-GEMM: 16-bit
+//                   gathers, each offset's product with half inputs and a
+//                   float32 result (cuBLAS's tensor cores on the GPU), the
+//                   scatter's and the identity offset's sums in float32;
+//                   the weight gradient likewise. Fused: the tiled ops
+//                   read the half values as they are, widen them exactly
+//                   to float32 in their loads and sum in float32 (SIMT, no
+//                   tensor cores); one cast of each result
 void BuildKernelMap(const Launcher& launcher, const KernelMapInputs& inputs, KernelMap* map);
 // How many host tables the steps have uploaded to a device so far in this
 // process (the map build's offsets and `begin`; a convolution on a map
@@ -74,10 +78,11 @@ void BuildKernelMap(const Launcher& launcher, const KernelMapInputs& inputs, Ker
 int64_t HostUploads();
 
 // Which dataflow a convolution takes. kMeasured: per layer shape (the
-// direction, C_in, C_out, the kernel volume and the pair count's power of
-// two), the faster of the two, timed at the shape's first use (a warm-up
-// and one timed run of each) and kept for the process. In deterministic
-// mode kMeasured takes gather-GEMM, so the bits do not depend on a timing.
+// direction, C_in, C_out, the kernel volume, the pair count's power of
+// two and the features' type), the faster of the two, timed at the
+// shape's first use (a warm-up and one timed run of each) and kept for
+// the process. In deterministic mode kMeasured takes gather-GEMM, so the
+// bits do not depend on a timing.
 enum class Dataflow { kGatherGemm, kFused, kMeasured };
 // TRAINSUP_CUDA_DATAFLOW = gemm | fused | measured; null or empty:
 // measured. Another value throws c10::Error naming the choices.
@@ -87,8 +92,9 @@ std::string ToString(Dataflow dataflow);
 // SetDataflow (benchmarks' A/B runs) set; returns the previous.
 Dataflow ActiveDataflow();
 Dataflow SetDataflow(Dataflow dataflow);
-// What kMeasured has chosen so far, one line per layer shape, e.g.
-// "forward 32->64 k27 2^17 pairs: fused (1.8 ms) over gather-GEMM (4.1 ms)".
+// What kMeasured has chosen so far, one line per layer shape (and type),
+// e.g. "forward 32->64 k27 2^17 pairs Float: fused (fused 1.800 ms,
+// gather-GEMM 4.100 ms)".
 std::vector<std::string> DataflowChoices();
 
 at::Tensor ConvForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,

@@ -206,34 +206,52 @@ TEST(StepsOnHost, AConvolutionLayerIsTenOpsAStepOnAWarmMap) {
 }
 
 // Issue 44: half features reach the CUDA steps' convolutions as they are
-// (before, the engine widened them to float32 around the call): the
-// gathers copy 16-bit rows, the products and sums are float32 (the
-// scatter's ScatterSum<float>), and no float32 copy of the features is
-// gathered. The fused setting does not apply to them: no ImplicitGemmTiles.
-// (Their accuracy is the cross-backend HalfPrecision* tests'.)
-TEST(StepsOnHost, HalfConvolutionsGatherSixteenBitRowsAndSumInFloat32) {
+// (before, the engine widened them to float32 around the call), on either
+// dataflow. Gather-GEMM: the gathers copy 16-bit rows, the products and
+// sums are float32 (the scatter's ScatterSum<float>), and no float32 copy
+// of the features is gathered. Fused: the tiled ops read the 16-bit
+// values and sum in float32 (Bf16GemmTiles, Bf16WeightGradTiles), and
+// nothing is gathered. (Their accuracy is the cross-backend
+// HalfPrecision* tests', on cuda_steps_on_host and cuda_fused_on_host.)
+TEST(StepsOnHost, HalfConvolutionsReadSixteenBitValuesAndSumInFloat32) {
   BackendTableGuard guard(&CountingTable());
-  const cuda::Dataflow previous = cuda::SetDataflow(cuda::Dataflow::kFused);
   auto in = MakeRandomInput(2, 9, 0.3, 6, at::kFloat, 9, 0, /*shuffle=*/false);
-  for (at::ScalarType half : {at::kBFloat16, at::kHalf}) {
-    SCOPED_TRACE(half == at::kBFloat16 ? "bf16" : "fp16");
-    EXPECT_TRUE(CountingTable().takes_half_inputs(half, true));
-    at::Tensor f = in.features.to(half).requires_grad_(true);
-    at::Tensor w = at::randn({27, 6, 5}).requires_grad_(true);  // the float32 master
-    Counting().Clear();
-    SparseTensor y = Conv(SparseTensor(f, in.coordinates), w, at::Tensor(), {3, 1, 1});
-    EXPECT_EQ(y.F().scalar_type(), half);
-    EXPECT_GT(Counting().Of<cuda::GatherRows<uint16_t>>(), 0) << "forward";
-    EXPECT_GT(Counting().Of<cuda::ScatterSum<float>>(), 0) << "forward";
-    y.F().to(at::kFloat).square().sum().backward();
-    EXPECT_EQ(f.grad().scalar_type(), half);
-    EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
-    EXPECT_GT(f.grad().to(at::kFloat).abs().sum().item<double>(), 0.0);
-    EXPECT_EQ(Counting().Of<cuda::GatherRows<float>>(), 0) << "widened features were gathered";
-    EXPECT_EQ(Counting().Of<cuda::ImplicitGemmTiles<float>>(), 0) << "the fused ops ran";
-    EXPECT_GT(Counting().Of<cuda::GatherRows<uint16_t>>(), 3) << "backward";
+  for (cuda::Dataflow dataflow : {cuda::Dataflow::kGatherGemm, cuda::Dataflow::kFused}) {
+    const cuda::Dataflow previous = cuda::SetDataflow(dataflow);
+    const bool fused = dataflow == cuda::Dataflow::kFused;
+    for (at::ScalarType half : {at::kBFloat16, at::kHalf}) {
+      SCOPED_TRACE(std::string(half == at::kBFloat16 ? "bf16 " : "fp16 ") +
+                   cuda::ToString(dataflow));
+      const bool bf16 = half == at::kBFloat16;
+      auto tiles = [&](bool weight_gradient) {
+        const CountingLauncher& c = Counting();
+        if (weight_gradient) {
+          return bf16 ? c.Of<cuda::Bf16WeightGradTiles>() : c.Of<cuda::Fp16WeightGradTiles>();
+        }
+        return bf16 ? c.Of<cuda::Bf16GemmTiles>() : c.Of<cuda::Fp16GemmTiles>();
+      };
+      EXPECT_TRUE(CountingTable().takes_half_inputs(half, true));
+      at::Tensor f = in.features.to(half).requires_grad_(true);
+      at::Tensor w = at::randn({27, 6, 5}).requires_grad_(true);  // the float32 master
+      Counting().Clear();
+      SparseTensor y = Conv(SparseTensor(f, in.coordinates), w, at::Tensor(), {3, 1, 1});
+      EXPECT_EQ(y.F().scalar_type(), half);
+      EXPECT_EQ(Counting().Of<cuda::GatherRows<uint16_t>>() > 0, !fused) << "forward";
+      EXPECT_EQ(Counting().Of<cuda::ScatterSum<float>>() > 0, !fused) << "forward";
+      EXPECT_EQ(tiles(false), fused ? 1 : 0) << "forward";
+      y.F().to(at::kFloat).square().sum().backward();
+      EXPECT_EQ(f.grad().scalar_type(), half);
+      EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+      EXPECT_GT(f.grad().to(at::kFloat).abs().sum().item<double>(), 0.0);
+      EXPECT_GT(w.grad().abs().sum().item<double>(), 0.0);
+      EXPECT_EQ(Counting().Of<cuda::GatherRows<float>>(), 0) << "widened features were gathered";
+      EXPECT_EQ(Counting().Of<cuda::ImplicitGemmTiles<float>>(), 0) << "widened features";
+      EXPECT_EQ(Counting().Of<cuda::GatherRows<uint16_t>>() > 3, !fused) << "backward";
+      EXPECT_EQ(tiles(false), fused ? 2 : 0) << "backward";
+      EXPECT_EQ(tiles(true), fused ? 1 : 0) << "backward";
+    }
+    cuda::SetDataflow(previous);
   }
-  cuda::SetDataflow(previous);
 }
 
 // Issue 45: the fused dataflow's tiled implicit GEMM, run as a GPU block
@@ -245,16 +263,30 @@ TEST(StepsOnHost, HalfConvolutionsGatherSixteenBitRowsAndSumInFloat32) {
 // and offset 4 none at all; an infinite weight of offset 1 reaches only
 // the rows that have a pair there (a skipped row adds nothing, not 0 x
 // inf). Both weight layouts: forward (W_k) and input gradient (W_k^T).
+// Half inputs (issue 44) are their values widened by ATen, summed in
+// float32.
 template <typename T>
-void CheckTilesAgainstDefinition(bool transposed) {
+at::ScalarType TypeOf() {
+  return std::is_same_v<T, float> ? at::kFloat : at::kDouble;
+}
+template <typename In>
+const In* Bits(const at::Tensor& t) {
+  return static_cast<const In*>(t.const_data_ptr());
+}
+
+template <typename T, typename In = T>
+void CheckTilesAgainstDefinition(bool transposed, at::ScalarType in_type) {
   constexpr int64_t volume = 5, rows = 150, n_in = 120, kdim = 37, cols = 70;
-  const at::ScalarType type = std::is_same_v<T, float> ? at::kFloat : at::kDouble;
+  const at::ScalarType type = TypeOf<T>();
   at::manual_seed(transposed ? 11 : 7);
-  const at::Tensor a = at::randn({n_in, kdim}, type);
-  at::Tensor w =
+  const at::Tensor a_in = at::randn({n_in, kdim}, type).to(in_type);
+  at::Tensor w_full =
       transposed ? at::randn({volume, cols, kdim}, type) : at::randn({volume, kdim, cols}, type);
   const int64_t w_red = transposed ? 1 : cols, w_col = transposed ? kdim : 1;
-  w.data_ptr<T>()[1 * kdim * cols + 5 * w_red + 3 * w_col] = std::numeric_limits<T>::infinity();
+  w_full.data_ptr<T>()[1 * kdim * cols + 5 * w_red + 3 * w_col] =
+      std::numeric_limits<T>::infinity();
+  const at::Tensor w_in = w_full.to(in_type);
+  const at::Tensor a = a_in.to(type), w = w_in.to(type);
   std::vector<int32_t> inverse(volume * rows, -1), from;
   std::mt19937 rng(3);
   for (int64_t k = 0; k < volume; ++k) {
@@ -265,9 +297,9 @@ void CheckTilesAgainstDefinition(bool transposed) {
     }
   }
   at::Tensor out = at::full({rows, cols}, 7.0, type);
-  const cuda::ImplicitGemmTiles<T> op{
-      a.data_ptr<T>(), kdim,  from.data(), inverse.data(), volume, w.data_ptr<T>(),
-      kdim * cols,     w_red, w_col,       rows,           cols,   out.data_ptr<T>()};
+  const cuda::ImplicitGemmTiles<T, In> op{
+      Bits<In>(a_in), kdim,  from.data(), inverse.data(), volume, Bits<In>(w_in),
+      kdim * cols,    w_red, w_col,       rows,           cols,   out.data_ptr<T>()};
   testing::TheHostLauncher().Run(op, "implicit GEMM tiles");
   int64_t infinite = 0;
   for (int64_t r = 0; r < rows; ++r) {
@@ -294,8 +326,10 @@ void CheckTilesAgainstDefinition(bool transposed) {
 TEST(StepsOnHost, TiledImplicitGemmIsItsDefinitionBitForBit) {
   for (bool transposed : {false, true}) {
     SCOPED_TRACE(transposed ? "input gradient layout" : "forward layout");
-    CheckTilesAgainstDefinition<float>(transposed);
-    CheckTilesAgainstDefinition<double>(transposed);
+    CheckTilesAgainstDefinition<float>(transposed, at::kFloat);
+    CheckTilesAgainstDefinition<double>(transposed, at::kDouble);
+    CheckTilesAgainstDefinition<float, cuda::BFloat16Bits>(transposed, at::kBFloat16);
+    CheckTilesAgainstDefinition<float, cuda::Float16Bits>(transposed, at::kHalf);
   }
 }
 
@@ -305,12 +339,14 @@ TEST(StepsOnHost, TiledImplicitGemmIsItsDefinitionBitForBit) {
 // 0. The channel counts cut both tiles short, a split's pairs run past a
 // chunk of 16, offset 1 has no pairs and offset 3 fewer than one split, so
 // some (split, offset) slices are written as zeros over what was there.
-template <typename T>
-void CheckWeightGradTilesAgainstDefinition() {
+template <typename T, typename In = T>
+void CheckWeightGradTilesAgainstDefinition(at::ScalarType in_type) {
   constexpr int64_t volume = 4, cin = 70, cout = 37, n = 90, chunk = 40;
-  const at::ScalarType type = std::is_same_v<T, float> ? at::kFloat : at::kDouble;
+  const at::ScalarType type = TypeOf<T>();
   at::manual_seed(5);
-  const at::Tensor f = at::randn({n, cin}, type), g = at::randn({n, cout}, type);
+  const at::Tensor f_in = at::randn({n, cin}, type).to(in_type);
+  const at::Tensor g_in = at::randn({n, cout}, type).to(in_type);
+  const at::Tensor f = f_in.to(type), g = g_in.to(type);
   const std::vector<int64_t> counts = {100, 0, 57, 13};
   std::vector<int64_t> begin = {0};
   std::vector<int32_t> src, dst;
@@ -324,9 +360,9 @@ void CheckWeightGradTilesAgainstDefinition() {
   }
   const int64_t splits = 3;  // ceil(100 / 40)
   at::Tensor partial = at::full({splits, volume, cin, cout}, 7.0, type);
-  const cuda::WeightGradTiles<T> op{
-      f.data_ptr<T>(), cin,   src.data(), g.data_ptr<T>(),      cout, dst.data(), begin.data(),
-      volume,          chunk, splits,     partial.data_ptr<T>()};
+  const cuda::WeightGradTiles<T, In> op{
+      Bits<In>(f_in), cin,   src.data(), Bits<In>(g_in),       cout, dst.data(), begin.data(),
+      volume,         chunk, splits,     partial.data_ptr<T>()};
   testing::TheHostLauncher().Run(op, "weight gradient tiles");
   int64_t zero = 0;
   for (int64_t s = 0; s < splits; ++s) {
@@ -353,8 +389,34 @@ void CheckWeightGradTilesAgainstDefinition() {
 }
 
 TEST(StepsOnHost, TiledWeightGradientIsItsDefinitionBitForBit) {
-  CheckWeightGradTilesAgainstDefinition<float>();
-  CheckWeightGradTilesAgainstDefinition<double>();
+  CheckWeightGradTilesAgainstDefinition<float>(at::kFloat);
+  CheckWeightGradTilesAgainstDefinition<double>(at::kDouble);
+  CheckWeightGradTilesAgainstDefinition<float, cuda::BFloat16Bits>(at::kBFloat16);
+  CheckWeightGradTilesAgainstDefinition<float, cuda::Float16Bits>(at::kHalf);
+}
+
+// The tiled ops' widening of half bits (kernel_bodies.h's Widen) is
+// ATen's, for every one of the 65,536 bit patterns of each format:
+// normals, subnormals, zeros, infinities, NaNs.
+TEST(StepsOnHost, HalfBitsWidenAsATenDoesForEveryPattern) {
+  const at::Tensor bits = at::arange(0, 65536, at::kInt).to(at::kShort);  // int16's wrap: the bits
+  for (at::ScalarType half : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(half));
+    const at::Tensor values = bits.view(half);
+    const at::Tensor widened = values.to(at::kFloat);
+    const auto* raw = static_cast<const uint16_t*>(values.const_data_ptr());
+    for (int64_t i = 0; i < 65536; ++i) {
+      const float got = half == at::kBFloat16 ? cuda::Widen(cuda::BFloat16Bits{raw[i]})
+                                              : cuda::Widen(cuda::Float16Bits{raw[i]});
+      const float want = widened.data_ptr<float>()[i];
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(got)) << "pattern " << i;
+        continue;
+      }
+      ASSERT_EQ(std::memcmp(&got, &want, sizeof got), 0)
+          << "pattern " << i << ": " << got << " != " << want;
+    }
+  }
 }
 
 }  // namespace
