@@ -243,7 +243,11 @@ std::string SetUpAllocator(const Options& o, ts::AllocatorSettings* allocator) {
 }
 
 // The scene quantized at 2 cm, features and labels on the device; *coords
-// gets the voxels' coordinates (batch column first).
+// gets the voxels' coordinates (batch column first), on the device too, as
+// spconv's indices are in tests/gpu/spconv_minkunet.py: a fresh scene's
+// figures below include making its input set from them (AddCoordinates:
+// on a device-key backend, packing and sorting on the device), as
+// spconv's include building its indices.
 ts::Quantized Voxelise(const Options& o, at::Tensor* coords) {
   ts::Scene scene = ts::GenerateScene(ts::ScenePreset(o.scene_name, 1));
   at::Tensor points = at::from_blob(scene.points.data(), {scene.size(), 3}, at::kFloat).clone();
@@ -253,7 +257,7 @@ ts::Quantized Voxelise(const Options& o, at::Tensor* coords) {
   q.features = q.features.to(o.device);
   q.labels = q.labels.to(o.device);
   const int64_t n = q.coordinates.size(0);
-  *coords = at::cat({at::zeros({n, 1}, at::kInt), q.coordinates}, 1);
+  *coords = at::cat({at::zeros({n, 1}, at::kInt), q.coordinates}, 1).to(o.device);
   return q;
 }
 
@@ -270,9 +274,9 @@ void ProfileDepth(ts::MinkUNet& net, int depth, const ts::Quantized& q, const at
   net->eval();
   for (int r = 0; r <= o.repeats; ++r) {
     torch::NoGradGuard no_grad;
-    ts::SparseTensor x(q.features, coords);
     trainsup::bench::OpProfile ops(device.is_cuda());
     const double t0 = Now();
+    ts::SparseTensor x(q.features, coords);
     net->forward(x);
     Sync(device);
     const double t = Now() - t0;
@@ -324,8 +328,8 @@ void BenchInference(ts::MinkUNet& net, int depth, const ts::Quantized& q, const 
   std::vector<double> fwd;
   for (int r = 0; r <= o.repeats; ++r) {
     torch::NoGradGuard no_grad;
-    ts::SparseTensor x(q.features.to(o.features), coords);
     const double t0 = Now();
+    ts::SparseTensor x(q.features.to(o.features), coords);
     net->forward(x);
     Sync(o.device);
     if (r > 0) fwd.push_back(Now() - t0);
@@ -346,23 +350,24 @@ struct StepTimes {
   double first_step = 0;
 };
 
-// The first step builds the kernel maps on a fresh coordinate manager
-// (as every new batch does); the timed ones reuse them, so the peak
-// is the activations' (and gradients') alone.
+// The first step makes the input set and builds the kernel maps on a fresh
+// coordinate manager (as every new batch does); the timed ones reuse them,
+// so the peak is the activations' (and gradients') alone.
 StepTimes TimeTrainingSteps(ts::MinkUNet& net, const ts::Quantized& q, const at::Tensor& coords,
                             const Options& o) {
   const c10::Device device = o.device;
   StepTimes s;
-  ts::SparseTensor x(q.features.to(o.features), coords);
+  std::optional<ts::SparseTensor> x;
   for (int r = 0; r <= o.repeats; ++r) {
     for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
     Sync(device);
     const int64_t rest = ts::GetMemoryStats(device).current_bytes;
     ts::ResetPeakMemory(device);
     const double t0 = Now();
+    if (r == 0) x.emplace(q.features.to(o.features), coords);
     // The loss in float32, as the worker computes it under mixed precision.
     at::Tensor loss =
-        at::cross_entropy_loss(net->forward(x).F().to(ts::AccumulateType(o.features)), q.labels);
+        at::cross_entropy_loss(net->forward(*x).F().to(ts::AccumulateType(o.features)), q.labels);
     loss.backward();
     Sync(device);
     const double t = Now() - t0;
@@ -457,8 +462,8 @@ int main(int argc, char** argv) {
   const ts::Quantized q = Voxelise(o, &coords);
   const int64_t n = coords.size(0);
   if (!o.dump_scene.empty()) {
-    const std::vector<char> bytes = torch::pickle_save(
-        c10::ivalue::Tuple::create({coords, q.features.to(at::kCPU), q.labels.to(at::kCPU)}));
+    const std::vector<char> bytes = torch::pickle_save(c10::ivalue::Tuple::create(
+        {coords.to(at::kCPU), q.features.to(at::kCPU), q.labels.to(at::kCPU)}));
     std::ofstream file(o.dump_scene, std::ios::binary);
     file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     file.close();

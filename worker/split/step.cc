@@ -46,9 +46,11 @@ GroupTensors Assemble(const Batch& batch, const Group& group, int channels, at::
     }
   }
   if (dtype != at::kFloat) feats = feats.to(dtype);
-  // Coordinates stay on the host (the coordinate manager's); features and
-  // labels go where the model is.
-  return {sparse::SparseTensor(feats.to(device), coords), labels.to(device), labelled};
+  // Coordinates go where the model is, as the features and labels do: where
+  // that device's backend builds kernel maps from device keys (cuda), the
+  // coordinate manager packs, checks and sorts the keys there and keeps no
+  // host copy unless asked (issue 45); elsewhere it packs them on the host.
+  return {sparse::SparseTensor(feats.to(device), coords.to(device)), labels.to(device), labelled};
 }
 
 namespace {
