@@ -51,14 +51,37 @@ bool MadeOn(c10::Device device) { return BackendFor(device).builds_from_device_k
 // duplicates merged (unique_consecutive, whose size is the one host
 // synchronisation).
 at::Tensor DownsampleKeys(const at::Tensor& keys, int32_t stride) {
-  const int64_t low = stride - 1;
-  int64_t clear = 0;
-  for (int a = 0; a < 3; ++a) clear |= low << (a * kCoordinateBits);
-  const at::Tensor floored = at::bitwise_and(keys, ~clear);
-  return std::get<0>(at::unique_consecutive(std::get<0>(at::sort(floored))));
+  return std::get<0>(at::unique_consecutive(std::get<0>(at::sort(FloorDeviceKeys(keys, stride)))));
 }
 
 }  // namespace
+
+at::Tensor PackDeviceKeys(const at::Tensor& coordinates) {
+  const at::Tensor biased = coordinates.slice(1, 1, 4) - kMinCoordinate;
+  at::Tensor keys = at::__lshift__(coordinates.select(1, 0), 3 * kCoordinateBits);
+  for (int a = 0; a < 3; ++a) {
+    keys = at::bitwise_or(keys, at::__lshift__(biased.select(1, a), (2 - a) * kCoordinateBits));
+  }
+  return at::bitwise_xor(keys, std::numeric_limits<int64_t>::min());
+}
+
+std::array<at::Tensor, 3> DeviceKeyFields(const at::Tensor& keys) {
+  const int64_t mask = (int64_t{1} << kCoordinateBits) - 1;
+  const at::Tensor raw = at::bitwise_xor(keys, std::numeric_limits<int64_t>::min());
+  return {at::bitwise_and(at::__rshift__(raw, 2 * kCoordinateBits), mask),
+          at::bitwise_and(at::__rshift__(raw, kCoordinateBits), mask), at::bitwise_and(raw, mask)};
+}
+
+int64_t PackedShift(int64_t dx, int64_t dy, int64_t dz) {
+  return dx * (int64_t{1} << (2 * kCoordinateBits)) + dy * (int64_t{1} << kCoordinateBits) + dz;
+}
+
+at::Tensor FloorDeviceKeys(const at::Tensor& keys, int32_t stride) {
+  const int64_t low = stride - 1;
+  int64_t clear = 0;
+  for (int a = 0; a < 3; ++a) clear |= low << (a * kCoordinateBits);
+  return at::bitwise_and(keys, ~clear);
+}
 
 void SetDeterministic(bool on) { g_deterministic.store(on); }
 bool IsDeterministic() { return g_deterministic.load(); }
@@ -146,14 +169,7 @@ std::optional<CoordinateSetId> CoordinateManager::AddOnDevice(const at::Tensor& 
                              .logical_or(spatial.gt(kMaxCoordinate).any(1))
                              .logical_or(spatial.remainder(stride).ne(0).any(1))
                              .any();
-  // PackKey's fields, then the top bit flipped (DeviceCoordinates::keys).
-  // Shifts into the top bit wrap (ATen shifts int64 as uint64).
-  const at::Tensor biased = spatial - kMinCoordinate;
-  at::Tensor keys = at::__lshift__(batch, 3 * kCoordinateBits);
-  for (int a = 0; a < 3; ++a) {
-    keys = at::bitwise_or(keys, at::__lshift__(biased.select(1, a), (2 - a) * kCoordinateBits));
-  }
-  keys = at::bitwise_xor(keys, std::numeric_limits<int64_t>::min());
+  const at::Tensor keys = PackDeviceKeys(c);
   const at::Tensor in_order = n < 2 ? at::ones({}, keys.options().dtype(at::kBool))
                                     : keys.slice(0, 1).gt(keys.slice(0, 0, n - 1)).all();
   auto [sorted_keys, order] = at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/false);

@@ -79,6 +79,25 @@ struct CoordinateSet {
 // packed offset (the kernel map's shifted keys).
 inline constexpr uint64_t kDeviceKeyBias = uint64_t{1} << 63;
 
+// The device keys' layout, in one place for the ATen code that packs,
+// floors and searches them (the manager, the generic and cuda map builds):
+// PackKey's fields (coordinates.h), the top bit flipped.
+//
+// Device keys of coordinate rows [n, 4] int64 (batch, x, y, z), on their
+// device, whose values are in range (checked by the caller). Shifts into
+// the top bit wrap (ATen shifts int64 as uint64).
+at::Tensor PackDeviceKeys(const at::Tensor& coordinates);
+// The spatial fields of device keys (x, y, z), each biased into
+// [0, 2^kCoordinateBits), int64.
+std::array<at::Tensor, 3> DeviceKeyFields(const at::Tensor& keys);
+// What a shift of (dx, dy, dz) grid units adds to a packed key whose
+// fields stay in range: PackKey(b, x + dx, ...) - PackKey(b, x, ...).
+int64_t PackedShift(int64_t dx, int64_t dy, int64_t dz);
+// Device keys with each spatial field's low bits below a power-of-two
+// `stride` cleared: flooring to the coarser grid (the fields' bias is a
+// multiple of any such stride).
+at::Tensor FloorDeviceKeys(const at::Tensor& keys, int32_t stride);
+
 // Tables a backend derives from a kernel map's pairs and keeps for the
 // map's life, built at their first use: the cuda steps' inverse tables
 // (int32 [volume, rows]: the pair of each offset that reads or writes each

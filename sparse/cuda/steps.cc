@@ -471,11 +471,8 @@ void BuildKernelMap(const Launcher& launcher, const KernelMapInputs& inputs, Ker
   const at::TensorOptions index = in_keys.options();
   std::vector<int64_t> fields(3 * volume), delta(volume);
   for (int64_t k = 0; k < volume; ++k) {
-    delta[k] = 0;
-    for (int a = 0; a < 3; ++a) {
-      fields[3 * k + a] = inputs.offsets[k][a] * inputs.step;
-      delta[k] += fields[3 * k + a] * (int64_t{1} << ((2 - a) * kCoordinateBits));
-    }
+    for (int a = 0; a < 3; ++a) fields[3 * k + a] = int64_t{inputs.offsets[k][a]} * inputs.step;
+    delta[k] = PackedShift(fields[3 * k], fields[3 * k + 1], fields[3 * k + 2]);
   }
   const at::Tensor fields_d = Upload(fields, inputs.device);
   const at::Tensor delta_d = Upload(delta, inputs.device);

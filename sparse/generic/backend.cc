@@ -2,10 +2,12 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <limits>
 #include <utility>
 #include <vector>
 
+#include "sparse/coordinate_manager.h"
 #include "sparse/coordinates.h"
 
 namespace trainsup::sparse::generic {
@@ -32,10 +34,7 @@ void BuildKernelMapEntry(const KernelMapInputs& inputs, KernelMap* map) {
   const at::TensorOptions index = in_keys.options();
   // The fields of the output keys, each biased into [0, 2^kCoordinateBits).
   const int64_t mask = (int64_t{1} << kCoordinateBits) - 1;
-  const at::Tensor raw = at::bitwise_xor(out_keys, std::numeric_limits<int64_t>::min());
-  const at::Tensor field[3] = {at::bitwise_and(at::__rshift__(raw, 2 * kCoordinateBits), mask),
-                               at::bitwise_and(at::__rshift__(raw, kCoordinateBits), mask),
-                               at::bitwise_and(raw, mask)};
+  const std::array<at::Tensor, 3> field = DeviceKeyFields(out_keys);
   const at::Tensor& in_rows = inputs.in_device->rows;
   const at::Tensor& out_rows = inputs.out_device->rows;
   std::vector<at::Tensor> ins, outs;
@@ -43,13 +42,13 @@ void BuildKernelMapEntry(const KernelMapInputs& inputs, KernelMap* map) {
     // Adding the packed offset to a key is exact where no field leaves its
     // range; elsewhere nothing is added (no overflow) and `valid` is false.
     at::Tensor valid = at::ones({n_out}, index.dtype(at::kBool));
-    int64_t delta = 0;
+    int64_t d[3];
     for (int a = 0; a < 3; ++a) {
-      const int64_t d = inputs.offsets[k][a] * inputs.step;
-      const at::Tensor moved = field[a] + d;
+      d[a] = int64_t{inputs.offsets[k][a]} * inputs.step;
+      const at::Tensor moved = field[a] + d[a];
       valid = valid.logical_and(moved.ge(0)).logical_and(moved.le(mask));
-      delta += d * (int64_t{1} << ((2 - a) * kCoordinateBits));
     }
+    const int64_t delta = PackedShift(d[0], d[1], d[2]);
     const at::Tensor target = out_keys + valid.to(at::kLong) * delta;
     const at::Tensor found = at::searchsorted(in_keys, target).clamp_max(n_in - 1);
     const at::Tensor hit = valid.logical_and(in_keys.index_select(0, found).eq(target));

@@ -37,6 +37,37 @@ TEST(PackKey, RoundTripsAndOrdersLexicographically) {
   EXPECT_NE(PackKey(kMaxBatchIndex, kMaxCoordinate, kMaxCoordinate, kMaxCoordinate), kEmptyKey);
 }
 
+// The device keys' layout (coordinate_manager.h) is PackKey's with the
+// top bit flipped: packing, the fields, a packed shift and flooring agree
+// with the host's PackKey and UnpackKey on random rows in range, the
+// limits included.
+TEST(DeviceKeys, TheLayoutIsPackKeysWithTheTopBitFlipped) {
+  at::manual_seed(3);
+  at::Tensor c = at::cat({at::randint(0, kMaxBatchIndex + 1, {200, 1}, at::kLong),
+                          at::randint(kMinCoordinate, kMaxCoordinate + 1, {200, 3}, at::kLong)},
+                         1);
+  c[0] = at::tensor({int64_t{kMaxBatchIndex}, int64_t{kMinCoordinate}, int64_t{kMaxCoordinate},
+                     int64_t{kMinCoordinate}});
+  const at::Tensor keys = PackDeviceKeys(c);
+  const std::array<at::Tensor, 3> fields = DeviceKeyFields(keys);
+  const at::Tensor floored = FloorDeviceKeys(keys, 8);
+  for (int64_t i = 0; i < c.size(0); ++i) {
+    const int64_t* r = c[i].data_ptr<int64_t>();
+    const auto v = [&](int a) { return static_cast<int32_t>(r[a]); };
+    const uint64_t host = PackKey(v(0), v(1), v(2), v(3));
+    ASSERT_EQ(static_cast<uint64_t>(keys[i].item<int64_t>()), host ^ kDeviceKeyBias) << i;
+    for (int a = 0; a < 3; ++a) EXPECT_EQ(fields[a][i].item<int64_t>(), r[a + 1] - kMinCoordinate);
+    EXPECT_EQ(static_cast<uint64_t>(floored[i].item<int64_t>()) ^ kDeviceKeyBias,
+              PackKey(v(0), FloorDiv(v(1), 8) * 8, FloorDiv(v(2), 8) * 8, FloorDiv(v(3), 8) * 8))
+        << i;
+    // A shift that keeps every field in range adds PackedShift to the key.
+    const int32_t d[3] = {v(1) > 0 ? -5 : 7, v(2) > 0 ? -1 : 3, v(3) > 0 ? -2 : 2};
+    EXPECT_EQ(host + static_cast<uint64_t>(PackedShift(d[0], d[1], d[2])),
+              PackKey(v(0), v(1) + d[0], v(2) + d[1], v(3) + d[2]))
+        << i;
+  }
+}
+
 TEST(FloorDiv, RoundsTowardNegativeInfinity) {
   EXPECT_EQ(FloorDiv(7, 2), 3);
   EXPECT_EQ(FloorDiv(-7, 2), -4);
