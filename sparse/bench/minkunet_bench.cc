@@ -326,10 +326,11 @@ void BenchInference(ts::MinkUNet& net, int depth, const ts::Quantized& q, const 
   const std::string k = KeyOf(depth, o);
   net->eval();
   std::vector<double> fwd;
+  const at::Tensor features = q.features.to(o.features);
   for (int r = 0; r <= o.repeats; ++r) {
     torch::NoGradGuard no_grad;
     const double t0 = Now();
-    ts::SparseTensor x(q.features.to(o.features), coords);
+    ts::SparseTensor x(features, coords);
     net->forward(x);
     Sync(o.device);
     if (r > 0) fwd.push_back(Now() - t0);
@@ -357,6 +358,7 @@ StepTimes TimeTrainingSteps(ts::MinkUNet& net, const ts::Quantized& q, const at:
                             const Options& o) {
   const c10::Device device = o.device;
   StepTimes s;
+  const at::Tensor features = q.features.to(o.features);
   std::optional<ts::SparseTensor> x;
   for (int r = 0; r <= o.repeats; ++r) {
     for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
@@ -364,7 +366,7 @@ StepTimes TimeTrainingSteps(ts::MinkUNet& net, const ts::Quantized& q, const at:
     const int64_t rest = ts::GetMemoryStats(device).current_bytes;
     ts::ResetPeakMemory(device);
     const double t0 = Now();
-    if (r == 0) x.emplace(q.features.to(o.features), coords);
+    if (r == 0) x.emplace(features, coords);
     // The loss in float32, as the worker computes it under mixed precision.
     at::Tensor loss =
         at::cross_entropy_loss(net->forward(*x).F().to(ts::AccumulateType(o.features)), q.labels);

@@ -1,8 +1,9 @@
 // The work of the CUDA backend's kernels. Each op is a struct holding its
 // operands. Most are element ops: size() elements, and operator()(i) does
 // element i; kernels.cu runs one as a grid-stride kernel (one thread per
-// element). A tiled op (ImplicitGemmTiles) is a block's work over one
-// output tile, in phases between barriers (see "Tiled ops" below). The
+// element). A tiled op (ImplicitGemmTiles, WeightGradTiles) is a block's
+// work over one output tile, in phases between barriers (see "Tiled ops"
+// below). The
 // host launcher of the cross-backend test (tests/sparse/host_launcher.h;
 // targets cuda_steps_on_host, cuda_fused_on_host) runs the same structs on
 // the CPU: elements in a shuffled order, and a tiled op's tiles and each
@@ -236,16 +237,19 @@ TRAINSUP_HD inline float Widen(Float16Bits v) {
 //   for each tile t in [0, tiles()):
 //     Start(t, tid, thread)
 //     for k in [0, offsets()):
-//       if Index(k, ...) is false for every thread: next k (a barrier)
+//       if Index(t, k, tid, shared) is false for every thread: next k
+//                                                (the any-test is a barrier)
 //       for c in [0, chunks(t)):
 //         Load(t, k, c, tid, shared)              then a barrier
 //         Compute(t, c, tid, shared, thread)      then a barrier
-//     Store(t, tid, thread)
+//     Store(t, tid, thread)                       then a barrier
 // A phase reads only what earlier phases wrote, never what another thread
 // of its own phase writes. kernels.cu's EachTile runs it on the GPU (the
 // any-test is __syncthreads_or); the host launcher runs each phase's
 // threads one after another in a shuffled order, so the same code is
-// tested on every machine.
+// tested on every machine. (The host runs a tile's phases in order, so
+// it cannot catch a phase that reads what a later phase of the previous
+// tile wrote: the barriers above are what keep that from happening.)
 template <typename Op, typename = void>
 struct IsTiled : std::false_type {};
 template <typename Op>
@@ -319,8 +323,10 @@ struct ImplicitGemmTiles {
   static constexpr int kTile = Base::kTile, kChunk = Base::kChunk;
   static constexpr int kTileRows = kTile, kTileCols = kTile;
   struct Shared {
-    int64_t source[kTileRows];   // offset k's row of `a` per tile row, -1: none
-    T a[kChunk][kTileRows + 1];  // + 1: the loads' column writes avoid bank conflicts
+    int64_t source[kTileRows];  // offset k's row of `a` per tile row, -1: none
+    // + 2: a warp's loads write 2 rows x 16 channels; with rows 66 apart,
+    // float32's 32 banks take them without a conflict.
+    T a[kChunk][kTileRows + 2];
     T w[kChunk][kTileCols];
   };
 
@@ -410,6 +416,7 @@ struct WeightGradTiles {
   struct Shared {
     T f[kChunk][kTile];
     T g[kChunk][kTile];
+    int64_t first, pairs;  // the tile's First and Pairs, read by Index
   };
 
   const In* f;
@@ -439,10 +446,16 @@ struct WeightGradTiles {
   TRAINSUP_HD int64_t chunks(int64_t t) const { return (Pairs(t) + kChunk - 1) / kChunk; }
 
   TRAINSUP_HD void Start(int64_t, int, Thread& thread) const { Base::Zero(thread); }
-  TRAINSUP_HD bool Index(int64_t t, int64_t, int, Shared&) const { return Pairs(t) > 0; }
+  // Thread 0 reads the tile's pairs once for Load and Compute.
+  TRAINSUP_HD bool Index(int64_t t, int64_t, int tid, Shared& shared) const {
+    if (tid != 0) return false;
+    shared.first = First(t);
+    shared.pairs = Pairs(t);
+    return shared.pairs > 0;
+  }
   // Consecutive threads read one pair's consecutive channels.
   TRAINSUP_HD void Load(int64_t t, int64_t, int64_t c, int tid, Shared& shared) const {
-    const int64_t p0 = First(t) + c * kChunk, n = Base::InChunk(Pairs(t), c);
+    const int64_t p0 = shared.first + c * kChunk, n = Base::InChunk(shared.pairs, c);
     const int64_t a0 = t / out_tiles() % in_tiles() * kTile, b0 = t % out_tiles() * kTile;
     for (int e = tid; e < kChunk * kTile; e += kThreads) {
       const int q = e / kTile, m = e % kTile;
@@ -454,10 +467,10 @@ struct WeightGradTiles {
                            : T(0);
     }
   }
-  TRAINSUP_HD void Compute(int64_t t, int64_t c, int tid, const Shared& shared,
+  TRAINSUP_HD void Compute(int64_t, int64_t c, int tid, const Shared& shared,
                            Thread& thread) const {
     const int ty = tid / kSide, tx = tid % kSide;
-    const int n = Base::InChunk(Pairs(t), c);
+    const int n = Base::InChunk(shared.pairs, c);
     for (int q = 0; q < n; ++q) {
       TRAINSUP_UNROLL
       for (int i = 0; i < kPer; ++i) {

@@ -39,7 +39,8 @@ __global__ void __launch_bounds__(Op::kThreads) EachTile(Op op) {
     op.Start(t, tid, thread);
     for (int64_t k = 0; k < op.offsets(); ++k) {
       if (!__syncthreads_or(op.Index(t, k, tid, shared) ? 1 : 0)) continue;
-      for (int64_t c = 0; c < op.chunks(t); ++c) {
+      const int64_t chunks = op.chunks(t);
+      for (int64_t c = 0; c < chunks; ++c) {
         op.Load(t, k, c, tid, shared);
         __syncthreads();
         op.Compute(t, c, tid, shared, thread);
@@ -47,6 +48,7 @@ __global__ void __launch_bounds__(Op::kThreads) EachTile(Op op) {
       }
     }
     op.Store(t, tid, thread);
+    __syncthreads();
   }
 }
 

@@ -1,8 +1,8 @@
 // Launching the CUDA backend's kernels: each element op of kernel_bodies.h
 // as one grid-stride kernel on a given stream, one thread per element; a
-// tiled op (the fused dataflow's ImplicitGemmTiles) as one block of 256
-// threads per 64 x 64 output tile, with shared-memory staging of the
-// gathered rows and weights, SIMT fused multiply-adds (no tensor cores),
+// tiled op (the fused dataflow's ImplicitGemmTiles and WeightGradTiles) as
+// one block of 256 threads per 64 x 64 output tile, with shared-memory
+// staging of the gathered rows, SIMT fused multiply-adds (no tensor cores),
 // so the measured choice (steps.h) is what keeps it off the layers where
 // cuBLAS's GEMMs are faster. Raw device
 // pointers, no LibTorch; sparse/cuda/backend.cc calls these with tensors'

@@ -240,10 +240,17 @@ void ForFusedTypes(at::ScalarType type, const Body& body) {
   }
 }
 
-// The fused ops read the features and the weight as one type.
+// The fused ops read the features, the weight and the output gradient
+// (backward) as one type, from their raw memory.
 void CheckFusedTypes(const at::Tensor& f, const at::Tensor& w) {
   TORCH_CHECK(f.scalar_type() == w.scalar_type(), "the CUDA backend's fused convolution takes ",
               "features and weight of one type, not ", f.scalar_type(), " and ", w.scalar_type());
+}
+void CheckFusedTypes(const at::Tensor& f, const at::Tensor& w, const at::Tensor& grad_out) {
+  TORCH_CHECK(f.scalar_type() == w.scalar_type() && f.scalar_type() == grad_out.scalar_type(),
+              "the CUDA backend's fused convolution takes features, weight and output gradient ",
+              "of one type, not ", f.scalar_type(), ", ", w.scalar_type(), " and ",
+              grad_out.scalar_type());
 }
 
 template <typename In>
@@ -282,7 +289,7 @@ constexpr int64_t kSplitBytes = int64_t{64} << 20;
 void FusedBackward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
                    const PairView& pairs, const at::Tensor& grad_out, bool need_input,
                    bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight) {
-  CheckFusedTypes(f, w);
+  CheckFusedTypes(f, w, grad_out);
   const int64_t cin = w.size(1), cout = w.size(2), volume = pairs.volume();
   *grad_in = at::Tensor();
   *grad_weight = at::Tensor();

@@ -128,8 +128,8 @@ Backend StepsTableBase(const char* name, bool (*runs_on)(c10::DeviceType));
 template <const Launcher& (*launcher)(), Dataflow (*dataflow)() = &ActiveDataflow>
 Backend StepsTable(const char* name, bool (*runs_on)(c10::DeviceType)) {
   Backend b = StepsTableBase(name, runs_on);
-  // Half inputs everywhere: convolutions on gather-GEMM with float32
-  // products and sums (ConvForward), the pooling entries the generic ones.
+  // Half inputs everywhere: convolutions on either dataflow with float32
+  // sums (ConvForward), the pooling entries the generic ones.
   b.takes_half_inputs = [](at::ScalarType, bool) { return true; };
   b.build_kernel_map = [](const KernelMapInputs& inputs, KernelMap* map) {
     launcher().OnDevice(inputs.device, [&] { BuildKernelMap(launcher(), inputs, map); });

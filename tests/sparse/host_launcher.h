@@ -63,7 +63,8 @@ class HostLauncher final : public cuda::Launcher {
         bool any = false;
         for (int64_t tid : other) any |= op.Index(t, k, static_cast<int>(tid), *shared);
         if (!any) continue;
-        for (int64_t c = 0; c < op.chunks(t); ++c) {
+        const int64_t chunks = op.chunks(t);
+        for (int64_t c = 0; c < chunks; ++c) {
           for (int64_t tid : tids) op.Load(t, k, c, static_cast<int>(tid), *shared);
           for (int64_t tid : other) op.Compute(t, c, static_cast<int>(tid), *shared, threads[tid]);
         }

@@ -396,8 +396,9 @@ TEST(StepsOnHost, TiledWeightGradientIsItsDefinitionBitForBit) {
 }
 
 // The tiled ops' widening of half bits (kernel_bodies.h's Widen) is
-// ATen's, for every one of the 65,536 bit patterns of each format:
-// normals, subnormals, zeros, infinities, NaNs.
+// ATen's, for every one of the 65,536 bit patterns of each format, bit for
+// bit: normals, subnormals, zeros, infinities; NaNs stay NaN (Widen keeps
+// a NaN's fraction, where ATen may quiet a signalling one).
 TEST(StepsOnHost, HalfBitsWidenAsATenDoesForEveryPattern) {
   const at::Tensor bits = at::arange(0, 65536, at::kInt).to(at::kShort);  // int16's wrap: the bits
   for (at::ScalarType half : {at::kBFloat16, at::kHalf}) {
@@ -417,6 +418,34 @@ TEST(StepsOnHost, HalfBitsWidenAsATenDoesForEveryPattern) {
           << "pattern " << i << ": " << got << " != " << want;
     }
   }
+}
+
+// The fused ops read their operands' memory as one type, so the steps
+// refuse, by name, a weight or an output gradient of another type than the
+// features (the engine never passes one: conv.cc casts the weight, and
+// autograd gives the output's type; this is what keeps a caller that did
+// from reading a buffer as the wrong type).
+TEST(StepsOnHost, FusedConvolutionsRefuseOperandsOfAnotherType) {
+  auto in = MakeRandomInput(2, 9, 0.3, 4, at::kFloat, 3, 0, /*shuffle=*/false);
+  SparseTensor x(in.features, in.coordinates);
+  const std::shared_ptr<const KernelMap> map =
+      x.manager()->GetKernelMap(x.set_id(), x.set_id(), 3, 1, x.F().device());
+  const PairView pairs = PairsOf(*map, /*transposed=*/false);
+  const at::Tensor w = at::randn({27, 4, 5});
+  const at::Tensor out = testing::CudaFusedOnHost().conv_forward(x.F(), w, pairs, map->num_out);
+  at::Tensor grad_in, grad_weight;
+  EXPECT_EQ(ErrorMessage([&] {
+              testing::CudaFusedOnHost().conv_backward(x.F(), w, pairs, out.to(at::kDouble), true,
+                                                       true, &grad_in, &grad_weight);
+            }),
+            "the CUDA backend's fused convolution takes features, weight and output gradient of "
+            "one type, not Float, Float and Double");
+  EXPECT_EQ(ErrorMessage([&] {
+              testing::CudaFusedOnHost().conv_forward(x.F(), w.to(at::kDouble), pairs,
+                                                      map->num_out);
+            }),
+            "the CUDA backend's fused convolution takes features and weight of one type, not "
+            "Float and Double");
 }
 
 }  // namespace
