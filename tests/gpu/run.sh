@@ -6,7 +6,9 @@
 #      backend, its cross-backend tests and the engine benchmark;
 #   2. runs the cross-backend tests (every op on cpu, generic-on-cpu,
 #      generic-on-cuda and cuda against the CPU reference, forward and
-#      gradients), the determinism check on CUDA (CudaDeterminism.*) and the
+#      gradients), the determinism checks on CUDA (CudaDeterminism.*: a
+#      deterministic step, and the fused dataflow's ops bit for bit against
+#      the host launcher's) and the
 #      out-of-memory test under a small allocator fraction (CudaMemory.*),
 #      and the launch budget of a convolution layer, counted by the
 #      profiler (CudaLaunchBudget.*);
