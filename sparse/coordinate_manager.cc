@@ -57,6 +57,8 @@ at::Tensor DownsampleKeys(const at::Tensor& keys, int32_t stride) {
 }  // namespace
 
 at::Tensor PackDeviceKeys(const at::Tensor& coordinates) {
+  TORCH_CHECK(coordinates.scalar_type() == at::kLong,
+              "PackDeviceKeys: coordinates must be int64, got ", coordinates.scalar_type());
   const at::Tensor biased = coordinates.slice(1, 1, 4) - kMinCoordinate;
   at::Tensor keys = at::__lshift__(coordinates.select(1, 0), 3 * kCoordinateBits);
   for (int a = 0; a < 3; ++a) {

@@ -92,6 +92,17 @@ std::string ToString(Dataflow dataflow);
 // SetDataflow (benchmarks' A/B runs) set; returns the previous.
 Dataflow ActiveDataflow();
 Dataflow SetDataflow(Dataflow dataflow);
+// SetDataflow for one scope (tests, benchmarks), restored however it ends.
+class DataflowGuard {
+ public:
+  explicit DataflowGuard(Dataflow dataflow) : previous_(SetDataflow(dataflow)) {}
+  ~DataflowGuard() { SetDataflow(previous_); }
+  DataflowGuard(const DataflowGuard&) = delete;
+  DataflowGuard& operator=(const DataflowGuard&) = delete;
+
+ private:
+  Dataflow previous_;
+};
 // What kMeasured has chosen so far, one line per layer shape (and type),
 // e.g. "forward 32->64 k27 2^17 pairs Float: fused (fused 1.800 ms,
 // gather-GEMM 4.100 ms)".

@@ -79,7 +79,7 @@ void Print(const char* what, const std::vector<std::string>& names) {
 TEST(CudaLaunchBudget, AConvolutionLayerIsAtMostTenLaunchesAStep) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
   BackendGuard backend(BackendKind::kCuda);
-  const cuda::Dataflow previous = cuda::SetDataflow(cuda::Dataflow::kFused);
+  const cuda::DataflowGuard fused(cuda::Dataflow::kFused);
   const c10::Device gpu(c10::DeviceType::CUDA, 0);
   const at::TensorOptions o = at::TensorOptions().dtype(at::kFloat).device(gpu);
   auto in = MakeRandomInput(2, 24, 0.3, 16, at::kFloat, 17, 0, /*shuffle=*/false);
@@ -115,7 +115,6 @@ TEST(CudaLaunchBudget, AConvolutionLayerIsAtMostTenLaunchesAStep) {
   const std::vector<std::string> loss_only = DeviceEvents(loss_step);
   Print("a step through the layer", with_layer);
   Print("the loss alone", loss_only);
-  cuda::SetDataflow(previous);
   ASSERT_GT(with_layer.size(), loss_only.size()) << "the profiler saw none of the layer's kernels";
   EXPECT_LE(with_layer.size() - loss_only.size(), 10u);
 }
