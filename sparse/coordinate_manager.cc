@@ -45,6 +45,15 @@ bool PowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 // Downsample): where its backend builds kernel maps from device keys.
 bool MadeOn(c10::Device device) { return BackendFor(device).builds_from_device_keys; }
 
+// Per row of int64 coordinates [n, 4] (any device): a batch index or a
+// spatial value outside what a key represents.
+at::Tensor RowsOutOfRange(const at::Tensor& c) {
+  const at::Tensor batch = c.select(1, 0), spatial = c.slice(1, 1, 4);
+  return batch.lt(0)
+      .logical_or(batch.gt(kMaxBatchIndex))
+      .logical_or(spatial.lt(kMinCoordinate).logical_or(spatial.gt(kMaxCoordinate)).any(1));
+}
+
 // The device keys (biased, ascending) of a set downsampled to a
 // power-of-two `stride`: each field's low bits cleared (flooring, since the
 // fields' bias is a multiple of the stride), sorted (a radix sort on CUDA),
@@ -116,9 +125,7 @@ CoordinateSetId CoordinateManager::AddCoordinates(const at::Tensor& coordinates,
   if (c.scalar_type() == at::kLong) {
     // Check the range before narrowing, so no value wraps silently.
     if (c.numel() > 0) {
-      auto spatial = c.slice(1, 1, 4);
-      auto bad = (spatial < kMinCoordinate).logical_or(spatial > kMaxCoordinate).any(1);
-      bad = bad.logical_or(c.select(1, 0) < 0).logical_or(c.select(1, 0) > kMaxBatchIndex);
+      const at::Tensor bad = RowsOutOfRange(c);
       if (bad.any().item<bool>()) {
         int64_t row = bad.nonzero().select(1, 0)[0].item<int64_t>();
         auto r = c[row];
@@ -147,7 +154,6 @@ CoordinateSetId CoordinateManager::AddDeviceMade(std::shared_ptr<DeviceCoordinat
   set->sorted = sorted;
   set->parent = parent;
   set->device_made = d;
-  set->host_ready = false;
   std::lock_guard<std::mutex> lock(mu_);
   sets_.push_back(std::move(set));
   const CoordinateSetId id = static_cast<CoordinateSetId>(sets_.size()) - 1;
@@ -164,13 +170,8 @@ std::optional<CoordinateSetId> CoordinateManager::AddOnDevice(const at::Tensor& 
   const at::Tensor c = coordinates.to(at::kLong);
   const int64_t n = c.size(0);
   if (n == 0 || n >= std::numeric_limits<int32_t>::max()) return std::nullopt;
-  const at::Tensor batch = c.select(1, 0), spatial = c.slice(1, 1, 4);
-  const at::Tensor bad = batch.lt(0)
-                             .logical_or(batch.gt(kMaxBatchIndex))
-                             .logical_or(spatial.lt(kMinCoordinate).any(1))
-                             .logical_or(spatial.gt(kMaxCoordinate).any(1))
-                             .logical_or(spatial.remainder(stride).ne(0).any(1))
-                             .any();
+  const at::Tensor bad =
+      RowsOutOfRange(c).logical_or(c.slice(1, 1, 4).remainder(stride).ne(0).any(1)).any();
   const at::Tensor keys = PackDeviceKeys(c);
   const at::Tensor in_order = n < 2 ? at::ones({}, keys.options().dtype(at::kBool))
                                     : keys.slice(0, 1).gt(keys.slice(0, 0, n - 1)).all();
@@ -262,7 +263,7 @@ const CoordinateSet& CoordinateManager::Set(CoordinateSetId id) const {
   const std::shared_ptr<CoordinateSet> set = Get(id);
   if (set->device_made == nullptr) return *set;
   std::lock_guard<std::mutex> lock(host_mu_);
-  if (set->host_ready) return *set;
+  if (set->host_ready()) return *set;
   // The device data to the host (copies, waiting for the device), the keys
   // unbiased and unpacked into each key's row: the fields a host-made set
   // has.
@@ -284,8 +285,7 @@ const CoordinateSet& CoordinateManager::Set(CoordinateSetId id) const {
     UnpackKey(set->sorted_keys[p], c + 4 * static_cast<int64_t>(set->RowAt(p)));
   }
   Bounds(c, n, set.get());
-  set->coordinates = coords;
-  set->host_ready = true;
+  set->coordinates = coords;  // last: host_ready()
   std::lock_guard<std::mutex> stats_lock(mu_);
   ++stats_.host_copies;
   return *set;

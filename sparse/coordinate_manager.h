@@ -70,7 +70,9 @@ struct CoordinateSet {
   // A device-made set's data on the device that made it; null for
   // host-made sets.
   std::shared_ptr<const DeviceCoordinates> device_made;
-  bool host_ready = true;  // the host fields are filled (false: device-made, not yet)
+  // The host fields are filled: always for a host-made set; for a
+  // device-made one once Set() has copied them (coordinates last).
+  bool host_ready() const { return coordinates.defined(); }
   int64_t size() const { return count; }
   int32_t RowAt(int64_t p) const { return sorted ? static_cast<int32_t>(p) : sorted_rows[p]; }
 };

@@ -260,41 +260,67 @@ struct IsTiled<Op, std::void_t<typename Op::Shared>> : std::true_type {};
 // 16 j: a warp's loads from shared memory are broadcasts or consecutive),
 // and reductions run in chunks of 16 staged in shared memory, each staged
 // value used by 16 threads.
+inline constexpr int kTileThreads = 256;
+inline constexpr int kTileSide = 16;  // the block's threads: kTileSide x kTileSide
+inline constexpr int kTilePer = 4;    // each thread's rows and columns
+inline constexpr int kTile = kTileSide * kTilePer;
+inline constexpr int kTileChunk = 16;
+
+// A thread's registers in a tiled op: its block of the tile.
 template <typename T>
-struct TileShape {
-  static constexpr int kThreads = 256;
-  static constexpr int kSide = 16;  // the block's threads: kSide x kSide
-  static constexpr int kPer = 4;    // each thread's rows and columns
-  static constexpr int kTile = kSide * kPer;
-  static constexpr int kChunk = 16;
-  struct Thread {
-    T acc[kPer][kPer];
-  };
-  TRAINSUP_HD static void Zero(Thread& thread) {
-    for (int i = 0; i < kPer; ++i) {
-      for (int j = 0; j < kPer; ++j) thread.acc[i][j] = T(0);
-    }
-  }
-  // The reduction's length left in chunk c of one of `total`: at most kChunk.
-  TRAINSUP_HD static int InChunk(int64_t total, int64_t c) {
-    const int64_t left = total - c * kChunk;
-    return left < kChunk ? static_cast<int>(left) : kChunk;
-  }
-  // Writes the thread's block of the tile at (r0, c0) to out[r * ld + c],
-  // within rows x cols.
-  TRAINSUP_HD static void Put(const Thread& thread, int tid, int64_t r0, int64_t c0, int64_t rows,
-                              int64_t cols, int64_t ld, T* out) {
-    const int ty = tid / kSide, tx = tid % kSide;
-    for (int i = 0; i < kPer; ++i) {
-      const int64_t r = r0 + ty + kSide * i;
-      if (r >= rows) continue;
-      for (int j = 0; j < kPer; ++j) {
-        const int64_t col = c0 + tx + kSide * j;
-        if (col < cols) out[r * ld + col] = thread.acc[i][j];
-      }
-    }
-  }
+struct TileBlock {
+  T acc[kTilePer][kTilePer];
 };
+
+template <typename T>
+TRAINSUP_HD void ZeroBlock(TileBlock<T>& block) {
+  for (int i = 0; i < kTilePer; ++i) {
+    for (int j = 0; j < kTilePer; ++j) block.acc[i][j] = T(0);
+  }
+}
+
+// The reduction's length left in chunk c of one of `total`: at most
+// kTileChunk.
+TRAINSUP_HD inline int InChunk(int64_t total, int64_t c) {
+  const int64_t left = total - c * kTileChunk;
+  return left < kTileChunk ? static_cast<int>(left) : kTileChunk;
+}
+
+// One step of a chunk: acc[i][j] = fma(a[row i], b[column j], acc[i][j])
+// for the thread's rows ty + 16 i where row_used(that row) and its columns
+// tx + 16 j; a and b are one staged row of the chunk (tile rows, tile
+// columns).
+template <typename T, typename RowUsed>
+TRAINSUP_HD void AddOuterProduct(TileBlock<T>& block, int tid, const T* a, const T* b,
+                                 const RowUsed& row_used) {
+  const int ty = tid / kTileSide, tx = tid % kTileSide;
+  TRAINSUP_UNROLL
+  for (int i = 0; i < kTilePer; ++i) {
+    const int m = ty + kTileSide * i;
+    if (!row_used(m)) continue;
+    const T av = a[m];
+    TRAINSUP_UNROLL
+    for (int j = 0; j < kTilePer; ++j) {
+      block.acc[i][j] = Fma(av, b[tx + kTileSide * j], block.acc[i][j]);
+    }
+  }
+}
+
+// Writes the thread's block of the tile at (r0, c0) to out[r * ld + c],
+// within rows x cols.
+template <typename T>
+TRAINSUP_HD void PutBlock(const TileBlock<T>& block, int tid, int64_t r0, int64_t c0, int64_t rows,
+                          int64_t cols, int64_t ld, T* out) {
+  const int ty = tid / kTileSide, tx = tid % kTileSide;
+  for (int i = 0; i < kTilePer; ++i) {
+    const int64_t r = r0 + ty + kTileSide * i;
+    if (r >= rows) continue;
+    for (int j = 0; j < kTilePer; ++j) {
+      const int64_t col = c0 + tx + kTileSide * j;
+      if (col < cols) out[r * ld + col] = block.acc[i][j];
+    }
+  }
+}
 
 // The fused dataflow's convolution over all kernel offsets, as a tiled
 // implicit GEMM. Output element (r, c) of `out` ([rows, cols]) is
@@ -317,17 +343,14 @@ struct TileShape {
 // read once per tile of 64 output columns, not once per output column.
 template <typename T, typename In = T>
 struct ImplicitGemmTiles {
-  using Base = TileShape<T>;
-  using Thread = typename Base::Thread;
-  static constexpr int kThreads = Base::kThreads, kSide = Base::kSide, kPer = Base::kPer;
-  static constexpr int kTile = Base::kTile, kChunk = Base::kChunk;
-  static constexpr int kTileRows = kTile, kTileCols = kTile;
+  static constexpr int kThreads = kTileThreads;
+  using Thread = TileBlock<T>;
   struct Shared {
-    int64_t source[kTileRows];  // offset k's row of `a` per tile row, -1: none
+    int64_t source[kTile];  // offset k's row of `a` per tile row, -1: none
     // + 2: a warp's loads write 2 rows x 16 channels; with rows 66 apart,
     // float32's 32 banks take them without a conflict.
-    T a[kChunk][kTileRows + 2];
-    T w[kChunk][kTileCols];
+    T a[kTileChunk][kTile + 2];
+    T w[kTileChunk][kTile];
   };
 
   const In* a;
@@ -340,18 +363,18 @@ struct ImplicitGemmTiles {
   int64_t rows, cols;
   T* out;
 
-  TRAINSUP_HD int64_t col_tiles() const { return (cols + kTileCols - 1) / kTileCols; }
+  TRAINSUP_HD int64_t col_tiles() const { return (cols + kTile - 1) / kTile; }
   TRAINSUP_HD int64_t tiles() const {
-    return rows == 0 || cols == 0 ? 0 : (rows + kTileRows - 1) / kTileRows * col_tiles();
+    return rows == 0 || cols == 0 ? 0 : (rows + kTile - 1) / kTile * col_tiles();
   }
   TRAINSUP_HD int64_t offsets() const { return volume; }
-  TRAINSUP_HD int64_t chunks(int64_t) const { return (kdim + kChunk - 1) / kChunk; }
+  TRAINSUP_HD int64_t chunks(int64_t) const { return (kdim + kTileChunk - 1) / kTileChunk; }
 
-  TRAINSUP_HD void Start(int64_t, int, Thread& thread) const { Base::Zero(thread); }
-  // Thread tid < kTileRows reads tile row tid's source for offset k.
+  TRAINSUP_HD void Start(int64_t, int, Thread& thread) const { ZeroBlock(thread); }
+  // Thread tid < kTile reads tile row tid's source for offset k.
   TRAINSUP_HD bool Index(int64_t t, int64_t k, int tid, Shared& shared) const {
-    if (tid >= kTileRows) return false;
-    const int64_t r = t / col_tiles() * kTileRows + tid;
+    if (tid >= kTile) return false;
+    const int64_t r = t / col_tiles() * kTile + tid;
     int64_t source = -1;
     if (r < rows) {
       const int32_t p = inverse[k * rows + r];
@@ -363,37 +386,27 @@ struct ImplicitGemmTiles {
   // Chunk c of the reduction: a's gathered values (consecutive threads read
   // one row's consecutive values) and W_k's slice, zero outside.
   TRAINSUP_HD void Load(int64_t t, int64_t k, int64_t c, int tid, Shared& shared) const {
-    const int64_t j0 = c * kChunk, c0 = t % col_tiles() * kTileCols;
-    for (int e = tid; e < kChunk * kTileRows; e += kThreads) {
-      const int m = e / kChunk, q = e % kChunk;
+    const int64_t j0 = c * kTileChunk, c0 = t % col_tiles() * kTile;
+    for (int e = tid; e < kTileChunk * kTile; e += kThreads) {
+      const int m = e / kTileChunk, q = e % kTileChunk;
       const int64_t source = shared.source[m], j = j0 + q;
       shared.a[q][m] = source >= 0 && j < kdim ? Widen(a[source * kdim + j]) : T(0);
     }
-    for (int e = tid; e < kChunk * kTileCols; e += kThreads) {
-      const int q = e / kTileCols, n = e % kTileCols;
+    for (int e = tid; e < kTileChunk * kTile; e += kThreads) {
+      const int q = e / kTile, n = e % kTile;
       const int64_t j = j0 + q, col = c0 + n;
       shared.w[q][n] = j < kdim && col < cols ? Widen(w[k * w_k + j * w_red + col * w_col]) : T(0);
     }
   }
+  // Rows without a pair for the offset add nothing (not 0 x w).
   TRAINSUP_HD void Compute(int64_t, int64_t c, int tid, const Shared& shared,
                            Thread& thread) const {
-    const int ty = tid / kSide, tx = tid % kSide;
-    const int n = Base::InChunk(kdim, c);
-    for (int q = 0; q < n; ++q) {
-      TRAINSUP_UNROLL
-      for (int i = 0; i < kPer; ++i) {
-        if (shared.source[ty + kSide * i] < 0) continue;
-        const T av = shared.a[q][ty + kSide * i];
-        TRAINSUP_UNROLL
-        for (int j = 0; j < kPer; ++j) {
-          thread.acc[i][j] = Fma(av, shared.w[q][tx + kSide * j], thread.acc[i][j]);
-        }
-      }
-    }
+    const auto has_pair = [&](int m) { return shared.source[m] >= 0; };
+    const int n = InChunk(kdim, c);
+    for (int q = 0; q < n; ++q) AddOuterProduct(thread, tid, shared.a[q], shared.w[q], has_pair);
   }
   TRAINSUP_HD void Store(int64_t t, int tid, const Thread& thread) const {
-    Base::Put(thread, tid, t / col_tiles() * kTileRows, t % col_tiles() * kTileCols, rows, cols,
-              cols, out);
+    PutBlock(thread, tid, t / col_tiles() * kTile, t % col_tiles() * kTile, rows, cols, cols, out);
   }
 };
 
@@ -409,13 +422,11 @@ struct ImplicitGemmTiles {
 // and each thread adds their outer products into its 4 x 4 block.
 template <typename T, typename In = T>
 struct WeightGradTiles {
-  using Base = TileShape<T>;
-  using Thread = typename Base::Thread;
-  static constexpr int kThreads = Base::kThreads, kSide = Base::kSide, kPer = Base::kPer;
-  static constexpr int kTile = Base::kTile, kChunk = Base::kChunk;
+  static constexpr int kThreads = kTileThreads;
+  using Thread = TileBlock<T>;
   struct Shared {
-    T f[kChunk][kTile];
-    T g[kChunk][kTile];
+    T f[kTileChunk][kTile];
+    T g[kTileChunk][kTile];
     int64_t first, pairs;  // the tile's First and Pairs, read by Index
   };
 
@@ -443,9 +454,9 @@ struct WeightGradTiles {
     const int64_t end = begin[Slice(t) % volume + 1] - First(t);
     return end < 0 ? 0 : (end < chunk ? end : chunk);
   }
-  TRAINSUP_HD int64_t chunks(int64_t t) const { return (Pairs(t) + kChunk - 1) / kChunk; }
+  TRAINSUP_HD int64_t chunks(int64_t t) const { return (Pairs(t) + kTileChunk - 1) / kTileChunk; }
 
-  TRAINSUP_HD void Start(int64_t, int, Thread& thread) const { Base::Zero(thread); }
+  TRAINSUP_HD void Start(int64_t, int, Thread& thread) const { ZeroBlock(thread); }
   // Thread 0 reads the tile's pairs once for Load and Compute.
   TRAINSUP_HD bool Index(int64_t t, int64_t, int tid, Shared& shared) const {
     if (tid != 0) return false;
@@ -455,9 +466,9 @@ struct WeightGradTiles {
   }
   // Consecutive threads read one pair's consecutive channels.
   TRAINSUP_HD void Load(int64_t t, int64_t, int64_t c, int tid, Shared& shared) const {
-    const int64_t p0 = shared.first + c * kChunk, n = Base::InChunk(shared.pairs, c);
+    const int64_t p0 = shared.first + c * kTileChunk, n = InChunk(shared.pairs, c);
     const int64_t a0 = t / out_tiles() % in_tiles() * kTile, b0 = t % out_tiles() * kTile;
-    for (int e = tid; e < kChunk * kTile; e += kThreads) {
+    for (int e = tid; e < kTileChunk * kTile; e += kThreads) {
       const int q = e / kTile, m = e % kTile;
       const bool pair = q < n;
       shared.f[q][m] =
@@ -469,22 +480,13 @@ struct WeightGradTiles {
   }
   TRAINSUP_HD void Compute(int64_t, int64_t c, int tid, const Shared& shared,
                            Thread& thread) const {
-    const int ty = tid / kSide, tx = tid % kSide;
-    const int n = Base::InChunk(shared.pairs, c);
-    for (int q = 0; q < n; ++q) {
-      TRAINSUP_UNROLL
-      for (int i = 0; i < kPer; ++i) {
-        const T fv = shared.f[q][ty + kSide * i];
-        TRAINSUP_UNROLL
-        for (int j = 0; j < kPer; ++j) {
-          thread.acc[i][j] = Fma(fv, shared.g[q][tx + kSide * j], thread.acc[i][j]);
-        }
-      }
-    }
+    const auto every_row = [](int) { return true; };
+    const int n = InChunk(shared.pairs, c);
+    for (int q = 0; q < n; ++q) AddOuterProduct(thread, tid, shared.f[q], shared.g[q], every_row);
   }
   TRAINSUP_HD void Store(int64_t t, int tid, const Thread& thread) const {
-    Base::Put(thread, tid, t / out_tiles() % in_tiles() * kTile, t % out_tiles() * kTile, cin, cout,
-              cout, partial + Slice(t) * cin * cout);
+    PutBlock(thread, tid, t / out_tiles() % in_tiles() * kTile, t % out_tiles() * kTile, cin, cout,
+             cout, partial + Slice(t) * cin * cout);
   }
 };
 

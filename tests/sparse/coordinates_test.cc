@@ -138,7 +138,7 @@ TEST(CoordinateManager, DownsampleOnTheDeviceEqualsTheHostsAndCopiesOnlyWhenAske
   EXPECT_EQ(device.stats().device_downsamples, 3);
   for (int level = 1; level <= 3; ++level) {
     SCOPED_TRACE("stride " + std::to_string(1 << level));
-    EXPECT_FALSE(device.Meta(d[level]).host_ready);
+    EXPECT_FALSE(device.Meta(d[level]).host_ready());
     EXPECT_EQ(device.Meta(d[level]).size(), host.Set(h[level]).size());
     EXPECT_EQ(device.Meta(d[level]).parent, d[level - 1]);
     EXPECT_EQ(device.Meta(d[level]).stride, 1 << level);
