@@ -8,6 +8,8 @@
 #ifndef TRAINSUP_SPARSE_MINKUNET_H_
 #define TRAINSUP_SPARSE_MINKUNET_H_
 
+#include <torch/nn/modules/container/modulelist.h>
+
 #include <array>
 #include <string>
 

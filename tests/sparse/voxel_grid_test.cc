@@ -2,6 +2,7 @@
 // Quantize, which wraps it.
 #include "sparse/voxel_grid.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <array>
