@@ -1,6 +1,7 @@
 // MinkUNet14 and MinkUNet34 (in 3, out 20) on the default synthetic scene:
 // forward without gradients, and a training step (forward + backward) with
-// gradient checkpointing off and on: median time and peak memory above the
+// gradient checkpointing off and on (--checkpointing off: off alone):
+// median time and peak memory above the
 // resting state (the model), from the counting CPU allocator: activations,
 // their gradients and the parameter gradients.
 // --json prints one JSON object. --device cuda runs it on cuda:0 (memory
@@ -143,6 +144,9 @@ struct Options {
   // features [N, 3], labels [N]) as a tuple for torch.load, then exit:
   // tests/gpu/spconv_minkunet.py times spconv on the same voxels.
   std::string dump_scene;
+  // --checkpointing off: the training step without gradient checkpointing
+  // alone (tests/gpu/bench_vs_spconv.sh, where only that one is compared).
+  bool checkpointed_step = true;
 };
 
 // The JSON keys' suffix and the lines' name of the precision measured.
@@ -185,6 +189,14 @@ bool ParseArgs(int argc, char** argv, Options* o) {
         return false;
       }
       o->tf32 = v == "on";
+    } else if (a == "--checkpointing" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v != "both" && v != "off") {
+        std::fprintf(stderr, "minkunet_bench: --checkpointing takes both or off, not '%s'\n",
+                     v.c_str());
+        return false;
+      }
+      o->checkpointed_step = v == "both";
     } else if (a == "--dump-scene" && i + 1 < argc) {
       o->dump_scene = argv[++i];
     } else if (a == "--scene" && i + 1 < argc) {
@@ -217,8 +229,8 @@ bool ParseArgs(int argc, char** argv, Options* o) {
                    "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
                    "[--scene small|default|large|huge] [--budget-mib N] [--block-cache-mib N] "
                    "[--device cpu|cuda] [--backend cpu|generic|cuda] [--precisions "
-                   "fp32,bf16,fp16,bf16-dot,bf16-convert] [--tf32 on|off] [--dump-scene FILE] "
-                   "[--profile]\n");
+                   "fp32,bf16,fp16,bf16-dot,bf16-convert] [--tf32 on|off] [--checkpointing both|off] "
+                   "[--dump-scene FILE] [--profile]\n");
       return false;
     }
   }
@@ -397,6 +409,7 @@ std::pair<double, double> BenchTraining(ts::MinkUNet& net, int depth, const ts::
     grad_bytes += static_cast<double>(t.numel() * t.element_size());
   double base_time = 0, base_peak = 0;
   for (bool checkpointing : {false, true}) {
+    if (checkpointing && !o.checkpointed_step) break;
     if (checkpointing) {
       ts::EnableGradientCheckpointing(*net);
     } else {

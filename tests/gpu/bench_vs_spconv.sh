@@ -14,16 +14,23 @@
 #
 # On the GPU machine, for the default and the large scene:
 #   1. minkunet_bench --dump-scene writes the voxelised scene;
-#   2. minkunet_bench --device cuda --backend cuda, with TF32 off and on:
-#      the forward without gradients (maps rebuilt, as spconv always does),
-#      the training step with cached maps, and the first step (maps built
-#      for the new scene; one sample);
-#   3. spconv_minkunet.py on the same file: its forward and its step (which
-#      rebuilds the maps every time), TF32 off and on, after three untimed
+#   2. minkunet_bench --device cuda --backend cuda --checkpointing off,
+#      with TF32 off and on: the forward without gradients (maps rebuilt,
+#      as spconv always does), the training step with cached maps, and the
+#      first step (maps built for the new scene; one sample);
+#   3. spconv_minkunet.py on the same file, one process per TF32 mode (its
+#      tuners' cache does not tell the modes apart): its forward and its
+#      step (which rebuilds the maps every time), after three untimed
 #      warm-up steps (spconv compiles or tunes kernels at first use: the
 #      warm-up times are printed apart);
 # then one JSON object on stdout with both engines' figures and our step
-# over spconv's. Logs and raw results go to $OUT (or build-gpu/out).
+# over spconv's, printed whatever stops the script. DEADLINE (seconds,
+# default 300) bounds it: each command gets the smaller of its cap and
+# what is left. Logs and raw results go to build-gpu/bench_vs_spconv/;
+# with $OUT set (the device tool, which returns at most 8 files), the JSON
+# to $OUT/bench_vs_spconv.json and the rest packed into
+# $OUT/bench_vs_spconv.tgz. spconv unpacked (360 MB) and the scenes go to a
+# scratch folder under /tmp, removed at the end.
 # TRAINSUP_CUDA_DATAFLOW (gemm | fused | measured) passes through to ours.
 #
 # NEVER RUN ON A GPU so far. Its Python half (spconv_minkunet.py) has run
@@ -56,34 +63,65 @@ if [[ ${1:-} == --prepare ]]; then
     "($(du -h "$pack" | cut -f1)); carry .gpu" >&2
   exit 0
 fi
-[[ $# -eq 0 ]] || { echo "usage: $0 [--prepare]" >&2; exit 64; }
+mode=gpu
+if [[ ${1:-} == --cpu-only ]]; then
+  mode=cpu
+  shift
+fi
+[[ $# -eq 0 ]] || { echo "usage: $0 [--prepare | --cpu-only]" >&2; exit 64; }
 
-build="$root/build-gpu"
-out=${OUT:-$build/out}
-mkdir -p "$out"
-log="$out/bench_vs_spconv.log"
+start=$(date +%s)
+if [[ $mode == gpu ]]; then
+  build="$root/build-gpu"
+  python=python3
+  ours=(--device cuda --backend cuda --repeats 5)
+  theirs=(--device cuda --repeats 5 --warmup 3)
+  scenes=(default large)
+  [[ -f $pack ]] || { echo "no $pack: run --prepare here and carry .gpu/spconv-site.tar.xz" >&2; exit 1; }
+else
+  # The plumbing, here: run.sh --cpu-only's build, the small scene once on
+  # the CPU, and spconv's CPU wheel from SPCONV_SITE (pip install --target
+  # DIR spconv==2.3.8), with the project's Python.
+  build="$root/build-gpu-cpu-only"
+  python=${TRAINSUP_VENV:-/opt/trainsup/venv}/bin/python3
+  ours=(--device cpu --backend cpu --repeats 1)
+  theirs=(--device cpu --repeats 1 --warmup 1)
+  scenes=(small)
+  [[ -d ${SPCONV_SITE:-} ]] || { echo "--cpu-only needs SPCONV_SITE: a folder with spconv 2.3.8's CPU wheel installed (pip install --target)" >&2; exit 1; }
+fi
 bench="$build/sparse/minkunet_bench"
 [[ -x $bench ]] || { echo "no $bench: run tests/gpu/run.sh first (same call)" >&2; exit 1; }
-[[ -f $pack ]] || { echo "no $pack: run --prepare here and carry .gpu" >&2; exit 1; }
-
-site="$out/spconv-site"
-rm -rf "$site"
-tar -C "$out" -xJf "$pack"
-python3 -c "import numpy" 2>>"$log" || { echo "the device's python3 has no numpy" >&2; exit 1; }
-
-for scene in default large; do
-  "$bench" --scene "$scene" --dump-scene "$out/scene_$scene.pt" 2>>"$log"
-  for tf32 in off on; do
-    "$bench" --device cuda --backend cuda --depths 14 --repeats 5 --json --scene "$scene" \
-      --tf32 "$tf32" >"$out/ours_${scene}_tf32_$tf32.json" 2>>"$log" ||
-      echo "{}" >"$out/ours_${scene}_tf32_$tf32.json"
-  done
-  PYTHONPATH="$site" python3 "$root/tests/gpu/spconv_minkunet.py" --scene "$out/scene_$scene.pt" \
-    --device cuda --repeats 5 --warmup 3 >"$out/spconv_$scene.json" 2>>"$log" ||
-    echo "{}" >"$out/spconv_$scene.json"
-done
-
-python3 - "$out" <<'PY'
+# Results and logs in $out (packed into $OUT at the end: the device tool
+# returns at most 8 files); spconv's 360 MB unpacked and the scenes in a
+# scratch folder that nothing returns.
+out="$build/bench_vs_spconv"
+rm -rf "$out"
+mkdir -p "$out"
+log="$out/bench_vs_spconv.log"
+: >"$log"
+scratch=$(mktemp -d /tmp/bench_vs_spconv.XXXXXX)
+say() { echo "[bench_vs_spconv $(($(date +%s) - start)) s] $*" | tee -a "$log" >&2; }
+# One deadline for the whole script (default 300 s): each command gets the
+# smaller of its cap and what is left, and the JSON is always printed.
+deadline=$((start + ${DEADLINE:-300}))
+left() {  # cap
+  local l=$((deadline - $(date +%s) - 10))
+  ((l < 1)) && l=1
+  ((l < $1)) && echo "$l" || echo "$1"
+}
+# Runs "$@" with at most `cap` seconds (and what is left), its stdout into
+# file; on failure the file holds {} and the log says why.
+timed_json() {  # cap file command...
+  local cap=$1 file=$2 limit status=0
+  shift 2
+  limit=$(left "$cap")
+  if ((limit < 10)); then say "skipped, the deadline is near: $*"; echo "{}" >"$file"; return; fi
+  timeout "$limit" "$@" >"$file" 2>>"$log" || status=$?
+  if ((status != 0)); then say "exit $status: $*"; echo "{}" >"$file"; fi
+}
+summary() {
+  local json
+  json=$(python3 - "$out" "$(($(date +%s) - start))" "${scenes[@]}" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 def load(name):
@@ -93,12 +131,13 @@ def load(name):
     except (OSError, ValueError):
         return {}
 result = {}
-for scene in ("default", "large"):
-    sp = load("spconv_%s.json" % scene)
-    r = {"spconv": sp}
+for scene in sys.argv[3:]:
+    r = {}
     for tf32 in ("off", "on"):
         ours = load("ours_%s_tf32_%s.json" % (scene, tf32))
-        theirs = sp.get("tf32_" + tf32, {})
+        sp = load("spconv_%s_tf32_%s.json" % (scene, tf32))
+        theirs = sp.pop("tf32_" + tf32, {})
+        r.setdefault("spconv", sp)
         row = {"ours_forward_s": ours.get("minkunet14_forward_s"),
                "ours_step_cached_maps_s": ours.get("minkunet14_plain_step_s"),
                "ours_first_step_new_maps_s": ours.get("minkunet14_plain_first_step_s"),
@@ -110,9 +149,62 @@ for scene in ("default", "large"):
             if row[a] and row[b]:
                 row[a[:-2] + "_over_spconv"] = row[a] / row[b]
         r["tf32_" + tf32] = row
+        r["spconv_tf32_" + tf32] = theirs
     result[scene] = r
-d, l = result["default"]["tf32_off"], result["large"]["tf32_off"]
+d = result.get("default", {}).get("tf32_off", {})
+l = result.get("large", {}).get("tf32_off", {})
 if d.get("ours_step_cached_maps_s") and l.get("ours_step_cached_maps_s"):
     result["ours_large_over_default_step"] = l["ours_step_cached_maps_s"] / d["ours_step_cached_maps_s"]
+result["total_s"] = int(sys.argv[2])
 print(json.dumps(result))
 PY
+)
+  printf '%s\n' "$json"
+  if [[ -n ${OUT:-} ]]; then
+    printf '%s\n' "$json" >"$OUT/bench_vs_spconv.json"
+    tar -C "$out" -czf "$OUT/bench_vs_spconv.tgz" . || echo "could not pack $out into $OUT" >&2
+  fi
+}
+# Whatever ends the script, the JSON so far is printed and the scratch
+# folder removed.
+trap 'summary; rm -rf "$scratch"' EXIT
+
+# run.sh's library path (the wheel's CUDA libraries) for its build.
+[[ -f $build/env.sh ]] && source "$build/env.sh"
+# spconv's kernels that the driver compiles at first use (its sm_61 and
+# PTX fat binaries), kept for the later processes of this call.
+export CUDA_CACHE_PATH="$scratch/cuda-cache" CUDA_CACHE_MAXSIZE=2147483648
+site="$scratch/spconv-site"
+if [[ $mode == cpu ]]; then
+  site=$SPCONV_SITE
+elif command -v xz >/dev/null; then
+  say "unpacking $pack"
+  tar -C "$scratch" -xJf "$pack"
+else
+  say "unpacking $pack (Python's xz: no xz command)"
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+    "$pack" "$scratch"
+fi
+env PYTHONPATH="$site" "$python" -c "import numpy" 2>>"$log" ||
+  { say "$python has no numpy"; exit 1; }
+
+for scene in "${scenes[@]}"; do
+  say "scene $scene: dump"
+  if ! timeout "$(left 60)" "$bench" --scene "$scene" --dump-scene "$scratch/scene_$scene.pt" \
+    2>>"$log"; then
+    say "scene $scene: --dump-scene failed"
+    continue
+  fi
+  for tf32 in off on; do
+    say "scene $scene, TF32 $tf32: ours"
+    timed_json 90 "$out/ours_${scene}_tf32_$tf32.json" "$bench" "${ours[@]}" \
+      --depths 14 --json --checkpointing off --scene "$scene" --tf32 "$tf32"
+    # One process per TF32 mode: spconv's tuners cache their choice
+    # without the TF32 switch in the key.
+    say "scene $scene, TF32 $tf32: spconv"
+    timed_json 150 "$out/spconv_${scene}_tf32_$tf32.json" env PYTHONPATH="$site" \
+      "$python" "$root/tests/gpu/spconv_minkunet.py" --scene "$scratch/scene_$scene.pt" \
+      "${theirs[@]}" --tf32 "$tf32"
+  done
+done
+say "done"

@@ -16,14 +16,16 @@
 #      then the cuda backend at fp32, bf16 and fp16 (TF32 off) and at fp32
 #      with TF32 on (issue 44's figures, "precision" in the JSON);
 # and prints one JSON object on stdout. Progress goes to stderr, logs and
-# the raw results to $OUT (the device tool's folder) or build-gpu/out.
+# the raw results to build-gpu/out; where $OUT is set (the device tool's
+# folder, which returns at most 8 files), the JSON goes to $OUT/run.json
+# and build-gpu/out, packed, to $OUT/run.tgz.
 # Sized for under 8 minutes on 16 cores, build included.
 #
 # Usage:
 #   tests/gpu/run.sh              on the GPU machine
 #   tests/gpu/run.sh --prepare    here, first: copies GoogleTest's sources
 #                                 (Debian's /usr/src/googletest) to .gpu/ so
-#                                 they travel with the tree (carry .gpu)
+#                                 they travel with the tree (carry .gpu/googletest)
 #   tests/gpu/run.sh --cpu-only   builds and runs everything that needs no
 #                                 GPU with this machine's LibTorch (the GPU
 #                                 tests skip; "ok" is then false)
@@ -59,14 +61,15 @@ if [[ $mode == prepare ]]; then
   rm -rf "$root/.gpu/googletest"
   mkdir -p "$root/.gpu"
   cp -r "$src" "$root/.gpu/googletest"
-  echo "copied $src to .gpu/googletest ($(du -sh "$root/.gpu" | cut -f1)); carry .gpu" >&2
+  echo "copied $src to .gpu/googletest ($(du -sh "$root/.gpu" | cut -f1)); carry .gpu/googletest" >&2
   exit 0
 fi
 
 start=$(date +%s)
 build="$root/build-gpu"
 [[ $mode == cpu ]] && build="$root/build-gpu-cpu-only"
-out=${OUT:-$build/out}
+out="$build/out"
+rm -rf "$out"
 mkdir -p "$out"
 log="$out/run.log"
 : >"$log"
@@ -90,8 +93,11 @@ facts="$out/facts.txt"
 fact() { printf '%s=%s\n' "$1" "$2" >>"$facts"; }
 fact mode "$mode"
 
+# Prints the JSON; with $OUT, also into $OUT/run.json, and $out packed
+# into $OUT/run.tgz. Its status: 0 when "ok".
 summary() {
-  python3 - "$facts" "$out" "$start" <<'PY'
+  local json status=0
+  json=$(python3 - "$facts" "$out" "$start" <<'PY'
 import json, os, sys, time
 facts_file, out, start = sys.argv[1], sys.argv[2], int(sys.argv[3])
 facts = {}
@@ -155,6 +161,13 @@ result["total_s"] = int(time.time()) - start
 print(json.dumps(result))
 sys.exit(0 if result["ok"] else 1)
 PY
+) || status=$?
+  printf '%s\n' "$json"
+  if [[ -n ${OUT:-} ]]; then
+    printf '%s\n' "$json" >"$OUT/run.json"
+    tar -C "$out" -czf "$OUT/run.tgz" . || echo "run.sh: could not pack $out into $OUT" >&2
+  fi
+  return "$status"
 }
 
 # A stage that fails ends the run with the summary so far.
@@ -176,9 +189,9 @@ if [[ $mode == gpu ]]; then
   say "GPU: $gpu (compute capability $cap)"
   torch_info=$(python3 -c 'import torch, os
 print(torch.__version__, torch.version.cuda or "none", int(torch.cuda.is_available()),
-      torch.utils.cmake_prefix_path, os.path.dirname(os.path.dirname(torch.__file__)), sep="|")') ||
+      os.path.dirname(os.path.dirname(torch.__file__)), sep="|")') ||
     fail "python3 has no torch"
-  IFS='|' read -r torch_version torch_cuda torch_gpu prefix site <<<"$torch_info"
+  IFS='|' read -r torch_version torch_cuda torch_gpu site <<<"$torch_info"
   fact torch "$torch_version"
   fact torch_cuda "$torch_cuda"
   [[ $torch_cuda != none && $torch_gpu == 1 ]] ||
@@ -190,6 +203,9 @@ print(torch.__version__, torch.version.cuda or "none", int(torch.cuda.is_availab
   # The wheels' CUDA libraries (nvidia/*/lib) for the linker and the loader.
   libs=$( (find "$site/nvidia" -maxdepth 2 -type d -name lib 2>/dev/null || true) | paste -sd: -)
   export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # For bench_vs_spconv.sh, which runs this build's minkunet_bench after.
+  mkdir -p "$build"
+  printf 'export LD_LIBRARY_PATH=%q\n' "$LD_LIBRARY_PATH" >"$build/env.sh"
   link_flags="-Wl,-rpath-link,${libs:-$cuda_root/lib64}"
   # LibTorch's CMake sets CMAKE_CUDA_ARCHITECTURES OFF and takes the
   # architectures from TORCH_CUDA_ARCH_LIST: both are given. FindBLAS stays
@@ -213,7 +229,7 @@ fi
 if [[ -f $root/.gpu/googletest/CMakeLists.txt ]]; then
   cmake_args+=(-DTRAINSUP_GTEST_SOURCE_DIR="$root/.gpu/googletest")
 elif [[ $mode == gpu ]]; then
-  fail "no .gpu/googletest: run tests/gpu/run.sh --prepare here and carry .gpu"
+  fail "no .gpu/googletest: run tests/gpu/run.sh --prepare here and carry .gpu/googletest"
 fi
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)

@@ -21,10 +21,15 @@ so both engines see the same voxels, features and batch.
 Timed, as medians of --repeats after --warmup untimed runs (spconv tunes
 its kernels at first use; that warm-up stays out of the medians and is
 printed apart):
-  forward      no gradients, indices rebuilt (spconv always rebuilds them)
+  forward      no gradients, BatchNorm in eval mode (as minkunet_bench's),
+               indices rebuilt (spconv always rebuilds them)
   step         forward, cross-entropy, backward, with the device synchronised
-For each of TF32 off and on (spconv.constants.SPCONV_ALLOW_TF32 and
-torch's switches), in one process. Prints one JSON object on stdout.
+For each mode of --tf32 (spconv.constants.SPCONV_ALLOW_TF32 and torch's
+switches). Give one mode per process where the figures count: spconv's
+tuners cache their choice without the TF32 switch in the key, so a second
+mode in the same process reuses the first one's kernels
+(tests/gpu/bench_vs_spconv.sh runs one process each). Prints one JSON
+object on stdout, alone: what spconv prints there goes to stderr.
 
 Usage: spconv_minkunet.py --scene FILE [--device cuda|cpu] [--repeats 5]
                           [--warmup 3] [--tf32 off,on]
@@ -33,6 +38,7 @@ machine without a GPU: docs/benchmarks.md.)
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -40,7 +46,10 @@ import time
 import torch
 from torch import nn
 
-import spconv.constants
+# Not `spconv.constants` after the next import: that name is then
+# spconv.pytorch.constants, another module, and setting the TF32 switch
+# on it would change nothing.
+import spconv.constants as spconv_constants
 import spconv.pytorch as spconv
 
 PLANES = (32, 64, 128, 256, 256, 128, 96, 96)
@@ -130,6 +139,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--tf32", default="off,on")
     a = ap.parse_args()
+    # The JSON alone on stdout: spconv prints notes there (from Python and
+    # from its C++), so fd 1 becomes stderr and the JSON goes to a copy.
+    json_out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     device = torch.device(a.device)
     if device.type == "cpu":
         # spconv's backward asks torch for the current CUDA stream even for
@@ -146,12 +160,15 @@ def main():
     # coordinates are (batch, x, y, z), any integers: shifted to start at 0.
     xyz = coords[:, 1:].to(torch.int64)
     xyz = xyz - xyz.min(0).values
-    shape = [int(v) + 1 for v in xyz.max(0).values.flip(0)]
+    # A multiple of 16 on each axis: with an odd size, each of the four
+    # stride-2 convolutions (output size floor(s / 2)) would drop the
+    # voxels on the top edge, and spconv would do less work than ours.
+    shape = [(int(v) + 1 + 15) // 16 * 16 for v in xyz.max(0).values.flip(0)]
     indices = torch.cat([coords[:, :1].to(torch.int64), xyz.flip(1)], 1).to(torch.int32)
     indices, features, labels = indices.to(device), features.to(device), labels.to(device)
     torch.manual_seed(0)
     net = MinkUNet14(features.shape[1], 20).to(device)
-    result = {"engine": "spconv", "spconv": getattr(spconv, "__version__", "?"),
+    result = {"engine": "spconv", "spconv": getattr(sys.modules["spconv"], "__version__", "?"),
               "torch": torch.__version__, "device": str(device), "voxels": int(indices.shape[0]),
               "spatial_shape": shape, "parameters": sum(p.numel() for p in net.parameters())}
     if device.type == "cuda":
@@ -161,8 +178,10 @@ def main():
         return spconv.SparseConvTensor(features, indices, shape, 1)
 
     def forward():
+        net.eval()
         with torch.no_grad():
             net(tensor())
+        net.train()
 
     def step():
         net.zero_grad(set_to_none=True)
@@ -172,9 +191,11 @@ def main():
     net.train()
     for mode in a.tf32.split(","):
         on = mode == "on"
-        spconv.constants.SPCONV_ALLOW_TF32 = on
+        spconv_constants.SPCONV_ALLOW_TF32 = on
         torch.backends.cuda.matmul.allow_tf32 = on
         torch.backends.cudnn.allow_tf32 = on
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         first = [timed(step, device) for _ in range(a.warmup)]
         steps = [timed(step, device) for _ in range(a.repeats)]
         forwards = [timed(forward, device) for _ in range(a.repeats)]
@@ -185,7 +206,8 @@ def main():
         print("spconv MinkUNet14 TF32 %s: step %.4f s, forward %.4f s (medians of %d; warm-up "
               "steps %s)" % (mode, statistics.median(steps), statistics.median(forwards),
                              a.repeats, ", ".join("%.3f" % t for t in first)), file=sys.stderr)
-    print(json.dumps(result))
+    json_out.write(json.dumps(result) + "\n")
+    json_out.flush()
 
 
 if __name__ == "__main__":
