@@ -225,12 +225,13 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       std::stringstream ss(argv[++i]);
       for (std::string x; std::getline(ss, x, ',');) o->depths.push_back(std::atoi(x.c_str()));
     } else {
-      std::fprintf(stderr,
-                   "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
-                   "[--scene small|default|large|huge] [--budget-mib N] [--block-cache-mib N] "
-                   "[--device cpu|cuda] [--backend cpu|generic|cuda] [--precisions "
-                   "fp32,bf16,fp16,bf16-dot,bf16-convert] [--tf32 on|off] [--checkpointing both|off] "
-                   "[--dump-scene FILE] [--profile]\n");
+      std::fprintf(
+          stderr,
+          "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
+          "[--scene small|default|large|huge] [--budget-mib N] [--block-cache-mib N] "
+          "[--device cpu|cuda] [--backend cpu|generic|cuda] [--precisions "
+          "fp32,bf16,fp16,bf16-dot,bf16-convert] [--tf32 on|off] [--checkpointing both|off] "
+          "[--dump-scene FILE] [--profile]\n");
       return false;
     }
   }

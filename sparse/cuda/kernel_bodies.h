@@ -196,8 +196,9 @@ struct ScatterSum {
   }
 };
 
-// a * b + c with one rounding, the same on the host and the device (nvcc
-// would contract a plain a * b + c on the device only).
+// a * b + c with one rounding, the same on the host and the device. A plain
+// a * b + c rounds twice on both: kernels.cu is built with --fmad=false,
+// since nvcc would otherwise contract it on the device alone.
 TRAINSUP_HD inline float Fma(float a, float b, float c) { return fmaf(a, b, c); }
 TRAINSUP_HD inline double Fma(double a, double b, double c) { return fma(a, b, c); }
 

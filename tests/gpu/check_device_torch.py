@@ -12,10 +12,12 @@ such a difference here:
      carry;
   2. takes every C++ translation unit of the sparse-only build from
      `tests/gpu/run.sh --cpu-only`'s compile_commands.json
-     (build-gpu-cpu-only/), swaps the LibTorch include paths for the
-     wheel's, drops the precompiled header (so a file that compiles only
-     because the header pulls in all of torch fails here too) and runs the
-     compiler with -fsyntax-only.
+     (build-gpu-cpu-only/; --build build for the whole tree, the worker
+     included), swaps the LibTorch include paths for the wheel's (the
+     build's folder of links without google/, cmake/TrainsupLibTorch.cmake,
+     for one made the same way), drops the precompiled header (so a file
+     that compiles only because the header pulls in all of torch fails
+     here too) and runs the compiler with -fsyntax-only.
 kernels.cu includes no torch header and is not checked.
 
 Usage: tests/gpu/check_device_torch.py [--torch 2.11.0] [--jobs N] [FILTER...]
@@ -54,8 +56,31 @@ def headers(build, version):
     return include
 
 
+def without_google(include):
+    """A folder of links to include's entries but google/ (the bundled
+    protobuf headers), as cmake/TrainsupLibTorch.cmake makes for a build."""
+    links = os.path.join(os.path.dirname(os.path.dirname(include)), "include-links")
+    if not os.path.isdir(links):
+        os.makedirs(links)
+        for entry in os.listdir(include):
+            if entry != "google":
+                os.symlink(os.path.join(include, entry), os.path.join(links, entry))
+    return links
+
+
+def swap(path, include):
+    """`path` if it is no LibTorch include folder, else the same folder of
+    the wheel's headers."""
+    api = "/torch/csrc/api/include"
+    if path.endswith(api) and os.path.isdir(path):
+        return include + api
+    if os.path.isdir(os.path.join(path, "ATen")) and os.path.isdir(os.path.join(path, "c10")):
+        return include if os.path.isdir(os.path.join(path, "google")) else without_google(include)
+    return path
+
+
 def commands(build, include, filters):
-    """The sparse-only build's C++ compile commands, against `include`."""
+    """The build's C++ compile commands, against `include`."""
     path = os.path.join(build, "compile_commands.json")
     if not os.path.isfile(path):
         sys.exit("check_device_torch: no %s: run `tests/gpu/run.sh --cpu-only` first" % path)
@@ -66,10 +91,11 @@ def commands(build, include, filters):
             continue
         if filters and not any(s in f for s in filters):
             continue
-        torch = re.search(r"(?:-isystem |-I)(\S*/torch/include)(?=\s)", cmd)
-        if torch is None:
-            continue  # links no torch
-        cmd = cmd.replace(torch.group(1), include)
+        swapped = re.sub(r"(-isystem |-I)(\S+)",
+                         lambda m: m.group(1) + swap(m.group(2), include), cmd)
+        if swapped == cmd:
+            continue  # includes no LibTorch
+        cmd = swapped
         cmd = re.sub(r"-include \S*cmake_pch\.hxx", "", cmd)
         cmd = re.sub(r"-o \S+", "-o /dev/null", cmd) + " -fsyntax-only"
         result.append((f, cmd, entry["directory"]))
@@ -83,6 +109,7 @@ def main():
     p.add_argument("--build", default=os.path.join(ROOT, "build-gpu-cpu-only"))
     p.add_argument("filters", nargs="*")
     args = p.parse_args()
+    args.build = os.path.abspath(args.build)
     if not os.path.isdir(args.build):
         sys.exit("check_device_torch: no %s: run `tests/gpu/run.sh --cpu-only` first" % args.build)
     include = headers(args.build, args.torch)

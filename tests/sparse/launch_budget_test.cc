@@ -77,7 +77,9 @@ void Print(const char* what, const std::vector<std::string>& names) {
 // same loss on a leaf of the layer's output shape: the loss's own kernels
 // (the product, the sum, their backward) are the same in both.
 TEST(CudaLaunchBudget, AConvolutionLayerIsAtMostTenLaunchesAStep) {
-  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  if (!CudaDeviceAvailable() || FindBackend(BackendKind::kCuda) == nullptr) {
+    GTEST_SKIP() << "no CUDA device (or a build without the cuda backend)";
+  }
   BackendGuard backend(BackendKind::kCuda);
   const cuda::DataflowGuard fused(cuda::Dataflow::kFused);
   const c10::Device gpu(c10::DeviceType::CUDA, 0);
