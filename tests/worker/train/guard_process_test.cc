@@ -14,6 +14,7 @@
 //    out-of-memory;
 //  - in a gang of two, a NaN on one rank is skipped by both, whose weights
 //    stay identical.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
