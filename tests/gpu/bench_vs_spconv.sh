@@ -70,7 +70,6 @@ if [[ ${1:-} == --cpu-only ]]; then
 fi
 [[ $# -eq 0 ]] || { echo "usage: $0 [--prepare | --cpu-only]" >&2; exit 64; }
 
-start=$(date +%s)
 if [[ $mode == gpu ]]; then
   build="$root/build-gpu"
   python=python3
@@ -94,21 +93,12 @@ bench="$build/sparse/minkunet_bench"
 # Results and logs in $out (packed into $OUT at the end: the device tool
 # returns at most 8 files); spconv's 360 MB unpacked and the scenes in a
 # scratch folder that nothing returns.
-out="$build/bench_vs_spconv"
-rm -rf "$out"
-mkdir -p "$out"
-log="$out/bench_vs_spconv.log"
-: >"$log"
-scratch=$(mktemp -d /tmp/bench_vs_spconv.XXXXXX)
-say() { echo "[bench_vs_spconv $(($(date +%s) - start)) s] $*" | tee -a "$log" >&2; }
 # One deadline for the whole script (default 300 s): each command gets the
 # smaller of its cap and what is left, and the JSON is always printed.
-deadline=$((start + ${DEADLINE:-300}))
-left() {  # cap
-  local l=$((deadline - $(date +%s) - 10))
-  ((l < 1)) && l=1
-  ((l < $1)) && echo "$l" || echo "$1"
-}
+# shellcheck source=tests/gpu/lib.sh
+source "$root/tests/gpu/lib.sh"
+gpu_begin bench_vs_spconv "$build/bench_vs_spconv" "${DEADLINE:-300}" 10
+scratch=$(mktemp -d /tmp/bench_vs_spconv.XXXXXX)
 # Runs "$@" with at most `cap` seconds (and what is left), its stdout into
 # file; on failure the file holds {} and the log says why.
 timed_json() {  # cap file command...
@@ -159,11 +149,7 @@ result["total_s"] = int(sys.argv[2])
 print(json.dumps(result))
 PY
 )
-  printf '%s\n' "$json"
-  if [[ -n ${OUT:-} ]]; then
-    printf '%s\n' "$json" >"$OUT/bench_vs_spconv.json"
-    tar -C "$out" -czf "$OUT/bench_vs_spconv.tgz" . || echo "could not pack $out into $OUT" >&2
-  fi
+  publish "$json"
 }
 # Whatever ends the script, the JSON so far is printed and the scratch
 # folder removed.

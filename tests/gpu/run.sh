@@ -65,26 +65,16 @@ if [[ $mode == prepare ]]; then
   exit 0
 fi
 
-start=$(date +%s)
 build="$root/build-gpu"
 [[ $mode == cpu ]] && build="$root/build-gpu-cpu-only"
-out="$build/out"
-rm -rf "$out"
-mkdir -p "$out"
-log="$out/run.log"
-: >"$log"
-say() { echo "[run.sh $(($(date +%s) - start)) s] $*" | tee -a "$log" >&2; }
 # One deadline for the whole run (the device tool kills a command at its
 # limit, and then no JSON is printed): each stage gets the smaller of its
-# own cap and what is left, less a margin for the summary.
+# own cap and what is left, less 15 s for the summary.
 default_deadline=480
 [[ $mode == cpu ]] && default_deadline=3600
-deadline=$((start + ${DEADLINE:-$default_deadline}))
-left() {  # cap
-  local l=$((deadline - $(date +%s) - 15))
-  ((l < 1)) && l=1
-  ((l < $1)) && echo "$l" || echo "$1"
-}
+# shellcheck source=tests/gpu/lib.sh
+source "$root/tests/gpu/lib.sh"
+gpu_begin run "$build/out" "${DEADLINE:-$default_deadline}" 15
 jobs=$(nproc)
 
 # Everything the JSON reports, as KEY=VALUE lines for the summary at the end.
@@ -93,8 +83,7 @@ facts="$out/facts.txt"
 fact() { printf '%s=%s\n' "$1" "$2" >>"$facts"; }
 fact mode "$mode"
 
-# Prints the JSON; with $OUT, also into $OUT/run.json, and $out packed
-# into $OUT/run.tgz. Its status: 0 when "ok".
+# Publishes the JSON (lib.sh). Its status: 0 when "ok".
 summary() {
   local json status=0
   json=$(python3 - "$facts" "$out" "$start" <<'PY'
@@ -162,11 +151,7 @@ print(json.dumps(result))
 sys.exit(0 if result["ok"] else 1)
 PY
 ) || status=$?
-  printf '%s\n' "$json"
-  if [[ -n ${OUT:-} ]]; then
-    printf '%s\n' "$json" >"$OUT/run.json"
-    tar -C "$out" -czf "$OUT/run.tgz" . || echo "run.sh: could not pack $out into $OUT" >&2
-  fi
+  publish "$json"
   return "$status"
 }
 
