@@ -131,9 +131,11 @@ struct Options {
   std::optional<ts::BackendKind> backend;
   // --precisions fp32,bf16,fp16: each measured in this run; the features'
   // type, with the float32 model (the worker's train.precision).
-  // bf16-dot and bf16-convert: bf16 with the cpu backend's AVX512_BF16
-  // kernels forced on, or off (the convert-to-fp32 path), for an A/B; bf16
-  // alone takes the measured choice, as the worker does (cpu::Bf16Mode).
+  // bf16-dot, bf16-amx and bf16-convert: bf16 with the cpu backend's
+  // AVX512_BF16 tiles forced on (AMX off), its AMX tiles forced on (where
+  // the CPU has them; elsewhere the line says AVX512_BF16 ran), or the bf16
+  // tiles off (the convert-to-fp32 path), for an A/B; bf16 alone takes the
+  // measured choice, as the worker does (cpu::Bf16Mode, cpu::SetAmxMode).
   std::vector<std::string> precisions = {"fp32"};
   at::ScalarType features = at::kFloat;  // the one being measured
   std::string precision = "fp32";        // its name
@@ -211,10 +213,11 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       o->precisions.clear();
       std::stringstream ss(argv[++i]);
       for (std::string x; std::getline(ss, x, ',');) {
-        if (x != "fp32" && x != "bf16" && x != "fp16" && x != "bf16-dot" && x != "bf16-convert") {
+        if (x != "fp32" && x != "bf16" && x != "fp16" && x != "bf16-dot" && x != "bf16-amx" &&
+            x != "bf16-convert") {
           std::fprintf(stderr,
                        "minkunet_bench: unknown precision '%s' (fp32, bf16, fp16, bf16-dot, "
-                       "bf16-convert)\n",
+                       "bf16-amx, bf16-convert)\n",
                        x.c_str());
           return false;
         }
@@ -225,13 +228,13 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       std::stringstream ss(argv[++i]);
       for (std::string x; std::getline(ss, x, ',');) o->depths.push_back(std::atoi(x.c_str()));
     } else {
-      std::fprintf(
-          stderr,
-          "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
-          "[--scene small|default|large|huge] [--budget-mib N] [--block-cache-mib N] "
-          "[--device cpu|cuda] [--backend cpu|generic|cuda] [--precisions "
-          "fp32,bf16,fp16,bf16-dot,bf16-convert] [--tf32 on|off] [--checkpointing both|off] "
-          "[--dump-scene FILE] [--profile]\n");
+      std::fprintf(stderr,
+                   "usage: minkunet_bench [--repeats N] [--threads N] [--json] [--depths 14,34] "
+                   "[--scene small|default|large|huge] [--budget-mib N] [--block-cache-mib N] "
+                   "[--device cpu|cuda] [--backend cpu|generic|cuda] [--precisions "
+                   "fp32,bf16,fp16,bf16-dot,bf16-amx,bf16-convert] [--tf32 on|off] "
+                   "[--checkpointing both|off] "
+                   "[--dump-scene FILE] [--profile]\n");
       return false;
     }
   }
@@ -521,9 +524,13 @@ int main(int argc, char** argv) {
     for (const std::string& precision : o.precisions) {
       o.features = FeatureType(precision);
       o.precision = precision;
+      const bool forced = precision == "bf16-dot" || precision == "bf16-amx";
       ts::cpu::SetBf16Mode(precision == "bf16-convert" ? ts::cpu::Bf16Mode::kOff
-                           : precision == "bf16-dot"   ? ts::cpu::Bf16Mode::kOn
+                           : forced                    ? ts::cpu::Bf16Mode::kOn
                                                        : ts::cpu::Bf16Mode::kMeasured);
+      ts::cpu::SetAmxMode(precision == "bf16-dot"   ? ts::cpu::Bf16Mode::kOff
+                          : precision == "bf16-amx" ? ts::cpu::Bf16Mode::kOn
+                                                    : ts::cpu::Bf16Mode::kMeasured);
       if (!o.json) {
         std::printf("precision %s: %s\n", precision.c_str(),
                     ts::DescribePrecision(o.features, device).c_str());

@@ -307,12 +307,15 @@ void FusedConvBackward(const fused::TileKernels& tiles, const float* in, int64_t
 }
 
 // Each offset's W_k [rows x cols] (or, with `transpose`, W_k^T of a [cols
-// x rows] W_k) pair-packed (kernels_fused.h) for the bf16 tiles; `volume`
-// matrices, PackedSize(rows, cols) values each.
-int64_t PackedSize(int64_t rows, int64_t cols) { return (rows + 1) / 2 * 2 * fused::Cols16(cols); }
+// x rows] W_k) pair-packed (kernels_fused.h) for the bf16 tiles, its rows
+// zero-padded to a multiple of `row_multiple` (even); `volume` matrices,
+// PackedSize(rows, cols, row_multiple) values each.
+int64_t PackedSize(int64_t rows, int64_t cols, int64_t row_multiple) {
+  return (rows + row_multiple - 1) / row_multiple * row_multiple * fused::Cols16(cols);
+}
 std::vector<uint16_t> PackPairs(const uint16_t* w, int64_t volume, int64_t rows, int64_t cols,
-                                bool transpose) {
-  const int64_t stride = 2 * fused::Cols16(cols), size = PackedSize(rows, cols);
+                                bool transpose, int64_t row_multiple) {
+  const int64_t stride = 2 * fused::Cols16(cols), size = PackedSize(rows, cols, row_multiple);
   std::vector<uint16_t> packed(static_cast<size_t>(volume * size), 0);
   at::parallel_for(0, volume, 1, [&](int64_t kb, int64_t ke) {
     for (int64_t k = kb; k < ke; ++k) {
@@ -661,16 +664,17 @@ void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs, con
 void ConvForwardBf16(const uint16_t* in, int64_t cin, const uint16_t* weight, int64_t cout,
                      const PairLists& pairs, uint16_t* out, int64_t num_out) {
   TORCH_CHECK(Bf16KernelsActive() && pairs.sorted, "ConvForwardBf16: the bf16 kernels need ",
-              "AVX512_BF16, the avx512 set and sorted pairs");
+              "AVX512_BF16 or AMX_BF16, the avx512 set and sorted pairs");
   if (cin == 0 || cout == 0) {  // a sum over no input channels is 0 (bf16 0 is all zero bits)
     std::fill(out, out + num_out * cout, uint16_t{0});
     return;
   }
-  const fused::Bf16TileKernels& tiles = fused::Avx512Bf16TileKernels();
+  const fused::Bf16TileKernels& tiles = fused::ActiveBf16Tiles();
   std::vector<int32_t> iota_storage;
   const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_out) : nullptr;
-  const std::vector<uint16_t> wp = PackPairs(weight, pairs.volume, cin, cout, false);
-  const int64_t size = PackedSize(cin, cout);
+  const std::vector<uint16_t> wp =
+      PackPairs(weight, pairs.volume, cin, cout, false, tiles.row_multiple);
+  const int64_t size = PackedSize(cin, cout, tiles.row_multiple);
   std::unique_ptr<float[]> sums(new float[static_cast<size_t>(num_out * cout)]);
   AccumulateByRows(
       pairs, iota, false, sums.get(), cout, num_out,
@@ -686,20 +690,21 @@ void ConvBackwardBf16(const uint16_t* in, int64_t num_in, int64_t cin, const uin
                       int64_t cout, const PairLists& pairs, const uint16_t* grad_out,
                       uint16_t* grad_in, uint16_t* grad_weight) {
   TORCH_CHECK(Bf16KernelsActive() && pairs.sorted, "ConvBackwardBf16: the bf16 kernels need ",
-              "AVX512_BF16, the avx512 set and sorted pairs");
+              "AVX512_BF16 or AMX_BF16, the avx512 set and sorted pairs");
   if (cin == 0 || cout == 0) {  // sums over no channels: zero gradients
     if (grad_in != nullptr) std::fill(grad_in, grad_in + num_in * cin, uint16_t{0});
     if (grad_weight != nullptr)
       std::fill(grad_weight, grad_weight + pairs.volume * cin * cout, uint16_t{0});
     return;
   }
-  const fused::Bf16TileKernels& tiles = fused::Avx512Bf16TileKernels();
+  const fused::Bf16TileKernels& tiles = fused::ActiveBf16Tiles();
   std::vector<int32_t> iota_storage;
   const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_in) : nullptr;
   if (grad_in != nullptr) {
     // W_k^T pair-packed: the input gradient is the forward tile again.
-    const std::vector<uint16_t> wpt = PackPairs(weight, pairs.volume, cout, cin, true);
-    const int64_t size = PackedSize(cout, cin);
+    const std::vector<uint16_t> wpt =
+        PackPairs(weight, pairs.volume, cout, cin, true, tiles.row_multiple);
+    const int64_t size = PackedSize(cout, cin, tiles.row_multiple);
     std::unique_ptr<float[]> sums(new float[static_cast<size_t>(num_in * cin)]);
     AccumulateByRows(
         pairs, iota, true, sums.get(), cin, num_in,

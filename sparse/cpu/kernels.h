@@ -76,21 +76,34 @@ bool Bf16KernelsSupported();
 // converted copies are faster, however much conversion they cost.
 enum class Bf16Mode { kMeasured, kOn, kOff };
 constexpr double kBf16MinSpeed = 0.9;
-// The start-up mode: TRAINSUP_BF16_KERNELS = 1 (kOn), 0 (kOff), auto or
-// unset (kMeasured); another value throws c10::Error naming the choices.
-Bf16Mode Bf16ModeFromString(const char* value);
+// The start-up mode: `variable` (TRAINSUP_BF16_KERNELS, TRAINSUP_AMX) =
+// 1 (kOn), 0 (kOff), auto or unset (kMeasured); another value throws
+// c10::Error naming the variable and the choices.
+Bf16Mode Bf16ModeFromString(const char* value, const char* variable = "TRAINSUP_BF16_KERNELS");
 // Sets the mode (benchmarks' A/B runs, tests); returns the previous one.
 Bf16Mode SetBf16Mode(Bf16Mode mode);
 // The measured speed of the bf16 dot products over float32 FMAs (0
 // without AVX512_BF16), measured at the first call.
 double Bf16DotSpeed();
+// On CPUs with AMX-BF16 (Intel Sapphire Rapids on), the bf16 kernels run
+// on AMX tiles (fused::AmxBf16TileKernels) instead of AVX512_BF16 ones when
+// the AMX mode says so: TRAINSUP_AMX = 1, 0 or auto (the default: where
+// their tile products measure at least kBf16MinSpeed times the float32
+// FMA rate, AmxSpeed()). In the measured bf16 mode the AMX tiles count as
+// fast enough on their own, whatever the AVX512_BF16 dot products measure.
+Bf16Mode SetAmxMode(Bf16Mode mode);
+// Measured at the first call; 0 without AMX-BF16.
+double AmxSpeed();
+// Whether the AMX tiles are the bf16 tiles in use when Bf16KernelsActive().
+bool AmxTilesActive();
 // Whether bf16 convolutions run on them now: supported, the avx512 set
 // active, and the mode says so. Otherwise bf16 takes the convert-to-fp32
 // path (float32 kernels on converted copies).
 bool Bf16KernelsActive();
-// For the precision line: " with AVX512_BF16" where they run, why not
-// where the CPU has them (e.g. " (AVX512_BF16 unused: its dot products run
-// at 0.49x the float32 FMA rate here)"), "" where it does not.
+// For the precision line: " with AVX512_BF16" or " with AMX_BF16" where
+// they run, why not where the CPU has them (e.g. " (AVX512_BF16 unused:
+// its dot products run at 0.49x the float32 FMA rate here)"), "" where it
+// does not.
 std::string DescribeBf16Kernels();
 // ConvForward and ConvBackward below, in bf16; callable when
 // Bf16KernelsActive() and pairs.sorted (else c10::Error).

@@ -389,8 +389,10 @@ TRAINSUP_AVX512_BF16 void ToBf16(const float* src, uint16_t* dst, int64_t n) {
   }
 }
 
+}  // namespace
+
 // Seconds of the fastest of five runs of fn(n).
-double BestOfFive(float (*fn)(long), long n) {
+double FastestOfFive(float (*fn)(long), long n) {
   double best = 1e30;
   for (int r = 0; r < 5; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -401,8 +403,6 @@ double BestOfFive(float (*fn)(long), long n) {
   }
   return best;
 }
-
-}  // namespace
 
 TRAINSUP_AVX512 float Avx512FmaChains(long n) {
   __m512 acc[kProbeChains];
@@ -434,8 +434,8 @@ double MeasureBf16DotOverFma() {
   if (!Avx512Bf16Supported()) return 0.0;
   constexpr long kRounds = 200'000;  // about 1 ms of FMAs
   Avx512FmaChains(kRounds / 10);     // wakes the AVX-512 units up
-  const double fma = BestOfFive(Avx512FmaChains, kRounds);
-  const double dot = BestOfFive(Avx512Bf16DotChains, kRounds);
+  const double fma = FastestOfFive(Avx512FmaChains, kRounds);
+  const double dot = FastestOfFive(Avx512Bf16DotChains, kRounds);
   // An FMA lane does 2 flops; a dot-product lane, 4 (two products, two adds).
   return (4.0 / dot) / (2.0 / fma);
 }
@@ -452,7 +452,8 @@ bool Avx512Bf16Supported() {
 }
 
 const Bf16TileKernels& Avx512Bf16TileKernels() {
-  static const Bf16TileKernels kernels{Bf16GatherGemmScatter, Bf16GatherOuter, ToBf16};
+  static const Bf16TileKernels kernels{"AVX512_BF16", 2, Bf16GatherGemmScatter, Bf16GatherOuter,
+                                       ToBf16};
   return kernels;
 }
 #else
@@ -470,7 +471,7 @@ float Avx512FmaChains(long) { return 0.0f; }
 float Avx512Bf16DotChains(long) { return 0.0f; }
 
 const Bf16TileKernels& Avx512Bf16TileKernels() {
-  static const Bf16TileKernels kernels{nullptr, nullptr, nullptr};
+  static const Bf16TileKernels kernels{"AVX512_BF16", 2, nullptr, nullptr, nullptr};
   return kernels;
 }
 #endif

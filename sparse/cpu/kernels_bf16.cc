@@ -1,10 +1,11 @@
 // The choice of the cpu backend's bf16 convolution kernels (kernels.h):
 // whether the CPU has them, the mode, the measured speed that decides, and
 // the line that says which runs. The kernels are in kernels.cc (drivers)
-// and kernels_avx512.cc (tiles).
+// and kernels_avx512.cc and kernels_amx.cc (tiles).
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "c10/util/Exception.h"
@@ -15,12 +16,12 @@ namespace trainsup::sparse::cpu {
 
 bool Bf16KernelsSupported() { return fused::Avx512Bf16Supported() && fused::Avx512Supported(); }
 
-Bf16Mode Bf16ModeFromString(const char* value) {
+Bf16Mode Bf16ModeFromString(const char* value, const char* variable) {
   const std::string v = value != nullptr ? value : "";
   if (v.empty() || v == "auto") return Bf16Mode::kMeasured;
   if (v == "1") return Bf16Mode::kOn;
   if (v == "0") return Bf16Mode::kOff;
-  TORCH_CHECK(false, "TRAINSUP_BF16_KERNELS: unknown value '", v, "' (expected 1, 0 or auto)");
+  TORCH_CHECK(false, variable, ": unknown value '", v, "' (expected 1, 0 or auto)");
 }
 
 namespace {
@@ -28,18 +29,14 @@ std::atomic<Bf16Mode>& Bf16ModeFlag() {
   static std::atomic<Bf16Mode> flag{Bf16ModeFromString(std::getenv("TRAINSUP_BF16_KERNELS"))};
   return flag;
 }
-}  // namespace
-
-Bf16Mode SetBf16Mode(Bf16Mode mode) { return Bf16ModeFlag().exchange(mode); }
-
-double Bf16DotSpeed() {
-  static const double speed = Bf16KernelsSupported() ? fused::MeasureBf16DotOverFma() : 0.0;
-  return speed;
+std::atomic<Bf16Mode>& AmxModeFlag() {
+  static std::atomic<Bf16Mode> flag{
+      Bf16ModeFromString(std::getenv("TRAINSUP_AMX"), "TRAINSUP_AMX")};
+  return flag;
 }
-
-bool Bf16KernelsActive() {
-  if (!Bf16KernelsSupported() || ActiveKernelSet() != KernelSet::kAvx512) return false;
-  switch (Bf16ModeFlag().load(std::memory_order_relaxed)) {
+// What a mode decides without measuring: on or off; nullopt: measure.
+std::optional<bool> Forced(const std::atomic<Bf16Mode>& flag) {
+  switch (flag.load(std::memory_order_relaxed)) {
     case Bf16Mode::kOn:
       return true;
     case Bf16Mode::kOff:
@@ -47,19 +44,81 @@ bool Bf16KernelsActive() {
     case Bf16Mode::kMeasured:
       break;
   }
-  return Bf16DotSpeed() >= kBf16MinSpeed;
+  return std::nullopt;
+}
+std::atomic<const fused::Bf16TileKernels*>& TilesOverride() {
+  static std::atomic<const fused::Bf16TileKernels*> tiles{nullptr};
+  return tiles;
+}
+}  // namespace
+
+Bf16Mode SetBf16Mode(Bf16Mode mode) { return Bf16ModeFlag().exchange(mode); }
+Bf16Mode SetAmxMode(Bf16Mode mode) { return AmxModeFlag().exchange(mode); }
+
+double Bf16DotSpeed() {
+  static const double speed = Bf16KernelsSupported() ? fused::MeasureBf16DotOverFma() : 0.0;
+  return speed;
 }
 
+double AmxSpeed() {
+  static const double speed = fused::AmxBf16Supported() ? fused::MeasureAmxOverFma() : 0.0;
+  return speed;
+}
+
+bool AmxTilesActive() {
+  if (TilesOverride().load() != nullptr || !fused::AmxBf16Supported()) return false;
+  if (const std::optional<bool> forced = Forced(AmxModeFlag())) return *forced;
+  return AmxSpeed() >= kBf16MinSpeed;
+}
+
+bool Bf16KernelsActive() {
+  if (TilesOverride().load() != nullptr) return true;
+  if (!Bf16KernelsSupported() || ActiveKernelSet() != KernelSet::kAvx512) return false;
+  if (const std::optional<bool> forced = Forced(Bf16ModeFlag())) return *forced;
+  return AmxTilesActive() || Bf16DotSpeed() >= kBf16MinSpeed;
+}
+
+namespace fused {
+
+const Bf16TileKernels* SetBf16TilesOverride(const Bf16TileKernels* tiles) {
+  return TilesOverride().exchange(tiles);
+}
+
+const Bf16TileKernels& ActiveBf16Tiles() {
+  if (const Bf16TileKernels* tiles = TilesOverride().load()) return *tiles;
+  return AmxTilesActive() ? AmxBf16TileKernels() : Avx512Bf16TileKernels();
+}
+
+}  // namespace fused
+
 std::string DescribeBf16Kernels() {
+  if (const fused::Bf16TileKernels* tiles = TilesOverride().load()) {
+    return std::string(" with ") + tiles->name + " (a test's override)";
+  }
   if (!Bf16KernelsSupported()) return "";
-  if (Bf16KernelsActive()) return " with AVX512_BF16";
+  // Why the AMX tiles are not the ones, where the CPU has them.
+  std::string amx;
+  if (fused::AmxBf16Supported() && !AmxTilesActive()) {
+    if (AmxModeFlag().load() == Bf16Mode::kOff) {
+      amx = " (AMX_BF16 turned off)";
+    } else {
+      char line[96];
+      std::snprintf(line, sizeof line,
+                    " (AMX_BF16 unused: its tile products run at %.2fx the float32 FMA rate here)",
+                    AmxSpeed());
+      amx = line;
+    }
+  }
+  if (Bf16KernelsActive()) {
+    return std::string(" with ") + fused::ActiveBf16Tiles().name + amx;
+  }
   if (ActiveKernelSet() != KernelSet::kAvx512) return " (AVX512_BF16 unused: not the avx512 set)";
   if (Bf16ModeFlag().load() == Bf16Mode::kOff) return " (AVX512_BF16 turned off)";
   char line[112];
   std::snprintf(line, sizeof line,
                 " (AVX512_BF16 unused: its dot products run at %.2fx the float32 FMA rate here)",
                 Bf16DotSpeed());
-  return line;
+  return line + amx;
 }
 
 }  // namespace trainsup::sparse::cpu

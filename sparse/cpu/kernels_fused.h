@@ -47,6 +47,12 @@ const TileKernels& Avx2TileKernels();
 inline int64_t Cols16(int64_t cols) { return (cols + 15) / 16 * 16; }
 
 struct Bf16TileKernels {
+  // What the precision line calls them ("AVX512_BF16", "AMX_BF16").
+  const char* name;
+  // The pair-packed weights they read have their rows (the reduction)
+  // zero-padded to a multiple of this: 2 for AVX-512 BF16, 32 for AMX,
+  // whose tiles reduce over 32 values at a time (PackedSize, kernels.cc).
+  int64_t row_multiple;
   // out[oidx[p], :] += a[aidx[p], :] @ W for p in [0, n): a is acols wide
   // (bf16), wp is W [acols x ocols] pair-packed, out is float32, ocols
   // wide. Within the call every oidx is unique.
@@ -66,6 +72,41 @@ struct Bf16TileKernels {
 // Sapphire Rapids on, AMD Zen 4 on).
 bool Avx512Bf16Supported();
 const Bf16TileKernels& Avx512Bf16TileKernels();
+// AMX (kernels_amx.cc): the same entries on AMX-BF16 tiles. Each call
+// gathers 16 input rows into a tile-shaped block, multiplies it by the
+// packed weight 32 values of the reduction at a time (TDPBF16PS, 16 x 16
+// float32 sums per instruction), and adds the sums to the output rows;
+// the weight gradient likewise with the pairs as the reduction. Products
+// of bf16 values are exact in float32; the sums are float32 in a fixed
+// order, so the results depend on the operands alone, not on the threads.
+//
+// Whether the CPU has AMX-TILE and AMX-BF16, the OS has enabled their
+// state, Linux has granted this process its use (arch_prctl
+// ARCH_REQ_XCOMP_PERM, asked for at the first call) and the AVX-512 BF16
+// tiles (their conversions) are there too.
+bool AmxBf16Supported();
+// Callable where AmxBf16Supported().
+const Bf16TileKernels& AmxBf16TileKernels();
+// The same drivers with each tile instruction carried out by C++ that
+// follows Intel's definition of it (TDPBF16PS: per output element, the
+// pairs' two products added one after the other, each addition rounded to
+// float32; denormal inputs read as zero, denormal results flushed), and
+// the scalar conversion: runs on any CPU. The tests hold the drivers'
+// gathers, padding and scatters to a reference through it on every
+// machine; on an AMX machine they run the hardware tables as well.
+const Bf16TileKernels& EmulatedAmxBf16TileKernels();
+// The rate of AMX-BF16 tile products over that of AVX-512 float32 FMAs,
+// in flops, on one core, measured now; 0 where !AmxBf16Supported().
+double MeasureAmxOverFma();
+
+// Tests: makes `tiles` the bf16 tiles the cpu backend runs, active on any
+// CPU whatever the modes and the kernel set (nullptr: back to the CPU's
+// own choice). Returns the previous override.
+const Bf16TileKernels* SetBf16TilesOverride(const Bf16TileKernels* tiles);
+// The tiles bf16 convolutions run on while Bf16KernelsActive() (kernels.h):
+// the override, else AMX where chosen, else AVX-512 BF16.
+const Bf16TileKernels& ActiveBf16Tiles();
+
 // The rate of AVX512_BF16 dot products (VDPBF16PS) over that of AVX-512
 // float32 FMAs, in flops, on one core, measured now (a few milliseconds;
 // the fastest of five runs of each); 0 without AVX512_BF16. Where it is
@@ -79,6 +120,8 @@ double MeasureBf16DotOverFma();
 constexpr int kProbeChains = 12;
 float Avx512FmaChains(long n);
 float Avx512Bf16DotChains(long n);
+// Seconds of the fastest of five runs of fn(n) (the probes above).
+double FastestOfFive(float (*fn)(long), long n);
 
 // dst[i, :] = src[rows[i], :] for i in [0, n).
 template <typename T>

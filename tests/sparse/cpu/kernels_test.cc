@@ -8,15 +8,19 @@
 #include "sparse/cpu/kernels.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "sparse/cpu/kernels_fused.h"
 #include "sparse/ops.h"
 #include "tests/sparse/test_util.h"
 
@@ -303,6 +307,15 @@ TEST(FusedKernelSets, TheEnvironmentChoosesTheBf16Mode) {
               std::string::npos)
         << e.what();
   }
+  try {
+    cpu::Bf16ModeFromString("on", "TRAINSUP_AMX");
+    FAIL() << "an unknown value was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("TRAINSUP_AMX: unknown value 'on' (expected 1, 0 or auto)"),
+        std::string::npos)
+        << e.what();
+  }
   // Without AVX512_BF16 no mode turns them on.
   if (!cpu::Bf16KernelsSupported()) {
     const cpu::Bf16Mode previous = cpu::SetBf16Mode(cpu::Bf16Mode::kOn);
@@ -311,32 +324,93 @@ TEST(FusedKernelSets, TheEnvironmentChoosesTheBf16Mode) {
   }
 }
 
-// ---- bfloat16 on AVX512_BF16 ----
+// ---- bfloat16 tiles ----
 //
-// Skipped where the CPU lacks AVX512_BF16 (AMD Zen 3, Intel before Cooper
-// Lake): bf16 convolutions there take the convert-to-fp32 path, which the
-// cross-backend tests cover.
+// The numerical tests run on every bf16 tile set this machine has: the
+// CPU's AVX512_BF16 and AMX_BF16 tiles where it has them, and everywhere
+// the AMX drivers on emulated tile instructions (the only AMX run on a
+// machine without AMX). A CPU with neither takes the convert-to-fp32 path
+// for bf16, which the cross-backend tests cover.
+enum class Tiles { kAvx512Bf16, kAmx, kEmulatedAmx };
+
+std::vector<Tiles> Bf16TileSets() {
+  std::vector<Tiles> sets;
+  if (cpu::Bf16KernelsSupported()) sets.push_back(Tiles::kAvx512Bf16);
+  if (cpu::fused::AmxBf16Supported()) sets.push_back(Tiles::kAmx);
+  sets.push_back(Tiles::kEmulatedAmx);
+  return sets;
+}
+
+const char* TilesName(Tiles t) {
+  switch (t) {
+    case Tiles::kAvx512Bf16:
+      return "AVX512_BF16";
+    case Tiles::kAmx:
+      return "AMX_BF16";
+    case Tiles::kEmulatedAmx:
+      return "AMX_BF16 (emulated)";
+  }
+  return "";
+}
+
+// Makes one tile set the one bf16 convolutions run on, and puts every
+// switch back after.
+class Bf16TileSet {
+ public:
+  explicit Bf16TileSet(Tiles tiles) {
+    if (tiles == Tiles::kEmulatedAmx) {
+      override_ = cpu::fused::SetBf16TilesOverride(&cpu::fused::EmulatedAmxBf16TileKernels());
+      return;
+    }
+    set_ = cpu::SetKernelSet(cpu::KernelSet::kAvx512);
+    mode_ = cpu::SetBf16Mode(cpu::Bf16Mode::kOn);
+    amx_ = cpu::SetAmxMode(tiles == Tiles::kAmx ? cpu::Bf16Mode::kOn : cpu::Bf16Mode::kOff);
+    restore_modes_ = true;
+  }
+  ~Bf16TileSet() {
+    cpu::fused::SetBf16TilesOverride(override_);
+    if (!restore_modes_) return;
+    cpu::SetKernelSet(set_);
+    cpu::SetBf16Mode(mode_);
+    cpu::SetAmxMode(amx_);
+  }
+  Bf16TileSet(const Bf16TileSet&) = delete;
+  Bf16TileSet& operator=(const Bf16TileSet&) = delete;
+
+ private:
+  const cpu::fused::Bf16TileKernels* override_ = nullptr;
+  bool restore_modes_ = false;
+  cpu::KernelSet set_ = cpu::KernelSet::kBlas;
+  cpu::Bf16Mode mode_ = cpu::Bf16Mode::kMeasured, amx_ = cpu::Bf16Mode::kMeasured;
+};
+
+class Bf16Tiles : public ::testing::TestWithParam<Tiles> {
+ protected:
+  void SetUp() override {
+    set_.emplace(GetParam());
+    ASSERT_TRUE(cpu::Bf16KernelsActive());
+    ASSERT_STREQ(cpu::fused::ActiveBf16Tiles().name, TilesName(GetParam()));
+  }
+  void TearDown() override { set_.reset(); }
+  std::optional<Bf16TileSet> set_;
+};
+
+// The selection tests of the AVX512_BF16 tiles themselves (with AMX off).
 class Bf16Kernels : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!cpu::Bf16KernelsSupported()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
-    previous_ = cpu::SetKernelSet(cpu::KernelSet::kAvx512);
-    mode_ = cpu::SetBf16Mode(cpu::Bf16Mode::kOn);
+    set_.emplace(Tiles::kAvx512Bf16);
   }
-  void TearDown() override {
-    if (!cpu::Bf16KernelsSupported()) return;
-    cpu::SetKernelSet(previous_);
-    cpu::SetBf16Mode(mode_);
-  }
-  cpu::KernelSet previous_ = cpu::KernelSet::kBlas;
-  cpu::Bf16Mode mode_ = cpu::Bf16Mode::kMeasured;
+  void TearDown() override { set_.reset(); }
+  std::optional<Bf16TileSet> set_;
 };
 
 // The operands are bf16, so each product is exact in float32 and float64;
 // the kernels add `terms` of them in float32 (each addition within 2^-24
 // of its result, so the sum within terms * 2^-24 * S, S the sum of the
 // absolute terms), then round once to bf16 (u = 2^-8 of the result).
-TEST_F(Bf16Kernels, MatchFloat64WithinOneRoundingOfAFloat32Sum) {
+TEST_P(Bf16Tiles, MatchFloat64WithinOneRoundingOfAFloat32Sum) {
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(Describe(s));
     auto in = MakeRandomInput(2, 10, 0.3, s.cin, at::kFloat, 11 + s.cin, -5, /*shuffle=*/false);
@@ -364,7 +438,7 @@ TEST_F(Bf16Kernels, MatchFloat64WithinOneRoundingOfAFloat32Sum) {
   }
 }
 
-TEST_F(Bf16Kernels, ResultsDoNotDependOnTheThreadCountBitForBit) {
+TEST_P(Bf16Tiles, ResultsDoNotDependOnTheThreadCountBitForBit) {
   const int threads = at::get_num_threads();
   for (const Shape& s : {kShapes[0], kShapes[5], kShapes[9]}) {
     SCOPED_TRACE(Describe(s));
@@ -439,7 +513,7 @@ TEST_F(Bf16Kernels, TakenWhereActiveAndTheSwitchesTurnThemOff) {
 
 // A non-finite input reaches the outputs it touches: the guard's and the
 // splitter's NaN checks see it.
-TEST_F(Bf16Kernels, ANonFiniteInputPropagates) {
+TEST_P(Bf16Tiles, ANonFiniteInputPropagates) {
   const Shape s{16, 20, 3, 1, false};
   auto in = MakeRandomInput(1, 10, 0.3, s.cin, at::kFloat, 4, 0, /*shuffle=*/false);
   at::Tensor f = in.features.to(at::kBFloat16);
@@ -452,7 +526,7 @@ TEST_F(Bf16Kernels, ANonFiniteInputPropagates) {
   EXPECT_FALSE(r.out.isnan().all().item<bool>());
 }
 
-TEST_F(Bf16Kernels, ZeroChannelsGiveEmptyResults) {
+TEST_P(Bf16Tiles, ZeroChannelsGiveEmptyResults) {
   auto in = MakeRandomInput(1, 8, 0.3, 4, at::kFloat, 2, 0, /*shuffle=*/false);
   for (auto [cin, cout] : {std::pair<int64_t, int64_t>{4, 0}, {0, 4}}) {
     at::Tensor f = in.features.slice(1, 0, cin).to(at::kBFloat16).requires_grad_(true);
@@ -464,6 +538,256 @@ TEST_F(Bf16Kernels, ZeroChannelsGiveEmptyResults) {
     EXPECT_EQ(f.grad().sizes(), f.sizes());
     EXPECT_EQ(w.grad().sizes(), w.sizes());
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(TileSets, Bf16Tiles, ::testing::ValuesIn(Bf16TileSets()),
+                         [](const ::testing::TestParamInfo<Tiles>& info) -> std::string {
+                           switch (info.param) {
+                             case Tiles::kAvx512Bf16:
+                               return "avx512_bf16";
+                             case Tiles::kAmx:
+                               return "amx_bf16";
+                             case Tiles::kEmulatedAmx:
+                               break;
+                           }
+                           return "emulated_amx_bf16";
+                         });
+
+// ---- the AMX drivers, call by call ----
+//
+// One call of gather_gemm_scatter and of gather_outer against a scalar
+// reference, over reduction widths, output widths and pair counts around
+// the tiles' 16 rows, 32-value reduction steps, 16-column blocks, 4-block
+// passes and the weight gradient's 256-pair blocks. The emulated tiles add
+// the same products in the same order as the reference (the reduction in
+// order from zero, then once into the output), so they must match it bit
+// for bit: that holds the gathers, the zero padding, the packing and the
+// scatters exactly. The hardware tiles (on an AMX machine) are held to the
+// float32-sum bound, since how the hardware rounds inside an instruction
+// is its own.
+struct TileCase {
+  int64_t acols, ocols, n;
+};
+const TileCase kTileCases[] = {{3, 5, 1},    {17, 16, 15},  {32, 20, 16},  {33, 64, 17},
+                               {70, 65, 40}, {8, 130, 300}, {64, 33, 513}, {96, 256, 64}};
+
+float Bf16Value(uint16_t bits) {
+  c10::BFloat16 b;
+  b.x = bits;
+  return static_cast<float>(b);
+}
+
+std::vector<uint16_t> RandomBf16(int64_t count, std::mt19937* rng) {
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> v(static_cast<size_t>(count));
+  for (uint16_t& x : v) x = c10::BFloat16(normal(*rng)).x;
+  return v;
+}
+
+// `count` distinct rows of [0, rows) in random order (rows >= count).
+std::vector<int32_t> DistinctRows(int64_t count, int64_t rows, std::mt19937* rng) {
+  std::vector<int32_t> all(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) all[i] = static_cast<int32_t>(i);
+  std::shuffle(all.begin(), all.end(), *rng);
+  all.resize(static_cast<size_t>(count));
+  return all;
+}
+
+// W [rows x cols] pair-packed (kernels_fused.h), rows padded to `multiple`.
+std::vector<uint16_t> PackForTiles(const std::vector<uint16_t>& w, int64_t rows, int64_t cols,
+                                   int64_t multiple) {
+  const int64_t padded = (rows + multiple - 1) / multiple * multiple;
+  const int64_t stride = 2 * cpu::fused::Cols16(cols);
+  std::vector<uint16_t> p(static_cast<size_t>(padded / 2 * stride), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) p[(r / 2) * stride + 2 * j + r % 2] = w[r * cols + j];
+  }
+  return p;
+}
+
+// What a call should leave in a float32 array: each element's start plus
+// its terms summed in order from zero in float32 (`in_order`), the same
+// sum in float64 (`exact`), and the sum of the absolute terms and the
+// result (`abs`, for the bound).
+struct Expected {
+  std::vector<float> in_order;
+  std::vector<double> exact, abs;
+};
+
+Expected StartingFrom(const std::vector<float>& start) {
+  return {start, std::vector<double>(start.begin(), start.end()),
+          std::vector<double>(start.size(), 0.0)};
+}
+
+// Adds term(t), t in [0, count), to element e.
+template <typename Term>
+void AddInOrder(int64_t e, int64_t count, const Term& term, Expected* x) {
+  float sum = 0.0f;
+  double sum64 = 0.0, abs_sum = 0.0;
+  for (int64_t t = 0; t < count; ++t) {
+    const float v = term(t);
+    sum += v;
+    sum64 += v;
+    abs_sum += std::abs(v);
+  }
+  x->in_order[e] += sum;
+  x->exact[e] += sum64;
+  x->abs[e] = abs_sum + std::abs(x->exact[e]);
+}
+
+// Checks `got` bit for bit against the in-order sums when `exact`, else
+// against the float64 sums within (terms + 2) * 2^-24 times `abs`.
+void ExpectSums(const std::vector<float>& got, const Expected& want, double terms, bool exact,
+                const char* what) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool ok = exact ? std::memcmp(&got[i], &want.in_order[i], sizeof(float)) == 0
+                          : std::abs(got[i] - want.exact[i]) <=
+                                (terms + 2) * std::ldexp(1.0, -24) * want.abs[i] + 1e-30;
+    if (!ok && ++bad <= 3) {
+      ADD_FAILURE() << what << " element " << i << ": got " << got[i] << ", want "
+                    << want.in_order[i] << " (float64 " << want.exact[i] << ")";
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+void CheckTileCalls(const cpu::fused::Bf16TileKernels& tiles, bool exact) {
+  std::mt19937 rng(7);
+  for (const TileCase& c : kTileCases) {
+    SCOPED_TRACE("acols " + std::to_string(c.acols) + ", ocols " + std::to_string(c.ocols) +
+                 ", n " + std::to_string(c.n));
+    const int64_t arows = c.n + 5, orows = c.n + 3;
+    const std::vector<uint16_t> a = RandomBf16(arows * c.acols, &rng);
+    const std::vector<uint16_t> w = RandomBf16(c.acols * c.ocols, &rng);
+    const std::vector<uint16_t> g = RandomBf16(orows * c.ocols, &rng);
+    std::vector<int32_t> aidx(static_cast<size_t>(c.n));
+    std::uniform_int_distribution<int32_t> any_row(0, static_cast<int32_t>(arows - 1));
+    for (int32_t& r : aidx) r = any_row(rng);  // inputs may repeat
+    const std::vector<int32_t> oidx = DistinctRows(c.n, orows, &rng);
+
+    // Forward: out[oidx[p]] += a[aidx[p]] @ W, onto nonzero output.
+    std::vector<float> out(static_cast<size_t>(orows * c.ocols));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = 0.25f * static_cast<float>(i % 7);
+    Expected want = StartingFrom(out);
+    for (int64_t p = 0; p < c.n; ++p) {
+      for (int64_t j = 0; j < c.ocols; ++j) {
+        AddInOrder(
+            oidx[p] * c.ocols + j, c.acols,
+            [&](int64_t r) {
+              return Bf16Value(a[aidx[p] * c.acols + r]) * Bf16Value(w[r * c.ocols + j]);
+            },
+            &want);
+      }
+    }
+    const std::vector<uint16_t> wp = PackForTiles(w, c.acols, c.ocols, tiles.row_multiple);
+    tiles.gather_gemm_scatter(a.data(), c.acols, aidx.data(), wp.data(), out.data(), c.ocols,
+                              oidx.data(), c.n);
+    ExpectSums(out, want, static_cast<double>(c.acols + 1), exact, "gather_gemm_scatter");
+
+    // Weight gradient: dw += a[aidx]^T @ g[oidx], onto nonzero dw.
+    std::vector<float> dw(static_cast<size_t>(c.acols * c.ocols));
+    for (size_t i = 0; i < dw.size(); ++i) dw[i] = -0.5f * static_cast<float>(i % 5);
+    Expected dwant = StartingFrom(dw);
+    for (int64_t i = 0; i < c.acols; ++i) {
+      for (int64_t j = 0; j < c.ocols; ++j) {
+        AddInOrder(
+            i * c.ocols + j, c.n,
+            [&](int64_t p) {
+              return Bf16Value(a[aidx[p] * c.acols + i]) * Bf16Value(g[oidx[p] * c.ocols + j]);
+            },
+            &dwant);
+      }
+    }
+    tiles.gather_outer(a.data(), c.acols, aidx.data(), g.data(), c.ocols, oidx.data(), c.n,
+                       dw.data());
+    ExpectSums(dw, dwant, static_cast<double>(c.n + 1), exact, "gather_outer");
+  }
+}
+
+TEST(AmxTileCalls, EmulatedMatchTheInOrderSumsBitForBit) {
+  CheckTileCalls(cpu::fused::EmulatedAmxBf16TileKernels(), /*exact=*/true);
+}
+
+TEST(AmxTileCalls, HardwareMatchFloat64WithinAFloat32Sum) {
+  if (!cpu::fused::AmxBf16Supported()) {
+    GTEST_SKIP() << "this CPU has no AMX-BF16 (or Linux did not grant this process its use)";
+  }
+  CheckTileCalls(cpu::fused::AmxBf16TileKernels(), /*exact=*/false);
+}
+
+// The conversion of the emulated tiles rounds as VCVTNEPS2BF16 does: to
+// nearest with ties to even, NaN stays NaN.
+TEST(AmxTileCalls, EmulatedConversionRoundsToNearestEven) {
+  const float in[] = {1.0f,
+                      1.00390625f,
+                      1.01171875f,
+                      -2.5f,
+                      3.0e38f,
+                      std::numeric_limits<float>::infinity(),
+                      std::numeric_limits<float>::quiet_NaN()};
+  // 1 + 2^-8 is a tie (to 1.0, even); 1 + 3 * 2^-8 a tie up to 1 + 2^-6.
+  const uint16_t want[] = {0x3f80, 0x3f80, 0x3f82, 0xc020, 0x7f62, 0x7f80};
+  uint16_t got[7];
+  cpu::fused::EmulatedAmxBf16TileKernels().to_bf16(in, got, 7);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(got[i], want[i]) << in[i];
+  EXPECT_TRUE(std::isnan(Bf16Value(got[6])));
+  if (cpu::Bf16KernelsSupported()) {
+    uint16_t hw[7];
+    cpu::fused::Avx512Bf16TileKernels().to_bf16(in, hw, 7);
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(hw[i], want[i]) << in[i];
+  }
+}
+
+// Where the CPU has AMX-BF16, the measured mode takes its tiles when their
+// products measure fast enough, and the precision line names them; the
+// switch turns them off. Where it has not, no mode turns them on.
+TEST(AmxTileSelection, MeasuredWhereTheCpuHasThemAndNamedInThePrecisionLine) {
+  const c10::Device host(c10::DeviceType::CPU);
+  const cpu::Bf16Mode amx = cpu::SetAmxMode(cpu::Bf16Mode::kOn);
+  if (!cpu::fused::AmxBf16Supported()) {
+    EXPECT_FALSE(cpu::AmxTilesActive());
+    EXPECT_EQ(cpu::AmxSpeed(), 0.0);
+    EXPECT_STRNE(cpu::fused::ActiveBf16Tiles().name, "AMX_BF16");
+    cpu::SetAmxMode(amx);
+    GTEST_SKIP() << "this CPU has no AMX-BF16: checked only that nothing turns its tiles on";
+  }
+  const cpu::KernelSet set = cpu::SetKernelSet(cpu::KernelSet::kAvx512);
+  const cpu::Bf16Mode mode = cpu::SetBf16Mode(cpu::Bf16Mode::kMeasured);
+  cpu::SetAmxMode(cpu::Bf16Mode::kMeasured);
+  const double speed = cpu::AmxSpeed();
+  EXPECT_GT(speed, 0.0);
+  EXPECT_EQ(cpu::AmxTilesActive(), speed >= cpu::kBf16MinSpeed) << speed;
+  const std::string line = DescribePrecision(at::kBFloat16, host);
+  if (cpu::AmxTilesActive()) {
+    EXPECT_TRUE(cpu::Bf16KernelsActive());
+    EXPECT_NE(line.find("with AMX_BF16"), std::string::npos) << line;
+  } else {
+    EXPECT_NE(line.find("AMX_BF16 unused: its tile products run at"), std::string::npos) << line;
+  }
+  cpu::SetAmxMode(cpu::Bf16Mode::kOff);
+  EXPECT_FALSE(cpu::AmxTilesActive());
+  EXPECT_NE(DescribePrecision(at::kBFloat16, host).find("(AMX_BF16 turned off)"),
+            std::string::npos);
+  cpu::SetAmxMode(amx);
+  cpu::SetBf16Mode(mode);
+  cpu::SetKernelSet(set);
+}
+
+// A test's override runs on any CPU, says so in the precision line, and
+// goes away when reset.
+TEST(AmxTileSelection, TheOverrideIsNamedAndReset) {
+  const c10::Device host(c10::DeviceType::CPU);
+  {
+    Bf16TileSet emulated(Tiles::kEmulatedAmx);
+    EXPECT_TRUE(cpu::Bf16KernelsActive());
+    EXPECT_NE(DescribePrecision(at::kBFloat16, host)
+                  .find("with AMX_BF16 (emulated) (a test's override) (half inputs"),
+              std::string::npos)
+        << DescribePrecision(at::kBFloat16, host);
+  }
+  EXPECT_STRNE(cpu::fused::ActiveBf16Tiles().name, "AMX_BF16 (emulated)");
+  EXPECT_EQ(DescribePrecision(at::kBFloat16, host).find("emulated"), std::string::npos);
 }
 
 }  // namespace
