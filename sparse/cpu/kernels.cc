@@ -315,17 +315,11 @@ int64_t PackedSize(int64_t rows, int64_t cols, int64_t row_multiple) {
 }
 std::vector<uint16_t> PackPairs(const uint16_t* w, int64_t volume, int64_t rows, int64_t cols,
                                 bool transpose, int64_t row_multiple) {
-  const int64_t stride = 2 * fused::Cols16(cols), size = PackedSize(rows, cols, row_multiple);
+  const int64_t size = PackedSize(rows, cols, row_multiple);
   std::vector<uint16_t> packed(static_cast<size_t>(volume * size), 0);
   at::parallel_for(0, volume, 1, [&](int64_t kb, int64_t ke) {
     for (int64_t k = kb; k < ke; ++k) {
-      const uint16_t* wk = w + k * rows * cols;
-      uint16_t* pk = packed.data() + k * size;
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t j = 0; j < cols; ++j) {
-          pk[(r / 2) * stride + 2 * j + r % 2] = transpose ? wk[j * rows + r] : wk[r * cols + j];
-        }
-      }
+      fused::PackPairsInto(w + k * rows * cols, rows, cols, transpose, packed.data() + k * size);
     }
   });
   return packed;
@@ -672,6 +666,7 @@ void ConvForwardBf16(const uint16_t* in, int64_t cin, const uint16_t* weight, in
   const fused::Bf16TileKernels& tiles = fused::ActiveBf16Tiles();
   std::vector<int32_t> iota_storage;
   const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_out) : nullptr;
+  // Packed for these tiles: the AMX ones read whole 32-row steps.
   const std::vector<uint16_t> wp =
       PackPairs(weight, pairs.volume, cin, cout, false, tiles.row_multiple);
   const int64_t size = PackedSize(cin, cout, tiles.row_multiple);

@@ -88,11 +88,14 @@ double Bf16DotSpeed();
 // On CPUs with AMX-BF16 (Intel Sapphire Rapids on), the bf16 kernels run
 // on AMX tiles (fused::AmxBf16TileKernels) instead of AVX512_BF16 ones when
 // the AMX mode says so: TRAINSUP_AMX = 1, 0 or auto (the default: where
-// their tile products measure at least kBf16MinSpeed times the float32
-// FMA rate, AmxSpeed()). In the measured bf16 mode the AMX tiles count as
-// fast enough on their own, whatever the AVX512_BF16 dot products measure.
+// their convolution entry measures at least kBf16MinSpeed times as fast
+// as the float32 tiles', AmxSpeed()). In the measured bf16 mode the AMX
+// tiles count as fast enough on their own, whatever the AVX512_BF16 dot
+// products measure. Either way they run only where they agree with the
+// emulated instructions (fused::AmxAgreesWithEmulation, checked once);
+// with 0 no AMX instruction runs at all.
 Bf16Mode SetAmxMode(Bf16Mode mode);
-// Measured at the first call; 0 without AMX-BF16.
+// Measured at the first call; 0 without usable AMX-BF16.
 double AmxSpeed();
 // Whether the AMX tiles are the bf16 tiles in use when Bf16KernelsActive().
 bool AmxTilesActive();

@@ -17,6 +17,7 @@
 // instantiation has been compiled and assembled, not run (docs/engine.md).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -153,9 +154,11 @@ struct EmulatedTiles {
       std::memcpy(static_cast<uint8_t*>(base) + r * stride, s.data[T][r], s.config.colsb[T]);
     }
   }
-  // TDPBF16PS: for each row m of C and column n, for each pair k of the
-  // reduction in order, C[m][n] += A[m][2k] B[k][2n], then += A[m][2k+1]
-  // B[k][2n+1], each addition rounded to float32.
+  // TDPBF16PS as the SDM defines it: for each row m of C and column n,
+  // two float32 sums from zero, one over the pairs' first products
+  // A[m][2k] B[k][2n] and one over their second, each step a fused
+  // multiply-add, then C[m][n] += (first + second). Denormal inputs read
+  // as zero, denormal results flushed, round to nearest even throughout.
   template <int C, int A, int B>
   static void Dot() {
     State& s = Checked(C);
@@ -165,7 +168,7 @@ struct EmulatedTiles {
     TORCH_CHECK(c.rows[C] == c.rows[A] && c.colsb[A] == 4 * c.rows[B] && c.colsb[C] == c.colsb[B],
                 "emulated AMX: TDPBF16PS on tiles whose shapes do not chain");
     for (int m = 0; m < c.rows[C]; ++m) {
-      float sum[kTileCols];
+      float first[kTileCols] = {}, second[kTileCols] = {}, sum[kTileCols];
       std::memcpy(sum, s.data[C][m], c.colsb[C]);
       for (int k = 0; k < c.colsb[A] / 4; ++k) {
         uint16_t a[2];
@@ -173,10 +176,13 @@ struct EmulatedTiles {
         for (int n = 0; n < c.colsb[C] / 4; ++n) {
           uint16_t b[2];
           std::memcpy(b, s.data[B][k] + 4 * n, sizeof b);
-          // Each product of two bf16 values is exact in float32.
-          sum[n] = FlushDenormal(sum[n] + Bf16ToFloatDaz(a[0]) * Bf16ToFloatDaz(b[0]));
-          sum[n] = FlushDenormal(sum[n] + Bf16ToFloatDaz(a[1]) * Bf16ToFloatDaz(b[1]));
+          first[n] = FlushDenormal(std::fmaf(Bf16ToFloatDaz(a[0]), Bf16ToFloatDaz(b[0]), first[n]));
+          second[n] =
+              FlushDenormal(std::fmaf(Bf16ToFloatDaz(a[1]), Bf16ToFloatDaz(b[1]), second[n]));
         }
+      }
+      for (int n = 0; n < c.colsb[C] / 4; ++n) {
+        sum[n] = FlushDenormal(sum[n] + FlushDenormal(first[n] + second[n]));
       }
       std::memcpy(s.data[C][m], sum, c.colsb[C]);
     }
@@ -353,9 +359,101 @@ const Bf16TileKernels& EmulatedAmxBf16TileKernels() {
   return kernels;
 }
 
+bool Bf16TilesAgree(const Bf16TileKernels& tiles, const Bf16TileKernels& reference) {
+  // Fixed pseudo-random bf16 values in [-2, 2), normal (no denormals).
+  uint32_t state = 12345;
+  auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    const float f = static_cast<float>(state >> 8) / 4194304.0f - 2.0f;  // [-2, 2)
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return static_cast<uint16_t>((u >> 16) | 0x0080u);  // nonzero exponent
+  };
+  constexpr int64_t kIn = 40, kOut = 40, kN = 37, kOuterN = 300, kRowsIn = 50, kRowsOut = 300;
+  std::vector<uint16_t> a(kRowsIn * kIn), g(kRowsOut * kOut), w(kIn * kOut);
+  for (uint16_t& v : a) v = next();
+  for (uint16_t& v : g) v = next();
+  for (uint16_t& v : w) v = next();
+  std::vector<int32_t> aidx(kOuterN), oidx(kOuterN);
+  for (int64_t p = 0; p < kOuterN; ++p) {
+    aidx[p] = static_cast<int32_t>((p * 7) % kRowsIn);
+    oidx[p] = static_cast<int32_t>((p * 11) % kRowsOut);  // distinct: 11 and 300 coprime
+  }
+  // W pair-packed, rows padded for both.
+  const int64_t rows = RoundUp(kIn, std::max(tiles.row_multiple, reference.row_multiple));
+  std::vector<uint16_t> wp(rows * Cols16(kOut), 0);
+  PackPairsInto(w.data(), kIn, kOut, false, wp.data());
+  auto strip_signs = [](std::vector<uint16_t> v) {
+    for (uint16_t& x : v) x &= 0x7fffu;
+    return v;
+  };
+  const std::vector<uint16_t> abs_a = strip_signs(a), abs_g = strip_signs(g),
+                              abs_wp = strip_signs(wp);
+  const Bf16TileKernels& hw = tiles;
+  const Bf16TileKernels& em = reference;
+  // Within (terms + 2) 2^-24 of the sums of absolute terms (the emulation's
+  // on absolute values), as float32 sums of the same terms must be.
+  auto agree = [](const std::vector<float>& x, const std::vector<float>& y,
+                  const std::vector<float>& bound, int64_t terms) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double tolerance = static_cast<double>(terms + 2) * 0x1p-24 * bound[i] + 1e-30;
+      if (!(std::abs(static_cast<double>(x[i]) - y[i]) <= tolerance)) return false;
+    }
+    return true;
+  };
+  std::vector<float> out_hw(kRowsOut * kOut, 0.0f), out_em = out_hw, out_abs = out_hw;
+  hw.gather_gemm_scatter(a.data(), kIn, aidx.data(), wp.data(), out_hw.data(), kOut, oidx.data(),
+                         kN);
+  em.gather_gemm_scatter(a.data(), kIn, aidx.data(), wp.data(), out_em.data(), kOut, oidx.data(),
+                         kN);
+  em.gather_gemm_scatter(abs_a.data(), kIn, aidx.data(), abs_wp.data(), out_abs.data(), kOut,
+                         oidx.data(), kN);
+  std::vector<float> dw_hw(kIn * kOut, 0.0f), dw_em = dw_hw, dw_abs = dw_hw;
+  hw.gather_outer(a.data(), kIn, aidx.data(), g.data(), kOut, oidx.data(), kOuterN, dw_hw.data());
+  em.gather_outer(a.data(), kIn, aidx.data(), g.data(), kOut, oidx.data(), kOuterN, dw_em.data());
+  em.gather_outer(abs_a.data(), kIn, aidx.data(), abs_g.data(), kOut, oidx.data(), kOuterN,
+                  dw_abs.data());
+  return agree(out_hw, out_em, out_abs, kIn) && agree(dw_hw, dw_em, dw_abs, kOuterN);
+}
+
+double Bf16TilesOverFloat32Tiles(const Bf16TileKernels& bf16, const TileKernels& fp32) {
+  // A 64 -> 64 layer's 4,096 pairs over 8,192 rows, every 2nd row.
+  constexpr int64_t kChannels = 64, kPairs = 4096, kRows = 2 * kPairs;
+  std::vector<float> a(kRows * kChannels), w(kChannels * kChannels), out(kRows * kChannels);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 13) * 0.125f - 0.75f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
+  std::vector<uint16_t> a16(a.size()), w16(w.size()),
+      wp(RoundUp(kChannels, bf16.row_multiple) * Cols16(kChannels), 0);
+  ToBf16Scalar(a.data(), a16.data(), static_cast<int64_t>(a.size()));
+  ToBf16Scalar(w.data(), w16.data(), static_cast<int64_t>(w.size()));
+  PackPairsInto(w16.data(), kChannels, kChannels, false, wp.data());
+  std::vector<int32_t> rows(kPairs);
+  for (int64_t p = 0; p < kPairs; ++p) rows[p] = static_cast<int32_t>(2 * p);
+  auto fastest = [](const auto& run) {
+    run();  // warm-up
+    double best = 1e30;
+    for (int r = 0; r < 5; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run();
+      best = std::min(best,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+  };
+  const double t32 = fastest([&] {
+    fp32.gather_gemm_scatter(a.data(), kChannels, rows.data(), w.data(), out.data(), kChannels,
+                             rows.data(), kPairs);
+  });
+  const double t16 = fastest([&] {
+    bf16.gather_gemm_scatter(a16.data(), kChannels, rows.data(), wp.data(), out.data(), kChannels,
+                             rows.data(), kPairs);
+  });
+  return t32 / t16;
+}
+
 #if TRAINSUP_HAVE_AMX_ASM
-bool AmxBf16Supported() {
-  static const bool supported = [] {
+bool CpuHasAmxBf16() {
+  static const bool has = [] {
     if (!Avx512Bf16Supported()) return false;  // the conversions are AVX-512 BF16's
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
@@ -363,7 +461,14 @@ bool AmxBf16Supported() {
     if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & (1u << 27)) == 0) return false;
     uint32_t xcr0 = 0, high = 0;
     asm volatile("xgetbv" : "=a"(xcr0), "=d"(high) : "c"(0));
-    if ((xcr0 & (3u << 17)) != (3u << 17)) return false;  // XTILECFG, XTILEDATA: not enabled
+    return (xcr0 & (3u << 17)) == (3u << 17);  // XTILECFG, XTILEDATA enabled
+  }();
+  return has;
+}
+
+bool AmxBf16Supported() {
+  static const bool supported = [] {
+    if (!CpuHasAmxBf16()) return false;
     // Linux (5.16 on) hands AMX's 8 KiB of state to a process that asks.
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
@@ -377,47 +482,19 @@ const Bf16TileKernels& AmxBf16TileKernels() {
   return kernels;
 }
 
-namespace {
-// Four independent chains of TDPBF16PS (bf16 1.0 times about 1e-7) on the
-// C tiles, n rounds.
-float AmxDotChains(long n) {
-  alignas(64) uint16_t ones[kTileRows][kTileK], small[kTileRows][kTileK];
-  std::fill(&ones[0][0], &ones[0][0] + kTileRows * kTileK, uint16_t{0x3f80});
-  std::fill(&small[0][0], &small[0][0] + kTileRows * kTileK, uint16_t{0x33d6});
-  alignas(64) float out[kTileRows][kTileCols];
-  HardwareTiles::Configure(Config());
-  HardwareTiles::Zero<0>();
-  HardwareTiles::Zero<1>();
-  HardwareTiles::Zero<2>();
-  HardwareTiles::Zero<3>();
-  HardwareTiles::Load<4>(ones, kTileBytes);
-  HardwareTiles::Load<5>(small, kTileBytes);
-  HardwareTiles::Load<6>(small, kTileBytes);
-  for (long it = 0; it < n; ++it) {
-    HardwareTiles::Dot<0, 4, 5>();
-    HardwareTiles::Dot<1, 4, 6>();
-    HardwareTiles::Dot<2, 4, 5>();
-    HardwareTiles::Dot<3, 4, 6>();
-  }
-  HardwareTiles::Store<0>(out, kTileBytes);
-  HardwareTiles::Release();
-  return out[0][0];
+bool AmxAgreesWithEmulation() {
+  return AmxBf16Supported() && Bf16TilesAgree(AmxBf16TileKernels(), EmulatedAmxBf16TileKernels());
 }
-}  // namespace
 
-double MeasureAmxOverFma() {
-  if (!AmxBf16Supported()) return 0.0;
-  constexpr long kFmaRounds = 200'000, kDotRounds = 20'000;
-  Avx512FmaChains(kFmaRounds / 10);  // wakes the AVX-512 units up
-  const double fma = FastestOfFive(Avx512FmaChains, kFmaRounds);
-  const double dot = FastestOfFive(AmxDotChains, kDotRounds);
-  const double fma_flops = 2.0 * 16 * kProbeChains * kFmaRounds;
-  const double dot_flops = 2.0 * kGroup * kTileRows * kTileCols * kTileK * kDotRounds;
-  return (dot_flops / dot) / (fma_flops / fma);
+double MeasureAmxOverFloat32Tiles() {
+  return AmxBf16Supported() ? Bf16TilesOverFloat32Tiles(AmxBf16TileKernels(), Avx512TileKernels())
+                            : 0.0;
 }
 #else
+bool CpuHasAmxBf16() { return false; }
 bool AmxBf16Supported() { return false; }
-double MeasureAmxOverFma() { return 0.0; }
+bool AmxAgreesWithEmulation() { return false; }
+double MeasureAmxOverFloat32Tiles() { return 0.0; }
 const Bf16TileKernels& AmxBf16TileKernels() {
   static const Bf16TileKernels kernels{"AMX_BF16", kTileK, nullptr, nullptr, nullptr};
   return kernels;

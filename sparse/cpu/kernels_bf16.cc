@@ -50,6 +50,12 @@ std::atomic<const fused::Bf16TileKernels*>& TilesOverride() {
   static std::atomic<const fused::Bf16TileKernels*> tiles{nullptr};
   return tiles;
 }
+// AMX tiles this process may use: the CPU has them and they agree with the
+// emulation (checked once).
+bool AmxUsable() {
+  static const bool usable = fused::AmxBf16Supported() && fused::AmxAgreesWithEmulation();
+  return usable;
+}
 }  // namespace
 
 Bf16Mode SetBf16Mode(Bf16Mode mode) { return Bf16ModeFlag().exchange(mode); }
@@ -61,14 +67,16 @@ double Bf16DotSpeed() {
 }
 
 double AmxSpeed() {
-  static const double speed = fused::AmxBf16Supported() ? fused::MeasureAmxOverFma() : 0.0;
+  static const double speed = AmxUsable() ? fused::MeasureAmxOverFloat32Tiles() : 0.0;
   return speed;
 }
 
 bool AmxTilesActive() {
-  if (TilesOverride().load() != nullptr || !fused::AmxBf16Supported()) return false;
-  if (const std::optional<bool> forced = Forced(AmxModeFlag())) return *forced;
-  return AmxSpeed() >= kBf16MinSpeed;
+  if (TilesOverride().load() != nullptr) return false;
+  // Off: no AMX instruction runs, not even the agreement check.
+  const std::optional<bool> forced = Forced(AmxModeFlag());
+  if (forced == false || !AmxUsable()) return false;
+  return forced == true || AmxSpeed() >= kBf16MinSpeed;
 }
 
 bool Bf16KernelsActive() {
@@ -98,13 +106,17 @@ std::string DescribeBf16Kernels() {
   if (!Bf16KernelsSupported()) return "";
   // Why the AMX tiles are not the ones, where the CPU has them.
   std::string amx;
-  if (fused::AmxBf16Supported() && !AmxTilesActive()) {
+  if (fused::CpuHasAmxBf16() && !AmxTilesActive()) {
     if (AmxModeFlag().load() == Bf16Mode::kOff) {
       amx = " (AMX_BF16 turned off)";
+    } else if (!fused::AmxBf16Supported()) {
+      amx = " (AMX_BF16 unused: Linux did not grant this process its state)";
+    } else if (!AmxUsable()) {
+      amx = " (AMX_BF16 unused: its results disagree with the emulated instructions here)";
     } else {
-      char line[96];
+      char line[112];
       std::snprintf(line, sizeof line,
-                    " (AMX_BF16 unused: its tile products run at %.2fx the float32 FMA rate here)",
+                    " (AMX_BF16 unused: its convolution tiles run at %.2fx the float32 ones here)",
                     AmxSpeed());
       amx = line;
     }

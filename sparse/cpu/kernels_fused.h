@@ -46,6 +46,19 @@ const TileKernels& Avx2TileKernels();
 // values per r2 (PackPairs, kernels.cc).
 inline int64_t Cols16(int64_t cols) { return (cols + 15) / 16 * 16; }
 
+// W [rows x cols] (with `transpose`, W^T of a [cols x rows] W) written
+// pair-packed into `packed`, whose other values (the padding) the caller
+// has zeroed.
+inline void PackPairsInto(const uint16_t* w, int64_t rows, int64_t cols, bool transpose,
+                          uint16_t* packed) {
+  const int64_t stride = 2 * Cols16(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) {
+      packed[(r / 2) * stride + 2 * j + r % 2] = transpose ? w[j * rows + r] : w[r * cols + j];
+    }
+  }
+}
+
 struct Bf16TileKernels {
   // What the precision line calls them ("AVX512_BF16", "AMX_BF16").
   const char* name;
@@ -76,28 +89,46 @@ const Bf16TileKernels& Avx512Bf16TileKernels();
 // gathers 16 input rows into a tile-shaped block, multiplies it by the
 // packed weight 32 values of the reduction at a time (TDPBF16PS, 16 x 16
 // float32 sums per instruction), and adds the sums to the output rows;
-// the weight gradient likewise with the pairs as the reduction. Products
-// of bf16 values are exact in float32; the sums are float32 in a fixed
-// order, so the results depend on the operands alone, not on the threads.
+// the weight gradient likewise with the pairs as the reduction. The sums
+// are float32 in an order fixed by the instruction and the blocking, so
+// the results depend on the operands alone, not on the threads.
 //
-// Whether the CPU has AMX-TILE and AMX-BF16, the OS has enabled their
-// state, Linux has granted this process its use (arch_prctl
-// ARCH_REQ_XCOMP_PERM, asked for at the first call) and the AVX-512 BF16
-// tiles (their conversions) are there too.
+// Whether the CPU has AMX-TILE and AMX-BF16 and the OS has enabled their
+// state (CPUID and XCR0 only: no request to the kernel), and the AVX-512
+// BF16 tiles (their conversions) are there too.
+bool CpuHasAmxBf16();
+// CpuHasAmxBf16() and Linux has granted this process AMX's state
+// (arch_prctl ARCH_REQ_XCOMP_PERM, asked for at the first call).
 bool AmxBf16Supported();
 // Callable where AmxBf16Supported().
 const Bf16TileKernels& AmxBf16TileKernels();
 // The same drivers with each tile instruction carried out by C++ that
-// follows Intel's definition of it (TDPBF16PS: per output element, the
-// pairs' two products added one after the other, each addition rounded to
-// float32; denormal inputs read as zero, denormal results flushed), and
-// the scalar conversion: runs on any CPU. The tests hold the drivers'
-// gathers, padding and scatters to a reference through it on every
-// machine; on an AMX machine they run the hardware tables as well.
+// follows the definition in Intel's SDM (TDPBF16PS: per output element,
+// the first and the second products of the pairs summed apart by fused
+// multiply-adds from zero, then their sum added to the element; denormal
+// inputs read as zero, denormal results flushed), and the scalar
+// conversion: runs on any CPU. The tests hold the drivers' gathers,
+// padding and scatters to a reference through it on every machine; on an
+// AMX machine they run the hardware tables as well.
 const Bf16TileKernels& EmulatedAmxBf16TileKernels();
-// The rate of AMX-BF16 tile products over that of AVX-512 float32 FMAs,
-// in flops, on one core, measured now; 0 where !AmxBf16Supported().
-double MeasureAmxOverFma();
+// Whether the hardware tiles agree with the emulated ones, within the
+// bound on float32 sums of the same terms, on one small call of each
+// entry (fixed operands, a few microseconds). The AMX tiles are used only
+// where it holds (kernels_bf16.cc), so that a defect in a path no machine
+// here could run shows as unused tiles, not as wrong sums. False where
+// !AmxBf16Supported().
+bool AmxAgreesWithEmulation();
+// The check itself, of `tiles` against `reference` (tests hold it to the
+// AVX-512 BF16 tiles and to broken tables on any CPU).
+bool Bf16TilesAgree(const Bf16TileKernels& tiles, const Bf16TileKernels& reference);
+// How much faster the AMX tiles' forward entry runs than the AVX-512
+// float32 tiles' on the same layer (64 -> 64 channels, 4,096 pairs): the
+// whole call, gathers and scatters included, since on AMX those, not the
+// products, may set the time. One thread, fastest of five, a few ms; 0
+// where !AmxBf16Supported().
+double MeasureAmxOverFloat32Tiles();
+// The measurement for any bf16 and float32 tables (tests run it here).
+double Bf16TilesOverFloat32Tiles(const Bf16TileKernels& bf16, const TileKernels& fp32);
 
 // Tests: makes `tiles` the bf16 tiles the cpu backend runs, active on any
 // CPU whatever the modes and the kernel set (nullptr: back to the CPU's
