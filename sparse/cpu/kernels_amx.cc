@@ -440,13 +440,20 @@ double Bf16TilesOverFloat32Tiles(const Bf16TileKernels& bf16, const TileKernels&
     }
     return best;
   };
+  // The forward entry, then the weight gradient's (the output's rows as
+  // the output gradient), as a training step runs both.
+  std::vector<float> dw(kChannels * kChannels);
   const double t32 = fastest([&] {
     fp32.gather_gemm_scatter(a.data(), kChannels, rows.data(), w.data(), out.data(), kChannels,
                              rows.data(), kPairs);
+    fp32.gather_outer(a.data(), kChannels, rows.data(), a.data(), kChannels, rows.data(), kPairs,
+                      dw.data());
   });
   const double t16 = fastest([&] {
     bf16.gather_gemm_scatter(a16.data(), kChannels, rows.data(), wp.data(), out.data(), kChannels,
                              rows.data(), kPairs);
+    bf16.gather_outer(a16.data(), kChannels, rows.data(), a16.data(), kChannels, rows.data(),
+                      kPairs, dw.data());
   });
   return t32 / t16;
 }

@@ -121,11 +121,11 @@ bool AmxAgreesWithEmulation();
 // The check itself, of `tiles` against `reference` (tests hold it to the
 // AVX-512 BF16 tiles and to broken tables on any CPU).
 bool Bf16TilesAgree(const Bf16TileKernels& tiles, const Bf16TileKernels& reference);
-// How much faster the AMX tiles' forward entry runs than the AVX-512
-// float32 tiles' on the same layer (64 -> 64 channels, 4,096 pairs): the
-// whole call, gathers and scatters included, since on AMX those, not the
-// products, may set the time. One thread, fastest of five, a few ms; 0
-// where !AmxBf16Supported().
+// How much faster the AMX tiles' entries run than the AVX-512 float32
+// tiles' on the same layer (64 -> 64 channels, 4,096 pairs; the forward
+// and the weight gradient): whole calls, gathers, transposes and scatters
+// included, since on AMX those, not the products, may set the time. One
+// thread, fastest of five, a few ms; 0 where !AmxBf16Supported().
 double MeasureAmxOverFloat32Tiles();
 // The measurement for any bf16 and float32 tables (tests run it here).
 double Bf16TilesOverFloat32Tiles(const Bf16TileKernels& bf16, const TileKernels& fp32);
