@@ -107,9 +107,13 @@ struct Backend {
   void (*build_kernel_map)(const KernelMapInputs& inputs, KernelMap* map);
 
   // out[num_out, C_out] = sum over offsets k of scatter_dst(gather_src(f) @ W_k),
-  // weight [volume, C_in, C_out].
+  // weight [volume, C_in, C_out], plus `bias` where defined: [C_out] in the
+  // sums' type (AccumulateType of the features: float32 for half ones),
+  // added to each element's sum after every offset and before the one
+  // rounding of a half result, in the op that writes the sums where the
+  // backend can (no pass of its own over the output).
   at::Tensor (*conv_forward)(const at::Tensor& features, const at::Tensor& weight,
-                             const PairView& pairs, int64_t num_out);
+                             const at::Tensor& bias, const PairView& pairs, int64_t num_out);
   // grad_in (if need_input) = sum_k scatter_src(gather_dst(grad_out) @ W_k^T);
   // grad_weight (if need_weight)[k] = gather_src(f)^T @ gather_dst(grad_out).
   void (*conv_backward)(const at::Tensor& features, const at::Tensor& weight, const PairView& pairs,

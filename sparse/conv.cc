@@ -7,7 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "sparse/backend.h"
-#include "sparse/canonical_order.h"
+#include "sparse/determinism.h"
 #include "sparse/ops.h"
 
 namespace trainsup::sparse {
@@ -93,10 +93,24 @@ PairView LoadPairs(AutogradContext* ctx, const at::Tensor& in_rows, const at::Te
   return p;
 }
 
+// The sum over rows of a [rows, C] gradient, in the sums' type `type`: in
+// key order where `order` (the output rows in key order; deterministic
+// mode on an unsorted set) is not empty, so the bits do not depend on the
+// row order.
+at::Tensor SumRows(const at::Tensor& grad, const at::Tensor& order, at::ScalarType type) {
+  const at::Tensor rows = order.numel() > 0 ? grad.index_select(0, order) : grad;
+  return rows.sum(0, /*keepdim=*/false, type);
+}
+
+// A convolution over a kernel map, with its bias (`has_bias`: bias is
+// [C_out] in the sums' type) added where the backend writes the sums.
+// `order`: the output rows in key order where the bias gradient must sum
+// in it (deterministic mode, unsorted output set), else empty.
 class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& features,
-                            const at::Tensor& weight, const KernelMap* map, bool transposed) {
+                            const at::Tensor& weight, const at::Tensor& bias, bool has_bias,
+                            const at::Tensor& order, const KernelMap* map, bool transposed) {
     RECORD_USER_SCOPE_WITH_INPUTS(
         kConvScopes[ConvScope(*map, transposed)][0],
         std::vector<c10::IValue>{2.0 * static_cast<double>(map->pairs()) *
@@ -106,12 +120,15 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
     at::Tensor w = weight.contiguous();
     const Backend& backend = BackendFor(f.device());
     const HalfPath half(backend, f.scalar_type(), true);
-    at::Tensor out =
-        half.Back(backend.conv_forward(half.In(f), half.In(w), PairsOf(*map, transposed), num_out));
+    at::Tensor out = half.Back(backend.conv_forward(half.In(f), half.In(w),
+                                                    has_bias ? bias.contiguous() : at::Tensor(),
+                                                    PairsOf(*map, transposed), num_out));
     // Half features are kept as they are: the memory mixed precision saves.
-    ctx->save_for_backward({f, w, map->in_rows, map->out_rows});
+    ctx->save_for_backward({f, w, map->in_rows, map->out_rows, order});
     SaveMap(ctx, *map, transposed, backend);
     ctx->saved_data["scope"] = ConvScope(*map, transposed);
+    ctx->saved_data["bias_type"] = has_bias ? bias.scalar_type() : f.scalar_type();
+    ctx->saved_data["has_bias"] = has_bias;
     return out;
   }
 
@@ -133,7 +150,12 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
     const HalfPath half(SavedBackend(ctx), f.scalar_type(), true);
     SavedBackend(ctx).conv_backward(half.In(f), half.In(w), pairs, half.In(grad), need_in, need_w,
                                     &grad_in, &grad_w);
-    return {half.Back(grad_in), half.Back(grad_w), at::Tensor(), at::Tensor()};
+    at::Tensor grad_bias;
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
+      grad_bias = SumRows(grad, saved[4], ctx->saved_data["bias_type"].toScalarType());
+    }
+    return {half.Back(grad_in), half.Back(grad_w), grad_bias,   at::Tensor(),
+            at::Tensor(),       at::Tensor(),      at::Tensor()};
   }
 };
 
@@ -239,19 +261,31 @@ void CheckWeight(const at::Tensor& features, const at::Tensor& weight, const at:
   }
 }
 
-// A float32 master weight or bias cast to half features' type, as the
-// operation's input: autograd takes the gradient back to float32.
+// A float32 master weight cast to half features' type, as the operation's
+// input: autograd takes the gradient back to float32.
 at::Tensor AsFeatures(const at::Tensor& t, const at::Tensor& features) {
   return t.defined() && t.scalar_type() != features.scalar_type() ? t.to(features.scalar_type())
                                                                   : t;
 }
 
-// The bias gradient sums over rows: in key order under deterministic mode.
-SparseTensor AddBias(const SparseTensor& y, const at::Tensor& bias) {
-  if (!bias.defined()) return y;
-  RECORD_USER_SCOPE("conv bias");
-  const at::Tensor b = AsFeatures(bias, y.F());
-  return y.WithFeatures(InCanonicalOrder(y, [&](const at::Tensor& f) { return f + b; }));
+// KernelMapConvFunction over `map` with `bias` (or none), from x's features
+// to the coordinate set `out_set`.
+at::Tensor ApplyConv(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                     const KernelMap* map, bool transposed, CoordinateSetId out_set) {
+  const at::Tensor& f = x.F();
+  at::Tensor b = at::empty({0}, f.options().dtype(AccumulateType(f.scalar_type())));
+  at::Tensor order = at::empty({0}, f.options().dtype(at::kLong));
+  if (bias.defined()) {
+    // The bias in the sums' type (a float32 master for half features is
+    // already); its gradient sums over rows, in key order in
+    // deterministic mode.
+    b = bias.scalar_type() == b.scalar_type() ? bias : bias.to(b.scalar_type());
+    if (IsDeterministic() && !x.manager()->Meta(out_set).sorted) {
+      order = x.manager()->OnDevice(out_set, f.device()).order;
+    }
+  }
+  return KernelMapConvFunction::apply(f, AsFeatures(weight, f), b, bias.defined(), order, map,
+                                      transposed);
 }
 
 }  // namespace
@@ -265,7 +299,10 @@ at::Tensor KernelMapConv(const at::Tensor& features, const at::Tensor& weight, c
               map.in_rows.device(), ", the features on ", features.device(),
               " (GetKernelMap takes the device)");
   CheckWeight(features, weight, at::Tensor(), map.volume, "KernelMapConv");
-  return KernelMapConvFunction::apply(features, AsFeatures(weight, features), &map, transposed);
+  return KernelMapConvFunction::apply(
+      features, AsFeatures(weight, features),
+      at::empty({0}, features.options().dtype(AccumulateType(features.scalar_type()))), false,
+      at::empty({0}, features.options().dtype(at::kLong)), &map, transposed);
 }
 
 SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -279,9 +316,7 @@ SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Ten
   const CoordinateSetId out_set = manager->Downsample(x.set_id(), options.stride, x.F().device());
   auto map = manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation,
                                    x.F().device());
-  SparseTensor y(KernelMapConvFunction::apply(x.F(), AsFeatures(weight, x.F()), map.get(), false),
-                 out_set, manager);
-  return AddBias(y, bias);
+  return SparseTensor(ApplyConv(x, weight, bias, map.get(), false, out_set), out_set, manager);
 }
 
 SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -310,9 +345,7 @@ SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight, cons
   // The transpose of the map from the fine set to the input's coarse set.
   auto map = manager->GetKernelMap(fine, x.set_id(), options.kernel_size, options.dilation,
                                    x.F().device());
-  SparseTensor y(KernelMapConvFunction::apply(x.F(), AsFeatures(weight, x.F()), map.get(), true),
-                 fine, manager);
-  return AddBias(y, bias);
+  return SparseTensor(ApplyConv(x, weight, bias, map.get(), true, fine), fine, manager);
 }
 
 SparseTensor Pool(const SparseTensor& x, PoolMode mode, const ConvOptions& options) {

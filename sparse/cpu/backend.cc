@@ -42,13 +42,17 @@ bool TakesHalfInputs(at::ScalarType type, bool convolution) {
   return convolution && type == at::kBFloat16 && Bf16KernelsActive();
 }
 
-at::Tensor ConvForwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
-                            int64_t num_out) {
+// The bias is added where the kernels finish each row range: the bf16
+// tiles add it to the float32 sums before rounding; the float kernels'
+// sums are final in their own type, so it is added to them in place.
+at::Tensor ConvForwardEntry(const at::Tensor& f, const at::Tensor& w, const at::Tensor& bias,
+                            const PairView& pairs, int64_t num_out) {
   if (f.scalar_type() == at::kBFloat16) {
     if (!pairs.sorted)
-      return ToBf16(ConvForwardEntry(f.to(at::kFloat), w.to(at::kFloat), pairs, num_out));
+      return ToBf16(ConvForwardEntry(f.to(at::kFloat), w.to(at::kFloat), bias, pairs, num_out));
     at::Tensor out = at::empty({num_out, w.size(2)}, f.options());
-    ConvForwardBf16(Bits(f), w.size(1), Bits(w), w.size(2), View(pairs), MutableBits(out), num_out);
+    ConvForwardBf16(Bits(f), w.size(1), Bits(w), w.size(2), View(pairs), MutableBits(out), num_out,
+                    bias.defined() ? bias.data_ptr<float>() : nullptr);
     return out;
   }
   at::Tensor out = at::empty({num_out, w.size(2)}, f.options());
@@ -56,6 +60,7 @@ at::Tensor ConvForwardEntry(const at::Tensor& f, const at::Tensor& w, const Pair
     ConvForward<scalar_t>(f.data_ptr<scalar_t>(), f.size(0), w.size(1), w.data_ptr<scalar_t>(),
                           w.size(2), View(pairs), out.data_ptr<scalar_t>(), num_out);
   });
+  if (bias.defined()) out.add_(bias);
   return out;
 }
 

@@ -656,14 +656,16 @@ void WindowSumBackward(const T* grad_out, int64_t c, const PairLists& pairs, con
 }
 
 void ConvForwardBf16(const uint16_t* in, int64_t cin, const uint16_t* weight, int64_t cout,
-                     const PairLists& pairs, uint16_t* out, int64_t num_out) {
+                     const PairLists& pairs, uint16_t* out, int64_t num_out, const float* bias) {
   TORCH_CHECK(Bf16KernelsActive() && pairs.sorted, "ConvForwardBf16: the bf16 kernels need ",
               "AVX512_BF16 or AMX_BF16, the avx512 set and sorted pairs");
-  if (cin == 0 || cout == 0) {  // a sum over no input channels is 0 (bf16 0 is all zero bits)
-    std::fill(out, out + num_out * cout, uint16_t{0});
+  const fused::Bf16TileKernels& tiles = fused::ActiveBf16Tiles();
+  if (cin == 0 || cout == 0) {  // a sum over no input channels is 0, then the bias
+    std::vector<uint16_t> row(static_cast<size_t>(cout), 0);  // bf16 0 is all zero bits
+    if (bias != nullptr) tiles.to_bf16(bias, row.data(), cout);
+    for (int64_t r = 0; r < num_out; ++r) std::copy(row.begin(), row.end(), out + r * cout);
     return;
   }
-  const fused::Bf16TileKernels& tiles = fused::ActiveBf16Tiles();
   std::vector<int32_t> iota_storage;
   const int32_t* iota = pairs.identity_offset >= 0 ? Iota(iota_storage, num_out) : nullptr;
   // Packed for these tiles: the AMX ones read whole 32-row steps.
@@ -677,7 +679,11 @@ void ConvForwardBf16(const uint16_t* in, int64_t cin, const uint16_t* weight, in
         tiles.gather_gemm_scatter(in, cin, from, wp.data() + k * size, sums.get(), cout, to, n);
       },
       [&](int64_t row0, int64_t row1) {
-        tiles.to_bf16(sums.get() + row0 * cout, out + row0 * cout, (row1 - row0) * cout);
+        float* rows = sums.get() + row0 * cout;
+        if (bias != nullptr) {
+          for (int64_t r = 0; r < row1 - row0; ++r) AddRow(rows + r * cout, bias, cout);
+        }
+        tiles.to_bf16(rows, out + row0 * cout, (row1 - row0) * cout);
       });
 }
 

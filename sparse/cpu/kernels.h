@@ -110,8 +110,11 @@ bool Bf16KernelsActive();
 std::string DescribeBf16Kernels();
 // ConvForward and ConvBackward below, in bf16; callable when
 // Bf16KernelsActive() and pairs.sorted (else c10::Error).
+// ConvForwardBf16 adds `bias` (float32 [cout], or null) to each sum before
+// its rounding.
 void ConvForwardBf16(const uint16_t* in, int64_t cin, const uint16_t* weight, int64_t cout,
-                     const PairLists& pairs, uint16_t* out, int64_t num_out);
+                     const PairLists& pairs, uint16_t* out, int64_t num_out,
+                     const float* bias = nullptr);
 void ConvBackwardBf16(const uint16_t* in, int64_t num_in, int64_t cin, const uint16_t* weight,
                       int64_t cout, const PairLists& pairs, const uint16_t* grad_out,
                       uint16_t* grad_in, uint16_t* grad_weight);

@@ -196,6 +196,18 @@ struct ScatterSum {
   }
 };
 
+// Element i = r * cols + c of out ([rows, cols]) += bias[c]: the
+// gather-GEMM dataflow's bias, after every offset's sum.
+template <typename T>
+struct AddBias {
+  T* out;
+  const T* bias;
+  int64_t rows, cols;
+
+  TRAINSUP_HD int64_t size() const { return rows * cols; }
+  TRAINSUP_HD void operator()(int64_t i) const { out[i] += bias[i % cols]; }
+};
+
 // a * b + c with one rounding, the same on the host and the device. A plain
 // a * b + c rounds twice on both: kernels.cu is built with --fmad=false,
 // since nvcc would otherwise contract it on the device alone.
@@ -308,17 +320,19 @@ TRAINSUP_HD void AddOuterProduct(TileBlock<T>& block, int tid, const T* a, const
 }
 
 // Writes the thread's block of the tile at (r0, c0) to out[r * ld + c],
-// within rows x cols.
+// within rows x cols, plus bias[c] where bias is not null (one addition
+// after the whole sum).
 template <typename T>
 TRAINSUP_HD void PutBlock(const TileBlock<T>& block, int tid, int64_t r0, int64_t c0, int64_t rows,
-                          int64_t cols, int64_t ld, T* out) {
+                          int64_t cols, int64_t ld, T* out, const T* bias = nullptr) {
   const int ty = tid / kTileSide, tx = tid % kTileSide;
   for (int i = 0; i < kTilePer; ++i) {
     const int64_t r = r0 + ty + kTileSide * i;
     if (r >= rows) continue;
     for (int j = 0; j < kTilePer; ++j) {
       const int64_t col = c0 + tx + kTileSide * j;
-      if (col < cols) out[r * ld + col] = block.acc[i][j];
+      if (col < cols)
+        out[r * ld + col] = bias != nullptr ? block.acc[i][j] + bias[col] : block.acc[i][j];
     }
   }
 }
@@ -328,8 +342,8 @@ TRAINSUP_HD void PutBlock(const TileBlock<T>& block, int tid, int64_t r0, int64_
 //   sum over offsets k in order, over j in [0, kdim) in order, of
 //   a[from[inverse[k * rows + r]], j] * w[k * w_k + j * w_red + c * w_col]
 // (offsets without a pair for row r add nothing), one fused multiply-add
-// per term, starting from 0: no atomics, and the same bits whatever order
-// tiles and threads run in.
+// per term, starting from 0, then + bias[c] where `bias` is set: no
+// atomics, and the same bits whatever order tiles and threads run in.
 //   forward         a = features, kdim = C_in, from = src, inverse over dst,
 //                   W_k[j, c]: w_red = C_out, w_col = 1
 //   input gradient  a = output gradient, kdim = C_out, from = dst, inverse
@@ -363,6 +377,9 @@ struct ImplicitGemmTiles {
   int64_t w_k, w_red, w_col;
   int64_t rows, cols;
   T* out;
+  // [cols], added to each output element after its sum (the forward's
+  // bias), or null.
+  const T* bias = nullptr;
 
   TRAINSUP_HD int64_t col_tiles() const { return (cols + kTile - 1) / kTile; }
   TRAINSUP_HD int64_t tiles() const {
@@ -407,7 +424,8 @@ struct ImplicitGemmTiles {
     for (int q = 0; q < n; ++q) AddOuterProduct(thread, tid, shared.a[q], shared.w[q], has_pair);
   }
   TRAINSUP_HD void Store(int64_t t, int tid, const Thread& thread) const {
-    PutBlock(thread, tid, t / col_tiles() * kTile, t % col_tiles() * kTile, rows, cols, cols, out);
+    PutBlock(thread, tid, t / col_tiles() * kTile, t % col_tiles() * kTile, rows, cols, cols, out,
+             bias);
   }
 };
 
@@ -725,6 +743,7 @@ struct BnInputGrad {
 #define TRAINSUP_CUDA_OPS(X) \
   X(MapSearch) X(CompactPairs) X(InvertPairs) \
   X(GatherRows<float>) X(GatherRows<double>) X(GatherRows<uint16_t>) X(ScatterSum<float>) X(ScatterSum<double>) \
+  X(AddBias<float>) X(AddBias<double>) \
   X(ImplicitGemmTiles<float>) X(ImplicitGemmTiles<double>) X(Bf16GemmTiles) X(Fp16GemmTiles) \
   X(WeightGradTiles<float>) X(WeightGradTiles<double>) X(Bf16WeightGradTiles) X(Fp16WeightGradTiles) X(SumSplits<float>) X(SumSplits<double>) \
   X(BnBlockMoments<float>) X(BnBlockMoments<double>) X(BnCombine<float>) X(BnCombine<double>) \

@@ -166,8 +166,9 @@ void GatherGemmScatter(const Launcher& launcher, const at::Tensor& x, const at::
 // Half features and weights on the gather-GEMM dataflow: the products and
 // every sum in float32 (SumBuffer, MmInto), each result rounded once to the
 // half type at the end.
+// The bias is one more op over the sums, in place (AddBias).
 at::Tensor GemmForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
-                       const PairView& pairs, int64_t num_out) {
+                       const at::Tensor& bias, const PairView& pairs, int64_t num_out) {
   const int64_t id = pairs.identity_offset;
   at::Tensor out = SumBuffer(f, num_out, w.size(2));
   if (id >= 0) {
@@ -176,6 +177,13 @@ at::Tensor GemmForward(const Launcher& launcher, const at::Tensor& f, const at::
     out.zero_();
   }
   GatherGemmScatter(launcher, f, w, /*transpose_w=*/false, pairs, out);
+  if (bias.defined() && out.numel() > 0) {
+    AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "cuda_add_bias", [&] {
+      launcher.Run(AddBias<scalar_t>{out.data_ptr<scalar_t>(), bias.const_data_ptr<scalar_t>(),
+                                     out.size(0), out.size(1)},
+                   "bias");
+    });
+  }
   return out.to(f.scalar_type());
 }
 
@@ -262,8 +270,9 @@ const In* Data(const at::Tensor& t) {
 // input gradient. Half features and weights are read as they are and
 // summed in float32 (a half times a half is exact in float32), each result
 // rounded once to the half type at the end, as on gather-GEMM.
+// The bias is added in the op's epilogue: no launch of its own.
 at::Tensor FusedForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
-                        const PairView& pairs, int64_t num_out) {
+                        const at::Tensor& bias, const PairView& pairs, int64_t num_out) {
   CheckFusedTypes(f, w);
   const int64_t cin = w.size(1), cout = w.size(2);
   at::Tensor out = SumBuffer(f, num_out, cout);
@@ -274,7 +283,8 @@ at::Tensor FusedForward(const Launcher& launcher, const at::Tensor& f, const at:
     using In = decltype(in);
     launcher.Run(ImplicitGemmTiles<T, In>{Data<In>(f), cin, pairs.src.data_ptr<int32_t>(),
                                           inverse.data_ptr<int32_t>(), pairs.volume(), Data<In>(w),
-                                          cin * cout, cout, 1, num_out, cout, out.data_ptr<T>()},
+                                          cin * cout, cout, 1, num_out, cout, out.data_ptr<T>(),
+                                          bias.defined() ? bias.const_data_ptr<T>() : nullptr},
                  "implicit GEMM (forward)");
   });
   return out.to(f.scalar_type());
@@ -434,11 +444,12 @@ std::vector<std::string> DataflowChoices() {
 }
 
 at::Tensor ConvForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
-                       const PairView& pairs, int64_t num_out, Dataflow dataflow) {
+                       const at::Tensor& bias, const PairView& pairs, int64_t num_out,
+                       Dataflow dataflow) {
   at::Tensor out;
   auto run = [&](Dataflow d) {
-    out = d == Dataflow::kFused ? FusedForward(launcher, f, w, pairs, num_out)
-                                : GemmForward(launcher, f, w, pairs, num_out);
+    out = d == Dataflow::kFused ? FusedForward(launcher, f, w, bias, pairs, num_out)
+                                : GemmForward(launcher, f, w, bias, pairs, num_out);
   };
   run(Resolve(dataflow, launcher, false, w, pairs, run));
   return out;

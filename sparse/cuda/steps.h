@@ -108,8 +108,11 @@ class DataflowGuard {
 // gather-GEMM 4.100 ms)".
 std::vector<std::string> DataflowChoices();
 
+// bias: as Backend::conv_forward's; the fused dataflow adds it in its
+// op's epilogue, gather-GEMM in one op over the sums (AddBias).
 at::Tensor ConvForward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
-                       const PairView& pairs, int64_t num_out, Dataflow dataflow);
+                       const at::Tensor& bias, const PairView& pairs, int64_t num_out,
+                       Dataflow dataflow);
 void ConvBackward(const Launcher& launcher, const at::Tensor& f, const at::Tensor& w,
                   const PairView& pairs, const at::Tensor& grad_out, bool need_input,
                   bool need_weight, at::Tensor* grad_in, at::Tensor* grad_weight,
@@ -145,11 +148,11 @@ Backend StepsTable(const char* name, bool (*runs_on)(c10::DeviceType)) {
   b.build_kernel_map = [](const KernelMapInputs& inputs, KernelMap* map) {
     launcher().OnDevice(inputs.device, [&] { BuildKernelMap(launcher(), inputs, map); });
   };
-  b.conv_forward = [](const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
-                      int64_t num_out) {
+  b.conv_forward = [](const at::Tensor& f, const at::Tensor& w, const at::Tensor& bias,
+                      const PairView& pairs, int64_t num_out) {
     at::Tensor out;
-    launcher().OnDevice(f.device(),
-                        [&] { out = ConvForward(launcher(), f, w, pairs, num_out, dataflow()); });
+    launcher().OnDevice(
+        f.device(), [&] { out = ConvForward(launcher(), f, w, bias, pairs, num_out, dataflow()); });
     return out;
   };
   b.conv_backward = [](const at::Tensor& f, const at::Tensor& w, const PairView& pairs,

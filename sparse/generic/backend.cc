@@ -62,8 +62,8 @@ void BuildKernelMapEntry(const KernelMapInputs& inputs, KernelMap* map) {
   map->out_rows = at::cat(outs).to(at::kInt);
 }
 
-at::Tensor ConvForwardEntry(const at::Tensor& f, const at::Tensor& w, const PairView& pairs,
-                            int64_t num_out) {
+at::Tensor ConvForwardEntry(const at::Tensor& f, const at::Tensor& w, const at::Tensor& bias,
+                            const PairView& pairs, int64_t num_out) {
   const int64_t id = pairs.identity_offset;
   // Half inputs: each offset's product in the GEMM's own precision (float32
   // accumulation inside it), the sum over offsets in float32.
@@ -76,6 +76,7 @@ at::Tensor ConvForwardEntry(const at::Tensor& f, const at::Tensor& w, const Pair
     if (k == id || pairs.count(k) == 0) continue;
     out.index_add_(0, idx.Dst(k), at::mm(f.index_select(0, idx.Src(k)), w[k]).to(acc));
   }
+  if (bias.defined()) out.add_(bias);  // in the sums' type, before the rounding to half
   return out.to(f.scalar_type());
 }
 

@@ -1,7 +1,8 @@
 // Issue 45's launch budget on a GPU, counted by the profiler: a
 // convolution layer with its BatchNorm and ReLU, on the cuda backend's
 // fused dataflow with its map warm, launches at most 10 kernels a training
-// step (forward and backward), ATen's own launches included. The host
+// step (forward and backward), ATen's own launches included; a
+// convolution's bias launches nothing of its own. The host
 // count of the steps' ops is StepsOnHost.AConvolutionLayerIsTenOpsAStepOnAWarmMap;
 // this test is what only a device shows (fills, casts, copies that ATen
 // would launch between them). It skips without a CUDA device, and so has
@@ -18,6 +19,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -76,14 +78,26 @@ void Print(const char* what, const std::vector<std::string>& names) {
 // The layer's launches are those of a step through it less those of the
 // same loss on a leaf of the layer's output shape: the loss's own kernels
 // (the product, the sum, their backward) are the same in both.
-TEST(CudaLaunchBudget, AConvolutionLayerIsAtMostTenLaunchesAStep) {
-  if (!CudaDeviceAvailable() || FindBackend(BackendKind::kCuda) == nullptr) {
-    GTEST_SKIP() << "no CUDA device (or a build without the cuda backend)";
+// The cuda backend on its fused dataflow, float32 tensors on the GPU;
+// skipped without a device.
+class CudaLaunchBudget : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!CudaDeviceAvailable() || FindBackend(BackendKind::kCuda) == nullptr) {
+      GTEST_SKIP() << "no CUDA device (or a build without the cuda backend)";
+    }
+    backend_.emplace(BackendKind::kCuda);
+    fused_.emplace(cuda::Dataflow::kFused);
   }
-  BackendGuard backend(BackendKind::kCuda);
-  const cuda::DataflowGuard fused(cuda::Dataflow::kFused);
-  const c10::Device gpu(c10::DeviceType::CUDA, 0);
+  const c10::Device gpu{c10::DeviceType::CUDA, 0};
   const at::TensorOptions o = at::TensorOptions().dtype(at::kFloat).device(gpu);
+
+ private:
+  std::optional<BackendGuard> backend_;
+  std::optional<cuda::DataflowGuard> fused_;
+};
+
+TEST_F(CudaLaunchBudget, AConvolutionLayerIsAtMostTenLaunchesAStep) {
   auto in = MakeRandomInput(2, 24, 0.3, 16, at::kFloat, 17, 0, /*shuffle=*/false);
   at::Tensor f = in.features.to(gpu).requires_grad_(true);
   at::Tensor w = (at::randn({27, 16, 16}, o) * 0.1).requires_grad_(true);
@@ -119,6 +133,27 @@ TEST(CudaLaunchBudget, AConvolutionLayerIsAtMostTenLaunchesAStep) {
   Print("the loss alone", loss_only);
   ASSERT_GT(with_layer.size(), loss_only.size()) << "the profiler saw none of the layer's kernels";
   EXPECT_LE(with_layer.size() - loss_only.size(), 10u);
+}
+
+// The bias of a convolution costs no launch on the fused dataflow: it is
+// added in the implicit GEMM's epilogue (StepsOnHost.
+// AConvolutionsBiasIsAddedWhereItsSumsAreWritten counts the ops on the
+// host; this counts what the device runs, ATen's launches included).
+TEST_F(CudaLaunchBudget, AConvolutionsBiasAddsNoLaunch) {
+  auto in = MakeRandomInput(2, 24, 0.3, 16, at::kFloat, 19, 0, /*shuffle=*/false);
+  SparseTensor x(in.features.to(gpu), in.coordinates);
+  const at::Tensor w = at::randn({1, 16, 20}, o), b = at::randn({20}, o);
+  for (int i = 0; i < 2; ++i) {  // the map and its inverse table
+    Conv(x, w, at::Tensor(), {1, 1, 1});
+    Conv(x, w, b, {1, 1, 1});
+  }
+  torch::cuda::synchronize();
+  const std::vector<std::string> plain = DeviceEvents([&] { Conv(x, w, at::Tensor(), {1, 1, 1}); });
+  const std::vector<std::string> biased = DeviceEvents([&] { Conv(x, w, b, {1, 1, 1}); });
+  Print("a 1x1x1 convolution", plain);
+  Print("the same with a bias", biased);
+  ASSERT_FALSE(plain.empty()) << "the profiler saw none of the convolution's kernels";
+  EXPECT_EQ(biased.size(), plain.size());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // beyond what the cross-backend test compares: what a map build uploads,
 // the measured choice of the convolutions' dataflow, how many ops
 // BatchNorm takes, and which ops half convolutions take.
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -202,6 +203,68 @@ TEST(StepsOnHost, AConvolutionLayerIsTenOpsAStepOnAWarmMap) {
   step();
   EXPECT_EQ(Counting().Of<cuda::InvertPairs>(), 0);
   EXPECT_GT(Counting().Of<cuda::ScatterSum<float>>(), 0);
+  cuda::SetDataflow(previous);
+}
+
+// Counts ATen's additions (aten::add, aten::add_) run on this thread, at
+// any depth, while it lives.
+class AdditionCounter {
+ public:
+  AdditionCounter() {
+    Count() = 0;
+    handle_ = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(&Start).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~AdditionCounter() { at::removeCallback(handle_); }
+  AdditionCounter(const AdditionCounter&) = delete;
+  AdditionCounter& operator=(const AdditionCounter&) = delete;
+  int additions() const { return Count(); }
+
+ private:
+  static int& Count() {
+    static thread_local int count = 0;
+    return count;
+  }
+  static std::unique_ptr<at::ObserverContext> Start(const at::RecordFunction& fn) {
+    const std::string name = fn.name();
+    if (name == "aten::add" || name == "aten::add_") ++Count();
+    return nullptr;
+  }
+  at::CallbackHandle handle_;
+};
+
+// Issue 45: a convolution's bias is added where its sums are written: in
+// the fused op's epilogue (no op of its own) or, on gather-GEMM, by one op
+// over the sums, and by no ATen addition either way (it was `y + b`, one
+// more pass over the output, with two row permutations around it in
+// deterministic mode). The bits are the sums' plus the bias, and its
+// gradient is the sum of the output gradient's rows.
+TEST(StepsOnHost, AConvolutionsBiasIsAddedWhereItsSumsAreWritten) {
+  BackendTableGuard guard(&CountingTable());
+  const cuda::Dataflow previous = cuda::SetDataflow(cuda::Dataflow::kFused);
+  auto in = MakeRandomInput(2, 9, 0.3, 6, at::kFloat, 17, 0, /*shuffle=*/false);
+  const at::Tensor w = at::randn({27, 6, 8});
+  at::Tensor b = at::randn({8}).requires_grad_(true);
+  SparseTensor x(in.features, in.coordinates);
+  for (cuda::Dataflow d : {cuda::Dataflow::kFused, cuda::Dataflow::kGatherGemm}) {
+    SCOPED_TRACE(cuda::ToString(d));
+    cuda::SetDataflow(d);
+    const at::Tensor plain = Conv(x, w, at::Tensor(), {3, 1, 1}).F();  // warms the map too
+    Counting().Clear();
+    at::Tensor y;
+    {
+      AdditionCounter adds;
+      y = Conv(x, w, b, {3, 1, 1}).F();
+      EXPECT_EQ(adds.additions(), 0);
+    }
+    EXPECT_EQ(Counting().Of<cuda::AddBias<float>>(), d == cuda::Dataflow::kFused ? 0 : 1);
+    if (d == cuda::Dataflow::kFused) EXPECT_EQ(Counting().runs, 1);
+    EXPECT_TRUE(at::equal(y, plain + b.detach()));
+    const at::Tensor g = at::randn(y.sizes());
+    b.mutable_grad() = at::Tensor();
+    (y * g).sum().backward();
+    EXPECT_TRUE(at::equal(b.grad(), g.sum(0)));
+  }
   cuda::SetDataflow(previous);
 }
 
@@ -432,7 +495,8 @@ TEST(StepsOnHost, FusedConvolutionsRefuseOperandsOfAnotherType) {
       x.manager()->GetKernelMap(x.set_id(), x.set_id(), 3, 1, x.F().device());
   const PairView pairs = PairsOf(*map, /*transposed=*/false);
   const at::Tensor w = at::randn({27, 4, 5});
-  const at::Tensor out = testing::CudaFusedOnHost().conv_forward(x.F(), w, pairs, map->num_out);
+  const at::Tensor out =
+      testing::CudaFusedOnHost().conv_forward(x.F(), w, at::Tensor(), pairs, map->num_out);
   at::Tensor grad_in, grad_weight;
   EXPECT_EQ(ErrorMessage([&] {
               testing::CudaFusedOnHost().conv_backward(x.F(), w, pairs, out.to(at::kDouble), true,
@@ -441,7 +505,7 @@ TEST(StepsOnHost, FusedConvolutionsRefuseOperandsOfAnotherType) {
             "the CUDA backend's fused convolution takes features, weight and output gradient of "
             "one type, not Float, Float and Double");
   EXPECT_EQ(ErrorMessage([&] {
-              testing::CudaFusedOnHost().conv_forward(x.F(), w.to(at::kDouble), pairs,
+              testing::CudaFusedOnHost().conv_forward(x.F(), w.to(at::kDouble), at::Tensor(), pairs,
                                                       map->num_out);
             }),
             "the CUDA backend's fused convolution takes features and weight of one type, not "
