@@ -148,8 +148,10 @@ class KernelMapConvFunction : public torch::autograd::Function<KernelMapConvFunc
     at::Tensor grad = grad_outputs[0].contiguous();
     at::Tensor grad_in, grad_w;
     const HalfPath half(SavedBackend(ctx), f.scalar_type(), true);
-    SavedBackend(ctx).conv_backward(half.In(f), half.In(w), pairs, half.In(grad), need_in, need_w,
-                                    &grad_in, &grad_w);
+    if (need_in || need_w) {  // not when only the bias needs its gradient
+      SavedBackend(ctx).conv_backward(half.In(f), half.In(w), pairs, half.In(grad), need_in, need_w,
+                                      &grad_in, &grad_w);
+    }
     at::Tensor grad_bias;
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
       grad_bias = SumRows(grad, saved[4], ctx->saved_data["bias_type"].toScalarType());
@@ -258,6 +260,8 @@ void CheckWeight(const at::Tensor& features, const at::Tensor& weight, const at:
                 ": bias must be [C_out = ", weight.size(2), "], got shape ", bias.sizes());
     TORCH_CHECK(bias.scalar_type() == weight.scalar_type(), what, ": bias dtype ",
                 bias.scalar_type(), " differs from the weight's ", weight.scalar_type());
+    TORCH_CHECK(bias.device() == features.device(), what, ": bias is on ", bias.device(),
+                ", features on ", features.device());
   }
 }
 
@@ -280,7 +284,8 @@ at::Tensor ApplyConv(const SparseTensor& x, const at::Tensor& weight, const at::
     // already); its gradient sums over rows, in key order in
     // deterministic mode.
     b = bias.scalar_type() == b.scalar_type() ? bias : bias.to(b.scalar_type());
-    if (IsDeterministic() && !x.manager()->Meta(out_set).sorted) {
+    if (b.requires_grad() && at::GradMode::is_enabled() && IsDeterministic() &&
+        !x.manager()->Meta(out_set).sorted) {
       order = x.manager()->OnDevice(out_set, f.device()).order;
     }
   }

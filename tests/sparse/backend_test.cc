@@ -520,24 +520,25 @@ double WorstOverBound(const at::Tensor& got, const at::Tensor& want, const at::T
 }
 
 struct ConvRun {
-  at::Tensor out, grad_features, grad_weight;
+  at::Tensor out, grad_features, grad_weight, grad_bias;
 };
 
-// A convolution of `features` by `weight` (float32 or float64 leaves) and
-// its backward with the output gradient randn, rounded to `grad_type`;
-// with `absolute`, every input's absolute value (the bound's S).
+// A convolution of `features` by `weight` plus `bias` (float32 or float64
+// leaves) and its backward with the output gradient randn, rounded to
+// `grad_type`; with `absolute`, every input's absolute value (the bound's
+// S).
 ConvRun RunConv(const ConvShape& s, const at::Tensor& coordinates, const at::Tensor& features,
-                const at::Tensor& weight, at::ScalarType grad_type, bool absolute,
-                c10::Device device) {
+                const at::Tensor& weight, const at::Tensor& bias, at::ScalarType grad_type,
+                bool absolute, c10::Device device) {
   at::Tensor f = Leaf(absolute ? features.abs() : features, device);
   at::Tensor w = Leaf(absolute ? weight.abs() : weight, device);
-  SparseTensor y =
-      Conv(SparseTensor(f, coordinates), w, at::Tensor(), {s.kernel, s.stride, s.dilation});
+  at::Tensor b = Leaf(absolute ? bias.abs() : bias, device);
+  SparseTensor y = Conv(SparseTensor(f, coordinates), w, b, {s.kernel, s.stride, s.dilation});
   at::Generator gen = at::detail::createCPUGenerator(7);
   at::Tensor r = at::randn(y.F().sizes(), gen, at::kDouble).to(grad_type);
   if (absolute) r = r.abs();
   (y.F() * r.to(y.F().scalar_type()).to(device)).sum().backward();
-  return {y.F().detach(), f.grad(), w.grad()};
+  return {y.F().detach(), f.grad(), w.grad(), b.grad()};
 }
 
 TEST_P(CrossBackend, HalfPrecisionConvolutionsWithinTheFormatsBound) {
@@ -550,35 +551,41 @@ TEST_P(CrossBackend, HalfPrecisionConvolutionsWithinTheFormatsBound) {
       at::Generator gen = at::detail::createCPUGenerator(5);
       const int64_t volume = int64_t{s.kernel} * s.kernel * s.kernel;
       const at::Tensor w32 = at::randn({volume, s.cin, s.cout}, gen, at::kFloat);
+      // The bias stays float32: it is added to the float32 sums.
+      const at::Tensor b32 = at::randn({s.cout}, gen, at::kFloat);
       const at::Tensor xh = in.features.to(half);
       ConvRun want, sums;
       {
         BackendGuard cpu(BackendKind::kCpu);
         const c10::Device host(c10::DeviceType::CPU);
         const at::Tensor x64 = xh.to(at::kDouble), w64 = w32.to(half).to(at::kDouble);
-        want = RunConv(s, in.coordinates, x64, w64, half, false, host);
-        sums = RunConv(s, in.coordinates, x64, w64, half, true, host);
+        const at::Tensor b64 = b32.to(at::kDouble);
+        want = RunConv(s, in.coordinates, x64, w64, b64, half, false, host);
+        sums = RunConv(s, in.coordinates, x64, w64, b64, half, true, host);
       }
       const Target& t = GetParam();
       BackendGuard target(t.table != nullptr ? std::nullopt : std::optional(t.kind));
       BackendTableGuard table(t.table != nullptr ? &t.table() : nullptr);
-      const ConvRun got = RunConv(s, in.coordinates, xh, w32, half, false, device());
+      const ConvRun got = RunConv(s, in.coordinates, xh, w32, b32, half, false, device());
       ASSERT_EQ(got.out.scalar_type(), half);
       ASSERT_EQ(got.grad_features.scalar_type(), half);
       ASSERT_EQ(got.grad_weight.scalar_type(), at::kFloat);  // the master's
+      ASSERT_EQ(got.grad_bias.scalar_type(), at::kFloat);
       const double factor = 2 * u + 1e-5;
       const double worst[] = {
           WorstOverBound(got.out, want.out, factor * sums.out),
           WorstOverBound(got.grad_features, want.grad_features, factor * sums.grad_features),
-          WorstOverBound(got.grad_weight, want.grad_weight, factor * sums.grad_weight)};
+          WorstOverBound(got.grad_weight, want.grad_weight, factor * sums.grad_weight),
+          WorstOverBound(got.grad_bias, want.grad_bias, factor * sums.grad_bias)};
       std::printf(
           "%s %s: worst error over its bound: output %.3f, grad features %.3f, grad "
-          "weight %.3f\n",
+          "weight %.3f, grad bias %.3f\n",
           Describe(s).c_str(), half == at::kBFloat16 ? "bf16" : "fp16", worst[0], worst[1],
-          worst[2]);
+          worst[2], worst[3]);
       EXPECT_LE(worst[0], 1.0) << "output";
       EXPECT_LE(worst[1], 1.0) << "grad features";
       EXPECT_LE(worst[2], 1.0) << "grad weight";
+      EXPECT_LE(worst[3], 1.0) << "grad bias";
     }
   }
 }

@@ -311,6 +311,12 @@ TEST(Conv, BadInputGetsAClearError) {
               Conv(x, at::randn({27, 4, 4}), at::randn({5}), {3, 1, 1});
             }).find("bias"),
             std::string::npos);
+  // The bias goes to the kernels as memory of the features' device: one
+  // elsewhere (here the meta device, which has no memory) is refused.
+  EXPECT_EQ(message([&] {
+              Conv(x, at::randn({27, 4, 4}), at::empty({4}, at::Device(at::kMeta)), {3, 1, 1});
+            }),
+            "Conv: bias is on meta, features on cpu");
   EXPECT_NE(message([&] {
               Conv(x, at::randn({27, 4, 4}), {}, {3, 0, 1});
             }).find("stride"),

@@ -142,7 +142,7 @@ TEST_F(CudaLaunchBudget, AConvolutionLayerIsAtMostTenLaunchesAStep) {
 TEST_F(CudaLaunchBudget, AConvolutionsBiasAddsNoLaunch) {
   auto in = MakeRandomInput(2, 24, 0.3, 16, at::kFloat, 19, 0, /*shuffle=*/false);
   SparseTensor x(in.features.to(gpu), in.coordinates);
-  const at::Tensor w = at::randn({1, 16, 20}, o), b = at::randn({20}, o);
+  const at::Tensor w = at::randn({1, 16, 70}, o), b = at::randn({70}, o);
   for (int i = 0; i < 2; ++i) {  // the map and its inverse table
     Conv(x, w, at::Tensor(), {1, 1, 1});
     Conv(x, w, b, {1, 1, 1});

@@ -242,10 +242,17 @@ class AdditionCounter {
 TEST(StepsOnHost, AConvolutionsBiasIsAddedWhereItsSumsAreWritten) {
   BackendTableGuard guard(&CountingTable());
   const cuda::Dataflow previous = cuda::SetDataflow(cuda::Dataflow::kFused);
+  // 70 output columns: two tiles of 64, so a bias indexed within the tile
+  // would show.
   auto in = MakeRandomInput(2, 9, 0.3, 6, at::kFloat, 17, 0, /*shuffle=*/false);
-  const at::Tensor w = at::randn({27, 6, 8});
-  at::Tensor b = at::randn({8}).requires_grad_(true);
+  const at::Tensor w = at::randn({27, 6, 70});
+  at::Tensor b = at::randn({70}).requires_grad_(true);
   SparseTensor x(in.features, in.coordinates);
+  {
+    AdditionCounter adds;  // the counter sees an addition where there is one
+    const at::Tensor sum = in.features + 1;
+    EXPECT_GT(adds.additions(), 0);
+  }
   for (cuda::Dataflow d : {cuda::Dataflow::kFused, cuda::Dataflow::kGatherGemm}) {
     SCOPED_TRACE(cuda::ToString(d));
     cuda::SetDataflow(d);

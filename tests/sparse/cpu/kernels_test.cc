@@ -549,6 +549,13 @@ TEST_P(Bf16Tiles, ZeroChannelsGiveEmptyResults) {
     EXPECT_EQ(f.grad().sizes(), f.sizes());
     EXPECT_EQ(w.grad().sizes(), w.sizes());
   }
+  // With no input channels and a (float32 master) bias, every output row
+  // is the bias, rounded once to bf16.
+  const at::Tensor f = in.features.slice(1, 0, 0).to(at::kBFloat16);
+  const at::Tensor w = at::randn({27, 0, 5});
+  const at::Tensor b = at::randn({5});
+  SparseTensor y = Conv(SparseTensor(f, in.coordinates), w, b, {3, 1, 1});
+  EXPECT_TRUE(at::equal(y.F(), b.to(at::kBFloat16).expand({f.size(0), 5})));
 }
 
 INSTANTIATE_TEST_SUITE_P(TileSets, Bf16Tiles, ::testing::ValuesIn(Bf16TileSets()),
