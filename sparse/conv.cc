@@ -272,25 +272,32 @@ at::Tensor AsFeatures(const at::Tensor& t, const at::Tensor& features) {
                                                                   : t;
 }
 
-// KernelMapConvFunction over `map` with `bias` (or none), from x's features
-// to the coordinate set `out_set`.
-at::Tensor ApplyConv(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                     const KernelMap* map, bool transposed, CoordinateSetId out_set) {
-  const at::Tensor& f = x.F();
-  at::Tensor b = at::empty({0}, f.options().dtype(AccumulateType(f.scalar_type())));
-  at::Tensor order = at::empty({0}, f.options().dtype(at::kLong));
-  if (bias.defined()) {
-    // The bias in the sums' type (a float32 master for half features is
-    // already); its gradient sums over rows, in key order in
-    // deterministic mode.
-    b = bias.scalar_type() == b.scalar_type() ? bias : bias.to(b.scalar_type());
-    if (b.requires_grad() && at::GradMode::is_enabled() && IsDeterministic() &&
-        !x.manager()->Meta(out_set).sorted) {
-      order = x.manager()->OnDevice(out_set, f.device()).order;
-    }
+// KernelMapConvFunction over `map` with `bias` (or none, undefined) and
+// the bias gradient's row order `order` (or none, undefined).
+at::Tensor ApplyConv(const at::Tensor& f, const at::Tensor& weight, const at::Tensor& bias,
+                     const at::Tensor& order, const KernelMap* map, bool transposed) {
+  // The bias in the sums' type (a float32 master for half features is
+  // already). Autograd takes every tensor argument for an input: "none"
+  // is empty.
+  const at::ScalarType sums = AccumulateType(f.scalar_type());
+  const at::Tensor b = !bias.defined()              ? at::empty({0}, f.options().dtype(sums))
+                       : bias.scalar_type() == sums ? bias
+                                                    : bias.to(sums);
+  return KernelMapConvFunction::apply(
+      f, AsFeatures(weight, f), b, bias.defined(),
+      order.defined() ? order : at::empty({0}, f.options().dtype(at::kLong)), map, transposed);
+}
+
+// The rows of x's manager's set `out_set` in key order where a bias
+// gradient must sum in it (the bias needs one, deterministic mode, an
+// unsorted set), else undefined.
+at::Tensor BiasGradientOrder(const SparseTensor& x, const at::Tensor& bias,
+                             CoordinateSetId out_set) {
+  if (!bias.defined() || !bias.requires_grad() || !at::GradMode::is_enabled() ||
+      !IsDeterministic() || x.manager()->Meta(out_set).sorted) {
+    return at::Tensor();
   }
-  return KernelMapConvFunction::apply(f, AsFeatures(weight, f), b, bias.defined(), order, map,
-                                      transposed);
+  return x.manager()->OnDevice(out_set, x.F().device()).order;
 }
 
 }  // namespace
@@ -304,10 +311,7 @@ at::Tensor KernelMapConv(const at::Tensor& features, const at::Tensor& weight, c
               map.in_rows.device(), ", the features on ", features.device(),
               " (GetKernelMap takes the device)");
   CheckWeight(features, weight, at::Tensor(), map.volume, "KernelMapConv");
-  return KernelMapConvFunction::apply(
-      features, AsFeatures(weight, features),
-      at::empty({0}, features.options().dtype(AccumulateType(features.scalar_type()))), false,
-      at::empty({0}, features.options().dtype(at::kLong)), &map, transposed);
+  return ApplyConv(features, weight, at::Tensor(), at::Tensor(), &map, transposed);
 }
 
 SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -321,7 +325,9 @@ SparseTensor Conv(const SparseTensor& x, const at::Tensor& weight, const at::Ten
   const CoordinateSetId out_set = manager->Downsample(x.set_id(), options.stride, x.F().device());
   auto map = manager->GetKernelMap(x.set_id(), out_set, options.kernel_size, options.dilation,
                                    x.F().device());
-  return SparseTensor(ApplyConv(x, weight, bias, map.get(), false, out_set), out_set, manager);
+  return SparseTensor(
+      ApplyConv(x.F(), weight, bias, BiasGradientOrder(x, bias, out_set), map.get(), false),
+      out_set, manager);
 }
 
 SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -350,7 +356,9 @@ SparseTensor ConvTranspose(const SparseTensor& x, const at::Tensor& weight, cons
   // The transpose of the map from the fine set to the input's coarse set.
   auto map = manager->GetKernelMap(fine, x.set_id(), options.kernel_size, options.dilation,
                                    x.F().device());
-  return SparseTensor(ApplyConv(x, weight, bias, map.get(), true, fine), fine, manager);
+  return SparseTensor(
+      ApplyConv(x.F(), weight, bias, BiasGradientOrder(x, bias, fine), map.get(), true), fine,
+      manager);
 }
 
 SparseTensor Pool(const SparseTensor& x, PoolMode mode, const ConvOptions& options) {

@@ -429,27 +429,20 @@ double Bf16TilesOverFloat32Tiles(const Bf16TileKernels& bf16, const TileKernels&
   PackPairsInto(w16.data(), kChannels, kChannels, false, wp.data());
   std::vector<int32_t> rows(kPairs);
   for (int64_t p = 0; p < kPairs; ++p) rows[p] = static_cast<int32_t>(2 * p);
-  auto fastest = [](const auto& run) {
-    run();  // warm-up
-    double best = 1e30;
-    for (int r = 0; r < 5; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      run();
-      best = std::min(best,
-                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
-  };
   // The forward entry, then the weight gradient's (the output's rows as
   // the output gradient), as a training step runs both.
   std::vector<float> dw(kChannels * kChannels);
-  const double t32 = fastest([&] {
+  auto warm_then_fastest = [](const auto& run) {
+    run();
+    return FastestOfFive(run);
+  };
+  const double t32 = warm_then_fastest([&] {
     fp32.gather_gemm_scatter(a.data(), kChannels, rows.data(), w.data(), out.data(), kChannels,
                              rows.data(), kPairs);
     fp32.gather_outer(a.data(), kChannels, rows.data(), a.data(), kChannels, rows.data(), kPairs,
                       dw.data());
   });
-  const double t16 = fastest([&] {
+  const double t16 = warm_then_fastest([&] {
     bf16.gather_gemm_scatter(a16.data(), kChannels, rows.data(), wp.data(), out.data(), kChannels,
                              rows.data(), kPairs);
     bf16.gather_outer(a16.data(), kChannels, rows.data(), a16.data(), kChannels, rows.data(),

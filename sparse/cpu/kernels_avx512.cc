@@ -391,19 +391,6 @@ TRAINSUP_AVX512_BF16 void ToBf16(const float* src, uint16_t* dst, int64_t n) {
 
 }  // namespace
 
-// Seconds of the fastest of five runs of fn(n).
-double FastestOfFive(float (*fn)(long), long n) {
-  double best = 1e30;
-  for (int r = 0; r < 5; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    volatile float sink = fn(n);
-    (void)sink;
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
 TRAINSUP_AVX512 float Avx512FmaChains(long n) {
   __m512 acc[kProbeChains];
   for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_set1_ps(1.0f + i * 1e-7f);
@@ -434,8 +421,9 @@ double MeasureBf16DotOverFma() {
   if (!Avx512Bf16Supported()) return 0.0;
   constexpr long kRounds = 200'000;  // about 1 ms of FMAs
   Avx512FmaChains(kRounds / 10);     // wakes the AVX-512 units up
-  const double fma = FastestOfFive(Avx512FmaChains, kRounds);
-  const double dot = FastestOfFive(Avx512Bf16DotChains, kRounds);
+  volatile float sink = 0;           // keeps the chains' results live
+  const double fma = FastestOfFive([&] { sink = Avx512FmaChains(kRounds); });
+  const double dot = FastestOfFive([&] { sink = Avx512Bf16DotChains(kRounds); });
   // An FMA lane does 2 flops; a dot-product lane, 4 (two products, two adds).
   return (4.0 / dot) / (2.0 / fma);
 }

@@ -8,6 +8,8 @@
 #ifndef TRAINSUP_SPARSE_CPU_KERNELS_FUSED_H_
 #define TRAINSUP_SPARSE_CPU_KERNELS_FUSED_H_
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 
@@ -151,8 +153,18 @@ double MeasureBf16DotOverFma();
 constexpr int kProbeChains = 12;
 float Avx512FmaChains(long n);
 float Avx512Bf16DotChains(long n);
-// Seconds of the fastest of five runs of fn(n) (the probes above).
-double FastestOfFive(float (*fn)(long), long n);
+// Seconds of the fastest of five calls of run() (the probes' timing).
+template <typename Run>
+double FastestOfFive(const Run& run) {
+  double best = 1e30;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
 
 // dst[i, :] = src[rows[i], :] for i in [0, n).
 template <typename T>

@@ -338,16 +338,21 @@ std::vector<Tiles> Bf16TileSets() {
   return sets;
 }
 
-const char* TilesName(Tiles t) {
+// What the precision line calls each set, and its test-name suffix.
+struct TilesNames {
+  const char* line;
+  const char* param;
+};
+TilesNames NamesOf(Tiles t) {
   switch (t) {
     case Tiles::kAvx512Bf16:
-      return "AVX512_BF16";
+      return {"AVX512_BF16", "avx512_bf16"};
     case Tiles::kAmx:
-      return "AMX_BF16";
+      return {"AMX_BF16", "amx_bf16"};
     case Tiles::kEmulatedAmx:
-      return "AMX_BF16 (emulated)";
+      break;
   }
-  return "";
+  return {"AMX_BF16 (emulated)", "emulated_amx_bf16"};
 }
 
 // Makes one tile set the one bf16 convolutions run on, and puts every
@@ -386,7 +391,7 @@ class Bf16Tiles : public ::testing::TestWithParam<Tiles> {
   void SetUp() override {
     set_.emplace(GetParam());
     ASSERT_TRUE(cpu::Bf16KernelsActive());
-    ASSERT_STREQ(cpu::fused::ActiveBf16Tiles().name, TilesName(GetParam()));
+    ASSERT_STREQ(cpu::fused::ActiveBf16Tiles().name, NamesOf(GetParam()).line);
   }
   void TearDown() override { set_.reset(); }
   std::optional<Bf16TileSet> set_;
@@ -560,15 +565,7 @@ TEST_P(Bf16Tiles, ZeroChannelsGiveEmptyResults) {
 
 INSTANTIATE_TEST_SUITE_P(TileSets, Bf16Tiles, ::testing::ValuesIn(Bf16TileSets()),
                          [](const ::testing::TestParamInfo<Tiles>& info) -> std::string {
-                           switch (info.param) {
-                             case Tiles::kAvx512Bf16:
-                               return "avx512_bf16";
-                             case Tiles::kAmx:
-                               return "amx_bf16";
-                             case Tiles::kEmulatedAmx:
-                               break;
-                           }
-                           return "emulated_amx_bf16";
+                           return NamesOf(info.param).param;
                          });
 
 // A test's override runs on any CPU, says so in the precision line, and
